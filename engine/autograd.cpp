@@ -1,0 +1,115 @@
+// The tape walk: reverse order, gradients routed by tensor id, saved tensors freed node by node.
+#include "engine/autograd.h"
+
+#include "engine/ops.h"
+#include "engine/elementwise.h"
+
+namespace engine {
+namespace {
+thread_local bool thread_grad_enabled = true;
+thread_local Tape thread_global_tape;
+thread_local Tape* thread_current_tape = nullptr;
+} // namespace
+
+bool grad_enabled() { return thread_grad_enabled; }
+NoGradGuard::NoGradGuard() : previous_(thread_grad_enabled) { thread_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { thread_grad_enabled = previous_; }
+
+Tape& current_tape() { return thread_current_tape ? *thread_current_tape : thread_global_tape; }
+TapeScope::TapeScope(Tape& tape) : previous_(thread_current_tape) { thread_current_tape = &tape; }
+TapeScope::~TapeScope() { thread_current_tape = previous_; }
+
+GradTarget::GradTarget(const Tensor& tensor)
+    : id(tensor.id()), requires_grad(tensor.requires_grad()), shape(tensor.shape()), dtype(tensor.dtype()),
+      device(tensor.device()) {
+    if (tensor.is_leaf() && tensor.requires_grad()) persistent_grad = tensor.grad();
+}
+
+Tensor BackwardContext::output_grad(uint64_t output_id) const {
+    auto found = grads_.find(output_id);
+    return found == grads_.end() ? Tensor() : found->second;
+}
+
+Tensor BackwardContext::input_grad(const GradTarget& input) {
+    if (!input.requires_grad) return Tensor();
+    if (input.persistent_grad.defined()) return input.persistent_grad;
+    auto found = grads_.find(input.id);
+    if (found != grads_.end()) return found->second;
+    Tensor buffer = Tensor::zeros(input.shape, input.dtype, input.device, MemoryCategory::workspace);
+    grads_.emplace(input.id, buffer);
+    return buffer;
+}
+
+void BackwardContext::seed(uint64_t id, Tensor gradient) {
+    auto found = grads_.find(id);
+    if (found == grads_.end()) {
+        grads_.emplace(id, std::move(gradient));
+        return;
+    }
+    accumulate_into(found->second, gradient);
+}
+
+Tensor BackwardContext::take(uint64_t id) {
+    auto found = grads_.find(id);
+    if (found == grads_.end()) return Tensor();
+    Tensor gradient = std::move(found->second);
+    grads_.erase(found);
+    return gradient;
+}
+
+void run_backward(Tape& tape, BackwardContext& context, const std::function<void(const Node&)>& after_node) {
+    NoGradGuard no_grad; // backward computations are never recorded
+    auto& nodes = tape.nodes();
+    // Pop as we go so that a failure part-way leaves no half-consumed node behind.
+    while (!nodes.empty()) {
+        Node node = std::move(nodes.back());
+        nodes.pop_back();
+        bool any_output_grad = false;
+        for (uint64_t id : node.output_ids) any_output_grad = any_output_grad || context.has(id);
+        if (any_output_grad) node.backward(context);
+        // Outputs are consumed by nodes later on the tape, which have all run: their gradients are done.
+        for (uint64_t id : node.output_ids) context.erase(id);
+        node.backward = nullptr; // frees the saved tensors now, not at the end of the walk
+        if (after_node) after_node(node);
+    }
+}
+
+void backward(const Tensor& loss, const BackwardOptions& options) {
+    ENGINE_CHECK(loss.numel() == 1, "backward: the loss must be a single value, got " << loss.describe());
+    ENGINE_CHECK(loss.dtype() != DType::i32, "backward: integer loss " << loss.describe());
+    Tape& tape = current_tape();
+    ENGINE_CHECK(loss.requires_grad(),
+                 "backward: the loss " << loss.describe() << " does not require grad (no recorded op led to it)");
+    BackwardContext context;
+    context.seed(loss.id(), Tensor::full(loss.shape(), options.seed_scale, loss.dtype(), loss.device(),
+                                         MemoryCategory::workspace));
+    run_backward(tape, context, options.after_node);
+}
+
+bool record_node(const std::string& op, const std::vector<const Tensor*>& inputs,
+                 const std::vector<Tensor*>& outputs, BackwardFunction backward_function) {
+    if (!grad_enabled()) return false;
+    bool any_requires_grad = false;
+    for (const Tensor* input : inputs)
+        any_requires_grad = any_requires_grad || (input->defined() && input->requires_grad());
+    if (!any_requires_grad) return false;
+    Node node;
+    node.op = op;
+    for (Tensor* output : outputs) {
+        output->impl().requires_grad = true;
+        output->impl().is_leaf = false;
+        node.output_ids.push_back(output->id());
+    }
+    node.backward = std::move(backward_function);
+    current_tape().record(std::move(node));
+    return true;
+}
+
+void zero_grad(const std::vector<Tensor>& parameters) {
+    for (const Tensor& parameter : parameters) {
+        Tensor gradient = parameter.grad();
+        if (gradient.defined()) gradient.fill_zero();
+    }
+}
+
+} // namespace engine

@@ -1,0 +1,114 @@
+// The tape: ops record one node each while grad mode is on; backward walks it in reverse, routes gradients
+// by tensor id, accumulates parameter gradients (+=) into persistent buffers, and frees each node's saved
+// tensors as soon as its backward has run.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace engine {
+
+// ---- grad mode ----
+bool grad_enabled();
+class NoGradGuard {
+public:
+    NoGradGuard();
+    ~NoGradGuard();
+    NoGradGuard(const NoGradGuard&) = delete;
+    NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+private:
+    bool previous_;
+};
+
+// What a backward function needs to know about an input, without keeping the input's data alive.
+struct GradTarget {
+    uint64_t id = 0;
+    bool requires_grad = false;
+    Shape shape;
+    DType dtype = DType::f32;
+    Device device = Device::cpu;
+    Tensor persistent_grad; // a leaf's gradient buffer, which backward accumulates into
+
+    GradTarget() = default;
+    explicit GradTarget(const Tensor& tensor);
+};
+
+class BackwardContext;
+using BackwardFunction = std::function<void(BackwardContext&)>;
+
+struct Node {
+    std::string op;
+    std::vector<uint64_t> output_ids;
+    BackwardFunction backward; // captures exactly the tensors it saved; destroyed right after it runs
+};
+
+class Tape {
+public:
+    void record(Node node) { nodes_.push_back(std::move(node)); }
+    size_t size() const { return nodes_.size(); }
+    bool empty() const { return nodes_.empty(); }
+    std::vector<Node>& nodes() { return nodes_; }
+    void clear() { nodes_.clear(); }
+
+private:
+    std::vector<Node> nodes_;
+};
+
+// The tape ops record on: the global tape, or the innermost TapeScope (checkpoint recompute uses one).
+Tape& current_tape();
+class TapeScope {
+public:
+    explicit TapeScope(Tape& tape);
+    ~TapeScope();
+    TapeScope(const TapeScope&) = delete;
+    TapeScope& operator=(const TapeScope&) = delete;
+
+private:
+    Tape* previous_;
+};
+
+// Gradients flowing during one backward walk, keyed by tensor id.
+class BackwardContext {
+public:
+    // The gradient arriving at an op output; undefined if nothing downstream used it.
+    Tensor output_grad(uint64_t output_id) const;
+    Tensor output_grad(const Tensor& output) const { return output_grad(output.id()); }
+    // The buffer to accumulate an input's gradient into (+=): the persistent buffer of a leaf, else a
+    // zeroed workspace tensor created on first use. Undefined if the input does not require grad.
+    Tensor input_grad(const GradTarget& input);
+
+    void seed(uint64_t id, Tensor gradient);                   // adds to what is there
+    Tensor take(uint64_t id);                                   // removes and returns
+    void erase(uint64_t id) { grads_.erase(id); }
+    bool has(uint64_t id) const { return grads_.count(id) != 0; }
+
+private:
+    std::unordered_map<uint64_t, Tensor> grads_;
+};
+
+// Walks `tape` in reverse with the gradients already seeded in `context`, then leaves the tape empty.
+// `after_node` (optional) runs after each node's backward, once its saved tensors are freed.
+void run_backward(Tape& tape, BackwardContext& context,
+                  const std::function<void(const Node&)>& after_node = nullptr);
+
+struct BackwardOptions {
+    double seed_scale = 1.0; // d(loss) seed: backward of seed_scale * loss
+    std::function<void(const Node&)> after_node;
+};
+// Backward from a scalar loss over the current tape. Parameter gradients accumulate (+=).
+void backward(const Tensor& loss, const BackwardOptions& options = {});
+
+// Records a node on the current tape if grad mode is on and any of `inputs` requires grad; marks `outputs`
+// as requiring grad in that case. Returns whether it recorded.
+bool record_node(const std::string& op, const std::vector<const Tensor*>& inputs,
+                 const std::vector<Tensor*>& outputs, BackwardFunction backward);
+
+// Zeroes gradient buffers in place (a memset, never a free).
+void zero_grad(const std::vector<Tensor>& parameters);
+
+} // namespace engine

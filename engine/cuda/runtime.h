@@ -1,0 +1,32 @@
+// The CUDA device layer as the rest of the engine sees it: plain C++ declarations, no CUDA headers, so
+// that core code can call it under `#if ENGINE_HAS_CUDA` and a CPU-only build never includes it.
+#pragma once
+
+#include <cstddef>
+
+#include "engine/dtype.h"
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+namespace engine::cuda {
+
+// True when the runtime finds at least one CUDA device; never throws.
+bool device_available();
+// Selects the device, creates the engine-owned compute stream and cuBLAS handle, and installs the caching
+// device allocator and the pinned host pool into the accounting layer. Idempotent. Throws EngineError
+// "no CUDA device" when there is none.
+void ensure_initialized();
+// The one engine-owned compute stream every kernel, copy and cuBLAS call of the engine is ordered on.
+cudaStream_t compute_stream();
+// Copies between host and device on the compute stream; returns once a host destination is written.
+void copy(void* destination, Device destination_device, const void* source, Device source_device, size_t bytes);
+void zero(void* destination, size_t bytes); // cudaMemsetAsync on the compute stream
+void synchronize();                         // waits for the compute stream
+// cudaMalloc/cudaHostAlloc calls made so far (the caching allocator's misses), for steady-state tests.
+size_t system_allocation_count();
+// cuBLAS math mode for the engine's GEMMs: fp32 (default) or TF32 tensor cores (opt-in).
+void set_tf32_enabled(bool enabled);
+bool tf32_enabled();
+
+} // namespace engine::cuda

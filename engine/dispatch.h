@@ -1,0 +1,60 @@
+// One switch per op entry point: CPU kernels by element type, CUDA kernels (f32) on the compute stream.
+#pragma once
+
+#include "engine/tensor.h"
+#include "kernels/cpu/cpu_kernels.h"
+#if ENGINE_HAS_CUDA
+#include "engine/cuda/runtime.h"
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
+namespace engine::detail {
+
+// Calls fn.template operator()<T>() with T = float or double.
+template <typename Function>
+void dispatch_floating(const char* op, DType dtype, Function&& function) {
+    switch (dtype) {
+    case DType::f32: function.template operator()<float>(); return;
+    case DType::f64: function.template operator()<double>(); return;
+    case DType::i32: break;
+    }
+    ENGINE_FAIL(op << ": expected a floating-point tensor, got " << dtype_name(dtype));
+}
+
+inline void require_cuda_f32(const char* op, DType dtype) {
+    ENGINE_CHECK(dtype == DType::f32, op << ": CUDA kernels take f32, got " << dtype_name(dtype));
+}
+
+[[noreturn]] inline void fail_without_cuda(const char* op) {
+    ENGINE_FAIL(op << ": tensor is on cuda, but libengine was built without CUDA");
+}
+
+inline void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
+    ENGINE_CHECK(a.device() == b.device(), op << ": " << a.describe() << " and " << b.describe()
+                                                << " are on different devices");
+}
+inline void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
+    ENGINE_CHECK(a.dtype() == b.dtype(), op << ": dtype mismatch between " << a.describe() << " and "
+                                            << b.describe());
+}
+inline void check_shape(const char* op, const char* what, const Tensor& tensor, const Shape& expected) {
+    ENGINE_CHECK(tensor.shape() == expected, op << ": " << what << " has shape " << shape_string(tensor.shape())
+                                                << ", expected " << shape_string(expected));
+}
+// Returns the pointer to a gradient buffer, or null when the input needs none.
+template <typename T>
+T* grad_pointer(const Tensor& gradient) {
+    return gradient.defined() ? gradient.data<T>() : nullptr;
+}
+
+} // namespace engine::detail
+
+#if ENGINE_HAS_CUDA
+#define ENGINE_ON_CUDA(op, dtype, ...)                                                                   \
+    do {                                                                                                 \
+        ::engine::detail::require_cuda_f32(op, dtype);                                                   \
+        __VA_ARGS__;                                                                                     \
+    } while (0)
+#else
+#define ENGINE_ON_CUDA(op, dtype, ...) ::engine::detail::fail_without_cuda(op)
+#endif

@@ -1,0 +1,38 @@
+// Element types and devices a tensor can have.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace engine {
+
+enum class DType { f32, f64, i32 };
+enum class Device { cpu, cuda };
+
+constexpr size_t dtype_size(DType dtype) {
+    switch (dtype) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::i32: return 4;
+    }
+    return 0;
+}
+
+inline const char* dtype_name(DType dtype) {
+    switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::i32: return "i32";
+    }
+    return "?";
+}
+
+inline const char* device_name(Device device) { return device == Device::cpu ? "cpu" : "cuda"; }
+
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::f32; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
+
+} // namespace engine

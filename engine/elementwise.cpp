@@ -1,0 +1,70 @@
+// In-place helpers over the elementwise and reduction kernels of both devices.
+#include "engine/elementwise.h"
+
+#include <cmath>
+
+#include "engine/dispatch.h"
+
+namespace engine {
+using namespace detail;
+
+void accumulate_into(const Tensor& destination, const Tensor& source, double alpha) {
+    check_same_device("accumulate", destination, source);
+    check_same_dtype("accumulate", destination, source);
+    ENGINE_CHECK(destination.numel() == source.numel(),
+                 "accumulate: " << destination.describe() << " += " << source.describe() << ": sizes differ");
+    if (destination.device() == Device::cpu) {
+        dispatch_floating("accumulate", destination.dtype(), [&]<typename T>() {
+            kernels::cpu::axpy<T>(destination.data<T>(), source.data<T>(), static_cast<T>(alpha), destination.numel());
+        });
+    } else {
+        ENGINE_ON_CUDA("accumulate", destination.dtype(),
+                       kernels::cuda::axpy(destination.data<float>(), source.data<float>(), static_cast<float>(alpha),
+                                           destination.numel(), cuda::compute_stream()));
+    }
+}
+
+void scale_in_place(const Tensor& tensor, double factor) {
+    if (tensor.device() == Device::cpu) {
+        dispatch_floating("scale", tensor.dtype(), [&]<typename T>() {
+            kernels::cpu::scale<T>(tensor.data<T>(), static_cast<T>(factor), tensor.numel());
+        });
+    } else {
+        ENGINE_ON_CUDA("scale", tensor.dtype(),
+                       kernels::cuda::scale(tensor.data<float>(), static_cast<float>(factor), tensor.numel(),
+                                            cuda::compute_stream()));
+    }
+}
+
+void fill_in_place(const Tensor& tensor, double value) {
+    if (tensor.device() == Device::cpu) {
+        dispatch_floating("fill", tensor.dtype(), [&]<typename T>() {
+            kernels::cpu::fill<T>(tensor.data<T>(), static_cast<T>(value), tensor.numel());
+        });
+    } else {
+        ENGINE_ON_CUDA("fill", tensor.dtype(),
+                       kernels::cuda::fill(tensor.data<float>(), static_cast<float>(value), tensor.numel(),
+                                           cuda::compute_stream()));
+    }
+}
+
+double sum_of_squares(const Tensor& tensor) {
+    double result = 0.0;
+    if (tensor.device() == Device::cpu) {
+        dispatch_floating("sum_of_squares", tensor.dtype(), [&]<typename T>() {
+            kernels::cpu::sum_of_squares<T>(&result, tensor.data<T>(), tensor.numel());
+        });
+    } else {
+        ENGINE_ON_CUDA("sum_of_squares", tensor.dtype(), {
+            Tensor device_result = Tensor::zeros({1}, DType::f64, Device::cuda, MemoryCategory::workspace);
+            kernels::cuda::sum_of_squares(device_result.data<double>(), tensor.data<float>(), tensor.numel(),
+                                          cuda::compute_stream());
+            result = device_result.to_vector<double>()[0];
+        });
+    }
+    return result;
+}
+
+bool all_finite(const Tensor& tensor) { return std::isfinite(sum_of_squares(tensor)); }
+
+} // namespace engine

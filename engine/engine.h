@@ -1,0 +1,10 @@
+// The umbrella header: everything a program needs to build and differentiate tensor computations.
+#pragma once
+
+#include "engine/autograd.h"
+#include "engine/dtype.h"
+#include "engine/error.h"
+#include "engine/memory.h"
+#include "engine/ops.h"
+#include "engine/random.h"
+#include "engine/tensor.h"

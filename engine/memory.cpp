@@ -1,0 +1,212 @@
+// Accounting allocator: counts live and peak bytes per device and category, and forwards to the backend's
+// raw allocator (CPU heap, CUDA caching allocator, pinned host pool).
+#include "engine/memory.h"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "engine/error.h"
+#if ENGINE_HAS_CUDA
+#include "engine/cuda/runtime.h"
+#endif
+
+namespace engine {
+namespace {
+
+constexpr size_t alignment = 64;
+
+class HeapAllocator final : public RawAllocator {
+public:
+    void* allocate(size_t bytes, bool* reached_system) override {
+        *reached_system = true;
+        const size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+        return std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+    }
+    void deallocate(void* pointer, size_t) override { std::free(pointer); }
+};
+
+// Host memory for offloaded activations, reused by exact size so that steady-state steps allocate nothing.
+// On a CUDA build the CUDA layer replaces it with a cudaHostAlloc-backed pool.
+class CachingHostPool final : public RawAllocator {
+public:
+    void* allocate(size_t bytes, bool* reached_system) override {
+        auto found = free_blocks_.find(bytes);
+        if (found != free_blocks_.end() && !found->second.empty()) {
+            void* pointer = found->second.back();
+            found->second.pop_back();
+            cached_ -= bytes;
+            return pointer;
+        }
+        return heap_.allocate(bytes, reached_system);
+    }
+    void deallocate(void* pointer, size_t bytes) override {
+        free_blocks_[bytes].push_back(pointer);
+        cached_ += bytes;
+    }
+    size_t cached_bytes() const override { return cached_; }
+    void release_cache() override {
+        for (auto& [bytes, pointers] : free_blocks_)
+            for (void* pointer : pointers) heap_.deallocate(pointer, bytes);
+        free_blocks_.clear();
+        cached_ = 0;
+    }
+
+private:
+    HeapAllocator heap_;
+    std::map<size_t, std::vector<void*>> free_blocks_;
+    size_t cached_ = 0;
+};
+
+struct DeviceAccount {
+    MemoryStats stats;
+    RawAllocator* allocator = nullptr;
+};
+
+struct Registry {
+    std::mutex mutex;
+    HeapAllocator heap;
+    CachingHostPool host_pool;
+    RawAllocator* pinned = &host_pool;
+    DeviceAccount accounts[2];
+    Registry() { accounts[0].allocator = &heap; }
+};
+
+Registry& registry() {
+    static Registry* instance = new Registry(); // never destroyed: tensors may outlive static teardown
+    return *instance;
+}
+
+int device_index(Device device) { return device == Device::cpu ? 0 : 1; }
+
+RawAllocator* allocator_for(Registry& reg, Device device, MemoryCategory category) {
+    if (category == MemoryCategory::pinned_host) return reg.pinned;
+    RawAllocator* allocator = reg.accounts[device_index(device)].allocator;
+    if (allocator == nullptr) {
+#if ENGINE_HAS_CUDA
+        reg.mutex.unlock();
+        try {
+            cuda::ensure_initialized();
+        } catch (...) {
+            reg.mutex.lock();
+            throw;
+        }
+        reg.mutex.lock();
+        allocator = reg.accounts[device_index(device)].allocator;
+        ENGINE_CHECK(allocator != nullptr, "CUDA layer did not install a device allocator");
+#else
+        ENGINE_FAIL("cuda device requested, but libengine was built without CUDA (ENGINE_CUDA=OFF or no nvcc)");
+#endif
+    }
+    return allocator;
+}
+
+thread_local MemoryCategory thread_category = MemoryCategory::activations;
+
+} // namespace
+
+const char* memory_category_name(MemoryCategory category) {
+    switch (category) {
+    case MemoryCategory::parameters: return "parameters";
+    case MemoryCategory::gradients: return "gradients";
+    case MemoryCategory::optimizer_state: return "optimizer_state";
+    case MemoryCategory::activations: return "activations";
+    case MemoryCategory::workspace: return "workspace";
+    case MemoryCategory::pinned_host: return "pinned_host";
+    case MemoryCategory::count: break;
+    }
+    return "?";
+}
+
+std::string MemoryStats::to_string() const {
+    std::ostringstream text;
+    text << "current " << current_bytes << " B, peak " << peak_bytes << " B;";
+    for (int index = 0; index < memory_category_count; ++index)
+        text << " " << memory_category_name(static_cast<MemoryCategory>(index)) << " "
+             << current_by_category[index] << " B";
+    return text.str();
+}
+
+MemoryStats memory_stats(Device device) {
+    Registry& reg = registry();
+    std::lock_guard lock(reg.mutex);
+    MemoryStats stats = reg.accounts[device_index(device)].stats;
+    RawAllocator* allocator = reg.accounts[device_index(device)].allocator;
+    stats.cached_bytes = allocator ? allocator->cached_bytes() : 0;
+    if (device == Device::cpu) stats.cached_bytes += reg.pinned->cached_bytes();
+    return stats;
+}
+
+void reset_peak(Device device) {
+    Registry& reg = registry();
+    std::lock_guard lock(reg.mutex);
+    MemoryStats& stats = reg.accounts[device_index(device)].stats;
+    stats.peak_bytes = stats.current_bytes;
+    stats.peak_by_category = stats.current_by_category;
+}
+
+MemoryCategory current_memory_category() { return thread_category; }
+MemoryCategoryScope::MemoryCategoryScope(MemoryCategory category) : previous_(thread_category) {
+    thread_category = category;
+}
+MemoryCategoryScope::~MemoryCategoryScope() { thread_category = previous_; }
+
+void set_raw_allocator(Device device, RawAllocator* allocator) {
+    Registry& reg = registry();
+    std::lock_guard lock(reg.mutex);
+    reg.accounts[device_index(device)].allocator = allocator;
+}
+
+void set_pinned_allocator(RawAllocator* allocator) {
+    Registry& reg = registry();
+    std::lock_guard lock(reg.mutex);
+    reg.pinned = allocator ? allocator : &reg.host_pool;
+}
+
+void* allocate_bytes(Device device, size_t bytes, MemoryCategory category) {
+    // Pinned host memory belongs to the host, whatever device asked for it.
+    if (category == MemoryCategory::pinned_host) device = Device::cpu;
+    Registry& reg = registry();
+    std::unique_lock lock(reg.mutex);
+    RawAllocator* allocator = allocator_for(reg, device, category);
+    bool reached_system = false;
+    void* pointer = allocator->allocate(bytes, &reached_system);
+    if (pointer == nullptr) {
+        allocator->release_cache();
+        pointer = allocator->allocate(bytes, &reached_system);
+    }
+    MemoryStats& stats = reg.accounts[device_index(device)].stats;
+    if (pointer == nullptr) {
+        std::ostringstream text;
+        text << "out of memory on " << device_name(device) << ": requested " << bytes << " B for "
+             << memory_category_name(category) << "; in use: " << stats.to_string()
+             << ". Hint: use a smaller per_device_train_batch_size with more gradient_accumulation_steps, "
+                "turn on gradient_checkpointing, or offload checkpointed inputs to host memory";
+        throw OutOfMemoryError(text.str());
+    }
+    if (reached_system) ++stats.system_allocations;
+    const int index = static_cast<int>(category);
+    stats.current_bytes += bytes;
+    stats.current_by_category[index] += bytes;
+    if (stats.current_bytes > stats.peak_bytes) stats.peak_bytes = stats.current_bytes;
+    if (stats.current_by_category[index] > stats.peak_by_category[index])
+        stats.peak_by_category[index] = stats.current_by_category[index];
+    return pointer;
+}
+
+void deallocate_bytes(Device device, void* pointer, size_t bytes, MemoryCategory category) {
+    if (pointer == nullptr) return;
+    if (category == MemoryCategory::pinned_host) device = Device::cpu;
+    Registry& reg = registry();
+    std::lock_guard lock(reg.mutex);
+    RawAllocator* allocator =
+        category == MemoryCategory::pinned_host ? reg.pinned : reg.accounts[device_index(device)].allocator;
+    allocator->deallocate(pointer, bytes);
+    MemoryStats& stats = reg.accounts[device_index(device)].stats;
+    stats.current_bytes -= bytes;
+    stats.current_by_category[static_cast<int>(category)] -= bytes;
+}
+
+} // namespace engine

@@ -1,0 +1,56 @@
+// attention: causal multi-head self-attention over packed qkv. Saves qkv, its output and the per-row
+// logsumexp (B,NH,T); backward recomputes the probabilities, so no T×T matrix outlives the forward.
+#include "engine/autograd.h"
+#include "engine/dispatch.h"
+#include "engine/ops.h"
+
+namespace engine {
+using namespace detail;
+
+Tensor attention(const Tensor& qkv, int num_heads) {
+    constexpr const char* op = "attention";
+    ENGINE_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0,
+                 op << ": qkv " << qkv.describe() << " must be (B,T,3C)");
+    const int batch = static_cast<int>(qkv.size(0)), time = static_cast<int>(qkv.size(1));
+    const int channels = static_cast<int>(qkv.size(2) / 3);
+    ENGINE_CHECK(num_heads > 0 && channels % num_heads == 0,
+                 op << ": " << num_heads << " heads do not divide the width " << channels << " of qkv "
+                    << shape_string(qkv.shape()));
+    Tensor out = Tensor::empty({batch, time, channels}, qkv.dtype(), qkv.device());        // (B,T,C)
+    Tensor logsumexp = Tensor::empty({batch, num_heads, time}, qkv.dtype(), qkv.device()); // (B,NH,T)
+    if (qkv.device() == Device::cpu) {
+        dispatch_floating(op, qkv.dtype(), [&]<typename T>() {
+            kernels::cpu::attention_forward<T>(out.data<T>(), logsumexp.data<T>(), qkv.data<T>(), batch, time,
+                                               channels, num_heads);
+        });
+    } else {
+        ENGINE_ON_CUDA(op, qkv.dtype(),
+                       kernels::cuda::attention_forward(out.data<float>(), logsumexp.data<float>(), qkv.data<float>(),
+                                                        batch, time, channels, num_heads, cuda::compute_stream()));
+    }
+    GradTarget qkv_target(qkv);
+    // The closure keeps `out` by id and a detached alias of its storage: capturing the Tensor itself would
+    // be the same memory, but the alias makes explicit that backward reads it as saved data.
+    record_node(op, {&qkv}, {&out},
+                [=, saved_qkv = qkv, saved_out = out.detach(), saved_logsumexp = logsumexp,
+                 output_id = out.id()](BackwardContext& context) {
+                    Tensor dout = context.output_grad(output_id);
+                    Tensor dqkv = context.input_grad(qkv_target);
+                    if (dout.device() == Device::cpu) {
+                        dispatch_floating(op, dout.dtype(), [&]<typename T>() {
+                            kernels::cpu::attention_backward<T>(dqkv.data<T>(), dout.data<T>(), saved_qkv.data<T>(),
+                                                                saved_out.data<T>(), saved_logsumexp.data<T>(), batch,
+                                                                time, channels, num_heads);
+                        });
+                    } else {
+                        ENGINE_ON_CUDA(op, dout.dtype(),
+                                       kernels::cuda::attention_backward(
+                                           dqkv.data<float>(), dout.data<float>(), saved_qkv.data<float>(),
+                                           saved_out.data<float>(), saved_logsumexp.data<float>(), batch, time,
+                                           channels, num_heads, cuda::compute_stream()));
+                    }
+                });
+    return out;
+}
+
+} // namespace engine

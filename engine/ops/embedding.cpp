@@ -1,0 +1,72 @@
+// embedding: token table plus learned position table, with token-range checks before any write.
+#include "engine/autograd.h"
+#include "engine/dispatch.h"
+#include "engine/ops.h"
+
+namespace engine {
+using namespace detail;
+
+Tensor embedding(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table) {
+    constexpr const char* op = "embedding";
+    ENGINE_CHECK(tokens.dtype() == DType::i32 && tokens.dim() == 2,
+                 op << ": tokens " << tokens.describe() << " must be (B,T) i32");
+    ENGINE_CHECK(token_table.dim() == 2 && position_table.dim() == 2,
+                 op << ": tables " << token_table.describe() << ", " << position_table.describe() << " must be 2-D");
+    ENGINE_CHECK(token_table.size(1) == position_table.size(1),
+                 op << ": token table " << shape_string(token_table.shape()) << " and position table "
+                    << shape_string(position_table.shape()) << " have different widths");
+    check_same_device(op, tokens, token_table);
+    check_same_device(op, tokens, position_table);
+    check_same_dtype(op, token_table, position_table);
+    const int batch = static_cast<int>(tokens.size(0)), time = static_cast<int>(tokens.size(1));
+    const int channels = static_cast<int>(token_table.size(1));
+    const int64_t vocabulary = token_table.size(0);
+    ENGINE_CHECK(time <= position_table.size(0), op << ": sequence length " << time << " exceeds the position table "
+                                                    << shape_string(position_table.shape()));
+    const std::vector<int32_t> host_tokens = tokens.to_vector<int32_t>();
+    for (size_t index = 0; index < host_tokens.size(); ++index)
+        ENGINE_CHECK(host_tokens[index] >= 0 && host_tokens[index] < vocabulary,
+                     op << ": token id " << host_tokens[index] << " at flat index " << index
+                        << " is outside the vocabulary [0," << vocabulary << ")");
+
+    Tensor out = Tensor::empty({batch, time, channels}, token_table.dtype(), tokens.device()); // (B,T,C)
+    if (out.device() == Device::cpu) {
+        dispatch_floating(op, out.dtype(), [&]<typename T>() {
+            kernels::cpu::embedding_forward<T>(out.data<T>(), tokens.data<int32_t>(), token_table.data<T>(),
+                                               position_table.data<T>(), batch, time, channels);
+        });
+    } else {
+        ENGINE_ON_CUDA(op, out.dtype(),
+                       kernels::cuda::embedding_forward(out.data<float>(), tokens.data<int32_t>(),
+                                                        token_table.data<float>(), position_table.data<float>(),
+                                                        batch, time, channels, cuda::compute_stream()));
+    }
+
+    GradTarget token_target(token_table), position_target(position_table);
+    record_node(op, {&token_table, &position_table}, {&out},
+                [=, saved_tokens = tokens, output_id = out.id()](BackwardContext& context) {
+                    Tensor dout = context.output_grad(output_id);
+                    Tensor dtoken = context.input_grad(token_target);
+                    Tensor dposition = context.input_grad(position_target);
+                    // The kernel writes both tables; a table that needs no gradient gets scratch.
+                    if (!dtoken.defined())
+                        dtoken = Tensor::zeros(token_target.shape, dout.dtype(), dout.device(), MemoryCategory::workspace);
+                    if (!dposition.defined())
+                        dposition = Tensor::zeros(position_target.shape, dout.dtype(), dout.device(),
+                                                  MemoryCategory::workspace);
+                    if (dout.device() == Device::cpu) {
+                        dispatch_floating(op, dout.dtype(), [&]<typename T>() {
+                            kernels::cpu::embedding_backward<T>(dtoken.data<T>(), dposition.data<T>(), dout.data<T>(),
+                                                                saved_tokens.data<int32_t>(), batch, time, channels);
+                        });
+                    } else {
+                        ENGINE_ON_CUDA(op, dout.dtype(),
+                                       kernels::cuda::embedding_backward(dtoken.data<float>(), dposition.data<float>(),
+                                                                         dout.data<float>(), saved_tokens.data<int32_t>(),
+                                                                         batch, time, channels, cuda::compute_stream()));
+                    }
+                });
+    return out;
+}
+
+} // namespace engine

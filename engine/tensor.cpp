@@ -1,0 +1,197 @@
+// Tensor construction, copies between devices, and the small conveniences tests and programs need.
+#include "engine/tensor.h"
+
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "engine/autograd.h"
+#if ENGINE_HAS_CUDA
+#include "engine/cuda/runtime.h"
+#endif
+
+namespace engine {
+
+std::string shape_string(const Shape& shape) {
+    std::ostringstream text;
+    text << "(";
+    for (size_t index = 0; index < shape.size(); ++index) text << (index ? "," : "") << shape[index];
+    text << ")";
+    return text.str();
+}
+
+int64_t shape_numel(const Shape& shape) {
+    int64_t count = 1;
+    for (int64_t extent : shape) count *= extent;
+    return count;
+}
+
+uint64_t next_tensor_id() {
+    static std::atomic<uint64_t> counter{1};
+    return counter.fetch_add(1);
+}
+
+Storage::Storage(Device device, size_t bytes, MemoryCategory category)
+    : bytes_(bytes), device_(device), category_(category) {
+    data_ = allocate_bytes(device, bytes, category);
+}
+
+Storage::~Storage() { deallocate_bytes(device_, data_, bytes_, category_); }
+
+void copy_bytes(void* destination, Device destination_device, const void* source, Device source_device,
+                size_t bytes) {
+    if (bytes == 0) return;
+    if (destination_device == Device::cpu && source_device == Device::cpu) {
+        std::memcpy(destination, source, bytes);
+        return;
+    }
+#if ENGINE_HAS_CUDA
+    cuda::copy(destination, destination_device, source, source_device, bytes);
+#else
+    ENGINE_FAIL("copy to or from a cuda tensor, but libengine was built without CUDA");
+#endif
+}
+
+void zero_bytes(void* destination, Device device, size_t bytes) {
+    if (bytes == 0) return;
+    if (device == Device::cpu) {
+        std::memset(destination, 0, bytes);
+        return;
+    }
+#if ENGINE_HAS_CUDA
+    cuda::zero(destination, bytes);
+#else
+    ENGINE_FAIL("zeroing a cuda tensor, but libengine was built without CUDA");
+#endif
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemoryCategory category) {
+    for (int64_t extent : shape)
+        ENGINE_CHECK(extent >= 0, "Tensor::empty: negative extent in shape " << shape_string(shape));
+    auto impl = std::make_shared<TensorImpl>();
+    impl->shape = shape;
+    impl->dtype = dtype;
+    impl->id = next_tensor_id();
+    const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+    // pinned_host storage is host memory, so its tensor lives on the CPU.
+    const Device storage_device = category == MemoryCategory::pinned_host ? Device::cpu : device;
+    impl->storage = std::make_shared<Storage>(storage_device, bytes, category);
+    return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device, MemoryCategory category) {
+    Tensor tensor = empty(shape, dtype, device, category);
+    tensor.fill_zero();
+    return tensor;
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device, MemoryCategory category) {
+    Tensor host = empty(shape, dtype, Device::cpu, category);
+    const int64_t count = host.numel();
+    switch (dtype) {
+    case DType::f32: for (int64_t i = 0; i < count; ++i) host.data<float>()[i] = static_cast<float>(value); break;
+    case DType::f64: for (int64_t i = 0; i < count; ++i) host.data<double>()[i] = value; break;
+    case DType::i32: for (int64_t i = 0; i < count; ++i) host.data<int32_t>()[i] = static_cast<int32_t>(value); break;
+    }
+    return device == Device::cpu ? host : host.to(device, category);
+}
+
+template <typename T>
+Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device,
+                           MemoryCategory category) {
+    ENGINE_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
+                 "Tensor::from_vector: " << values.size() << " values for shape " << shape_string(shape));
+    Tensor tensor = empty(shape, dtype_of<T>(), device, category);
+    copy_bytes(tensor.raw_data(), tensor.device(), values.data(), Device::cpu, values.size() * sizeof(T));
+    return tensor;
+}
+template Tensor Tensor::from_vector<float>(const std::vector<float>&, const Shape&, Device, MemoryCategory);
+template Tensor Tensor::from_vector<double>(const std::vector<double>&, const Shape&, Device, MemoryCategory);
+template Tensor Tensor::from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, Device, MemoryCategory);
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+    ENGINE_CHECK(dtype_of<T>() == dtype(), "to_vector<" << dtype_name(dtype_of<T>()) << ">() on " << describe());
+    std::vector<T> values(static_cast<size_t>(numel()));
+    copy_bytes(values.data(), Device::cpu, raw_data(), device(), nbytes());
+    return values;
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+
+int64_t Tensor::size(int64_t axis) const {
+    const int64_t rank = dim();
+    if (axis < 0) axis += rank;
+    ENGINE_CHECK(axis >= 0 && axis < rank, "size(" << axis << ") on " << describe());
+    return shape()[static_cast<size_t>(axis)];
+}
+
+double Tensor::item() const {
+    ENGINE_CHECK(numel() == 1, "item() on " << describe() << ", which is not a single value");
+    switch (dtype()) {
+    case DType::f32: return to_vector<float>()[0];
+    case DType::f64: return to_vector<double>()[0];
+    case DType::i32: return to_vector<int32_t>()[0];
+    }
+    return 0.0;
+}
+
+void Tensor::set_requires_grad(bool requires_grad) {
+    TensorImpl& self = impl();
+    ENGINE_CHECK(self.is_leaf, "set_requires_grad on " << describe() << ", which is an op output, not a leaf");
+    ENGINE_CHECK(!requires_grad || dtype() != DType::i32, "set_requires_grad on integer tensor " << describe());
+    self.requires_grad = requires_grad;
+    if (requires_grad && !self.grad) {
+        Tensor buffer = zeros(shape(), dtype(), device(), MemoryCategory::gradients);
+        self.grad = buffer.impl_ptr();
+    }
+}
+
+Tensor Tensor::grad() const { return Tensor(impl().grad); }
+
+Tensor Tensor::detach() const {
+    auto view = std::make_shared<TensorImpl>();
+    view->storage = impl().storage;
+    view->shape = shape();
+    view->dtype = dtype();
+    view->id = next_tensor_id();
+    view->name = name();
+    return Tensor(std::move(view));
+}
+
+Tensor Tensor::to(Device target, MemoryCategory category) const {
+    Tensor result = empty(shape(), dtype(), target, category);
+    copy_bytes(result.raw_data(), result.device(), raw_data(), device(), nbytes());
+    return result;
+}
+
+Tensor Tensor::clone(MemoryCategory category) const { return to(device(), category); }
+
+Tensor Tensor::reshape(const Shape& new_shape) const {
+    ENGINE_CHECK(shape_numel(new_shape) == numel(),
+                 "reshape of " << describe() << " to " << shape_string(new_shape) << ": element counts differ");
+    auto view = std::make_shared<TensorImpl>(impl());
+    view->shape = new_shape;
+    // A reshape of a differentiable tensor is the same tensor for autograd: gradients route by id.
+    return Tensor(std::move(view));
+}
+
+void Tensor::copy_from(const Tensor& source) {
+    ENGINE_CHECK(source.shape() == shape() && source.dtype() == dtype(),
+                 "copy_from: destination " << describe() << " and source " << source.describe() << " differ");
+    copy_bytes(raw_data(), device(), source.raw_data(), source.device(), nbytes());
+}
+
+void Tensor::fill_zero() { zero_bytes(raw_data(), device(), nbytes()); }
+
+std::string Tensor::describe() const {
+    if (!impl_) return "<undefined>";
+    std::ostringstream text;
+    if (!impl_->name.empty()) text << impl_->name << " ";
+    text << shape_string(impl_->shape) << " " << dtype_name(impl_->dtype) << " " << device_name(device());
+    return text.str();
+}
+
+} // namespace engine

@@ -1,0 +1,130 @@
+// Tensor: a shape, a dtype and a device over reference-counted storage, plus the autograd identity that
+// the tape uses to route gradients.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/dtype.h"
+#include "engine/error.h"
+#include "engine/memory.h"
+
+namespace engine {
+
+using Shape = std::vector<int64_t>;
+std::string shape_string(const Shape& shape);
+int64_t shape_numel(const Shape& shape);
+
+// Owns one allocation; frees it (through the accounting allocator) when the last tensor lets go.
+class Storage {
+public:
+    Storage(Device device, size_t bytes, MemoryCategory category);
+    ~Storage();
+    Storage(const Storage&) = delete;
+    Storage& operator=(const Storage&) = delete;
+
+    void* data() const { return data_; }
+    size_t bytes() const { return bytes_; }
+    Device device() const { return device_; }
+    MemoryCategory category() const { return category_; }
+
+private:
+    void* data_ = nullptr;
+    size_t bytes_ = 0;
+    Device device_;
+    MemoryCategory category_;
+};
+
+struct TensorImpl {
+    std::shared_ptr<Storage> storage;
+    Shape shape;
+    DType dtype = DType::f32;
+    uint64_t id = 0;             // autograd identity, unique for the process lifetime
+    bool requires_grad = false;  // a leaf that wants a gradient, or an op output that depends on one
+    bool is_leaf = true;         // created by the user, not by an op
+    std::shared_ptr<TensorImpl> grad; // persistent gradient buffer of a leaf (allocated once)
+    std::string name;
+};
+
+class Tensor {
+public:
+    Tensor() = default;
+
+    // Uninitialised (CPU: poisoned with NaN in debug builds is not done; callers write every element).
+    static Tensor empty(const Shape& shape, DType dtype, Device device,
+                        MemoryCategory category = current_memory_category());
+    static Tensor zeros(const Shape& shape, DType dtype, Device device,
+                        MemoryCategory category = current_memory_category());
+    static Tensor full(const Shape& shape, double value, DType dtype, Device device,
+                       MemoryCategory category = current_memory_category());
+    template <typename T>
+    static Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device,
+                              MemoryCategory category = current_memory_category());
+
+    bool defined() const { return impl_ != nullptr; }
+    const Shape& shape() const { return impl().shape; }
+    int64_t dim() const { return static_cast<int64_t>(impl().shape.size()); }
+    int64_t size(int64_t axis) const;
+    int64_t numel() const { return shape_numel(impl().shape); }
+    size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype()); }
+    DType dtype() const { return impl().dtype; }
+    Device device() const { return impl().storage->device(); }
+    MemoryCategory category() const { return impl().storage->category(); }
+    uint64_t id() const { return impl().id; }
+    const std::string& name() const { return impl().name; }
+    void set_name(std::string name) { impl().name = std::move(name); }
+
+    void* raw_data() const { return impl().storage->data(); }
+    template <typename T>
+    T* data() const {
+        ENGINE_CHECK(dtype_of<T>() == dtype(), "tensor " << describe() << ": data<" << dtype_name(dtype_of<T>())
+                                                         << ">() on a " << dtype_name(dtype()) << " tensor");
+        return static_cast<T*>(raw_data());
+    }
+
+    // Autograd.
+    bool requires_grad() const { return impl().requires_grad; }
+    bool is_leaf() const { return impl().is_leaf; }
+    // On a leaf: turns gradient tracking on and allocates its persistent gradient buffer once.
+    void set_requires_grad(bool requires_grad);
+    Tensor grad() const; // the persistent gradient buffer of a leaf; undefined if none
+    // A new tensor sharing this one's storage but with no autograd history: saved-tensor style.
+    Tensor detach() const;
+
+    // Copies.
+    Tensor to(Device device, MemoryCategory category = current_memory_category()) const;
+    Tensor clone(MemoryCategory category = current_memory_category()) const;
+    template <typename T>
+    std::vector<T> to_vector() const;
+    double item() const; // a one-element float tensor's value, as double
+    // Same storage, new shape with the same element count.
+    Tensor reshape(const Shape& shape) const;
+    // Overwrites this tensor's contents with `source` (same shape and dtype; any devices).
+    void copy_from(const Tensor& source);
+    void fill_zero();
+
+    std::string describe() const; // "name (2,3) f32 cpu"
+
+    TensorImpl& impl() const {
+        ENGINE_CHECK(impl_ != nullptr, "use of an undefined tensor");
+        return *impl_;
+    }
+    const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+    explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+private:
+    std::shared_ptr<TensorImpl> impl_;
+};
+
+uint64_t next_tensor_id();
+
+// Copies raw bytes between any two devices. Host destinations are complete on return; device-to-device
+// and host-to-device copies are ordered on the compute stream.
+void copy_bytes(void* destination, Device destination_device, const void* source, Device source_device,
+                size_t bytes);
+void zero_bytes(void* destination, Device device, size_t bytes);
+
+} // namespace engine

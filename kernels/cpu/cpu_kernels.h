@@ -1,0 +1,156 @@
+// CPU reference kernels: the specification every CUDA twin is tested against.
+//
+// Conventions (shared with kernels/cuda/cuda_kernels.h):
+// - Outputs first, `d`-prefixed gradients, inputs, then dimensions last.
+// - Row-major, contiguous buffers; shape comments give the layout.
+// - Every backward kernel ACCUMULATES (`+=`) into its gradient outputs. The autograd engine hands it
+//   either a zeroed buffer or a persistent parameter-gradient buffer, so gradient accumulation across
+//   micro-batches and tensors used twice (the residual stream) both come out right with no special case.
+// - Kernels know no tensor, no tape and no error policy beyond their preconditions: shape and range checks
+//   happen in the op layer (engine/ops) before a kernel runs, so a kernel never sees bad input.
+// - Templated on the element type: float for training, double for float64 gradient checks.
+#pragma once
+
+#include <cstdint>
+
+namespace engine::kernels::cpu {
+
+// ---- embedding: token table plus learned position table ----
+// out[b,t,:] = token_table[tokens[b,t],:] + position_table[t,:]
+template <typename Scalar>
+void embedding_forward(Scalar* out,                  // (B,T,C)
+                       const int32_t* tokens,   // (B,T), each in [0,V)
+                       const Scalar* token_table,    // (V,C)
+                       const Scalar* position_table, // (max_T,C), max_T >= T
+                       int B, int T, int C);
+template <typename Scalar>
+void embedding_backward(Scalar* dtoken_table,    // (V,C) +=
+                        Scalar* dposition_table, // (max_T,C) +=
+                        const Scalar* dout,      // (B,T,C)
+                        const int32_t* tokens, int B, int T, int C);
+
+// ---- gemm through BLAS, row-major ----
+// c(m,n) = alpha * op(a)(m,k) * op(b)(k,n) + beta * c(m,n); op(x) = x or x^T.
+// a is stored (m,k) or, transposed, (k,m); b is (k,n) or, transposed, (n,k).
+template <typename Scalar>
+void gemm(Scalar* c, const Scalar* a, const Scalar* b, int m, int n, int k, bool transpose_a, bool transpose_b, Scalar alpha,
+          Scalar beta);
+
+// ---- bias ----
+template <typename Scalar>
+void bias_add_forward(Scalar* out,        // (N,OC) +=  bias broadcast over rows
+                      const Scalar* bias, // (OC)
+                      int N, int OC);
+template <typename Scalar>
+void bias_backward(Scalar* dbias,      // (OC) +=  column sums of dout
+                   const Scalar* dout, // (N,OC)
+                   int N, int OC);
+
+// ---- layernorm over the last dimension, eps = 1e-5 ----
+inline constexpr double layernorm_eps = 1e-5;
+template <typename Scalar>
+void layernorm_forward(Scalar* out,          // (N,C)
+                       Scalar* mean,         // (N)
+                       Scalar* rstd,         // (N)  1/sqrt(var + eps), biased variance
+                       const Scalar* inp,    // (N,C)
+                       const Scalar* weight, // (C)
+                       const Scalar* bias,   // (C)
+                       int N, int C);
+template <typename Scalar>
+void layernorm_backward(Scalar* dinp,    // (N,C) +=
+                        Scalar* dweight, // (C) +=
+                        Scalar* dbias,   // (C) +=
+                        const Scalar* dout, const Scalar* inp, const Scalar* weight, const Scalar* mean, const Scalar* rstd, int N,
+                        int C);
+
+// ---- GELU, tanh approximation (GPT-2) ----
+template <typename Scalar>
+void gelu_forward(Scalar* out, const Scalar* inp, int64_t N);
+template <typename Scalar>
+void gelu_backward(Scalar* dinp, // (N) +=
+                   const Scalar* dout, const Scalar* inp, int64_t N);
+
+// ---- residual add ----
+template <typename Scalar>
+void residual_forward(Scalar* out, const Scalar* a, const Scalar* b, int64_t N);
+template <typename Scalar>
+void residual_backward(Scalar* da, Scalar* db, // (N) += dout, either may be null
+                       const Scalar* dout, int64_t N);
+
+// ---- causal multi-head self-attention ----
+// qkv packs, per token, [q (C) | k (C) | v (C)]; head h owns columns [h*hs, (h+1)*hs) of each, hs = C/NH.
+// out = softmax(q k^T / sqrt(hs) + causal mask) v. Forward saves only logsumexp, the O(T) per-head row
+// statistic; backward recomputes the probabilities from q, k and logsumexp (no T x T matrix is kept).
+template <typename Scalar>
+void attention_forward(Scalar* out,          // (B,T,C)
+                       Scalar* logsumexp,    // (B,NH,T)
+                       const Scalar* qkv,    // (B,T,3C)
+                       int B, int T, int C, int NH);
+template <typename Scalar>
+void attention_backward(Scalar* dqkv,            // (B,T,3C) +=
+                        const Scalar* dout,      // (B,T,C)
+                        const Scalar* qkv,       // (B,T,3C)
+                        const Scalar* out,       // (B,T,C)
+                        const Scalar* logsumexp, // (B,NH,T)
+                        int B, int T, int C, int NH);
+
+// ---- dropout with a counter-based RNG (kernels/common/philox.h) ----
+// Element i is kept iff uniform(seed, offset + i) >= p, and kept values are scaled by 1/(1-p).
+// The mask is never stored: backward redraws it from the same (seed, offset). p == 0 is the identity.
+template <typename Scalar>
+void dropout_forward(Scalar* out, const Scalar* inp, float p, uint64_t seed, uint64_t offset, int64_t N);
+template <typename Scalar>
+void dropout_backward(Scalar* dinp, // (N) +=
+                      const Scalar* dout, float p, uint64_t seed, uint64_t offset, int64_t N);
+
+// ---- softmax cross-entropy over the last dimension ----
+// losses[i] = logsumexp(logits[i,:]) - logits[i, targets[i]], or 0 when targets[i] == ignore_index.
+template <typename Scalar>
+void cross_entropy_forward(Scalar* losses,             // (N)
+                           const Scalar* logits,       // (N,V)
+                           const int32_t* targets, // (N)
+                           int N, int V, int ignore_index);
+template <typename Scalar>
+void cross_entropy_backward(Scalar* dlogits,             // (N,V) +=  (softmax - onehot) * dlosses[i]
+                            const Scalar* dlosses,       // (N)
+                            const Scalar* logits,        // (N,V)
+                            const int32_t* targets, // (N); ignored rows get no gradient
+                            int N, int V, int ignore_index);
+
+// ---- reductions ----
+template <typename Scalar>
+void sum_forward(Scalar* out,       // (1) = scale * sum(inp)
+                 const Scalar* inp, // (N)
+                 int64_t N, Scalar scale);
+template <typename Scalar>
+void sum_backward(Scalar* dinp,      // (N) += scale * dout[0]
+                  const Scalar* dout, // (1)
+                  int64_t N, Scalar scale);
+// out[0] = sum(inp^2), accumulated in double.
+template <typename Scalar>
+void sum_of_squares(double* out, const Scalar* inp, int64_t N);
+
+// ---- elementwise helpers ----
+template <typename Scalar>
+void fill(Scalar* x, Scalar value, int64_t N);
+template <typename Scalar>
+void scale(Scalar* x, Scalar alpha, int64_t N); // x *= alpha
+template <typename Scalar>
+void axpy(Scalar* y, const Scalar* x, Scalar alpha, int64_t N); // y += alpha * x
+
+// ---- optimizer updates ----
+// AdamW with PyTorch semantics; grad is multiplied by grad_scale first (global-norm clipping).
+//   p -= lr * weight_decay * p
+//   m = beta1 m + (1-beta1) g;  v = beta2 v + (1-beta2) g^2
+//   p -= lr * (m / bias_correction1) / (sqrt(v / bias_correction2) + eps)
+template <typename Scalar>
+void adamw_update(Scalar* param, const Scalar* grad, Scalar* m, Scalar* v, int64_t N, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, float bias_correction1, float bias_correction2,
+                  float grad_scale);
+// SGD with momentum (PyTorch semantics, no dampening, no nesterov):
+//   g = grad_scale * grad + weight_decay * p;  buf = momentum * buf + g;  p -= lr * buf
+template <typename Scalar>
+void sgd_update(Scalar* param, const Scalar* grad, Scalar* momentum_buffer, int64_t N, float lr, float momentum,
+                float weight_decay, float grad_scale);
+
+} // namespace engine::kernels::cpu

@@ -1,0 +1,40 @@
+// Dropout whose mask is redrawn from the shared Philox stream, the reference for kernels/cuda/dropout.cu.
+#include "kernels/cpu/cpu_kernels.h"
+
+#include "kernels/common/philox.h"
+
+namespace engine::kernels::cpu {
+
+template <typename T>
+void dropout_forward(T* out, const T* inp, float p, uint64_t seed, uint64_t offset, int64_t N) {
+    // p == 0 is an exact copy: multiplying by a computed 1/(1-p) could still round, and no draws are needed.
+    if (p == 0.0f) {
+        for (int64_t i = 0; i < N; ++i) out[i] = inp[i];
+        return;
+    }
+    const T keep_scale = T(1) / (T(1) - T(p));
+    for (int64_t i = 0; i < N; ++i) {
+        const bool keep = philox_uniform(seed, offset, static_cast<uint64_t>(i)) >= p;
+        out[i] = keep ? inp[i] * keep_scale : T(0);
+    }
+}
+
+template <typename T>
+void dropout_backward(T* dinp, const T* dout, float p, uint64_t seed, uint64_t offset, int64_t N) {
+    if (p == 0.0f) {
+        for (int64_t i = 0; i < N; ++i) dinp[i] += dout[i];
+        return;
+    }
+    const T keep_scale = T(1) / (T(1) - T(p));
+    for (int64_t i = 0; i < N; ++i) {
+        const bool keep = philox_uniform(seed, offset, static_cast<uint64_t>(i)) >= p;
+        if (keep) dinp[i] += dout[i] * keep_scale;
+    }
+}
+
+template void dropout_forward<float>(float*, const float*, float, uint64_t, uint64_t, int64_t);
+template void dropout_forward<double>(double*, const double*, float, uint64_t, uint64_t, int64_t);
+template void dropout_backward<float>(float*, const float*, float, uint64_t, uint64_t, int64_t);
+template void dropout_backward<double>(double*, const double*, float, uint64_t, uint64_t, int64_t);
+
+} // namespace engine::kernels::cpu

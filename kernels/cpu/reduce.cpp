@@ -1,0 +1,37 @@
+// Whole-tensor sums (scaled sum for a loss mean, sum of squares for gradient norms), the CPU references.
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace engine::kernels::cpu {
+
+template <typename T>
+void sum_forward(T* out, const T* inp, int64_t N, T scale) {
+    // Double accumulation: a float running sum over millions of elements stops absorbing small terms.
+    double sum = 0.0;
+    for (int64_t i = 0; i < N; ++i) sum += static_cast<double>(inp[i]);
+    out[0] = static_cast<T>(static_cast<double>(scale) * sum);
+}
+
+template <typename T>
+void sum_backward(T* dinp, const T* dout, int64_t N, T scale) {
+    const T gradient = scale * dout[0];
+    for (int64_t i = 0; i < N; ++i) dinp[i] += gradient;
+}
+
+template <typename T>
+void sum_of_squares(double* out, const T* inp, int64_t N) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < N; ++i) {
+        const double x = static_cast<double>(inp[i]);
+        sum += x * x;
+    }
+    out[0] = sum;
+}
+
+template void sum_forward<float>(float*, const float*, int64_t, float);
+template void sum_forward<double>(double*, const double*, int64_t, double);
+template void sum_backward<float>(float*, const float*, int64_t, float);
+template void sum_backward<double>(double*, const double*, int64_t, double);
+template void sum_of_squares<float>(double*, const float*, int64_t);
+template void sum_of_squares<double>(double*, const double*, int64_t);
+
+} // namespace engine::kernels::cpu

@@ -1,0 +1,27 @@
+// Residual-stream addition, the reference for kernels/cuda/residual.cu.
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace engine::kernels::cpu {
+
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, int64_t N) {
+    for (int64_t i = 0; i < N; ++i) out[i] = a[i] + b[i];
+}
+
+template <typename T>
+void residual_backward(T* da, T* db, const T* dout, int64_t N) {
+    // A null gradient means that input does not require grad; the other still gets its share.
+    if (da != nullptr) {
+        for (int64_t i = 0; i < N; ++i) da[i] += dout[i];
+    }
+    if (db != nullptr) {
+        for (int64_t i = 0; i < N; ++i) db[i] += dout[i];
+    }
+}
+
+template void residual_forward<float>(float*, const float*, const float*, int64_t);
+template void residual_forward<double>(double*, const double*, const double*, int64_t);
+template void residual_backward<float>(float*, float*, const float*, int64_t);
+template void residual_backward<double>(double*, double*, const double*, int64_t);
+
+} // namespace engine::kernels::cpu

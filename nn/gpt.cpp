@@ -1,0 +1,103 @@
+// GPT-2 forward and its named configurations.
+#include "nn/gpt.h"
+
+#include <sstream>
+
+namespace engine::nn {
+namespace {
+
+InitOptions make_init(uint64_t seed, uint64_t* stream, Device device, DType dtype) {
+    InitOptions init;
+    init.seed = seed;
+    init.next_stream = stream;
+    init.device = device;
+    init.dtype = dtype;
+    return init;
+}
+
+} // namespace
+
+GPTConfig GPTConfig::named(const std::string& name) {
+    GPTConfig config;
+    if (name == "tiny") config = {256, 64, 2, 4, 64, 0.0f};
+    else if (name == "small") config = {256, 128, 4, 4, 128, 0.0f};
+    else if (name == "gpt2-124M") config = {50257, 1024, 12, 12, 768, 0.0f};
+    else if (name == "gpt2-350M") config = {50257, 1024, 24, 16, 1024, 0.0f};
+    else if (name == "gpt2-774M") config = {50257, 1024, 36, 20, 1280, 0.0f};
+    else if (name == "gpt2-1558M") config = {50257, 1024, 48, 25, 1600, 0.0f};
+    else ENGINE_FAIL("unknown model name '" << name << "' (known: tiny, small, gpt2-124M, gpt2-350M, gpt2-774M, gpt2-1558M)");
+    return config;
+}
+
+std::string GPTConfig::to_string() const {
+    std::ostringstream text;
+    text << "vocab " << vocab_size << ", max_seq_len " << max_seq_len << ", layers " << n_layer << ", heads "
+         << n_head << ", width " << n_embd << ", dropout " << dropout;
+    return text.str();
+}
+
+void GPTConfig::validate() const {
+    ENGINE_CHECK(vocab_size > 0, "model: vocab_size must be positive, got " << vocab_size);
+    ENGINE_CHECK(max_seq_len > 0, "model: max_seq_len must be positive, got " << max_seq_len);
+    ENGINE_CHECK(n_layer > 0, "model: n_layer must be positive, got " << n_layer);
+    ENGINE_CHECK(n_head > 0 && n_embd > 0, "model: n_head and n_embd must be positive");
+    ENGINE_CHECK(n_embd % n_head == 0, "model: " << n_head << " heads do not divide the width " << n_embd);
+    ENGINE_CHECK(dropout >= 0.0f && dropout < 1.0f, "model: dropout " << dropout << " is outside [0,1)");
+}
+
+GPT::GPT(const GPTConfig& config, uint64_t seed, Device device, DType dtype)
+    : config_((config.validate(), config)), device_(device), dtype_(dtype),
+      wte(config.vocab_size, config.n_embd, make_init(seed, &init_stream_, device, dtype)),
+      wpe(config.max_seq_len, config.n_embd, make_init(seed, &init_stream_, device, dtype)), drop(config.dropout),
+      ln_f(config.n_embd, make_init(seed, &init_stream_, device, dtype)) {
+    register_module("wte", wte);
+    register_module("wpe", wpe);
+    register_module("drop", drop);
+    for (int layer = 0; layer < config.n_layer; ++layer) {
+        h.push_back(std::make_unique<Block>(config.n_embd, config.n_head, config.n_layer, config.dropout,
+                                            make_init(seed, &init_stream_, device, dtype)));
+        register_module("h." + std::to_string(layer), *h.back());
+    }
+    register_module("ln_f", ln_f);
+}
+
+Tensor GPT::run_blocks(const Tensor& input, int first_block, int count) const {
+    Tensor x = input;
+    for (int index = first_block; index < first_block + count; ++index) x = h[static_cast<size_t>(index)]->forward(x);
+    return x;
+}
+
+void GPT::set_segments(std::vector<BlockSegment> segments, SegmentRunner runner) {
+    int expected_first = 0;
+    for (const BlockSegment& segment : segments) {
+        ENGINE_CHECK(segment.first_block == expected_first && segment.block_count > 0,
+                     "GPT::set_segments: segments must cover the blocks in order without gaps (segment at block "
+                         << segment.first_block << ", expected " << expected_first << ")");
+        expected_first += segment.block_count;
+    }
+    ENGINE_CHECK(segments.empty() || expected_first == block_count(),
+                 "GPT::set_segments: segments cover " << expected_first << " of " << block_count() << " blocks");
+    segments_ = std::move(segments);
+    segment_runner_ = std::move(runner);
+}
+
+Tensor GPT::forward(const Tensor& tokens) const {
+    ENGINE_CHECK(tokens.dim() == 2, "GPT::forward: tokens " << tokens.describe() << " must be (B,T)");
+    ENGINE_CHECK(tokens.size(1) <= config_.max_seq_len,
+                 "GPT::forward: sequence length " << tokens.size(1) << " exceeds the model maximum " << config_.max_seq_len);
+    Tensor x = drop.forward(embedding(tokens, wte.weight, wpe.weight)); // (B,T,C)
+    if (segments_.empty()) {
+        x = run_blocks(x, 0, block_count());
+    } else {
+        for (const BlockSegment& segment : segments_) {
+            auto plain = [this, segment](const Tensor& input) {
+                return run_blocks(input, segment.first_block, segment.block_count);
+            };
+            x = segment.checkpointed && segment_runner_ ? segment_runner_(segment, x, plain) : plain(x);
+        }
+    }
+    x = ln_f.forward(x);
+    return matmul(x, wte.weight, /*transpose_b=*/true); // (B,T,V), head tied to the token embedding
+}
+
+} // namespace engine::nn

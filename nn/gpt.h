@@ -1,0 +1,71 @@
+// GPT-2: token + position embeddings, pre-LayerNorm blocks, a final LayerNorm and an LM head tied to the
+// token embedding. Blocks are the only checkpointable layers.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/layers.h"
+
+namespace engine::nn {
+
+struct GPTConfig {
+    int vocab_size = 256;
+    int max_seq_len = 64;
+    int n_layer = 2;
+    int n_head = 2;
+    int n_embd = 64;
+    float dropout = 0.0f;
+
+    // Named sizes: "tiny", "small", "gpt2-124M", "gpt2-350M", "gpt2-774M", "gpt2-1558M". Throws on others.
+    static GPTConfig named(const std::string& name);
+    std::string to_string() const;
+    void validate() const; // throws EngineError naming the bad field
+};
+
+// How the blocks run in forward: a list of segments, each a run of consecutive blocks; a checkpointed
+// segment keeps only its input (see checkpoint/). Empty means every block runs plainly.
+struct BlockSegment {
+    int first_block = 0;
+    int block_count = 1;
+    bool checkpointed = false;
+};
+using SegmentRunner = std::function<Tensor(const BlockSegment&, const Tensor&,
+                                           const std::function<Tensor(const Tensor&)>&)>;
+
+class GPT : public Module {
+    // Declared first: the parameter members below are initialised from these.
+    GPTConfig config_;
+    Device device_;
+    DType dtype_;
+    uint64_t init_stream_ = 0;
+
+public:
+    GPT(const GPTConfig& config, uint64_t seed, Device device = Device::cpu, DType dtype = DType::f32);
+
+    // tokens (B,T) i32 -> logits (B,T,V)
+    Tensor forward(const Tensor& tokens) const;
+    // The transformer blocks, for the checkpoint policy.
+    int block_count() const { return static_cast<int>(h.size()); }
+    Tensor run_blocks(const Tensor& input, int first_block, int block_count) const;
+    // Installs how block segments execute (checkpoint/ provides the checkpointed runner).
+    void set_segments(std::vector<BlockSegment> segments, SegmentRunner runner);
+    const std::vector<BlockSegment>& segments() const { return segments_; }
+
+    const GPTConfig& config() const { return config_; }
+    Device device() const { return device_; }
+    DType dtype() const { return dtype_; }
+
+    Embedding wte, wpe;
+    Dropout drop;
+    std::vector<std::unique_ptr<Block>> h;
+    LayerNorm ln_f;
+
+private:
+    std::vector<BlockSegment> segments_;
+    SegmentRunner segment_runner_;
+};
+
+} // namespace engine::nn
