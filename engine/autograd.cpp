@@ -14,6 +14,8 @@ thread_local Tape* thread_current_tape = nullptr;
 bool grad_enabled() { return thread_grad_enabled; }
 NoGradGuard::NoGradGuard() : previous_(thread_grad_enabled) { thread_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { thread_grad_enabled = previous_; }
+GradModeGuard::GradModeGuard(bool enabled) : previous_(thread_grad_enabled) { thread_grad_enabled = enabled; }
+GradModeGuard::~GradModeGuard() { thread_grad_enabled = previous_; }
 
 Tape& current_tape() { return thread_current_tape ? *thread_current_tape : thread_global_tape; }
 TapeScope::TapeScope(Tape& tape) : previous_(thread_current_tape) { thread_current_tape = &tape; }

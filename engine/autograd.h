@@ -25,6 +25,18 @@ private:
     bool previous_;
 };
 
+// Sets grad mode for a scope (checkpoint recompute turns it back on inside backward).
+class GradModeGuard {
+public:
+    explicit GradModeGuard(bool enabled);
+    ~GradModeGuard();
+    GradModeGuard(const GradModeGuard&) = delete;
+    GradModeGuard& operator=(const GradModeGuard&) = delete;
+
+private:
+    bool previous_;
+};
+
 // What a backward function needs to know about an input, without keeping the input's data alive.
 struct GradTarget {
     uint64_t id = 0;

@@ -67,18 +67,9 @@ Tensor GPT::run_blocks(const Tensor& input, int first_block, int count) const {
     return x;
 }
 
-void GPT::set_segments(std::vector<BlockSegment> segments, SegmentRunner runner) {
-    int expected_first = 0;
-    for (const BlockSegment& segment : segments) {
-        ENGINE_CHECK(segment.first_block == expected_first && segment.block_count > 0,
-                     "GPT::set_segments: segments must cover the blocks in order without gaps (segment at block "
-                         << segment.first_block << ", expected " << expected_first << ")");
-        expected_first += segment.block_count;
-    }
-    ENGINE_CHECK(segments.empty() || expected_first == block_count(),
-                 "GPT::set_segments: segments cover " << expected_first << " of " << block_count() << " blocks");
-    segments_ = std::move(segments);
-    segment_runner_ = std::move(runner);
+void GPT::set_checkpointing(const checkpoint::CheckpointPolicy& policy) {
+    segments_ = checkpoint::plan_segments(block_count(), policy);
+    policy_ = policy;
 }
 
 Tensor GPT::forward(const Tensor& tokens) const {
@@ -86,14 +77,18 @@ Tensor GPT::forward(const Tensor& tokens) const {
     ENGINE_CHECK(tokens.size(1) <= config_.max_seq_len,
                  "GPT::forward: sequence length " << tokens.size(1) << " exceeds the model maximum " << config_.max_seq_len);
     Tensor x = drop.forward(embedding(tokens, wte.weight, wpe.weight)); // (B,T,C)
-    if (segments_.empty()) {
+    if (!policy_.enabled) {
         x = run_blocks(x, 0, block_count());
     } else {
-        for (const BlockSegment& segment : segments_) {
-            auto plain = [this, segment](const Tensor& input) {
-                return run_blocks(input, segment.first_block, segment.block_count);
+        for (const checkpoint::Segment& segment : segments_) {
+            if (!segment.checkpointed) {
+                x = run_blocks(x, segment.first_layer, segment.layer_count);
+                continue;
+            }
+            auto blocks = [this, segment](const std::vector<Tensor>& inputs) {
+                return std::vector<Tensor>{run_blocks(inputs[0], segment.first_layer, segment.layer_count)};
             };
-            x = segment.checkpointed && segment_runner_ ? segment_runner_(segment, x, plain) : plain(x);
+            x = checkpoint::checkpoint(blocks, {x}, policy_.offload)[0];
         }
     }
     x = ln_f.forward(x);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "nn/layers.h"
 
 namespace engine::nn {
@@ -25,16 +26,6 @@ struct GPTConfig {
     void validate() const; // throws EngineError naming the bad field
 };
 
-// How the blocks run in forward: a list of segments, each a run of consecutive blocks; a checkpointed
-// segment keeps only its input (see checkpoint/). Empty means every block runs plainly.
-struct BlockSegment {
-    int first_block = 0;
-    int block_count = 1;
-    bool checkpointed = false;
-};
-using SegmentRunner = std::function<Tensor(const BlockSegment&, const Tensor&,
-                                           const std::function<Tensor(const Tensor&)>&)>;
-
 class GPT : public Module {
     // Declared first: the parameter members below are initialised from these.
     GPTConfig config_;
@@ -50,9 +41,10 @@ public:
     // The transformer blocks, for the checkpoint policy.
     int block_count() const { return static_cast<int>(h.size()); }
     Tensor run_blocks(const Tensor& input, int first_block, int block_count) const;
-    // Installs how block segments execute (checkpoint/ provides the checkpointed runner).
-    void set_segments(std::vector<BlockSegment> segments, SegmentRunner runner);
-    const std::vector<BlockSegment>& segments() const { return segments_; }
+    // Applies a checkpoint policy to the blocks (the only checkpointable layers); disabled = plain.
+    void set_checkpointing(const checkpoint::CheckpointPolicy& policy);
+    const checkpoint::CheckpointPolicy& checkpointing() const { return policy_; }
+    const std::vector<checkpoint::Segment>& segments() const { return segments_; }
 
     const GPTConfig& config() const { return config_; }
     Device device() const { return device_; }
@@ -64,8 +56,8 @@ public:
     LayerNorm ln_f;
 
 private:
-    std::vector<BlockSegment> segments_;
-    SegmentRunner segment_runner_;
+    checkpoint::CheckpointPolicy policy_;
+    std::vector<checkpoint::Segment> segments_;
 };
 
 } // namespace engine::nn

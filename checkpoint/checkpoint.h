@@ -1,0 +1,47 @@
+// Recomputation: checkpoint(fn, inputs) keeps only the segment's inputs (and the RNG offset) and re-runs fn
+// in backward. Plus the policy that picks which GPT blocks form checkpointed segments, and host offload.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace engine::checkpoint {
+
+using SegmentFunction = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+// Under grad mode: runs fn without recording its inside, and records ONE node that saved only `inputs`
+// and the RNG offset. Its backward restores the offset, re-runs fn on a local tape, backpropagates through
+// it (parameter gradients accumulate into the usual buffers) and frees what it recomputed.
+// With offload, the saved inputs move to pinned host memory and back before the recompute.
+// Under no-grad it is a plain call.
+std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tensor>& inputs, bool offload = false);
+
+struct CheckpointPolicy {
+    bool enabled = false;   // gradient_checkpointing
+    int every_n_layers = 1; // checkpoint blocks 1, 1+n, 1+2n, ... (1-based); 1 = all
+    int segment_size = 1;   // consecutive blocks per checkpointed segment; 0 means ceil(sqrt(L))
+    bool offload = false;   // saved segment inputs live in pinned host memory
+    std::string to_string() const;
+};
+
+// A run of consecutive checkpointable layers (0-based first layer), and whether it is checkpointed.
+struct Segment {
+    int first_layer = 0;
+    int layer_count = 1;
+    bool checkpointed = false;
+};
+
+// Splits `layer_count` checkpointable layers into segments under the policy. Layers are grouped into runs
+// of segment_size; of those runs, the 1st and every n-th after it (1-based 1, 1+n, 1+2n, ...) are
+// checkpointed and the rest keep their activations. With segment_size 1 this is Hugging Face's
+// every_n_layers. A disabled policy gives one plain segment per layer. Throws on n < 1 or size < 0.
+std::vector<Segment> plan_segments(int layer_count, const CheckpointPolicy& policy);
+
+// Segments recomputed since the counter was last reset (per thread), for tests and benchmarks.
+size_t recomputed_segment_count();
+void reset_recomputed_segment_count();
+
+} // namespace engine::checkpoint

@@ -1,0 +1,189 @@
+// The CUDA build's raw allocators: a caching device allocator and a pinned host pool. Both keep freed blocks
+// in per-size free lists so that steady-state training makes no cudaMalloc/cudaHostAlloc calls.
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/cuda/runtime.h"
+#include "engine/memory.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/handles.h"
+
+namespace engine::cuda {
+namespace {
+
+std::atomic<size_t> system_allocations{0};
+
+// Size classes: 512 B granules below 1 MiB, 2 MiB granules above. Exact-class free lists with no
+// splitting keep the allocator simple; the granules bound the waste to 512 B or 2 MiB per block, not 2x.
+constexpr size_t small_granule = 512, large_granule = size_t(2) << 20, large_threshold = size_t(1) << 20;
+size_t size_class(size_t bytes) {
+    const size_t granule = bytes <= large_threshold ? small_granule : large_granule;
+    const size_t rounded = (bytes + granule - 1) / granule * granule;
+    return rounded == 0 ? small_granule : rounded;
+}
+
+// Freed blocks are reused by later allocations without synchronization. That is safe because every
+// kernel and copy of the engine runs on the one compute stream, so a later use is ordered after every
+// earlier use of the same memory. Work on other streams must synchronize before freeing.
+class CachingDeviceAllocator final : public RawAllocator {
+public:
+    void* allocate(size_t bytes, bool* reached_system) override {
+        const size_t rounded = size_class(bytes);
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto cached = free_lists_.find(rounded);
+        if (cached != free_lists_.end() && !cached->second.empty()) {
+            void* pointer = cached->second.back();
+            cached->second.pop_back();
+            cached_bytes_ -= rounded;
+            return pointer;
+        }
+        if (reached_system != nullptr) *reached_system = true;
+        void* pointer = system_allocate(rounded);
+        if (pointer == nullptr) { // fragmentation across size classes: give the cache back and retry once
+            release_cache_locked();
+            pointer = system_allocate(rounded);
+        }
+        return pointer; // nullptr: the accounting layer raises OutOfMemoryError with the usage breakdown
+    }
+
+    void deallocate(void* pointer, size_t bytes) override {
+        if (pointer == nullptr) return;
+        const size_t rounded = size_class(bytes);
+        std::lock_guard<std::mutex> lock(mutex_);
+        free_lists_[rounded].push_back(pointer);
+        cached_bytes_ += rounded;
+    }
+
+    size_t cached_bytes() const override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return cached_bytes_;
+    }
+
+    void release_cache() override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        release_cache_locked();
+    }
+
+private:
+    static void* system_allocate(size_t bytes) {
+        void* pointer = nullptr;
+        ++system_allocations;
+        const cudaError_t status = cudaMalloc(&pointer, bytes);
+        if (status == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError(); // clear the error so that later launch checks do not report it
+            return nullptr;
+        }
+        CUDA_CHECK(status);
+        return pointer;
+    }
+
+    void release_cache_locked() {
+        // cudaFree waits for the device, so blocks still read by queued kernels are not pulled away early.
+        for (auto& [size, pointers] : free_lists_) {
+            for (void* pointer : pointers) CUDA_CHECK(cudaFree(pointer));
+            pointers.clear();
+        }
+        cached_bytes_ = 0;
+    }
+
+    mutable std::mutex mutex_;
+    std::unordered_map<size_t, std::vector<void*>> free_lists_;
+    size_t cached_bytes_ = 0;
+};
+
+// Host staging memory from cudaHostAlloc. A freed block may still be the source of an asynchronous copy on
+// the compute stream, so each free records an event and reuse waits for it (normally long complete).
+class PinnedHostPool final : public RawAllocator {
+public:
+    void* allocate(size_t bytes, bool* reached_system) override {
+        const size_t rounded = size_class(bytes);
+        std::optional<FreeBlock> block;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            auto cached = free_lists_.find(rounded);
+            if (cached != free_lists_.end() && !cached->second.empty()) {
+                block.emplace(std::move(cached->second.back()));
+                cached->second.pop_back();
+                cached_bytes_ -= rounded;
+            }
+        }
+        if (block) {
+            block->released.synchronize();
+            return block->pointer;
+        }
+        if (reached_system != nullptr) *reached_system = true;
+        void* pointer = system_allocate(rounded);
+        if (pointer == nullptr) {
+            release_cache();
+            pointer = system_allocate(rounded);
+        }
+        return pointer;
+    }
+
+    void deallocate(void* pointer, size_t bytes) override {
+        if (pointer == nullptr) return;
+        kernels::cuda::Event released;
+        released.record(compute_stream());
+        const size_t rounded = size_class(bytes);
+        std::lock_guard<std::mutex> lock(mutex_);
+        free_lists_[rounded].push_back(FreeBlock{pointer, std::move(released)});
+        cached_bytes_ += rounded;
+    }
+
+    size_t cached_bytes() const override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return cached_bytes_;
+    }
+
+    void release_cache() override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto& [size, blocks] : free_lists_) {
+            for (const FreeBlock& block : blocks) {
+                block.released.synchronize();
+                CUDA_CHECK(cudaFreeHost(block.pointer));
+            }
+            blocks.clear();
+        }
+        cached_bytes_ = 0;
+    }
+
+private:
+    struct FreeBlock {
+        void* pointer;
+        kernels::cuda::Event released; // recorded on the compute stream when the block was freed
+    };
+
+    static void* system_allocate(size_t bytes) {
+        void* pointer = nullptr;
+        ++system_allocations;
+        const cudaError_t status = cudaHostAlloc(&pointer, bytes, cudaHostAllocDefault);
+        if (status == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            return nullptr;
+        }
+        CUDA_CHECK(status);
+        return pointer;
+    }
+
+    mutable std::mutex mutex_;
+    std::unordered_map<size_t, std::vector<FreeBlock>> free_lists_;
+    size_t cached_bytes_ = 0;
+};
+
+} // namespace
+
+// Called once by ensure_initialized() (engine/cuda/runtime.cpp). The allocators are never destroyed:
+// tensors with static lifetime may be freed after any static destructor would have run.
+void install_caching_allocators() {
+    static CachingDeviceAllocator* device_allocator = new CachingDeviceAllocator();
+    static PinnedHostPool* pinned_pool = new PinnedHostPool();
+    set_raw_allocator(Device::cuda, device_allocator);
+    set_pinned_allocator(pinned_pool);
+}
+
+size_t system_allocation_count() { return system_allocations.load(); }
+
+} // namespace engine::cuda

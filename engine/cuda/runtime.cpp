@@ -1,0 +1,97 @@
+// The CUDA device layer (engine/cuda/runtime.h): device selection, the engine's compute stream and cuBLAS
+// handle, host/device copies, and installation of the caching allocators.
+#include "engine/cuda/runtime.h"
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include "engine/error.h"
+#include "kernels/cuda/cublas_handle.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/handles.h"
+
+namespace engine::cuda {
+
+void install_caching_allocators(); // engine/cuda/caching_allocator.cpp
+
+namespace {
+
+struct DeviceState {
+    int device = 0;
+    kernels::cuda::Stream stream;
+    kernels::cuda::CublasHandle cublas{stream.get()};
+};
+
+std::mutex initialization_mutex;
+// Never destroyed: allocations with static lifetime may still be freed, and ordered on the stream, after
+// static destructors would have run. Published once fully built, so readers need no lock.
+std::atomic<DeviceState*> device_state{nullptr};
+std::atomic<bool> tf32{false};
+
+DeviceState& state() {
+    DeviceState* current = device_state.load(std::memory_order_acquire);
+    if (current != nullptr) return *current;
+    ensure_initialized();
+    return *device_state.load(std::memory_order_acquire);
+}
+
+cudaMemcpyKind copy_kind(Device destination, Device source) {
+    if (source == Device::cpu) return destination == Device::cpu ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice;
+    return destination == Device::cpu ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+}
+
+} // namespace
+
+bool device_available() {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) {
+        (void)cudaGetLastError(); // no driver or no device: not an error for this query
+        return false;
+    }
+    return count > 0;
+}
+
+void ensure_initialized() {
+    if (device_state.load(std::memory_order_acquire) != nullptr) return;
+    std::lock_guard<std::mutex> lock(initialization_mutex);
+    if (device_state.load(std::memory_order_acquire) != nullptr) return;
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess || count == 0) {
+        (void)cudaGetLastError();
+        ENGINE_FAIL("no CUDA device (cudaGetDeviceCount: "
+                    << (status == cudaSuccess ? "0 devices" : cudaGetErrorString(status)) << ")");
+    }
+    // Device 0 of those visible: CUDA_VISIBLE_DEVICES chooses among physical devices.
+    constexpr int device = 0;
+    CUDA_CHECK(cudaSetDevice(device));
+    auto built = std::make_unique<DeviceState>();
+    built->device = device;
+    install_caching_allocators(); // before publishing, so no caller sees the layer without its allocators
+    device_state.store(built.release(), std::memory_order_release);
+}
+
+cudaStream_t compute_stream() { return state().stream.get(); }
+
+cublasHandle_t cublas_handle() { return state().cublas.get(); }
+
+void copy(void* destination, Device destination_device, const void* source, Device source_device, size_t bytes) {
+    if (bytes == 0) return;
+    cudaStream_t stream = compute_stream();
+    CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, copy_kind(destination_device, source_device), stream));
+    if (destination_device == Device::cpu) CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void zero(void* destination, size_t bytes) {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemsetAsync(destination, 0, bytes, compute_stream()));
+}
+
+void synchronize() { CUDA_CHECK(cudaStreamSynchronize(compute_stream())); }
+
+void set_tf32_enabled(bool enabled) { tf32.store(enabled); }
+bool tf32_enabled() { return tf32.load(); }
+
+} // namespace engine::cuda
