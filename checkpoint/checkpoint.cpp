@@ -58,7 +58,26 @@ std::vector<Segment> plan_segments(int layer_count, const CheckpointPolicy& poli
     return segments;
 }
 
+namespace {
+
+// Puts the RNG stream back where it was when the scope began, also when the recompute throws.
+class RngRestore {
+public:
+    RngRestore() : saved_(rng_state()) {}
+    ~RngRestore() { rng_state() = saved_; }
+    RngRestore(const RngRestore&) = delete;
+    RngRestore& operator=(const RngRestore&) = delete;
+
+private:
+    RngState saved_;
+};
+
+} // namespace
+
 std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tensor>& inputs, bool offload) {
+    ENGINE_CHECK(static_cast<bool>(fn), "checkpoint: the segment function is empty");
+    for (size_t index = 0; index < inputs.size(); ++index)
+        ENGINE_CHECK(inputs[index].defined(), "checkpoint: input " << index << " is an undefined tensor");
     if (!grad_enabled()) return fn(inputs);
     const RngState rng_at_start = rng_state();
     std::vector<Tensor> outputs;
@@ -74,7 +93,7 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
         entry.requires_grad = input.requires_grad();
         entry.target = GradTarget(input);
         // The host copy is ordered on the compute stream; once the caller drops `input`, the device copy
-        // is freed and only the pinned host copy remains.
+        // is freed and only the pinned host copy remains. Integer inputs (token ids) are tiny and stay.
         entry.data = offload && input.dtype() != DType::i32 ? input.to(Device::cpu, MemoryCategory::pinned_host)
                                                             : input.detach();
         saved.push_back(std::move(entry));
@@ -83,33 +102,45 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
     Node node;
     node.op = "checkpoint";
     for (Tensor& output : outputs) {
-        // Outputs are fresh tensors of this segment; they become differentiable through this one node.
+        ENGINE_CHECK(output.defined(), "checkpoint: the segment function returned an undefined tensor");
+        // A fresh identity over the same storage: an output that is one of the inputs (an identity segment)
+        // must not turn the caller's tensor into a non-leaf or share its gradient slot.
+        output = output.detach();
         output.impl().requires_grad = true;
         output.impl().is_leaf = false;
         node.output_ids.push_back(output.id());
     }
+    // mutable: backward releases the saved inputs as soon as the recompute holds what it needs.
     node.backward = [fn, saved = std::move(saved), rng_at_start,
-                     output_ids = node.output_ids](BackwardContext& context) {
+                     output_ids = node.output_ids](BackwardContext& context) mutable {
         std::vector<Tensor> recompute_inputs;
-        for (const SavedInput& entry : saved) {
-            Tensor input = entry.data.device() == entry.device && entry.data.category() != MemoryCategory::pinned_host
-                               ? entry.data.detach()
-                               : entry.data.to(entry.device, MemoryCategory::activations);
+        std::vector<uint64_t> recompute_ids;
+        for (SavedInput& entry : saved) {
+            // Host -> device before the recompute; the pinned buffer goes back to its pool right away.
+            Tensor input = entry.data.category() == MemoryCategory::pinned_host
+                               ? entry.data.to(entry.device, MemoryCategory::activations)
+                               : entry.data.detach();
+            entry.data = Tensor();
             // A non-leaf that requires grad: its gradient collects in the local context, not in a buffer.
             input.impl().requires_grad = entry.requires_grad;
             input.impl().is_leaf = false;
-            recompute_inputs.push_back(input);
+            recompute_ids.push_back(input.id());
+            recompute_inputs.push_back(std::move(input));
         }
-        const RngState rng_now = rng_state();
-        rng_state() = rng_at_start; // replay the same dropout masks
         Tape local_tape;
         std::vector<Tensor> recomputed;
         {
+            RngRestore restore_after; // recompute leaves the stream where the un-checkpointed run would
+            rng_state() = rng_at_start; // replay the same dropout masks
             TapeScope scope(local_tape);
             GradModeGuard grad_on(true);
             recomputed = fn(recompute_inputs);
         }
-        rng_state() = rng_now; // recompute leaves the stream where the un-checkpointed run would
+        // From here on the local tape's saved tensors keep alive exactly what the segment's backward needs.
+        recompute_inputs.clear();
+        ENGINE_CHECK(recomputed.size() == output_ids.size(),
+                     "checkpoint: the recompute returned " << recomputed.size() << " tensors, the forward "
+                                                           << output_ids.size());
         ++thread_recomputed_segments;
 
         BackwardContext local;
@@ -117,11 +148,11 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
             Tensor gradient = context.output_grad(output_ids[index]);
             if (gradient.defined() && recomputed[index].requires_grad()) local.seed(recomputed[index].id(), gradient);
         }
+        recomputed.clear(); // no backward reads a segment output, so it need not outlive the seeding
         run_backward(local_tape, local);
-        recomputed.clear();
         for (size_t index = 0; index < saved.size(); ++index) {
             if (!saved[index].requires_grad) continue;
-            Tensor gradient = local.take(recompute_inputs[index].id());
+            Tensor gradient = local.take(recompute_ids[index]);
             if (!gradient.defined()) continue;
             const GradTarget& target = saved[index].target;
             if (target.persistent_grad.defined()) accumulate_into(target.persistent_grad, gradient);

@@ -9,6 +9,12 @@ if(NOT ENGINE_CUDA STREQUAL "OFF")
   if(CMAKE_CUDA_COMPILER)
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
+    # CMake before 3.26 has no C++20 flag for nvcc, though nvcc >= 12 accepts -std=c++20; without these the
+    # engine's cxx_std_20 requirement fails to generate for its .cu sources.
+    if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     set(ENGINE_HAS_CUDA ON)
   elseif(ENGINE_CUDA STREQUAL "ON")
     message(FATAL_ERROR "ENGINE_CUDA=ON but no CUDA compiler (nvcc) was found")

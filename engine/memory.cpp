@@ -3,6 +3,7 @@
 #include "engine/memory.h"
 
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -22,6 +23,8 @@ class HeapAllocator final : public RawAllocator {
 public:
     void* allocate(size_t bytes, bool* reached_system) override {
         *reached_system = true;
+        // Rounding a size within `alignment` of SIZE_MAX up would wrap to a tiny block.
+        if (bytes > std::numeric_limits<size_t>::max() - alignment) return nullptr;
         const size_t rounded = (bytes + alignment - 1) / alignment * alignment;
         return std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
     }
@@ -165,9 +168,27 @@ void set_pinned_allocator(RawAllocator* allocator) {
     reg.pinned = allocator ? allocator : &reg.host_pool;
 }
 
+#if ENGINE_HAS_CUDA
+// Pinned blocks must all come from one pool: where a GPU is present, start the CUDA layer (which installs
+// its cudaHostAlloc pool) before the first pinned allocation, so no heap block is ever freed into it.
+static void start_cuda_for_pinned_memory() {
+    static const bool started = [] {
+        if (!cuda::device_available()) return false;
+        cuda::ensure_initialized();
+        return true;
+    }();
+    (void)started;
+}
+#endif
+
 void* allocate_bytes(Device device, size_t bytes, MemoryCategory category) {
     // Pinned host memory belongs to the host, whatever device asked for it.
-    if (category == MemoryCategory::pinned_host) device = Device::cpu;
+    if (category == MemoryCategory::pinned_host) {
+        device = Device::cpu;
+#if ENGINE_HAS_CUDA
+        start_cuda_for_pinned_memory();
+#endif
+    }
     Registry& reg = registry();
     std::unique_lock lock(reg.mutex);
     RawAllocator* allocator = allocator_for(reg, device, category);
@@ -186,8 +207,11 @@ void* allocate_bytes(Device device, size_t bytes, MemoryCategory category) {
                 "turn on gradient_checkpointing, or offload checkpointed inputs to host memory";
         throw OutOfMemoryError(text.str());
     }
-    if (reached_system) ++stats.system_allocations;
     const int index = static_cast<int>(category);
+    if (reached_system) {
+        ++stats.system_allocations;
+        ++stats.system_allocations_by_category[index];
+    }
     stats.current_bytes += bytes;
     stats.current_by_category[index] += bytes;
     if (stats.current_bytes > stats.peak_bytes) stats.peak_bytes = stats.current_bytes;

@@ -19,10 +19,15 @@ struct MemoryStats {
     std::array<size_t, memory_category_count> current_by_category{};
     std::array<size_t, memory_category_count> peak_by_category{}; // each category's own high-water mark
     size_t system_allocations = 0; // calls that reached the system allocator (malloc, cudaMalloc, cudaHostAlloc)
+    // The same count split by the category that asked, so that one pool (e.g. pinned_host) can be watched.
+    std::array<size_t, memory_category_count> system_allocations_by_category{};
     size_t cached_bytes = 0;       // bytes held by caches for reuse, not live
 
     size_t current(MemoryCategory category) const { return current_by_category[static_cast<int>(category)]; }
     size_t peak(MemoryCategory category) const { return peak_by_category[static_cast<int>(category)]; }
+    size_t system_allocations_for(MemoryCategory category) const {
+        return system_allocations_by_category[static_cast<int>(category)];
+    }
     // Everything except the pinned host tier: what the device itself holds.
     size_t device_resident_bytes() const { return current_bytes - current(MemoryCategory::pinned_host); }
     std::string to_string() const;

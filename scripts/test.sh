@@ -7,3 +7,16 @@ build_dir=${ENGINE_BUILD_DIR:-build}
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENGINE_CUDA="${ENGINE_CUDA:-AUTO}" >/dev/null
 cmake --build "$build_dir" -j "$(nproc)"
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" --timeout 900
+# Reliability stages (docs/RELIABILITY.md), after the main suite: the CPU suite again under ASan + UBSan,
+# then each file-reader fuzzer for FUZZ_SECONDS (default 60). ENGINE_SKIP_SANITIZE=1 / ENGINE_SKIP_FUZZ=1
+# leave them out of a quick local run.
+if [ "${ENGINE_SKIP_SANITIZE:-0}" != 1 ]; then
+  stage_start=$SECONDS
+  bash scripts/sanitize.sh
+  echo "test.sh: sanitizer stage took $((SECONDS - stage_start)) s"
+fi
+if [ "${ENGINE_SKIP_FUZZ:-0}" != 1 ]; then
+  stage_start=$SECONDS
+  bash scripts/fuzz.sh
+  echo "test.sh: fuzz stage took $((SECONDS - stage_start)) s"
+fi

@@ -1,0 +1,245 @@
+// Throughput of the shipped CUDA kernels at GPT-2 small shapes (B=8, T=1024, C=768, NH=12, V=50257).
+// Memory-bound kernels report bytes/s (minimum traffic: each input read once, each output written once;
+// += outputs count twice); GEMM and attention report FLOP/s. Times come from CUDA events on the compute
+// stream, so launch overhead is included but host-side queueing is not.
+#include <cstdint>
+#include <functional>
+#include <type_traits>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include "engine/cuda/runtime.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/handles.h"
+
+namespace {
+
+namespace gpu = engine::kernels::cuda;
+
+constexpr int B = 8, T = 1024, C = 768, NH = 12, V = 50257;
+constexpr int64_t tokens = int64_t(B) * T;
+constexpr int64_t parameter_count = 124'000'000;
+
+// Device memory filled with a small constant so that no kernel meets NaN or overflow.
+template <typename Element>
+class DeviceArray {
+public:
+    explicit DeviceArray(int64_t count, float value = 0.01f) : count_(count) {
+        CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), count * sizeof(Element)));
+        if constexpr (std::is_same_v<Element, float>) {
+            gpu::fill(data_, value, count, engine::cuda::compute_stream());
+        } else {
+            CUDA_CHECK(cudaMemsetAsync(data_, 0, count * sizeof(Element), engine::cuda::compute_stream()));
+        }
+    }
+    ~DeviceArray() { (void)cudaFree(data_); }
+    DeviceArray(const DeviceArray&) = delete;
+    DeviceArray& operator=(const DeviceArray&) = delete;
+    Element* get() const { return data_; }
+
+private:
+    Element* data_ = nullptr;
+    int64_t count_;
+};
+
+bool prepare(benchmark::State& state) {
+    if (!engine::cuda::device_available()) {
+        state.SkipWithError("no CUDA device");
+        return false;
+    }
+    engine::cuda::ensure_initialized();
+    return true;
+}
+
+// Runs `launch` once per iteration between two events and reports the per-iteration traffic or work.
+void run_timed(benchmark::State& state, double bytes, double flops, const std::function<void(cudaStream_t)>& launch) {
+    cudaStream_t stream = engine::cuda::compute_stream();
+    launch(stream); // warm-up: first-touch, cuBLAS heuristics, the async pool
+    engine::cuda::synchronize();
+    engine::kernels::cuda::Event start(cudaEventDefault), stop(cudaEventDefault);
+    for (auto _ : state) {
+        start.record(stream);
+        launch(stream);
+        stop.record(stream);
+        stop.synchronize();
+        float milliseconds = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&milliseconds, start.get(), stop.get()));
+        state.SetIterationTime(milliseconds / 1000.0);
+    }
+    if (bytes > 0) state.SetBytesProcessed(static_cast<int64_t>(bytes * state.iterations()));
+    if (flops > 0) state.counters["FLOPS"] = benchmark::Counter(flops * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+constexpr double f = sizeof(float);
+
+void BM_gemm(benchmark::State& state) {
+    if (!prepare(state)) return;
+    const bool tf32 = state.range(0) != 0;
+    // The MLP's up projection: (B*T, C) x (C, 4C) with the weight stored (4C, C) as nn.Linear does.
+    const int m = tokens, n = 4 * C, k = C;
+    DeviceArray<float> a(int64_t(m) * k), b(int64_t(n) * k), c(int64_t(m) * n);
+    engine::cuda::set_tf32_enabled(tf32);
+    run_timed(state, 0, 2.0 * m * n * k, [&](cudaStream_t stream) {
+        gpu::gemm(c.get(), a.get(), b.get(), m, n, k, false, true, 1.0f, 0.0f, stream);
+    });
+    engine::cuda::set_tf32_enabled(false);
+    state.SetLabel(tf32 ? "tf32" : "fp32");
+}
+BENCHMARK(BM_gemm)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_layernorm_forward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    DeviceArray<float> out(tokens * C), inp(tokens * C), mean(tokens), rstd(tokens), weight(C), bias(C);
+    run_timed(state, f * (2.0 * tokens * C + 2.0 * tokens), 0, [&](cudaStream_t stream) {
+        gpu::layernorm_forward(out.get(), mean.get(), rstd.get(), inp.get(), weight.get(), bias.get(), tokens, C,
+                               stream);
+    });
+}
+BENCHMARK(BM_layernorm_forward)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_layernorm_backward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    DeviceArray<float> dinp(tokens * C), dout(tokens * C), inp(tokens * C), mean(tokens), rstd(tokens);
+    DeviceArray<float> weight(C), dweight(C), dbias(C);
+    run_timed(state, f * (4.0 * tokens * C), 0, [&](cudaStream_t stream) {
+        gpu::layernorm_backward(dinp.get(), dweight.get(), dbias.get(), dout.get(), inp.get(), weight.get(),
+                                mean.get(), rstd.get(), tokens, C, stream);
+    });
+}
+BENCHMARK(BM_layernorm_backward)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_gelu_forward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    const int64_t count = tokens * 4 * C;
+    DeviceArray<float> out(count), inp(count);
+    run_timed(state, f * 2.0 * count, 0,
+              [&](cudaStream_t stream) { gpu::gelu_forward(out.get(), inp.get(), count, stream); });
+}
+BENCHMARK(BM_gelu_forward)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_gelu_backward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    const int64_t count = tokens * 4 * C;
+    DeviceArray<float> dinp(count), dout(count), inp(count);
+    run_timed(state, f * 4.0 * count, 0,
+              [&](cudaStream_t stream) { gpu::gelu_backward(dinp.get(), dout.get(), inp.get(), count, stream); });
+}
+BENCHMARK(BM_gelu_backward)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_residual_forward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    const int64_t count = tokens * C;
+    DeviceArray<float> out(count), a(count), b(count);
+    run_timed(state, f * 3.0 * count, 0,
+              [&](cudaStream_t stream) { gpu::residual_forward(out.get(), a.get(), b.get(), count, stream); });
+}
+BENCHMARK(BM_residual_forward)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_bias_backward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    DeviceArray<float> dbias(4 * C), dout(tokens * 4 * C);
+    run_timed(state, f * tokens * 4.0 * C, 0,
+              [&](cudaStream_t stream) { gpu::bias_backward(dbias.get(), dout.get(), tokens, 4 * C, stream); });
+}
+BENCHMARK(BM_bias_backward)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_dropout_forward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    const int64_t count = tokens * C;
+    DeviceArray<float> out(count), inp(count);
+    run_timed(state, f * 2.0 * count, 0, [&](cudaStream_t stream) {
+        gpu::dropout_forward(out.get(), inp.get(), 0.1f, 1234, 0, count, stream);
+    });
+}
+BENCHMARK(BM_dropout_forward)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_embedding_forward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    DeviceArray<float> out(tokens * C), token_table(int64_t(V) * C), position_table(int64_t(T) * C);
+    DeviceArray<int32_t> token_ids(tokens);
+    run_timed(state, f * 3.0 * tokens * C, 0, [&](cudaStream_t stream) {
+        gpu::embedding_forward(out.get(), token_ids.get(), token_table.get(), position_table.get(), B, T, C, stream);
+    });
+}
+BENCHMARK(BM_embedding_forward)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_embedding_backward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    DeviceArray<float> dout(tokens * C), dtoken_table(int64_t(V) * C), dposition_table(int64_t(T) * C);
+    DeviceArray<int32_t> token_ids(tokens);
+    run_timed(state, f * 3.0 * tokens * C, 0, [&](cudaStream_t stream) {
+        gpu::embedding_backward(dtoken_table.get(), dposition_table.get(), dout.get(), token_ids.get(), B, T, C,
+                                stream);
+    });
+}
+BENCHMARK(BM_embedding_backward)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// Causal attention work: QK^T and PV over the lower triangle, 2 FLOPs per multiply-add.
+constexpr double attention_forward_flops = 2.0 * 2.0 * B * NH * (double(T) * (T + 1) / 2) * (C / NH);
+
+void BM_attention_forward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    DeviceArray<float> out(tokens * C), logsumexp(int64_t(B) * NH * T), qkv(tokens * 3 * C);
+    run_timed(state, 0, attention_forward_flops, [&](cudaStream_t stream) {
+        gpu::attention_forward(out.get(), logsumexp.get(), qkv.get(), B, T, C, NH, stream);
+    });
+}
+BENCHMARK(BM_attention_forward)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_attention_backward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    DeviceArray<float> dqkv(tokens * 3 * C), dout(tokens * C), qkv(tokens * 3 * C), out(tokens * C);
+    DeviceArray<float> logsumexp(int64_t(B) * NH * T);
+    // Recompute QK^T twice (dq pass, dk/dv pass), dP twice, and dq, dk, dv: 7 triangle products.
+    run_timed(state, 0, 3.5 * attention_forward_flops, [&](cudaStream_t stream) {
+        gpu::attention_backward(dqkv.get(), dout.get(), qkv.get(), out.get(), logsumexp.get(), B, T, C, NH, stream);
+    });
+}
+BENCHMARK(BM_attention_backward)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_cross_entropy_forward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    DeviceArray<float> losses(tokens), logits(tokens * V);
+    DeviceArray<int32_t> targets(tokens);
+    run_timed(state, f * double(tokens) * V, 0, [&](cudaStream_t stream) {
+        gpu::cross_entropy_forward(losses.get(), logits.get(), targets.get(), tokens, V, -100, stream);
+    });
+}
+BENCHMARK(BM_cross_entropy_forward)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_cross_entropy_backward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    DeviceArray<float> dlogits(tokens * V), dlosses(tokens), logits(tokens * V);
+    DeviceArray<int32_t> targets(tokens);
+    run_timed(state, f * 3.0 * tokens * V, 0, [&](cudaStream_t stream) {
+        gpu::cross_entropy_backward(dlogits.get(), dlosses.get(), logits.get(), targets.get(), tokens, V, -100,
+                                    stream);
+    });
+}
+BENCHMARK(BM_cross_entropy_backward)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_sum_of_squares(benchmark::State& state) {
+    if (!prepare(state)) return;
+    DeviceArray<float> inp(parameter_count);
+    DeviceArray<double> out(1);
+    run_timed(state, f * parameter_count, 0,
+              [&](cudaStream_t stream) { gpu::sum_of_squares(out.get(), inp.get(), parameter_count, stream); });
+}
+BENCHMARK(BM_sum_of_squares)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_adamw_update(benchmark::State& state) {
+    if (!prepare(state)) return;
+    DeviceArray<float> param(parameter_count), grad(parameter_count), m(parameter_count), v(parameter_count);
+    run_timed(state, f * 7.0 * parameter_count, 0, [&](cudaStream_t stream) {
+        gpu::adamw_update(param.get(), grad.get(), m.get(), v.get(), parameter_count, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                          0.5f, 0.5f, 1.0f, stream);
+    });
+}
+BENCHMARK(BM_adamw_update)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+} // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,247 @@
+// Flag parsing and validation for train_gpt.
+#include "train_gpt_options.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+
+#if ENGINE_HAS_CUDA
+#include "engine/cuda/runtime.h"
+#endif
+
+namespace train_gpt {
+namespace {
+
+using engine::EngineError;
+
+int64_t parse_integer(const std::string& flag, const std::string& text) {
+    errno = 0;
+    char* end = nullptr;
+    const long long value = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || end != text.c_str() + text.size())
+        throw UsageError(flag, "'" + text + "' is not an integer");
+    if (errno == ERANGE) throw UsageError(flag, "'" + text + "' is out of range");
+    return value;
+}
+
+int parse_int(const std::string& flag, const std::string& text) {
+    const int64_t value = parse_integer(flag, text);
+    if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max())
+        throw UsageError(flag, "'" + text + "' is out of range");
+    return static_cast<int>(value);
+}
+
+double parse_number(const std::string& flag, const std::string& text) {
+    errno = 0;
+    char* end = nullptr;
+    const double value = std::strtod(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value))
+        throw UsageError(flag, "'" + text + "' is not a finite number");
+    return value;
+}
+
+bool parse_bool(const std::string& flag, const std::string& text) {
+    if (text == "true" || text == "1" || text == "yes") return true;
+    if (text == "false" || text == "0" || text == "no") return false;
+    throw UsageError(flag, "'" + text + "' is not true or false");
+}
+
+void require(bool condition, const std::string& flag, const std::string& reason) {
+    if (!condition) throw UsageError(flag, reason);
+}
+
+void require_file(const std::string& flag, const std::string& path) {
+    std::error_code error;
+    require(std::filesystem::is_regular_file(path, error), flag, "no such file '" + path + "'");
+}
+
+// The engine's own checks, reported against the flag they came from.
+template <typename Function>
+auto as_flag(const std::string& flag, Function&& function) {
+    try {
+        return function();
+    } catch (const EngineError& error) {
+        throw flag_error(flag, error);
+    }
+}
+
+} // namespace
+
+UsageError flag_error(const std::string& flag, const std::exception& error) {
+    std::string reason = error.what();
+    const size_t location = reason.rfind(" (");
+    if (location != std::string::npos && reason.back() == ')') reason.resize(location); // drop file:line
+    return UsageError(flag, reason);
+}
+
+Options default_options() {
+    Options options;
+    options.model = engine::nn::GPTConfig::named("tiny");
+    engine::optim::TrainerConfig& trainer = options.trainer;
+    trainer.per_device_train_batch_size = 8;
+    trainer.gradient_accumulation_steps = 2;
+    trainer.learning_rate = 3e-3;
+    trainer.weight_decay = 0.1;
+    trainer.adam_beta1 = 0.9;
+    trainer.adam_beta2 = 0.95;
+    trainer.adam_epsilon = 1e-8;
+    trainer.max_grad_norm = 1.0;
+    trainer.lr_scheduler_type = "cosine";
+    trainer.warmup_steps = 3;
+    trainer.min_lr_ratio = 0.1;
+    trainer.max_steps = 40;
+    trainer.seed = 42;
+    trainer.logging_steps = 1;
+    return options;
+}
+
+std::string usage() {
+    return R"(usage: train_gpt [flags]     (no flags: the tiny GPT on the built-in corpus, on the CPU)
+
+model:
+  --model NAME                   tiny | small | gpt2-124M | gpt2-350M | gpt2-774M | gpt2-1558M (default tiny)
+  --vocab-size N --max-seq-len N --n-layer N --n-head N --n-embd N --dropout P   override the named size
+  --seq-len N                    tokens per sequence (default: the model's max)
+  --init FILE.safetensors        start from these weights (Hugging Face GPT-2 names)
+  --save FILE.safetensors        write the trained weights
+data:
+  --data FILE                    llm.c token shard or any file as bytes (default: built-in corpus)
+training (Hugging Face names):
+  --per-device-train-batch-size N   sequences per micro-batch (default 8)
+  --gradient-accumulation-steps N   micro-batches per optimizer step (default 2)
+  --learning-rate X (3e-3)  --weight-decay X (0.1, 2-D weights only)
+  --adam-beta1 X (0.9)  --adam-beta2 X (0.95)  --adam-epsilon X (1e-8)
+  --max-grad-norm X (1.0; 0 = off)  --optimizer adamw|sgd  --sgd-momentum X (0.9)
+  --lr-scheduler-type constant|cosine (cosine)  --warmup-steps N (3)  --min-lr-ratio X (0.1)
+  --max-steps N (40)  --seed N (42)  --logging-steps N (1)
+  --loss-normalization tokens|mean  tokens: sum of token losses / targets in the whole step (default)
+memory:
+  --gradient-checkpointing[=true|false]  --every-n-layers N  --segment-size N|sqrt  --offload[=true|false]
+  --plan                         print the predicted memory per category for these flags and exit
+  --device auto|cpu|cuda         (auto: cuda when a device is present)
+output:
+  --log FILE                     JSON lines, one per logged step, same fields as the printed line
+  --help
+)";
+}
+
+Options parse_options(const std::vector<std::string>& arguments) {
+    Options options = default_options();
+    engine::optim::TrainerConfig& trainer = options.trainer;
+    // Dimension overrides apply after --model, whatever the order on the command line.
+    std::map<std::string, std::function<void(engine::nn::GPTConfig&)>> overrides;
+    std::string segment_size_flag;
+
+    using Setter = std::function<void(const std::string& flag, const std::string& value)>;
+    const std::map<std::string, Setter> valued = {
+        {"--model", [&](auto&, auto& value) { options.model_name = value; }},
+        {"--vocab-size", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.vocab_size = n; }; }},
+        {"--max-seq-len", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.max_seq_len = n; }; }},
+        {"--n-layer", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.n_layer = n; }; }},
+        {"--n-head", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.n_head = n; }; }},
+        {"--n-embd", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.n_embd = n; }; }},
+        {"--dropout", [&](auto& f, auto& v) { float p = static_cast<float>(parse_number(f, v)); overrides[f] = [p](auto& c) { c.dropout = p; }; }},
+        {"--seq-len", [&](auto& f, auto& v) { options.seq_len = parse_int(f, v); require(options.seq_len > 0, f, "must be positive"); }},
+        {"--per-device-train-batch-size", [&](auto& f, auto& v) { trainer.per_device_train_batch_size = parse_int(f, v); require(trainer.per_device_train_batch_size > 0, f, "must be positive"); }},
+        {"--gradient-accumulation-steps", [&](auto& f, auto& v) { trainer.gradient_accumulation_steps = parse_int(f, v); require(trainer.gradient_accumulation_steps > 0, f, "must be positive"); }},
+        {"--learning-rate", [&](auto& f, auto& v) { trainer.learning_rate = parse_number(f, v); require(trainer.learning_rate >= 0, f, "must be >= 0"); }},
+        {"--weight-decay", [&](auto& f, auto& v) { trainer.weight_decay = parse_number(f, v); require(trainer.weight_decay >= 0, f, "must be >= 0"); }},
+        {"--adam-beta1", [&](auto& f, auto& v) { trainer.adam_beta1 = parse_number(f, v); require(trainer.adam_beta1 >= 0 && trainer.adam_beta1 < 1, f, "must be in [0,1)"); }},
+        {"--adam-beta2", [&](auto& f, auto& v) { trainer.adam_beta2 = parse_number(f, v); require(trainer.adam_beta2 >= 0 && trainer.adam_beta2 < 1, f, "must be in [0,1)"); }},
+        {"--adam-epsilon", [&](auto& f, auto& v) { trainer.adam_epsilon = parse_number(f, v); require(trainer.adam_epsilon > 0, f, "must be > 0"); }},
+        {"--max-grad-norm", [&](auto& f, auto& v) { trainer.max_grad_norm = parse_number(f, v); require(trainer.max_grad_norm >= 0, f, "must be >= 0 (0 = no clipping)"); }},
+        {"--lr-scheduler-type", [&](auto& f, auto& v) { as_flag(f, [&] { return engine::optim::parse_schedule_type(v); }); trainer.lr_scheduler_type = v; }},
+        {"--warmup-steps", [&](auto& f, auto& v) { trainer.warmup_steps = parse_integer(f, v); require(trainer.warmup_steps >= 0, f, "must be >= 0"); }},
+        {"--min-lr-ratio", [&](auto& f, auto& v) { trainer.min_lr_ratio = parse_number(f, v); require(trainer.min_lr_ratio >= 0 && trainer.min_lr_ratio <= 1, f, "must be in [0,1]"); }},
+        {"--max-steps", [&](auto& f, auto& v) { trainer.max_steps = parse_integer(f, v); require(trainer.max_steps > 0, f, "must be positive"); }},
+        {"--seed", [&](auto& f, auto& v) { const int64_t seed = parse_integer(f, v); require(seed >= 0, f, "must be >= 0"); trainer.seed = static_cast<uint64_t>(seed); }},
+        {"--logging-steps", [&](auto& f, auto& v) { trainer.logging_steps = parse_integer(f, v); require(trainer.logging_steps > 0, f, "must be positive"); }},
+        {"--loss-normalization", [&](auto& f, auto& v) { trainer.loss_normalization = as_flag(f, [&] { return engine::optim::parse_loss_normalization(v); }); }},
+        {"--optimizer", [&](auto& f, auto& v) { trainer.optimizer = as_flag(f, [&] { return engine::optim::parse_optimizer_kind(v); }); }},
+        {"--sgd-momentum", [&](auto& f, auto& v) { trainer.sgd_momentum = parse_number(f, v); require(trainer.sgd_momentum >= 0, f, "must be >= 0"); }},
+        {"--every-n-layers", [&](auto& f, auto& v) { trainer.every_n_layers = parse_int(f, v); require(trainer.every_n_layers >= 1, f, "must be >= 1"); }},
+        {"--segment-size", [&](auto& f, auto& v) {
+             segment_size_flag = v;
+             trainer.segment_size = v == "sqrt" ? 0 : parse_int(f, v);
+             require(v == "sqrt" || trainer.segment_size >= 1, f, "must be >= 1 or 'sqrt'"); }},
+        {"--data", [&](auto& f, auto& v) { require_file(f, v); options.data = v; }},
+        {"--init", [&](auto& f, auto& v) { require_file(f, v); options.init = v; }},
+        {"--save", [&](auto& f, auto& v) {
+             const std::filesystem::path parent = std::filesystem::path(v).parent_path();
+             std::error_code error;
+             require(!v.empty() && (parent.empty() || std::filesystem::is_directory(parent, error)), f,
+                     "no directory for '" + v + "'");
+             options.save = v; }},
+        {"--log", [&](auto& f, auto& v) { require(!v.empty(), f, "needs a file name"); options.log = v; }},
+        {"--device", [&](auto& f, auto& v) { require(v == "auto" || v == "cpu" || v == "cuda", f, "'" + v + "' is not auto, cpu or cuda"); options.device = v; }},
+    };
+    const std::map<std::string, bool*> switches = {
+        {"--gradient-checkpointing", &trainer.gradient_checkpointing},
+        {"--offload", &trainer.offload},
+        {"--plan", &options.plan},
+        {"--help", &options.help},
+    };
+
+    for (size_t index = 0; index < arguments.size(); ++index) {
+        std::string flag = arguments[index];
+        std::optional<std::string> value;
+        if (const size_t equals = flag.find('='); flag.rfind("--", 0) == 0 && equals != std::string::npos) {
+            value = flag.substr(equals + 1);
+            flag.resize(equals);
+        }
+        if (flag == "-h") flag = "--help";
+        if (auto found = switches.find(flag); found != switches.end()) {
+            *found->second = value ? parse_bool(flag, *value) : true;
+            continue;
+        }
+        auto found = valued.find(flag);
+        if (found == valued.end()) {
+            if (flag.rfind("--", 0) != 0) throw UsageError(flag, "unexpected argument (flags start with --)");
+            throw UsageError(flag, "unknown flag (see --help)");
+        }
+        if (!value) {
+            if (index + 1 >= arguments.size()) throw UsageError(flag, "needs a value");
+            value = arguments[++index];
+        }
+        found->second(flag, *value);
+    }
+    if (options.help) return options;
+
+    options.model = as_flag("--model", [&] { return engine::nn::GPTConfig::named(options.model_name); });
+    for (const auto& [flag, apply] : overrides) apply(options.model);
+    const engine::nn::GPTConfig& model = options.model;
+    require(model.vocab_size > 0, "--vocab-size", "must be positive");
+    require(model.max_seq_len > 0, "--max-seq-len", "must be positive");
+    require(model.n_layer > 0, "--n-layer", "must be positive");
+    require(model.n_head > 0, "--n-head", "must be positive");
+    require(model.n_embd > 0, "--n-embd", "must be positive");
+    require(model.n_embd % model.n_head == 0, "--n-head",
+            std::to_string(model.n_head) + " heads do not divide the width " + std::to_string(model.n_embd));
+    require(model.dropout >= 0.0f && model.dropout < 1.0f, "--dropout", "must be in [0,1)");
+    if (options.seq_len == 0) options.seq_len = model.max_seq_len;
+    require(options.seq_len <= model.max_seq_len, "--seq-len",
+            std::to_string(options.seq_len) + " exceeds the model's max sequence length " +
+                std::to_string(model.max_seq_len));
+    require(!(trainer.offload && !trainer.gradient_checkpointing), "--offload",
+            "moves checkpointed segment inputs to host memory, so it needs --gradient-checkpointing");
+    as_flag("--max-steps", [&] { trainer.validate(); return 0; }); // each field was checked above; a backstop
+
+    if (options.device == "cuda" || options.device == "auto") {
+#if ENGINE_HAS_CUDA
+        const bool available = engine::cuda::device_available();
+#else
+        const bool available = false;
+#endif
+        require(available || options.device == "auto", "--device",
+                ENGINE_HAS_CUDA ? "no CUDA device is present" : "this build of libengine has no CUDA backend");
+        options.resolved_device = available ? engine::Device::cuda : engine::Device::cpu;
+    }
+    return options;
+}
+
+} // namespace train_gpt

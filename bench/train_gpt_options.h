@@ -1,0 +1,47 @@
+// train_gpt's command line: every flag, its default, and the validation that turns a bad flag into one
+// "train_gpt: error: --flag: reason" line (exit status 2) before anything is built.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/dtype.h"
+#include "nn/gpt.h"
+#include "optim/trainer.h"
+
+namespace train_gpt {
+
+// A flag that cannot be used, with the reason; main prints it as one line and exits 2.
+class UsageError : public std::runtime_error {
+public:
+    UsageError(const std::string& flag, const std::string& reason)
+        : std::runtime_error(flag + ": " + reason), flag(flag) {}
+    std::string flag;
+};
+
+// An engine error reported against the flag that caused it (without the source file:line suffix).
+UsageError flag_error(const std::string& flag, const std::exception& error);
+
+struct Options {
+    engine::nn::GPTConfig model;
+    std::string model_name = "tiny";
+    int seq_len = 0; // 0: the model's max_seq_len
+    engine::optim::TrainerConfig trainer;
+    std::string data;      // empty: the built-in corpus
+    std::string init;      // safetensors to load before training
+    std::string save;      // safetensors to write after training
+    std::string log;       // JSON lines
+    std::string device = "auto";
+    engine::Device resolved_device = engine::Device::cpu;
+    bool plan = false;     // print the memory plan and exit
+    bool help = false;
+};
+
+// The defaults train the tiny model on the built-in corpus on the CPU in well under a minute.
+Options default_options();
+// Parses and validates argv; throws UsageError naming the flag.
+Options parse_options(const std::vector<std::string>& arguments);
+std::string usage();
+
+} // namespace train_gpt

@@ -1,0 +1,186 @@
+// The analytic memory model of a GPT training step: walks the forward and backward in order, adding what
+// each op allocates and saves (engine/ops/*.cpp) and keeping the high-water mark. See docs/MEMORY.md.
+#include "checkpoint/memory_model.h"
+
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+
+namespace engine::checkpoint {
+namespace {
+
+// The sizes every term is built from, in bytes.
+struct Sizes {
+    size_t stream = 0;    // A: one residual-stream tensor (B,T,C)
+    size_t row_stat = 0;  // R: one value per row (B,T), a layernorm mean or rstd, the per-token losses
+    size_t logsumexp = 0; // H: attention's (B,NH,T)
+    size_t logits = 0;    // (B,T,V)
+    size_t scalar = 0;    // a (1) tensor: the loss
+};
+
+// One block's saved set under grad mode, its input included (ln_1 saves it): input, ln_1 out, qkv (3),
+// attention out, after-attention residual, ln_2 out, c_fc out (4), gelu out (4) = 16 A; two layernorms'
+// mean and rstd = 4 R; attention's logsumexp = H. Dropout and add save nothing.
+size_t block_saved(const Sizes& sizes) { return 16 * sizes.stream + 4 * sizes.row_stat + sizes.logsumexp; }
+
+// Beyond the saved set, the block's last moments hold two more (B,T,C): the MLP's c_proj output and its
+// dropout output (or, at the final add, the dropout output and the block output).
+size_t block_transient(const Sizes& sizes) { return 2 * sizes.stream; }
+
+// A block under no-grad saves nothing, but C++ keeps an expression's temporaries until it ends, so the
+// MLP line holds the after-attention residual, ln_2 out, c_fc out (4), gelu out (4), c_proj out and the
+// dropout output at once: 12 A (11 A when dropout is off and returns its input).
+size_t no_grad_block_peak(const Sizes& sizes, bool dropout_active) {
+    return (dropout_active ? 12 : 11) * sizes.stream;
+}
+
+std::string block_range(const Segment& segment) {
+    std::ostringstream text;
+    text << "block" << (segment.layer_count > 1 ? "s " : " ") << segment.first_layer + 1;
+    if (segment.layer_count > 1) text << "-" << segment.first_layer + segment.layer_count;
+    return text.str();
+}
+
+size_t parameter_count(const nn::GPTConfig& config) {
+    const size_t width = static_cast<size_t>(config.n_embd);
+    const size_t per_block = 12 * width * width + 13 * width; // ln_1, c_attn, c_proj, ln_2, c_fc, c_proj
+    return static_cast<size_t>(config.vocab_size) * width + static_cast<size_t>(config.max_seq_len) * width +
+           static_cast<size_t>(config.n_layer) * per_block + 2 * width;
+}
+
+std::string mebibytes(size_t bytes) {
+    std::ostringstream text;
+    text << std::fixed << std::setprecision(bytes < (1u << 20) ? 3 : 2) << static_cast<double>(bytes) / (1 << 20)
+         << " MiB";
+    return text.str();
+}
+
+} // namespace
+
+size_t MemoryPrediction::of(MemoryCategory category) const {
+    switch (category) {
+    case MemoryCategory::parameters: return parameters;
+    case MemoryCategory::gradients: return gradients;
+    case MemoryCategory::optimizer_state: return optimizer_state;
+    case MemoryCategory::activations: return activations;
+    case MemoryCategory::workspace: return workspace;
+    case MemoryCategory::pinned_host: return pinned_host;
+    case MemoryCategory::count: break;
+    }
+    return 0;
+}
+
+MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
+                                DType dtype, OptimizerKind optimizer) {
+    config.validate();
+    ENGINE_CHECK(batch > 0 && seq_len > 0,
+                 "predict_memory: batch " << batch << " and seq_len " << seq_len << " must be positive");
+    ENGINE_CHECK(seq_len <= config.max_seq_len,
+                 "predict_memory: seq_len " << seq_len << " exceeds the model maximum " << config.max_seq_len);
+    const std::vector<Segment> segments = plan_segments(config.n_layer, policy);
+    const size_t element = dtype_size(dtype);
+    const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
+    Sizes sizes;
+    sizes.stream = rows * static_cast<size_t>(config.n_embd) * element;
+    sizes.row_stat = rows * element;
+    sizes.logsumexp = rows * static_cast<size_t>(config.n_head) * element;
+    sizes.logits = rows * static_cast<size_t>(config.vocab_size) * element;
+    sizes.scalar = element;
+    const bool dropout_active = config.dropout > 0.0f;
+    const bool offload = policy.enabled && policy.offload;
+
+    MemoryPrediction prediction;
+    prediction.parameters = parameter_count(config) * element;
+    prediction.gradients = prediction.parameters; // one persistent buffer per parameter
+    prediction.optimizer_state = optimizer == OptimizerKind::adamw ? 2 * prediction.parameters
+                                 : optimizer == OptimizerKind::sgd ? prediction.parameters
+                                                                   : 0;
+
+    // Activations: `kept` is what earlier layers keep for backward, not counting the current layer's
+    // input. Each moment that can be the high-water mark is a candidate.
+    size_t peak = 0;
+    auto candidate = [&](size_t bytes, const std::string& moment) {
+        if (bytes > peak) {
+            peak = bytes;
+            prediction.activations_peak_moment = moment;
+        }
+    };
+    candidate((dropout_active ? 2 : 1) * sizes.stream, "embedding and its dropout");
+    size_t kept = 0;
+    std::vector<size_t> kept_before(segments.size());
+    for (size_t index = 0; index < segments.size(); ++index) {
+        const Segment& segment = segments[index];
+        kept_before[index] = kept;
+        if (!segment.checkpointed) {
+            candidate(kept + block_saved(sizes) + block_transient(sizes), "forward of " + block_range(segment));
+            kept += block_saved(sizes);
+            continue;
+        }
+        ++prediction.checkpointed_segments;
+        prediction.recomputed_blocks += segment.layer_count;
+        // The segment input stays alive (the caller's argument); from the 2nd block on, so does that block's input.
+        const size_t block_input = segment.layer_count > 1 ? sizes.stream : 0;
+        candidate(kept + sizes.stream + block_input + no_grad_block_peak(sizes, dropout_active),
+                  "no-grad forward of " + block_range(segment));
+        if (!offload) kept += sizes.stream; // the one activation a checkpointed segment keeps
+    }
+    // ln_f saves its input, mean, rstd; the LM head saves ln_f's output; cross_entropy saves the logits and,
+    // while it reduces, holds the per-token losses and the (1) result.
+    candidate(kept + 2 * sizes.stream + 2 * sizes.row_stat + sizes.logits + sizes.row_stat + sizes.scalar,
+              "cross_entropy at the end of forward");
+    // Backward allocates activations only to recompute: the segment's full saved set, rebuilt over what the
+    // layers before it still keep, next to the loss the caller holds.
+    for (size_t index = segments.size(); index-- > 0;) {
+        const Segment& segment = segments[index];
+        if (!segment.checkpointed) continue;
+        candidate(kept_before[index] + sizes.scalar + segment.layer_count * block_saved(sizes) + block_transient(sizes),
+                  "recompute of " + block_range(segment) + " in backward");
+    }
+    prediction.activations = peak;
+
+    // Workspace: the gradients in flight. The head holds dlogits with the per-token loss gradients, then with
+    // d(ln_f out). Inside a block the MLP's backward holds d(after-attention), d(gelu out) and d(c_fc out):
+    // 9 A; a checkpoint node also keeps its incoming gradient alive until its whole segment is done: +A.
+    size_t workspace = std::max(sizes.scalar + sizes.logits + sizes.row_stat, sizes.logits + sizes.stream);
+    workspace = std::max(workspace, (dropout_active ? 2 : 1) * sizes.stream);
+    for (const Segment& segment : segments)
+        workspace = std::max(workspace, (segment.checkpointed ? 10 : 9) * sizes.stream);
+    prediction.workspace = workspace;
+
+    // Pinned host: every offloaded segment input is alive at the end of forward.
+    prediction.pinned_host = offload ? static_cast<size_t>(prediction.checkpointed_segments) * sizes.stream : 0;
+    return prediction;
+}
+
+std::string plan_report(const nn::GPTConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
+                        DType dtype, OptimizerKind optimizer) {
+    const MemoryPrediction planned = predict_memory(config, batch, seq_len, policy, dtype, optimizer);
+    const MemoryPrediction plain = predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer);
+    std::ostringstream text;
+    text << "model: " << config.to_string() << "\n";
+    text << "micro-batch " << batch << " x " << seq_len << " tokens, " << dtype_name(dtype) << ", optimizer "
+         << (optimizer == OptimizerKind::adamw ? "adamw" : optimizer == OptimizerKind::sgd ? "sgd" : "none") << "\n";
+    text << "gradient checkpointing: " << policy.to_string() << "\n";
+    if (policy.enabled) {
+        text << "segments:";
+        for (const Segment& segment : plan_segments(config.n_layer, policy))
+            text << " [" << block_range(segment) << (segment.checkpointed ? " CP]" : " keep]");
+        text << "\n";
+        text << "recompute: " << planned.checkpointed_segments << " segments, " << planned.recomputed_blocks << " of "
+             << config.n_layer << " blocks run forward twice (about +" << std::fixed << std::setprecision(0)
+             << 100.0 * planned.recomputed_blocks / (3.0 * config.n_layer)
+             << "% of the blocks' forward+backward compute)\n";
+    }
+    text << "predicted peak per category (without checkpointing in brackets):\n";
+    for (int index = 0; index < memory_category_count; ++index) {
+        const auto category = static_cast<MemoryCategory>(index);
+        text << "  " << std::left << std::setw(16) << memory_category_name(category) << std::right << std::setw(14)
+             << mebibytes(planned.of(category)) << "  [" << mebibytes(plain.of(category)) << "]\n";
+    }
+    text << "  device total <= " << mebibytes(planned.device_total_bound()) << "  ["
+         << mebibytes(plain.device_total_bound()) << "]\n";
+    text << "activation peak at: " << planned.activations_peak_moment << "\n";
+    return text.str();
+}
+
+} // namespace engine::checkpoint

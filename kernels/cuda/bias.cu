@@ -1,0 +1,40 @@
+// Bias broadcast add and its column-sum gradient (CUDA twin of kernels/cpu/bias.cpp).
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace engine::kernels::cuda {
+namespace {
+constexpr int block_size = 256;
+}
+
+static __global__ void bias_add_forward_kernel(float* out, const float* bias, int OC, int64_t count) {
+    for (int64_t index = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; index < count;
+         index += int64_t(gridDim.x) * blockDim.x) {
+        out[index] += bias[index % OC];
+    }
+}
+
+// One thread per column walking the rows: adjacent threads read adjacent columns (coalesced) and the sum is
+// deterministic.
+static __global__ void bias_backward_kernel(float* dbias, const float* dout, int N, int OC) {
+    const int column = blockIdx.x * blockDim.x + threadIdx.x;
+    if (column >= OC) return;
+    float sum = dbias[column]; // accumulate in place, in the CPU loop's order
+    for (int row = 0; row < N; ++row) sum += dout[int64_t(row) * OC + column];
+    dbias[column] = sum;
+}
+
+void bias_add_forward(float* out, const float* bias, int N, int OC, cudaStream_t stream) {
+    const int64_t count = int64_t(N) * OC;
+    if (count == 0) return;
+    bias_add_forward_kernel<<<elementwise_grid(count, block_size), block_size, 0, stream>>>(out, bias, OC, count);
+    CUDA_CHECK_LAUNCH();
+}
+
+void bias_backward(float* dbias, const float* dout, int N, int OC, cudaStream_t stream) {
+    if (OC == 0) return;
+    bias_backward_kernel<<<ceil_div(OC, block_size), block_size, 0, stream>>>(dbias, dout, N, OC);
+    CUDA_CHECK_LAUNCH();
+}
+
+} // namespace engine::kernels::cuda

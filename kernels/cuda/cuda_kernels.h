@@ -1,0 +1,79 @@
+// CUDA twins of the CPU reference kernels (kernels/cpu/cpu_kernels.h): same names, same argument order,
+// float only, plus a trailing stream. The CPU header's conventions hold here too; in particular every
+// backward kernel ACCUMULATES (+=) into its gradient outputs. Launchers are asynchronous on `stream`.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace engine::kernels::cuda {
+
+// ---- embedding ----
+void embedding_forward(float* out, const int32_t* tokens, const float* token_table, const float* position_table,
+                       int B, int T, int C, cudaStream_t stream);
+// Deterministic: one thread per channel walks the positions in order; no float atomics.
+void embedding_backward(float* dtoken_table, float* dposition_table, const float* dout, const int32_t* tokens,
+                        int B, int T, int C, cudaStream_t stream);
+
+// ---- gemm (cuBLAS on the device layer's handle; TF32 when engine::cuda::tf32_enabled()) ----
+void gemm(float* c, const float* a, const float* b, int m, int n, int k, bool transpose_a, bool transpose_b,
+          float alpha, float beta, cudaStream_t stream);
+
+// ---- bias ----
+void bias_add_forward(float* out, const float* bias, int N, int OC, cudaStream_t stream);
+void bias_backward(float* dbias, const float* dout, int N, int OC, cudaStream_t stream);
+
+// ---- layernorm ----
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C, cudaStream_t stream);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C,
+                        cudaStream_t stream);
+
+// ---- GELU ----
+void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream);
+void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t N, cudaStream_t stream);
+
+// ---- residual ----
+void residual_forward(float* out, const float* a, const float* b, int64_t N, cudaStream_t stream);
+void residual_backward(float* da, float* db, const float* dout, int64_t N, cudaStream_t stream);
+
+// ---- attention: head size C/NH at most attention_max_head_size ----
+inline constexpr int attention_max_head_size = 256;
+void attention_forward(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH,
+                       cudaStream_t stream);
+// Uses a stream-ordered scratch of B*NH*T floats (cudaMallocAsync) for D_i = rowsum(dout * out).
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* logsumexp, int B, int T, int C, int NH, cudaStream_t stream);
+
+// ---- dropout (masks bit-identical to the CPU twin) ----
+void dropout_forward(float* out, const float* inp, float p, uint64_t seed, uint64_t offset, int64_t N,
+                     cudaStream_t stream);
+void dropout_backward(float* dinp, const float* dout, float p, uint64_t seed, uint64_t offset, int64_t N,
+                      cudaStream_t stream);
+
+// ---- cross-entropy ----
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
+                           int ignore_index, cudaStream_t stream);
+void cross_entropy_backward(float* dlogits, const float* dlosses, const float* logits, const int32_t* targets,
+                            int N, int V, int ignore_index, cudaStream_t stream);
+
+// ---- reductions: deterministic two-stage (per-block partials in double, then one block) ----
+void sum_forward(float* out, const float* inp, int64_t N, float scale, cudaStream_t stream);
+void sum_backward(float* dinp, const float* dout, int64_t N, float scale, cudaStream_t stream);
+void sum_of_squares(double* out, const float* inp, int64_t N, cudaStream_t stream); // out is device memory
+
+// ---- elementwise helpers ----
+void fill(float* x, float value, int64_t N, cudaStream_t stream);
+void scale(float* x, float alpha, int64_t N, cudaStream_t stream);
+void axpy(float* y, const float* x, float alpha, int64_t N, cudaStream_t stream);
+
+// ---- optimizer updates ----
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t N, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, float bias_correction1, float bias_correction2,
+                  float grad_scale, cudaStream_t stream);
+void sgd_update(float* param, const float* grad, float* momentum_buffer, int64_t N, float lr, float momentum,
+                float weight_decay, float grad_scale, cudaStream_t stream);
+
+} // namespace engine::kernels::cuda

@@ -1,0 +1,51 @@
+// Dropout with the shared Philox stream (kernels/common/philox.h), so that masks are bit-identical to the
+// CPU twin (kernels/cpu/dropout.cpp) for the same (seed, offset). The mask is redrawn, never stored.
+#include "kernels/common/philox.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace engine::kernels::cuda {
+namespace {
+constexpr int block_size = 256;
+}
+
+static __global__ void dropout_forward_kernel(float* out, const float* inp, float p, float keep_scale, uint64_t seed,
+                                              uint64_t offset, int64_t N) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N; i += int64_t(gridDim.x) * blockDim.x) {
+        const bool keep = philox_uniform(seed, offset, static_cast<uint64_t>(i)) >= p;
+        out[i] = keep ? inp[i] * keep_scale : 0.0f;
+    }
+}
+
+static __global__ void dropout_backward_kernel(float* dinp, const float* dout, float p, float keep_scale,
+                                               uint64_t seed, uint64_t offset, int64_t N) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N; i += int64_t(gridDim.x) * blockDim.x) {
+        const bool keep = philox_uniform(seed, offset, static_cast<uint64_t>(i)) >= p;
+        if (keep) dinp[i] += dout[i] * keep_scale;
+    }
+}
+
+// The scale is computed once on the host so that both devices multiply by the same float.
+static float keep_scale_for(float p) { return p > 0.0f ? 1.0f / (1.0f - p) : 1.0f; }
+
+void dropout_forward(float* out, const float* inp, float p, uint64_t seed, uint64_t offset, int64_t N,
+                     cudaStream_t stream) {
+    if (N == 0) return;
+    if (p == 0.0f) { // identity, as in the CPU twin; also skips drawing N random numbers
+        if (out != inp) CUDA_CHECK(cudaMemcpyAsync(out, inp, N * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+        return;
+    }
+    dropout_forward_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(out, inp, p, keep_scale_for(p),
+                                                                                        seed, offset, N);
+    CUDA_CHECK_LAUNCH();
+}
+
+void dropout_backward(float* dinp, const float* dout, float p, uint64_t seed, uint64_t offset, int64_t N,
+                      cudaStream_t stream) {
+    if (N == 0) return;
+    dropout_backward_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(
+        dinp, dout, p, keep_scale_for(p), seed, offset, N);
+    CUDA_CHECK_LAUNCH();
+}
+
+} // namespace engine::kernels::cuda

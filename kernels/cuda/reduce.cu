@@ -1,0 +1,80 @@
+// Sums (CUDA twin of kernels/cpu/reduce.cpp). Both reductions are two-stage and deterministic: a fixed
+// number of blocks (a function of N only) each write a double partial, then one block adds the partials in
+// a fixed order. No atomics, so the same input always gives the same bits. The partials live in a
+// stream-ordered scratch (cudaMallocAsync), which the driver's pool serves without a system call after
+// the first use.
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/warp_reduce.cuh"
+
+namespace engine::kernels::cuda {
+namespace {
+constexpr int block_size = 256;
+constexpr int max_partials = 1024; // enough blocks to cover every SM several times
+constexpr int final_block_size = 1024;
+
+int partial_count(int64_t N) {
+    const int blocks = ceil_div(N, block_size);
+    return blocks < 1 ? 1 : (blocks > max_partials ? max_partials : blocks);
+}
+} // namespace
+
+template <bool square>
+static __global__ void partial_sum_kernel(double* partials, const float* inp, int64_t N) {
+    __shared__ double scratch[warp_size];
+    double sum = 0.0;
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N; i += int64_t(gridDim.x) * blockDim.x) {
+        const double value = inp[i];
+        sum += square ? value * value : value;
+    }
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+static __global__ void final_sum_kernel(float* float_out, double* double_out, const double* partials, int count,
+                                        double scale) {
+    __shared__ double scratch[warp_size];
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) {
+        if (float_out != nullptr) float_out[0] = static_cast<float>(scale * sum);
+        if (double_out != nullptr) double_out[0] = sum;
+    }
+}
+
+static __global__ void sum_backward_kernel(float* dinp, const float* dout, int64_t N, float scale) {
+    const float gradient = scale * dout[0];
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N; i += int64_t(gridDim.x) * blockDim.x) {
+        dinp[i] += gradient;
+    }
+}
+
+template <bool square>
+static void two_stage_sum(float* float_out, double* double_out, const float* inp, int64_t N, double scale,
+                          cudaStream_t stream) {
+    const int count = partial_count(N);
+    double* partials = nullptr;
+    CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partials), count * sizeof(double), stream));
+    partial_sum_kernel<square><<<count, block_size, 0, stream>>>(partials, inp, N);
+    CUDA_CHECK_LAUNCH();
+    final_sum_kernel<<<1, final_block_size, 0, stream>>>(float_out, double_out, partials, count, scale);
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cudaFreeAsync(partials, stream));
+}
+
+void sum_forward(float* out, const float* inp, int64_t N, float scale, cudaStream_t stream) {
+    two_stage_sum<false>(out, nullptr, inp, N, scale, stream);
+}
+
+void sum_backward(float* dinp, const float* dout, int64_t N, float scale, cudaStream_t stream) {
+    if (N == 0) return;
+    sum_backward_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(dinp, dout, N, scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+void sum_of_squares(double* out, const float* inp, int64_t N, cudaStream_t stream) {
+    two_stage_sum<true>(nullptr, out, inp, N, 1.0, stream);
+}
+
+} // namespace engine::kernels::cuda

@@ -1,0 +1,266 @@
+// safetensors reading (validated header, F32/BF16/F64 data), atomic saving, and all-or-nothing loading
+// into a module with the Hugging Face GPT-2 name mapping.
+#include "nn/io/safetensors.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "engine/io/atomic_file.h"
+#include "nn/io/files.h"
+
+namespace engine::nn {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian; so must the host be");
+
+constexpr int64_t max_header_bytes = 100'000'000; // the reference implementation's limit
+const std::string hf_prefix = "transformer.";
+
+// Element sizes of every dtype the safetensors format defines; only F32, BF16 and F64 are converted.
+int64_t safetensors_dtype_size(const std::string& dtype) {
+    static const std::map<std::string, int64_t> sizes = {
+        {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+        {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"I64", 8},     {"U64", 8}, {"F64", 8}};
+    const auto found = sizes.find(dtype);
+    return found == sizes.end() ? 0 : found->second;
+}
+
+SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& value,
+                             int64_t data_bytes) {
+    const std::string where = "safetensors '" + path + "': tensor '" + name + "'";
+    ENGINE_CHECK(value.is_object() && value.contains("dtype") && value["dtype"].is_string() &&
+                     value.contains("shape") && value["shape"].is_array() && value.contains("data_offsets") &&
+                     value["data_offsets"].is_array() && value["data_offsets"].size() == 2,
+                 where << ": header entry needs dtype (string), shape (array) and data_offsets ([begin,end])");
+    SafetensorsEntry entry;
+    entry.name = name;
+    entry.dtype = value["dtype"].get<std::string>();
+    const int64_t element_size = safetensors_dtype_size(entry.dtype);
+    ENGINE_CHECK(element_size > 0, where << ": unknown dtype '" << entry.dtype << "'");
+    // Saturates instead of overflowing: a lying shape then simply fails the size comparison below.
+    constexpr int64_t saturated = int64_t{1} << 59;
+    int64_t numel = 1;
+    for (const nlohmann::json& dimension : value["shape"]) {
+        ENGINE_CHECK(dimension.is_number_unsigned(), where << ": shape entries must be non-negative integers");
+        const int64_t size = static_cast<int64_t>(std::min<uint64_t>(dimension.get<uint64_t>(), saturated));
+        entry.shape.push_back(size);
+        numel = (size != 0 && numel > saturated / size) ? saturated : numel * size;
+    }
+    for (const nlohmann::json& offset : value["data_offsets"])
+        ENGINE_CHECK(offset.is_number_unsigned(), where << ": data_offsets must be non-negative integers");
+    const auto begin = value["data_offsets"][0].get<uint64_t>();
+    const auto end = value["data_offsets"][1].get<uint64_t>();
+    ENGINE_CHECK(begin <= end && end <= static_cast<uint64_t>(data_bytes),
+                 where << ": data_offsets [" << begin << "," << end << "] fall outside the " << data_bytes
+                       << "-byte data section (truncated file or lying header)");
+    entry.begin = static_cast<int64_t>(begin);
+    entry.end = static_cast<int64_t>(end);
+    ENGINE_CHECK(entry.end - entry.begin == numel * element_size,
+                 where << ": data_offsets span " << entry.end - entry.begin << " bytes but shape "
+                       << shape_string(entry.shape) << " of " << entry.dtype << " needs " << numel * element_size);
+    return entry;
+}
+
+// Host tensor of `dtype` with `source`'s values (a copy even when the dtype already matches).
+Tensor convert_on_host(const Tensor& source, DType dtype, MemoryCategory category) {
+    Tensor out = Tensor::empty(source.shape(), dtype, Device::cpu, category);
+    const int64_t count = source.numel();
+    if (source.dtype() == dtype) {
+        std::memcpy(out.raw_data(), source.raw_data(), source.nbytes());
+    } else if (source.dtype() == DType::f32 && dtype == DType::f64) {
+        for (int64_t i = 0; i < count; ++i) out.data<double>()[i] = source.data<float>()[i];
+    } else if (source.dtype() == DType::f64 && dtype == DType::f32) {
+        for (int64_t i = 0; i < count; ++i) out.data<float>()[i] = static_cast<float>(source.data<double>()[i]);
+    } else {
+        ENGINE_FAIL("convert " << source.describe() << " to " << dtype_name(dtype) << ": unsupported");
+    }
+    return out;
+}
+
+bool is_mask_buffer(const std::string& name) {
+    auto ends_with = [&](const std::string& suffix) {
+        return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    return ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+}
+
+} // namespace
+
+const SafetensorsEntry* SafetensorsHeader::find(const std::string& name) const {
+    for (const SafetensorsEntry& entry : entries)
+        if (entry.name == name) return &entry;
+    return nullptr;
+}
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+    int64_t size = 0;
+    std::ifstream file = io_detail::open_for_reading(path, &size);
+    ENGINE_CHECK(size >= 8, "safetensors '" << path << "': file too short (" << size
+                                            << " bytes) to hold the 8-byte header length");
+    unsigned char length_bytes[8];
+    io_detail::read_exactly(file, path, 0, length_bytes, 8, "the header length");
+    uint64_t header_length = 0;
+    for (int index = 7; index >= 0; --index) header_length = header_length << 8 | length_bytes[index];
+    ENGINE_CHECK(header_length <= static_cast<uint64_t>(size - 8) && header_length <= max_header_bytes,
+                 "safetensors '" << path << "': header length " << header_length << " runs beyond the file of "
+                                 << size << " bytes (truncated file or lying header)");
+    std::string text(header_length, '\0');
+    io_detail::read_exactly(file, path, 8, text.data(), static_cast<int64_t>(header_length), "the JSON header");
+    const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    ENGINE_CHECK(!json.is_discarded(), "safetensors '" << path << "': the header is not valid JSON");
+    ENGINE_CHECK(json.is_object(), "safetensors '" << path << "': the header is JSON but not an object");
+
+    SafetensorsHeader header;
+    header.path = path;
+    header.data_start = 8 + static_cast<int64_t>(header_length);
+    const int64_t data_bytes = size - header.data_start;
+    for (const auto& [name, value] : json.items()) {
+        if (name == "__metadata__") {
+            ENGINE_CHECK(value.is_object(), "safetensors '" << path << "': __metadata__ must be an object");
+            for (const auto& [key, item] : value.items()) {
+                ENGINE_CHECK(item.is_string(), "safetensors '" << path << "': __metadata__ value '" << key
+                                                               << "' must be a string");
+                header.metadata[key] = item.get<std::string>();
+            }
+            continue;
+        }
+        header.entries.push_back(parse_entry(path, name, value, data_bytes));
+    }
+    std::sort(header.entries.begin(), header.entries.end(),
+              [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
+    const SafetensorsEntry* previous = nullptr;
+    for (const SafetensorsEntry& entry : header.entries) {
+        if (entry.begin == entry.end) continue; // an empty tensor occupies nothing
+        ENGINE_CHECK(previous == nullptr || entry.begin >= previous->end,
+                     "safetensors '" << path << "': tensor '" << entry.name << "' [" << entry.begin << ","
+                                     << entry.end << ") overlaps tensor '" << previous->name << "' ["
+                                     << previous->begin << "," << previous->end << ")");
+        previous = &entry;
+    }
+    return header;
+}
+
+Tensor read_safetensors_tensor(const SafetensorsHeader& header, const SafetensorsEntry& entry) {
+    const std::string what = "tensor '" + entry.name + "'";
+    ENGINE_CHECK(entry.dtype == "F32" || entry.dtype == "BF16" || entry.dtype == "F64",
+                 "safetensors '" << header.path << "': " << what << " has dtype " << entry.dtype
+                                 << "; only F32, BF16 and F64 can be loaded");
+    int64_t size = 0;
+    std::ifstream file = io_detail::open_for_reading(header.path, &size);
+    ENGINE_CHECK(header.data_start + entry.end <= size,
+                 "safetensors '" << header.path << "': " << what << " ends beyond the file (it changed since open)");
+    const int64_t offset = header.data_start + entry.begin;
+    const int64_t bytes = entry.end - entry.begin;
+    if (entry.dtype == "BF16") {
+        std::vector<uint16_t> halves(static_cast<size_t>(bytes / 2));
+        if (bytes > 0) io_detail::read_exactly(file, header.path, offset, halves.data(), bytes, what);
+        Tensor out = Tensor::empty(entry.shape, DType::f32, Device::cpu);
+        float* values = out.data<float>();
+        // bfloat16 is the top half of an IEEE float32: widening is exact.
+        for (size_t i = 0; i < halves.size(); ++i) values[i] = std::bit_cast<float>(uint32_t{halves[i]} << 16);
+        return out;
+    }
+    Tensor out = Tensor::empty(entry.shape, entry.dtype == "F32" ? DType::f32 : DType::f64, Device::cpu);
+    if (bytes > 0) io_detail::read_exactly(file, header.path, offset, out.raw_data(), bytes, what);
+    return out;
+}
+
+std::map<std::string, Tensor> read_safetensors(const std::string& path) {
+    const SafetensorsHeader header = read_safetensors_header(path);
+    std::map<std::string, Tensor> tensors;
+    for (const SafetensorsEntry& entry : header.entries) tensors.emplace(entry.name, read_safetensors_tensor(header, entry));
+    return tensors;
+}
+
+void save_safetensors(const Module& module, const std::string& path) {
+    nlohmann::ordered_json json;
+    json["__metadata__"] = {{"format", "pt"}};
+    std::vector<std::vector<char>> payloads;
+    int64_t offset = 0;
+    for (const auto& [name, parameter] : module.named_parameters()) {
+        ENGINE_CHECK(parameter.dtype() == DType::f32 || parameter.dtype() == DType::f64,
+                     "save_safetensors '" << path << "': parameter " << parameter.describe() << " is not a float");
+        std::vector<char> bytes(parameter.nbytes());
+        copy_bytes(bytes.data(), Device::cpu, parameter.raw_data(), parameter.device(), bytes.size());
+        const int64_t size = static_cast<int64_t>(bytes.size());
+        json[name] = {{"dtype", parameter.dtype() == DType::f32 ? "F32" : "F64"},
+                      {"shape", parameter.shape()},
+                      {"data_offsets", {offset, offset + size}}};
+        offset += size;
+        payloads.push_back(std::move(bytes));
+    }
+    std::string header = json.dump();
+    header.append((8 - header.size() % 8) % 8, ' '); // aligns the data section to 8 bytes, as the reference does
+    io::write_file_atomically(path, [&](const io::ByteSink& sink) {
+        unsigned char length_bytes[8];
+        for (int index = 0; index < 8; ++index)
+            length_bytes[index] = static_cast<unsigned char>(static_cast<uint64_t>(header.size()) >> (8 * index));
+        sink(length_bytes, 8);
+        sink(header.data(), header.size());
+        for (const std::vector<char>& bytes : payloads) sink(bytes.data(), bytes.size());
+    });
+}
+
+void load_safetensors_into(Module& module, const std::string& path) {
+    const SafetensorsHeader header = read_safetensors_header(path);
+    std::map<std::string, Tensor> parameters;
+    for (const auto& [name, parameter] : module.named_parameters()) parameters.emplace(name, parameter);
+
+    // Map every file name to a parameter, a skipped buffer, or the tied head; anything else is an error.
+    std::map<std::string, const SafetensorsEntry*> by_parameter;
+    const SafetensorsEntry* lm_head = nullptr;
+    for (const SafetensorsEntry& entry : header.entries) {
+        std::string name = entry.name;
+        if (name.rfind(hf_prefix, 0) == 0) name = name.substr(hf_prefix.size());
+        if (parameters.count(name)) {
+            ENGINE_CHECK(!by_parameter.count(name), "safetensors '" << path << "': tensor '" << name
+                                                                    << "' appears twice (with and without '"
+                                                                    << hf_prefix << "')");
+            by_parameter[name] = &entry;
+        } else if (is_mask_buffer(name)) {
+            continue;
+        } else if (name == "lm_head.weight") {
+            lm_head = &entry;
+        } else {
+            ENGINE_FAIL("safetensors '" << path << "': tensor '" << entry.name
+                                        << "' matches no parameter of the model (wrong model size?)");
+        }
+    }
+    for (const auto& [name, parameter] : parameters) {
+        const auto found = by_parameter.find(name);
+        ENGINE_CHECK(found != by_parameter.end(),
+                     "safetensors '" << path << "': parameter '" << name << "' " << shape_string(parameter.shape())
+                                     << " is missing from the file");
+        ENGINE_CHECK(found->second->shape == parameter.shape(),
+                     "safetensors '" << path << "': tensor '" << found->second->name << "' has shape "
+                                     << shape_string(found->second->shape) << " but parameter '" << name
+                                     << "' needs " << shape_string(parameter.shape()));
+    }
+
+    // Stage everything on the host in each parameter's dtype before touching the model.
+    std::map<std::string, Tensor> staged;
+    for (const auto& [name, entry] : by_parameter) {
+        const Tensor raw = read_safetensors_tensor(header, *entry);
+        staged.emplace(name, convert_on_host(raw, parameters.at(name).dtype(), MemoryCategory::workspace));
+    }
+    if (lm_head != nullptr) {
+        const auto wte = staged.find("wte.weight");
+        ENGINE_CHECK(wte != staged.end(), "safetensors '" << path << "': tensor '" << lm_head->name
+                                                          << "' given but the model has no wte.weight to tie it to");
+        ENGINE_CHECK(lm_head->shape == wte->second.shape(),
+                     "safetensors '" << path << "': tensor '" << lm_head->name << "' has shape "
+                                     << shape_string(lm_head->shape) << ", not wte.weight's "
+                                     << shape_string(wte->second.shape()));
+        const Tensor head = convert_on_host(read_safetensors_tensor(header, *lm_head), wte->second.dtype(),
+                                            MemoryCategory::workspace);
+        ENGINE_CHECK(std::memcmp(head.raw_data(), wte->second.raw_data(), head.nbytes()) == 0,
+                     "safetensors '" << path << "': tensor '" << lm_head->name
+                                     << "' differs from wte.weight; this model's LM head is tied to wte");
+    }
+    for (auto& [name, parameter] : parameters) parameter.copy_from(staged.at(name));
+}
+
+} // namespace engine::nn

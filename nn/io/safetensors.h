@@ -1,0 +1,55 @@
+// Hugging Face safetensors: read any file into host tensors, save a module's parameters under their
+// GPT-2 names, and load a file into a module all-or-nothing. docs/FORMATS.md describes the mapping.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace engine::nn {
+
+// One tensor as a safetensors header describes it (offsets relative to the data section).
+struct SafetensorsEntry {
+    std::string name;
+    std::string dtype; // "F32", "BF16", ...
+    Shape shape;
+    int64_t begin = 0, end = 0;
+};
+
+// The validated header of a file: sizes, dtypes and offsets are all checked against the file on open.
+struct SafetensorsHeader {
+    std::string path;
+    int64_t data_start = 0; // 8 + header length
+    std::vector<SafetensorsEntry> entries; // in file order (by begin offset)
+    std::map<std::string, std::string> metadata;
+    const SafetensorsEntry* find(const std::string& name) const;
+};
+
+// Throws EngineError naming the file (and the tensor) if the file is too short, the header length points
+// beyond the file, the header is not JSON of the safetensors shape, a dtype is unknown, or offsets are out
+// of range, overlap, or disagree with shape × dtype size.
+SafetensorsHeader read_safetensors_header(const std::string& path);
+// Reads one tensor as a host tensor: F32 and BF16 become f32, F64 becomes f64; other dtypes throw.
+Tensor read_safetensors_tensor(const SafetensorsHeader& header, const SafetensorsEntry& entry);
+
+// Every tensor of the file (F32/BF16 -> f32, F64 -> f64), on the host.
+std::map<std::string, Tensor> read_safetensors(const std::string& path);
+
+// Writes every parameter under its module name (GPT: HF GPT-2 names without the `transformer.` prefix,
+// Conv1D weights (in,out) as stored) in its own dtype (f32 -> F32, f64 -> F64), with
+// __metadata__ {"format":"pt"}. Atomic: temporary file + rename.
+void save_safetensors(const Module& module, const std::string& path);
+
+// Loads a file into `module`'s parameters (converted to each parameter's dtype and device).
+// - A `transformer.` prefix on names is accepted.
+// - The causal-mask buffers `*.attn.bias` and `*.attn.masked_bias` are skipped (never read).
+// - `lm_head.weight` is accepted only when it equals `wte.weight` bitwise (the tied head) and is then
+//   ignored; otherwise it is an error, since this model cannot hold an untied head.
+// - Any other name that is not a parameter, a missing parameter, or a wrong shape is an error.
+// All tensors are read and converted first; the module changes only after everything succeeded, so on any
+// error it is left exactly as it was. Errors name the file and the tensor.
+void load_safetensors_into(Module& module, const std::string& path);
+
+} // namespace engine::nn

@@ -1,0 +1,111 @@
+// Token data for training: byte-level files, llm.c token shards, a built-in synthetic corpus, padded
+// variable-length micro-batches, and a seeded, resumable loader that feeds the trainer (nn/io/batch.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "nn/io/batch.h"
+
+namespace engine::nn {
+
+// ---- token sources ----
+
+// Every byte of the file is one token id in [0,256).
+std::vector<int32_t> read_byte_tokens(const std::string& path);
+
+// llm.c shard: int32[256] header {magic, version, token count, 0...}, then `count` uint16 tokens.
+inline constexpr int32_t token_shard_magic = 20240520;
+inline constexpr int32_t token_shard_version = 1;
+inline constexpr int64_t token_shard_header_bytes = 256 * 4;
+// Throws EngineError naming the file on a bad magic, a bad version or a size other than 1024 + 2·count.
+std::vector<int32_t> read_token_shard(const std::string& path);
+// Writes atomically (temporary file + rename). Every token must fit in uint16.
+void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens);
+
+// A shard when the file starts with the shard magic (then strictly validated), else byte-level tokens.
+// Validates every id against vocab_size, naming the file, the token index and its byte offset.
+std::vector<int32_t> load_tokens(const std::string& path, int vocab_size);
+
+// Throws EngineError naming `source` and the first token index whose id is outside [0, vocab_size).
+// first_token_byte and bytes_per_token turn the index into a byte offset in the file for the message.
+void validate_tokens(const std::vector<int32_t>& tokens, int vocab_size, const std::string& source,
+                     int64_t first_token_byte = 0, int64_t bytes_per_token = 4);
+
+// The built-in dataset: English-like sentences from a small seeded grammar, as bytes (vocab 256), exactly
+// `token_count` long. The stream is std::mt19937_64 (fully specified by the C++ standard) with our own
+// unbiased bounded draw, so the corpus is identical on every platform. docs/FORMATS.md gives the grammar.
+std::string builtin_corpus_text(size_t token_count, uint64_t seed = 0);
+std::vector<int32_t> builtin_corpus(size_t token_count, uint64_t seed = 0);
+
+// ---- batches ----
+
+// Sequences of different valid lengths padded to T: inputs hold pad_token at padding, labels hold the
+// tokens themselves (unshifted, as Hugging Face) and -100 at padding. Every sequence must have 1..T tokens.
+Batch make_padded_batch(const std::vector<std::vector<int32_t>>& sequences, int sequence_length,
+                        int32_t pad_token = 0, Device device = Device::cpu);
+
+// Platform-stable uniform draw in [0, bound) by rejection; std::uniform_int_distribution is not specified
+// bit-for-bit by the standard, so shuffles built on it would differ between standard libraries.
+uint64_t uniform_below(std::mt19937_64& generator, uint64_t bound);
+
+struct DataLoaderOptions {
+    int batch_size = 4;      // B
+    int sequence_length = 64; // T
+    uint64_t seed = 0;
+    bool shuffle = true;
+    bool drop_last = true;   // drop an epoch's last partial batch
+    int64_t max_epochs = 0;  // 0: cycle forever; else next() returns nullopt after this many epochs
+    // When > 0, each window keeps a deterministic pseudo-random valid length in [min_valid_length, T] and
+    // the rest is padding (-100 labels): variable-length data from any token stream.
+    int min_valid_length = 0;
+    int vocab_size = 0;      // when > 0, every token is validated against it at construction
+    Device device = Device::cpu;
+};
+
+// Where the loader stands: the next batch is rows position.. of epoch `epoch`'s permutation under `seed`.
+struct LoaderCursor {
+    uint64_t seed = 0;
+    int64_t epoch = 0;
+    int64_t position = 0; // index of the next window within the epoch's order
+    bool operator==(const LoaderCursor&) const = default;
+    std::string to_json() const;
+    static LoaderCursor from_json(const std::string& text); // throws EngineError on malformed text
+};
+
+// Cuts the token stream into non-overlapping windows of T tokens (labels = inputs, unshifted; the causal
+// loss shifts them), orders the windows of each epoch by a seeded Fisher-Yates shuffle, and yields batches
+// of B windows. Epoch e's order depends only on (seed, e), so a restored cursor continues exactly.
+class DataLoader {
+public:
+    DataLoader(std::vector<int32_t> tokens, const DataLoaderOptions& options);
+
+    std::optional<Batch> next();
+    BatchSource source(); // the trainer's adapter; the loader must outlive it
+
+    LoaderCursor cursor() const { return cursor_; }
+    // Throws EngineError (and changes nothing) if the position is outside the epoch.
+    void restore(const LoaderCursor& cursor);
+
+    int64_t window_count() const { return window_count_; }
+    int64_t batches_per_epoch() const;
+    const DataLoaderOptions& options() const { return options_; }
+    // The window order of one epoch (a permutation of 0..window_count-1), for inspection and tests.
+    std::vector<int64_t> epoch_order(uint64_t seed, int64_t epoch) const;
+
+private:
+    int valid_length(int64_t epoch, int64_t window) const;
+
+    std::vector<int32_t> tokens_;
+    DataLoaderOptions options_;
+    int64_t window_count_ = 0;
+    LoaderCursor cursor_;
+    std::vector<int64_t> order_; // order of cursor_.epoch under cursor_.seed
+    int64_t order_epoch_ = -1;
+    uint64_t order_seed_ = 0;
+};
+
+} // namespace engine::nn

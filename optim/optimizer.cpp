@@ -1,0 +1,155 @@
+// SGD and AdamW: state allocation, decay grouping and the per-parameter dispatch to the update kernels.
+#include "optim/optimizer.h"
+
+#include <cmath>
+
+#include "engine/dispatch.h"
+
+namespace engine::optim {
+using namespace engine::detail;
+
+bool decay_matrices_only(const std::string&, const Tensor& parameter) { return parameter.dim() >= 2; }
+
+Optimizer::Optimizer(const NamedTensors& named_parameters, double learning_rate, double weight_decay,
+                     const DecayRule& decays, int state_tensors_per_parameter)
+    : learning_rate_(learning_rate), weight_decay_(weight_decay) {
+    ENGINE_CHECK(std::isfinite(learning_rate) && learning_rate >= 0.0,
+                 "optimizer: learning rate must be finite and >= 0, got " << learning_rate);
+    ENGINE_CHECK(std::isfinite(weight_decay) && weight_decay >= 0.0,
+                 "optimizer: weight decay must be finite and >= 0, got " << weight_decay);
+    ENGINE_CHECK(!named_parameters.empty(), "optimizer: no parameters to optimise");
+    for (const auto& [name, parameter] : named_parameters) {
+        ENGINE_CHECK(parameter.defined() && parameter.is_leaf() && parameter.grad().defined(),
+                     "optimizer: parameter '" << name << "' is not a leaf with a gradient buffer");
+        ENGINE_CHECK(parameter.dtype() != DType::i32, "optimizer: parameter '" << name << "' is an integer tensor");
+    }
+    // Allocate after every check so that a bad parameter list leaves no state behind.
+    for (const auto& [name, parameter] : named_parameters) {
+        Slot slot;
+        slot.name = name;
+        slot.parameter = parameter;
+        slot.decays = decays ? decays(name, parameter) : false;
+        for (int index = 0; index < state_tensors_per_parameter; ++index)
+            slot.state.push_back(Tensor::zeros(parameter.shape(), parameter.dtype(), parameter.device(),
+                                               MemoryCategory::optimizer_state));
+        slots_.push_back(std::move(slot));
+    }
+}
+
+void Optimizer::zero_grad() {
+    for (const Slot& slot : slots_) slot.parameter.grad().fill_zero();
+}
+
+void Optimizer::set_learning_rate(double learning_rate) {
+    ENGINE_CHECK(std::isfinite(learning_rate) && learning_rate >= 0.0,
+                 "optimizer: learning rate must be finite and >= 0, got " << learning_rate);
+    learning_rate_ = learning_rate;
+}
+
+void Optimizer::set_step_count(int64_t step_count) {
+    ENGINE_CHECK(step_count >= 0, "optimizer: step count must be >= 0, got " << step_count);
+    step_count_ = step_count;
+}
+
+std::vector<std::string> Optimizer::parameter_names() const {
+    std::vector<std::string> names;
+    for (const Slot& slot : slots_) names.push_back(slot.name);
+    return names;
+}
+
+bool Optimizer::decays(const std::string& parameter_name) const {
+    for (const Slot& slot : slots_)
+        if (slot.name == parameter_name) return slot.decays;
+    ENGINE_FAIL("optimizer: no parameter named '" << parameter_name << "'");
+}
+
+// ---- SGD ----
+
+SGD::SGD(const NamedTensors& named_parameters, const SGDOptions& options, const DecayRule& decays)
+    : Optimizer(named_parameters, options.learning_rate, options.weight_decay, decays, 1), momentum_(options.momentum) {
+    ENGINE_CHECK(std::isfinite(options.momentum) && options.momentum >= 0.0,
+                 "SGD: momentum must be finite and >= 0, got " << options.momentum);
+}
+
+void SGD::step(double grad_scale) {
+    const float lr = static_cast<float>(learning_rate_);
+    const float momentum = static_cast<float>(momentum_);
+    const float scale = static_cast<float>(grad_scale);
+    for (const Slot& slot : slots_) {
+        const float decay = slot.decays ? static_cast<float>(weight_decay_) : 0.0f;
+        const Tensor gradient = slot.parameter.grad();
+        const Tensor& buffer = slot.state[0];
+        if (slot.parameter.device() == Device::cpu) {
+            dispatch_floating("sgd", slot.parameter.dtype(), [&]<typename T>() {
+                kernels::cpu::sgd_update<T>(slot.parameter.data<T>(), gradient.data<T>(), buffer.data<T>(),
+                                            slot.parameter.numel(), lr, momentum, decay, scale);
+            });
+        } else {
+            ENGINE_ON_CUDA("sgd", slot.parameter.dtype(),
+                           kernels::cuda::sgd_update(slot.parameter.data<float>(), gradient.data<float>(),
+                                                     buffer.data<float>(), slot.parameter.numel(), lr, momentum,
+                                                     decay, scale, cuda::compute_stream()));
+        }
+    }
+    ++step_count_;
+}
+
+NamedTensors SGD::named_state() const {
+    NamedTensors state;
+    for (const Slot& slot : slots_) state.emplace_back("momentum_buffer." + slot.name, slot.state[0]);
+    return state;
+}
+
+// ---- AdamW ----
+
+AdamW::AdamW(const NamedTensors& named_parameters, const AdamWOptions& options, const DecayRule& decays)
+    : Optimizer(named_parameters, options.learning_rate, options.weight_decay, decays, 2), options_(options) {
+    ENGINE_CHECK(options.beta1 >= 0.0 && options.beta1 < 1.0, "AdamW: beta1 must be in [0,1), got " << options.beta1);
+    ENGINE_CHECK(options.beta2 >= 0.0 && options.beta2 < 1.0, "AdamW: beta2 must be in [0,1), got " << options.beta2);
+    ENGINE_CHECK(std::isfinite(options.epsilon) && options.epsilon > 0.0,
+                 "AdamW: epsilon must be finite and > 0, got " << options.epsilon);
+}
+
+void AdamW::step(double grad_scale) {
+    const int64_t t = step_count_ + 1;
+    // The corrections are computed in double and rounded once; the kernels take float hyperparameters.
+    const float bias_correction1 = static_cast<float>(1.0 - std::pow(options_.beta1, static_cast<double>(t)));
+    const float bias_correction2 = static_cast<float>(1.0 - std::pow(options_.beta2, static_cast<double>(t)));
+    const float lr = static_cast<float>(learning_rate_);
+    const float beta1 = static_cast<float>(options_.beta1);
+    const float beta2 = static_cast<float>(options_.beta2);
+    const float epsilon = static_cast<float>(options_.epsilon);
+    const float scale = static_cast<float>(grad_scale);
+    for (const Slot& slot : slots_) {
+        const float decay = slot.decays ? static_cast<float>(weight_decay_) : 0.0f;
+        const Tensor gradient = slot.parameter.grad();
+        const Tensor& exp_avg = slot.state[0];
+        const Tensor& exp_avg_sq = slot.state[1];
+        if (slot.parameter.device() == Device::cpu) {
+            dispatch_floating("adamw", slot.parameter.dtype(), [&]<typename T>() {
+                kernels::cpu::adamw_update<T>(slot.parameter.data<T>(), gradient.data<T>(), exp_avg.data<T>(),
+                                              exp_avg_sq.data<T>(), slot.parameter.numel(), lr, beta1, beta2, epsilon,
+                                              decay, bias_correction1, bias_correction2, scale);
+            });
+        } else {
+            ENGINE_ON_CUDA("adamw", slot.parameter.dtype(),
+                           kernels::cuda::adamw_update(slot.parameter.data<float>(), gradient.data<float>(),
+                                                       exp_avg.data<float>(), exp_avg_sq.data<float>(),
+                                                       slot.parameter.numel(), lr, beta1, beta2, epsilon, decay,
+                                                       bias_correction1, bias_correction2, scale,
+                                                       cuda::compute_stream()));
+        }
+    }
+    step_count_ = t;
+}
+
+NamedTensors AdamW::named_state() const {
+    NamedTensors state;
+    for (const Slot& slot : slots_) {
+        state.emplace_back("exp_avg." + slot.name, slot.state[0]);
+        state.emplace_back("exp_avg_sq." + slot.name, slot.state[1]);
+    }
+    return state;
+}
+
+} // namespace engine::optim

@@ -1,0 +1,107 @@
+// Optimizers over a model's named parameters: SGD with momentum and AdamW, both with PyTorch semantics, and
+// their state (moments, step count) exposed by name so that a training-state file can save and restore it.
+//
+// Which parameters decay: by default only tensors with two or more dimensions (the Linear weights and the
+// embedding tables). Biases, LayerNorm weights and every other 1-D parameter are not decayed, the grouping
+// Hugging Face and nanoGPT use for GPT-2. Pass another DecayRule to change it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace engine::optim {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+using DecayRule = std::function<bool(const std::string& name, const Tensor& parameter)>;
+
+// The default rule: decay tensors of rank >= 2 only.
+bool decay_matrices_only(const std::string& name, const Tensor& parameter);
+
+class Optimizer {
+public:
+    // Every parameter must be a leaf with a gradient buffer. State is allocated here, once, in
+    // MemoryCategory::optimizer_state, on each parameter's device and dtype.
+    Optimizer(const NamedTensors& named_parameters, double learning_rate, double weight_decay,
+              const DecayRule& decays, int state_tensors_per_parameter);
+    virtual ~Optimizer() = default;
+    Optimizer(const Optimizer&) = delete;
+    Optimizer& operator=(const Optimizer&) = delete;
+
+    // One update of every parameter from its gradient buffer multiplied by grad_scale (the clip
+    // coefficient, fused into the update so the gradients need no extra pass). Advances step_count.
+    virtual void step(double grad_scale = 1.0) = 0;
+    void zero_grad(); // memset of every gradient buffer
+
+    double learning_rate() const { return learning_rate_; }
+    void set_learning_rate(double learning_rate);
+    double weight_decay() const { return weight_decay_; }
+    // Updates applied so far; AdamW's bias correction uses it. Set it when restoring a training state.
+    int64_t step_count() const { return step_count_; }
+    void set_step_count(int64_t step_count);
+
+    // The live state tensors, named "<state>.<parameter>" ("exp_avg.h.0.attn.c_attn.weight"). A restorer
+    // copies saved values into them (Tensor::copy_from); their shapes equal the parameters'.
+    virtual NamedTensors named_state() const = 0;
+    std::vector<std::string> parameter_names() const;
+    bool decays(const std::string& parameter_name) const; // throws for an unknown name
+
+protected:
+    struct Slot {
+        std::string name;
+        Tensor parameter;
+        bool decays = false;
+        std::vector<Tensor> state; // zero-initialised, same shape as the parameter
+    };
+    std::vector<Slot> slots_;
+    double learning_rate_;
+    double weight_decay_;
+    int64_t step_count_ = 0;
+};
+
+struct SGDOptions {
+    double learning_rate = 1e-3;
+    double momentum = 0.9;   // 0 turns the buffer into plain SGD
+    double weight_decay = 0; // coupled (added to the gradient), as torch.optim.SGD
+};
+
+// torch.optim.SGD without dampening or Nesterov: g = s·grad + wd·p; buf = momentum·buf + g; p -= lr·buf.
+class SGD : public Optimizer {
+public:
+    SGD(const NamedTensors& named_parameters, const SGDOptions& options, const DecayRule& decays = decay_matrices_only);
+    void step(double grad_scale = 1.0) override;
+    NamedTensors named_state() const override; // "momentum_buffer.<name>"
+    double momentum() const { return momentum_; }
+
+private:
+    double momentum_;
+};
+
+struct AdamWOptions {
+    double learning_rate = 1e-3;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double epsilon = 1e-8;
+    double weight_decay = 0.01;
+};
+
+// torch.optim.AdamW: p -= lr·wd·p; m, v moving averages of g and g²; p -= lr·m̂ / (sqrt(v̂) + eps), with
+// m̂ = m / (1 − β1^t) and v̂ = v / (1 − β2^t), t the 1-based step.
+class AdamW : public Optimizer {
+public:
+    AdamW(const NamedTensors& named_parameters, const AdamWOptions& options,
+          const DecayRule& decays = decay_matrices_only);
+    void step(double grad_scale = 1.0) override;
+    NamedTensors named_state() const override; // "exp_avg.<name>", "exp_avg_sq.<name>"
+    const AdamWOptions& options() const { return options_; }
+
+private:
+    AdamWOptions options_;
+};
+
+} // namespace engine::optim

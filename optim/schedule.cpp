@@ -1,0 +1,42 @@
+// Constant and warmup + cosine learning-rate schedules.
+#include "optim/schedule.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "engine/error.h"
+
+namespace engine::optim {
+
+ScheduleType parse_schedule_type(const std::string& name) {
+    if (name == "constant") return ScheduleType::constant;
+    if (name == "cosine") return ScheduleType::cosine;
+    ENGINE_FAIL("lr_scheduler_type: unknown schedule '" << name << "' (known: constant, cosine)");
+}
+
+const char* schedule_type_name(ScheduleType type) { return type == ScheduleType::cosine ? "cosine" : "constant"; }
+
+LearningRateSchedule::LearningRateSchedule(const ScheduleConfig& config) : config_(config) {
+    ENGINE_CHECK(std::isfinite(config.learning_rate) && config.learning_rate >= 0.0,
+                 "schedule: learning_rate must be finite and >= 0, got " << config.learning_rate);
+    ENGINE_CHECK(config.warmup_steps >= 0, "schedule: warmup_steps must be >= 0, got " << config.warmup_steps);
+    ENGINE_CHECK(config.total_steps >= 0, "schedule: total_steps must be >= 0, got " << config.total_steps);
+    ENGINE_CHECK(config.min_lr_ratio >= 0.0 && config.min_lr_ratio <= 1.0,
+                 "schedule: min_lr_ratio must be in [0,1], got " << config.min_lr_ratio);
+}
+
+double LearningRateSchedule::at(int64_t optimizer_step) const {
+    ENGINE_CHECK(optimizer_step >= 0, "schedule: step must be >= 0, got " << optimizer_step);
+    const double peak = config_.learning_rate;
+    if (optimizer_step < config_.warmup_steps)
+        return peak * static_cast<double>(optimizer_step) / static_cast<double>(config_.warmup_steps);
+    if (config_.type == ScheduleType::constant) return peak;
+    const double decay_steps = static_cast<double>(std::max<int64_t>(1, config_.total_steps - config_.warmup_steps));
+    const double progress =
+        std::clamp(static_cast<double>(optimizer_step - config_.warmup_steps) / decay_steps, 0.0, 1.0);
+    const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+    return peak * (config_.min_lr_ratio + (1.0 - config_.min_lr_ratio) * cosine);
+}
+
+} // namespace engine::optim

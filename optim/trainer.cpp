@@ -1,0 +1,243 @@
+// The accumulation step: pull, validate and count, forward/backward per micro-batch, then one update.
+#include "optim/trainer.h"
+
+#include <cmath>
+
+#include "engine/elementwise.h"
+#include "optim/clip.h"
+#if ENGINE_HAS_CUDA
+#include "engine/cuda/runtime.h"
+#endif
+
+namespace engine::optim {
+
+LossNormalization parse_loss_normalization(const std::string& name) {
+    if (name == "tokens") return LossNormalization::tokens;
+    if (name == "mean") return LossNormalization::mean;
+    ENGINE_FAIL("loss_normalization: unknown mode '" << name << "' (known: tokens, mean)");
+}
+
+OptimizerKind parse_optimizer_kind(const std::string& name) {
+    if (name == "adamw") return OptimizerKind::adamw;
+    if (name == "sgd") return OptimizerKind::sgd;
+    ENGINE_FAIL("optimizer: unknown optimizer '" << name << "' (known: adamw, sgd)");
+}
+
+const char* loss_normalization_name(LossNormalization mode) { return mode == LossNormalization::mean ? "mean" : "tokens"; }
+const char* optimizer_kind_name(OptimizerKind kind) { return kind == OptimizerKind::sgd ? "sgd" : "adamw"; }
+
+void TrainerConfig::validate() const {
+    ENGINE_CHECK(per_device_train_batch_size > 0,
+                 "per_device_train_batch_size must be positive, got " << per_device_train_batch_size);
+    ENGINE_CHECK(gradient_accumulation_steps > 0,
+                 "gradient_accumulation_steps must be positive, got " << gradient_accumulation_steps);
+    ENGINE_CHECK(std::isfinite(learning_rate) && learning_rate >= 0.0, "learning_rate must be >= 0, got " << learning_rate);
+    ENGINE_CHECK(std::isfinite(weight_decay) && weight_decay >= 0.0, "weight_decay must be >= 0, got " << weight_decay);
+    ENGINE_CHECK(adam_beta1 >= 0.0 && adam_beta1 < 1.0, "adam_beta1 must be in [0,1), got " << adam_beta1);
+    ENGINE_CHECK(adam_beta2 >= 0.0 && adam_beta2 < 1.0, "adam_beta2 must be in [0,1), got " << adam_beta2);
+    ENGINE_CHECK(std::isfinite(adam_epsilon) && adam_epsilon > 0.0, "adam_epsilon must be > 0, got " << adam_epsilon);
+    ENGINE_CHECK(!std::isnan(max_grad_norm), "max_grad_norm is NaN");
+    parse_schedule_type(lr_scheduler_type);
+    ENGINE_CHECK(warmup_steps >= 0, "warmup_steps must be >= 0, got " << warmup_steps);
+    ENGINE_CHECK(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0, "min_lr_ratio must be in [0,1], got " << min_lr_ratio);
+    ENGINE_CHECK(max_steps >= 0, "max_steps must be >= 0, got " << max_steps);
+    ENGINE_CHECK(logging_steps > 0, "logging_steps must be positive, got " << logging_steps);
+    ENGINE_CHECK(std::isfinite(sgd_momentum) && sgd_momentum >= 0.0, "sgd_momentum must be >= 0, got " << sgd_momentum);
+    ENGINE_CHECK(every_n_layers >= 1, "every_n_layers must be >= 1, got " << every_n_layers);
+    ENGINE_CHECK(segment_size >= 0, "segment_size must be >= 0 (0 = sqrt), got " << segment_size);
+}
+
+namespace {
+
+ScheduleConfig schedule_config(const TrainerConfig& config) {
+    config.validate();
+    ScheduleConfig schedule;
+    schedule.type = parse_schedule_type(config.lr_scheduler_type);
+    schedule.learning_rate = config.learning_rate;
+    schedule.warmup_steps = config.warmup_steps;
+    schedule.total_steps = config.max_steps;
+    schedule.min_lr_ratio = config.min_lr_ratio;
+    return schedule;
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const nn::GPT& model, const TrainerConfig& config) {
+    if (config.optimizer == OptimizerKind::sgd)
+        return std::make_unique<SGD>(model.named_parameters(),
+                                     SGDOptions{config.learning_rate, config.sgd_momentum, config.weight_decay});
+    return std::make_unique<AdamW>(model.named_parameters(),
+                                   AdamWOptions{config.learning_rate, config.adam_beta1, config.adam_beta2,
+                                                config.adam_epsilon, config.weight_decay});
+}
+
+void synchronize_device(Device device) {
+#if ENGINE_HAS_CUDA
+    if (device == Device::cuda) cuda::synchronize();
+#else
+    (void)device;
+#endif
+}
+
+} // namespace
+
+Trainer::Trainer(nn::GPT& model, const TrainerConfig& config)
+    : model_(model), config_(config), schedule_(schedule_config(config)) {
+    checkpoint::CheckpointPolicy policy;
+    policy.enabled = config.gradient_checkpointing;
+    policy.every_n_layers = config.every_n_layers;
+    policy.segment_size = config.segment_size;
+    policy.offload = config.offload;
+    model_.set_checkpointing(policy);
+    parameters_ = model_.parameters();
+    optimizer_ = make_optimizer(model_, config_);
+    manual_seed(config_.seed);
+}
+
+void Trainer::set_loss_function(LossFunction loss_function, bool loss_is_scaled_for_ga, TargetCounting counting) {
+    loss_function_ = std::move(loss_function);
+    loss_is_scaled_for_ga_ = loss_is_scaled_for_ga;
+    counting_ = counting;
+}
+
+Tensor Trainer::shift_targets(const nn::Batch& batch) {
+    if (batch.shift_labels.defined()) return batch.shift_labels.to(Device::cpu);
+    const int64_t rows = batch.labels.size(0);
+    const int64_t time = batch.labels.size(1);
+    const std::vector<int32_t> labels = batch.labels.to_vector<int32_t>();
+    std::vector<int32_t> targets(labels.size(), default_ignore_index); // (B,T)
+    for (int64_t row = 0; row < rows; ++row)
+        for (int64_t t = 0; t + 1 < time; ++t) targets[row * time + t] = labels[row * time + t + 1];
+    return Tensor::from_vector<int32_t>(targets, {rows, time}, Device::cpu);
+}
+
+int64_t Trainer::count_targets(const nn::Batch& batch) const {
+    const Tensor counted = counting_ == TargetCounting::all_labels ? batch.labels : shift_targets(batch);
+    int64_t count = 0;
+    for (int32_t label : counted.to_vector<int32_t>()) count += label != default_ignore_index ? 1 : 0;
+    return count;
+}
+
+void Trainer::validate_batch(const nn::Batch& batch, size_t index) const {
+    const std::string where = "trainer: micro-batch " + std::to_string(index);
+    const nn::GPTConfig& model = model_.config();
+    ENGINE_CHECK(batch.inputs.defined() && batch.inputs.dim() == 2 && batch.inputs.dtype() == DType::i32,
+                 where << ": inputs must be a (B,T) i32 tensor, got "
+                       << (batch.inputs.defined() ? batch.inputs.describe() : std::string("none")));
+    const int64_t rows = batch.inputs.size(0);
+    const int64_t time = batch.inputs.size(1);
+    ENGINE_CHECK(rows > 0 && time > 0, where << ": empty inputs " << batch.inputs.describe());
+    ENGINE_CHECK(time <= model.max_seq_len,
+                 where << ": sequence length " << time << " exceeds the model maximum " << model.max_seq_len);
+    for (int32_t token : batch.inputs.to_vector<int32_t>())
+        ENGINE_CHECK(token >= 0 && token < model.vocab_size,
+                     where << ": input token " << token << " is outside the vocabulary [0," << model.vocab_size << ")");
+    const bool builtin_loss = !loss_function_;
+    const bool need_labels = !batch.shift_labels.defined() || counting_ == TargetCounting::all_labels;
+    ENGINE_CHECK(!need_labels || batch.labels.defined(), where << ": no labels (and no shift_labels)");
+    for (const Tensor* labels : {&batch.labels, &batch.shift_labels}) {
+        if (!labels->defined()) continue;
+        ENGINE_CHECK(labels->dtype() == DType::i32, where << ": labels " << labels->describe() << " must be i32");
+        if (!builtin_loss && counting_ == TargetCounting::all_labels) continue; // a custom loss owns their shape
+        ENGINE_CHECK(labels->shape() == batch.inputs.shape(),
+                     where << ": labels " << labels->describe() << " do not match inputs " << batch.inputs.describe());
+        if (!builtin_loss) continue;
+        for (int32_t label : labels->to_vector<int32_t>())
+            ENGINE_CHECK(label == default_ignore_index || (label >= 0 && label < model.vocab_size),
+                         where << ": label " << label << " is neither -100 nor in the vocabulary [0,"
+                               << model.vocab_size << ")");
+    }
+}
+
+Tensor Trainer::micro_batch_loss(const Tensor& logits, const nn::Batch& batch, const Tensor& targets,
+                                 const Accumulation& window, double* reported) {
+    const double micro_batches = static_cast<double>(window.micro_batches);
+    if (loss_function_) {
+        Tensor loss = loss_function_(logits, batch, window.num_items_in_batch);
+        ENGINE_CHECK(loss.defined() && loss.numel() == 1, "trainer: the custom loss must return one value");
+        if (!loss_is_scaled_for_ga_) loss = multiply(loss, 1.0 / micro_batches);
+        *reported = loss.item();
+        return loss;
+    }
+    if (config_.loss_normalization == LossNormalization::tokens) {
+        Tensor token_sum = cross_entropy(logits, targets, Reduction::sum);
+        *reported = token_sum.item();
+        return multiply(token_sum, 1.0 / static_cast<double>(window.num_items_in_batch));
+    }
+    Tensor batch_mean = cross_entropy(logits, targets, Reduction::mean);
+    *reported = batch_mean.item() * static_cast<double>(count_targets(batch)); // back to a token sum
+    return multiply(batch_mean, 1.0 / micro_batches);
+}
+
+Accumulation Trainer::accumulate_gradients(const std::vector<nn::Batch>& batches) {
+    const Device device = model_.device();
+    synchronize_device(device);
+    reset_peak(device);
+    window_start_ = std::chrono::steady_clock::now();
+
+    ENGINE_CHECK(!batches.empty(), "trainer: an accumulation window needs at least one micro-batch");
+    ENGINE_CHECK(static_cast<int>(batches.size()) <= config_.gradient_accumulation_steps,
+                 "trainer: " << batches.size() << " micro-batches exceed gradient_accumulation_steps "
+                             << config_.gradient_accumulation_steps);
+    // Everything is checked and counted before the first forward: the normaliser must be known before the
+    // first backward, and a bad batch must be found before any gradient moves.
+    Accumulation window;
+    window.micro_batches = static_cast<int>(batches.size());
+    for (size_t index = 0; index < batches.size(); ++index) {
+        validate_batch(batches[index], index);
+        window.num_items_in_batch += count_targets(batches[index]);
+        window.tokens += batches[index].inputs.numel();
+    }
+    ENGINE_CHECK(loss_function_ || window.num_items_in_batch > 0,
+                 "trainer: the " << batches.size() << " micro-batches of this step hold no valid target (all -100)");
+
+    try {
+        for (const nn::Batch& batch : batches) {
+            const Tensor inputs = batch.inputs.to(device, MemoryCategory::activations);
+            const Tensor targets = loss_function_ ? Tensor() : shift_targets(batch).to(device, MemoryCategory::activations);
+            const Tensor logits = model_.forward(inputs); // (B,T,V)
+            double reported = 0.0;
+            const Tensor loss = micro_batch_loss(logits, batch, targets, window, &reported);
+            backward(loss);
+            window.loss_sum += reported;
+        }
+    } catch (...) {
+        // Leave the model as the step found it: no half-accumulated gradients, no dangling tape.
+        current_tape().clear();
+        optimizer_->zero_grad();
+        throw;
+    }
+    return window;
+}
+
+StepResult Trainer::apply_update(const Accumulation& window) {
+    StepResult result;
+    result.learning_rate = schedule_.at(step());
+    result.grad_norm = global_grad_norm(parameters_);
+    optimizer_->set_learning_rate(result.learning_rate);
+    optimizer_->step(clip_coefficient(result.grad_norm, config_.max_grad_norm)); // the one clip of this step
+    optimizer_->zero_grad();
+
+    synchronize_device(model_.device());
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start_).count();
+    result.step = step();
+    result.loss = loss_function_ ? window.loss_sum
+                                 : window.loss_sum / static_cast<double>(window.num_items_in_batch);
+    result.tokens = window.tokens;
+    result.num_items_in_batch = window.num_items_in_batch;
+    result.micro_batches = window.micro_batches;
+    result.tokens_per_second = result.seconds > 0.0 ? static_cast<double>(window.tokens) / result.seconds : 0.0;
+    result.memory = memory_stats(model_.device());
+    return result;
+}
+
+std::optional<StepResult> Trainer::train_step(const nn::BatchSource& source) {
+    std::vector<nn::Batch> batches;
+    while (static_cast<int>(batches.size()) < config_.gradient_accumulation_steps) {
+        std::optional<nn::Batch> batch = source();
+        if (!batch) break; // a last partial window normalises by what it has
+        batches.push_back(std::move(*batch));
+    }
+    if (batches.empty()) return std::nullopt;
+    return apply_update(accumulate_gradients(batches));
+}
+
+} // namespace engine::optim

@@ -1,0 +1,108 @@
+// Training-state capture and restore over the trainer's public surface: named parameters, the optimizer's
+// named state and step count, the thread's RNG stream and the loader cursor.
+#include "optim/training_state.h"
+
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/random.h"
+
+namespace engine::optim {
+namespace {
+
+constexpr const char* format_name = "libengine-training-state";
+const std::string model_prefix = "model.";
+const std::string optimizer_prefix = "optimizer.";
+
+nlohmann::json parse_object(const std::string& text, const std::string& what) {
+    nlohmann::json parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    ENGINE_CHECK(!parsed.is_discarded() && parsed.is_object(), what << " is not a JSON object: " << text);
+    return parsed;
+}
+
+} // namespace
+
+io::TrainingState capture_training_state(Trainer& trainer, const nn::DataLoader* loader,
+                                         const std::string& config_json) {
+    io::TrainingState state;
+    const RngState rng = rng_state();
+    nlohmann::json metadata = {
+        {"format", format_name},
+        {"step", trainer.step()},
+        {"optimizer", optimizer_kind_name(trainer.config().optimizer)},
+        {"rng", {{"seed", rng.seed}, {"offset", rng.offset}}},
+        {"config", parse_object(config_json, "training config")},
+    };
+    if (loader != nullptr) metadata["loader"] = parse_object(loader->cursor().to_json(), "loader cursor");
+    state.metadata_json = metadata.dump();
+    for (const auto& [name, parameter] : trainer.model().named_parameters())
+        state.add_tensor(model_prefix + name, parameter);
+    for (const auto& [name, tensor] : trainer.optimizer().named_state()) state.add_tensor(optimizer_prefix + name, tensor);
+    return state;
+}
+
+void restore_training_state(const io::TrainingState& state, Trainer& trainer, nn::DataLoader* loader) {
+    const nlohmann::json metadata = parse_object(state.metadata_json, "training-state metadata");
+    auto field = [&](const char* key) -> const nlohmann::json& {
+        ENGINE_CHECK(metadata.contains(key), "training state: metadata has no '" << key << "'");
+        return metadata[key];
+    };
+    ENGINE_CHECK(field("format") == format_name, "training state: format is " << field("format").dump()
+                                                                               << ", expected " << format_name);
+    ENGINE_CHECK(field("step").is_number_integer() && field("step").get<int64_t>() >= 0,
+                 "training state: step must be a non-negative integer");
+    const std::string optimizer = optimizer_kind_name(trainer.config().optimizer);
+    ENGINE_CHECK(field("optimizer") == optimizer, "training state was saved with optimizer "
+                                                      << field("optimizer").dump() << ", this run uses " << optimizer);
+    const nlohmann::json& rng = field("rng");
+    ENGINE_CHECK(rng.is_object() && rng.contains("seed") && rng["seed"].is_number_unsigned() &&
+                     rng.contains("offset") && rng["offset"].is_number_unsigned(),
+                 "training state: rng must be {\"seed\":uint,\"offset\":uint}");
+
+    // Validate every destination before the first write, so that a mismatch leaves the run untouched.
+    std::vector<std::pair<std::string, Tensor>> targets;
+    for (const auto& [name, parameter] : trainer.model().named_parameters()) targets.emplace_back(model_prefix + name, parameter);
+    for (const auto& [name, tensor] : trainer.optimizer().named_state()) targets.emplace_back(optimizer_prefix + name, tensor);
+    ENGINE_CHECK(targets.size() == state.tensors.size(), "training state holds " << state.tensors.size()
+                                                         << " tensors, this model and optimizer have " << targets.size());
+    for (const auto& [name, tensor] : targets) {
+        const io::StateTensor* stored = state.find(name);
+        ENGINE_CHECK(stored != nullptr, "training state has no tensor " << name);
+        ENGINE_CHECK(stored->dtype == tensor.dtype() && stored->shape == tensor.shape(),
+                     "training state tensor " << name << " is " << shape_string(stored->shape) << " "
+                                              << dtype_name(stored->dtype) << ", this run has " << tensor.describe());
+    }
+    std::optional<nn::LoaderCursor> cursor;
+    if (loader != nullptr) {
+        cursor = nn::LoaderCursor::from_json(field("loader").dump());
+        loader->restore(*cursor); // throws, changing nothing, when the cursor does not fit this data
+    }
+
+    for (auto& [name, tensor] : targets) state.copy_into(name, tensor);
+    trainer.optimizer().set_step_count(field("step").get<int64_t>());
+    rng_state() = RngState{rng["seed"].get<uint64_t>(), rng["offset"].get<uint64_t>()};
+}
+
+std::string save_training_state(const std::string& directory, Trainer& trainer, const nn::DataLoader* loader,
+                                const std::string& config_json) {
+    return io::save_state_rotating(directory, static_cast<uint64_t>(trainer.step()),
+                                   capture_training_state(trainer, loader, config_json));
+}
+
+ResumedRun resume_training_state(const std::string& directory, Trainer& trainer, nn::DataLoader* loader) {
+    io::LoadedState loaded = io::load_latest_state(directory);
+    try {
+        restore_training_state(loaded.state, trainer, loader);
+    } catch (const EngineError& error) {
+        throw EngineError(loaded.path + ": " + error.what());
+    }
+    ResumedRun run;
+    run.step = trainer.step();
+    run.path = loaded.path;
+    run.refused_reason = loaded.refused_reason;
+    run.config_json = parse_object(loaded.state.metadata_json, "training-state metadata")["config"].dump();
+    return run;
+}
+
+} // namespace engine::optim

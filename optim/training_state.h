@@ -1,0 +1,36 @@
+// Saving and resuming a training run: model weights, optimizer moments and step, the engine RNG position,
+// the data-loader cursor and the run's config, in the rotating, checksummed state files of
+// engine/io/state_file.h. Restoring into a fresh model, trainer and loader continues bitwise.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/io/state_file.h"
+#include "nn/io/token_data.h"
+#include "optim/trainer.h"
+
+namespace engine::optim {
+
+// Tensor names inside the file: "model.<parameter>" and "optimizer.<state>" (optimizer.h's names).
+io::TrainingState capture_training_state(Trainer& trainer, const nn::DataLoader* loader,
+                                         const std::string& config_json = "{}");
+
+// All or nothing: checks every tensor's presence, dtype and shape, the optimizer kind and the cursor before
+// changing anything; throws EngineError naming what does not match. `loader` may be null when none was saved.
+void restore_training_state(const io::TrainingState& state, Trainer& trainer, nn::DataLoader* loader);
+
+// save_state_rotating(directory, trainer.step(), capture_training_state(...)); returns the path written.
+std::string save_training_state(const std::string& directory, Trainer& trainer, const nn::DataLoader* loader,
+                                const std::string& config_json = "{}");
+
+struct ResumedRun {
+    int64_t step = 0;
+    std::string path;           // the state file used
+    std::string refused_reason; // non-empty when the newest file failed validation and an older one was used
+    std::string config_json;    // the config saved with the state
+};
+// load_latest_state(directory) then restore_training_state.
+ResumedRun resume_training_state(const std::string& directory, Trainer& trainer, nn::DataLoader* loader);
+
+} // namespace engine::optim

@@ -1,0 +1,92 @@
+// The device layer: caching allocator reuse, copies through the compute stream, the pinned pool, and the
+// "no CUDA device" error path.
+#include <numeric>
+
+#include "engine/cuda/runtime.h"
+#include "engine/error.h"
+#include "engine/memory.h"
+#include "tests/cuda/cuda_test.h"
+
+namespace engine::test {
+namespace {
+
+using DeviceLayerTest = CudaKernelTest;
+
+TEST(DeviceLayerWithoutDevice, InitializationFailsWithAReason) {
+    if (engine::cuda::device_available()) GTEST_SKIP() << "a CUDA device is present";
+    try {
+        engine::cuda::ensure_initialized();
+        FAIL() << "ensure_initialized() succeeded without a device";
+    } catch (const engine::EngineError& error) {
+        EXPECT_NE(std::string(error.what()).find("no CUDA device"), std::string::npos) << error.what();
+    }
+}
+
+TEST_F(DeviceLayerTest, CachingAllocatorReusesFreedBlocks) {
+    constexpr size_t bytes = (size_t(3) << 20) + 123; // a large size class
+    void* first = engine::allocate_bytes(Device::cuda, bytes, MemoryCategory::activations);
+    engine::deallocate_bytes(Device::cuda, first, bytes, MemoryCategory::activations);
+    const size_t before = engine::cuda::system_allocation_count();
+    const size_t stats_before = engine::memory_stats(Device::cuda).system_allocations;
+    for (int round = 0; round < 10; ++round) {
+        void* again = engine::allocate_bytes(Device::cuda, bytes, MemoryCategory::activations);
+        engine::deallocate_bytes(Device::cuda, again, bytes, MemoryCategory::activations);
+    }
+    EXPECT_EQ(engine::cuda::system_allocation_count(), before);
+    EXPECT_EQ(engine::memory_stats(Device::cuda).system_allocations, stats_before);
+}
+
+TEST_F(DeviceLayerTest, SmallSizesShareAClass) {
+    void* first = engine::allocate_bytes(Device::cuda, 1000, MemoryCategory::workspace);
+    engine::deallocate_bytes(Device::cuda, first, 1000, MemoryCategory::workspace);
+    const size_t before = engine::cuda::system_allocation_count();
+    void* second = engine::allocate_bytes(Device::cuda, 1020, MemoryCategory::workspace); // same 1024 B class
+    engine::deallocate_bytes(Device::cuda, second, 1020, MemoryCategory::workspace);
+    EXPECT_EQ(engine::cuda::system_allocation_count(), before);
+}
+
+TEST_F(DeviceLayerTest, CopyRoundTripAndZero) {
+    constexpr size_t count = 1234567;
+    std::vector<float> host(count);
+    std::iota(host.begin(), host.end(), 0.5f);
+    const size_t bytes = count * sizeof(float);
+    void* device = engine::allocate_bytes(Device::cuda, bytes, MemoryCategory::activations);
+    void* device_copy = engine::allocate_bytes(Device::cuda, bytes, MemoryCategory::activations);
+    engine::cuda::copy(device, Device::cuda, host.data(), Device::cpu, bytes);
+    engine::cuda::copy(device_copy, Device::cuda, device, Device::cuda, bytes);
+    std::vector<float> back(count, -1.0f);
+    engine::cuda::copy(back.data(), Device::cpu, device_copy, Device::cuda, bytes); // returns once written
+    EXPECT_EQ(back, host);
+    engine::cuda::zero(device_copy, bytes);
+    engine::cuda::copy(back.data(), Device::cpu, device_copy, Device::cuda, bytes);
+    EXPECT_EQ(back, std::vector<float>(count, 0.0f));
+    engine::deallocate_bytes(Device::cuda, device, bytes, MemoryCategory::activations);
+    engine::deallocate_bytes(Device::cuda, device_copy, bytes, MemoryCategory::activations);
+}
+
+TEST_F(DeviceLayerTest, PinnedPoolReusesBlocksAndServesCopies) {
+    constexpr size_t bytes = 4096 + 7;
+    auto* pinned = static_cast<unsigned char*>(engine::allocate_bytes(Device::cpu, bytes, MemoryCategory::pinned_host));
+    for (size_t i = 0; i < bytes; ++i) pinned[i] = static_cast<unsigned char>(i * 31);
+    void* device = engine::allocate_bytes(Device::cuda, bytes, MemoryCategory::activations);
+    engine::cuda::copy(device, Device::cuda, pinned, Device::cpu, bytes);
+    std::vector<unsigned char> back(bytes);
+    engine::cuda::copy(back.data(), Device::cpu, device, Device::cuda, bytes);
+    EXPECT_EQ(std::vector<unsigned char>(pinned, pinned + bytes), back);
+    engine::deallocate_bytes(Device::cpu, pinned, bytes, MemoryCategory::pinned_host);
+    engine::deallocate_bytes(Device::cuda, device, bytes, MemoryCategory::activations);
+    const size_t before = engine::cuda::system_allocation_count();
+    void* again = engine::allocate_bytes(Device::cpu, bytes, MemoryCategory::pinned_host);
+    engine::deallocate_bytes(Device::cpu, again, bytes, MemoryCategory::pinned_host);
+    EXPECT_EQ(engine::cuda::system_allocation_count(), before);
+}
+
+TEST_F(DeviceLayerTest, TooLargeAllocationRaisesOutOfMemory) {
+    EXPECT_THROW(engine::allocate_bytes(Device::cuda, size_t(1) << 50, MemoryCategory::activations),
+                 engine::OutOfMemoryError);
+    void* after = engine::allocate_bytes(Device::cuda, 4096, MemoryCategory::activations); // still usable
+    engine::deallocate_bytes(Device::cuda, after, 4096, MemoryCategory::activations);
+}
+
+} // namespace
+} // namespace engine::test

@@ -1,0 +1,123 @@
+// CUDA vs CPU for the layer kernels: GEMM (every transpose, fp32 and TF32), layernorm, attention and
+// cross-entropy. Outputs are poisoned with NaN; += outputs start from identical random contents.
+#include "engine/cuda/runtime.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "tests/cuda/compare.h"
+#include "tests/cuda/cuda_test.h"
+
+namespace engine::test {
+namespace {
+
+namespace cpu = engine::kernels::cpu;
+namespace gpu = engine::kernels::cuda;
+
+using LayerKernelTest = CudaKernelTest;
+
+void check_gemm(LayerKernelTest& test, bool transpose_a, bool transpose_b, Tolerance tolerance) {
+    constexpr int m = 37, n = 53, k = 29;
+    const auto a = test.random_floats(size_t(m) * k), b = test.random_floats(size_t(k) * n);
+    auto c = test.random_floats(size_t(m) * n);
+    DeviceBuffer<float> a_device(a), b_device(b), c_device(c);
+    cpu::gemm(c.data(), a.data(), b.data(), m, n, k, transpose_a, transpose_b, 0.7f, 0.3f);
+    gpu::gemm(c_device.get(), a_device.get(), b_device.get(), m, n, k, transpose_a, transpose_b, 0.7f, 0.3f,
+              test.stream);
+    EXPECT_TRUE(all_close(c_device.to_host(), c, tolerance,
+                          "gemm transpose_a=" + std::to_string(transpose_a) +
+                              " transpose_b=" + std::to_string(transpose_b)));
+}
+
+TEST_F(LayerKernelTest, GemmFp32EveryTranspose) {
+    for (const bool transpose_a : {false, true}) {
+        for (const bool transpose_b : {false, true}) check_gemm(*this, transpose_a, transpose_b, Tolerance{1e-5, 1e-4});
+    }
+}
+
+TEST_F(LayerKernelTest, GemmTf32EveryTranspose) {
+    engine::cuda::set_tf32_enabled(true);
+    for (const bool transpose_a : {false, true}) {
+        for (const bool transpose_b : {false, true}) check_gemm(*this, transpose_a, transpose_b, Tolerance{2e-2, 1e-2});
+    }
+    engine::cuda::set_tf32_enabled(false);
+}
+
+TEST_F(LayerKernelTest, Layernorm) {
+    for (const int C : {48, 1001}) {
+        constexpr int N = 3 * 37;
+        const auto inp = random_floats(size_t(N) * C, 2.0f, 4.0f); // a large mean exercises the centring
+        const auto weight = random_floats(C), bias = random_floats(C), dout = random_floats(size_t(N) * C);
+        std::vector<float> out(size_t(N) * C), mean(N), rstd(N);
+        auto dinp = random_floats(size_t(N) * C), dweight = random_floats(C), dbias = random_floats(C);
+        DeviceBuffer<float> inp_device(inp), weight_device(weight), bias_device(bias), dout_device(dout);
+        DeviceBuffer<float> out_device(nan_filled(out.size())), mean_device(nan_filled(N)), rstd_device(nan_filled(N));
+        DeviceBuffer<float> dinp_device(dinp), dweight_device(dweight), dbias_device(dbias);
+        cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
+        cpu::layernorm_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(),
+                                mean.data(), rstd.data(), N, C);
+        gpu::layernorm_forward(out_device.get(), mean_device.get(), rstd_device.get(), inp_device.get(),
+                               weight_device.get(), bias_device.get(), N, C, stream);
+        gpu::layernorm_backward(dinp_device.get(), dweight_device.get(), dbias_device.get(), dout_device.get(),
+                                inp_device.get(), weight_device.get(), mean_device.get(), rstd_device.get(), N, C,
+                                stream);
+        const std::string size = " C=" + std::to_string(C);
+        EXPECT_TRUE(all_close(out_device.to_host(), out, Tolerance{1e-5, 1e-4}, "layernorm out" + size));
+        EXPECT_TRUE(all_close(mean_device.to_host(), mean, Tolerance{1e-5, 1e-5}, "layernorm mean" + size));
+        EXPECT_TRUE(all_close(rstd_device.to_host(), rstd, Tolerance{1e-5, 1e-4}, "layernorm rstd" + size));
+        EXPECT_TRUE(all_close(dinp_device.to_host(), dinp, Tolerance{1e-4, 1e-3}, "layernorm dinp" + size));
+        EXPECT_TRUE(all_close(dweight_device.to_host(), dweight, Tolerance{1e-4, 1e-4}, "layernorm dweight" + size));
+        EXPECT_TRUE(all_close(dbias_device.to_host(), dbias, Tolerance{1e-4, 1e-4}, "layernorm dbias" + size));
+    }
+}
+
+// Head sizes 12 (under a warp) and 80 (over two warps' worth, not a multiple of 32); T spans two key chunks.
+TEST_F(LayerKernelTest, AttentionForwardAndBackward) {
+    struct Shape {
+        int B, T, C, NH;
+    };
+    for (const Shape shape : {Shape{3, 37, 48, 4}, Shape{2, 45, 160, 2}}) {
+        const auto [B, T, C, NH] = shape;
+        const size_t tokens = size_t(B) * T;
+        const auto qkv = random_floats(tokens * 3 * C), dout = random_floats(tokens * C);
+        std::vector<float> out(tokens * C), logsumexp(size_t(B) * NH * T);
+        auto dqkv = random_floats(tokens * 3 * C);
+        DeviceBuffer<float> qkv_device(qkv), dout_device(dout), dqkv_device(dqkv);
+        DeviceBuffer<float> out_device(nan_filled(out.size())), logsumexp_device(nan_filled(logsumexp.size()));
+        cpu::attention_forward(out.data(), logsumexp.data(), qkv.data(), B, T, C, NH);
+        cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), logsumexp.data(), B, T, C, NH);
+        gpu::attention_forward(out_device.get(), logsumexp_device.get(), qkv_device.get(), B, T, C, NH, stream);
+        gpu::attention_backward(dqkv_device.get(), dout_device.get(), qkv_device.get(), out_device.get(),
+                                logsumexp_device.get(), B, T, C, NH, stream);
+        const std::string size = " C=" + std::to_string(C) + " NH=" + std::to_string(NH);
+        EXPECT_TRUE(all_close(out_device.to_host(), out, Tolerance{1e-5, 1e-4}, "attention out" + size));
+        EXPECT_TRUE(all_close(logsumexp_device.to_host(), logsumexp, Tolerance{1e-5, 1e-5}, "logsumexp" + size));
+        EXPECT_TRUE(all_close(dqkv_device.to_host(), dqkv, Tolerance{5e-5, 5e-4}, "attention dqkv" + size));
+    }
+}
+
+TEST_F(LayerKernelTest, AttentionRejectsOversizedHeads) {
+    const int C = 2 * (gpu::attention_max_head_size + 32);
+    EXPECT_THROW(gpu::attention_forward(nullptr, nullptr, nullptr, 1, 1, C, 2, stream), engine::EngineError);
+}
+
+TEST_F(LayerKernelTest, CrossEntropyForwardAndBackward) {
+    constexpr int N = 3 * 37, V = 301, ignore_index = -100;
+    const auto logits = random_floats(size_t(N) * V, -8.0f, 8.0f), dlosses = random_floats(N);
+    auto targets = random_ints(N, 0, V - 1);
+    targets[0] = targets[N - 1] = ignore_index;
+    std::vector<float> losses(N);
+    auto dlogits = random_floats(size_t(N) * V);
+    DeviceBuffer<float> logits_device(logits), dlosses_device(dlosses), losses_device(nan_filled(N));
+    DeviceBuffer<float> dlogits_device(dlogits);
+    DeviceBuffer<int32_t> targets_device(targets);
+    cpu::cross_entropy_forward(losses.data(), logits.data(), targets.data(), N, V, ignore_index);
+    cpu::cross_entropy_backward(dlogits.data(), dlosses.data(), logits.data(), targets.data(), N, V, ignore_index);
+    gpu::cross_entropy_forward(losses_device.get(), logits_device.get(), targets_device.get(), N, V, ignore_index,
+                               stream);
+    gpu::cross_entropy_backward(dlogits_device.get(), dlosses_device.get(), logits_device.get(), targets_device.get(),
+                                N, V, ignore_index, stream);
+    EXPECT_TRUE(all_close(losses_device.to_host(), losses, Tolerance{1e-5, 1e-5}, "cross_entropy losses"));
+    EXPECT_TRUE(all_close(dlogits_device.to_host(), dlogits, Tolerance{2e-6, 1e-5}, "cross_entropy dlogits"));
+}
+
+} // namespace
+} // namespace engine::test

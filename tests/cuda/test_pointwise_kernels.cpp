@@ -1,0 +1,177 @@
+// CUDA vs CPU for the pointwise and reduction kernels: embedding, bias, GELU, residual, dropout, sums,
+// elementwise helpers and the optimizer updates. Sizes are deliberately not multiples of any block size.
+#include <cstring>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "tests/cuda/compare.h"
+#include "tests/cuda/cuda_test.h"
+
+namespace engine::test {
+namespace {
+
+namespace cpu = engine::kernels::cpu;
+namespace gpu = engine::kernels::cuda;
+
+constexpr int B = 3, T = 37, C = 48, V = 301;
+constexpr int64_t N = int64_t(B) * T * C + 5; // flat kernels: an odd count
+constexpr Tolerance exact{0.0, 0.0};
+constexpr Tolerance pointwise{1e-6, 1e-5};
+
+using PointwiseKernelTest = CudaKernelTest;
+
+TEST_F(PointwiseKernelTest, EmbeddingForward) {
+    const auto tokens = random_ints(B * T, 0, V - 1);
+    const auto token_table = random_floats(size_t(V) * C), position_table = random_floats(size_t(T + 3) * C);
+    std::vector<float> expected(size_t(B) * T * C);
+    cpu::embedding_forward(expected.data(), tokens.data(), token_table.data(), position_table.data(), B, T, C);
+    DeviceBuffer<int32_t> tokens_device(tokens);
+    DeviceBuffer<float> token_device(token_table), position_device(position_table), out(nan_filled(expected.size()));
+    gpu::embedding_forward(out.get(), tokens_device.get(), token_device.get(), position_device.get(), B, T, C, stream);
+    EXPECT_TRUE(all_close(out.to_host(), expected, exact, "embedding out"));
+}
+
+TEST_F(PointwiseKernelTest, EmbeddingBackwardAccumulatesDeterministically) {
+    auto tokens = random_ints(B * T, 0, V - 1);
+    tokens[1] = tokens[0] = 7; // repeated tokens must accumulate, not overwrite
+    const auto dout = random_floats(size_t(B) * T * C);
+    auto dtoken = random_floats(size_t(V) * C), dposition = random_floats(size_t(T + 3) * C);
+    DeviceBuffer<int32_t> tokens_device(tokens);
+    DeviceBuffer<float> dout_device(dout), dtoken_device(dtoken), dposition_device(dposition);
+    cpu::embedding_backward(dtoken.data(), dposition.data(), dout.data(), tokens.data(), B, T, C);
+    gpu::embedding_backward(dtoken_device.get(), dposition_device.get(), dout_device.get(), tokens_device.get(), B, T,
+                            C, stream);
+    EXPECT_TRUE(all_close(dtoken_device.to_host(), dtoken, pointwise, "dtoken_table"));
+    EXPECT_TRUE(all_close(dposition_device.to_host(), dposition, pointwise, "dposition_table"));
+}
+
+TEST_F(PointwiseKernelTest, BiasForwardAndBackward) {
+    const int rows = B * T, columns = 3 * C + 1;
+    auto out = random_floats(size_t(rows) * columns);
+    const auto bias = random_floats(columns), dout = random_floats(size_t(rows) * columns);
+    auto dbias = random_floats(columns);
+    DeviceBuffer<float> out_device(out), bias_device(bias), dout_device(dout), dbias_device(dbias);
+    cpu::bias_add_forward(out.data(), bias.data(), rows, columns);
+    cpu::bias_backward(dbias.data(), dout.data(), rows, columns);
+    gpu::bias_add_forward(out_device.get(), bias_device.get(), rows, columns, stream);
+    gpu::bias_backward(dbias_device.get(), dout_device.get(), rows, columns, stream);
+    EXPECT_TRUE(all_close(out_device.to_host(), out, pointwise, "bias out"));
+    EXPECT_TRUE(all_close(dbias_device.to_host(), dbias, Tolerance{1e-5, 1e-5}, "dbias"));
+}
+
+TEST_F(PointwiseKernelTest, GeluForwardAndBackward) {
+    const auto inp = random_floats(N, -4.0f, 4.0f), dout = random_floats(N);
+    std::vector<float> expected(N);
+    auto dinp = random_floats(N);
+    DeviceBuffer<float> inp_device(inp), dout_device(dout), out(nan_filled(N)), dinp_device(dinp);
+    cpu::gelu_forward(expected.data(), inp.data(), N);
+    cpu::gelu_backward(dinp.data(), dout.data(), inp.data(), N);
+    gpu::gelu_forward(out.get(), inp_device.get(), N, stream);
+    gpu::gelu_backward(dinp_device.get(), dout_device.get(), inp_device.get(), N, stream);
+    EXPECT_TRUE(all_close(out.to_host(), expected, pointwise, "gelu out"));
+    EXPECT_TRUE(all_close(dinp_device.to_host(), dinp, pointwise, "gelu dinp"));
+}
+
+TEST_F(PointwiseKernelTest, ResidualForwardAndBackward) {
+    const auto a = random_floats(N), b = random_floats(N), dout = random_floats(N);
+    auto da = random_floats(N), db = random_floats(N);
+    std::vector<float> expected(N);
+    DeviceBuffer<float> a_device(a), b_device(b), dout_device(dout), out(nan_filled(N)), da_device(da), db_device(db);
+    cpu::residual_forward(expected.data(), a.data(), b.data(), N);
+    cpu::residual_backward(da.data(), db.data(), dout.data(), N);
+    cpu::residual_backward(da.data(), static_cast<float*>(nullptr), dout.data(), N); // one side absent
+    gpu::residual_forward(out.get(), a_device.get(), b_device.get(), N, stream);
+    gpu::residual_backward(da_device.get(), db_device.get(), dout_device.get(), N, stream);
+    gpu::residual_backward(da_device.get(), nullptr, dout_device.get(), N, stream);
+    EXPECT_TRUE(all_close(out.to_host(), expected, exact, "residual out"));
+    EXPECT_TRUE(all_close(da_device.to_host(), da, exact, "residual da"));
+    EXPECT_TRUE(all_close(db_device.to_host(), db, exact, "residual db"));
+}
+
+TEST_F(PointwiseKernelTest, DropoutMasksAreBitIdenticalToCpu) {
+    for (const float p : {0.0f, 0.1f, 0.5f}) {
+        const auto inp = random_floats(N), dout = random_floats(N);
+        auto dinp = random_floats(N);
+        const uint64_t rng_seed = generator(), offset = generator() % 100000;
+        std::vector<float> expected(N);
+        DeviceBuffer<float> inp_device(inp), dout_device(dout), out(nan_filled(N)), dinp_device(dinp);
+        cpu::dropout_forward(expected.data(), inp.data(), p, rng_seed, offset, N);
+        cpu::dropout_backward(dinp.data(), dout.data(), p, rng_seed, offset, N);
+        gpu::dropout_forward(out.get(), inp_device.get(), p, rng_seed, offset, N, stream);
+        gpu::dropout_backward(dinp_device.get(), dout_device.get(), p, rng_seed, offset, N, stream);
+        const auto actual = out.to_host();
+        int64_t mask_differences = 0;
+        for (int64_t i = 0; i < N; ++i) mask_differences += (actual[i] == 0.0f) != (expected[i] == 0.0f);
+        EXPECT_EQ(mask_differences, 0) << "p=" << p;
+        EXPECT_TRUE(all_close(actual, expected, pointwise, "dropout out p=" + std::to_string(p)));
+        EXPECT_TRUE(all_close(dinp_device.to_host(), dinp, pointwise, "dropout dinp p=" + std::to_string(p)));
+    }
+}
+
+TEST_F(PointwiseKernelTest, SumForwardBackwardAndSumOfSquares) {
+    const auto inp = random_floats(N);
+    const std::vector<float> dout = {0.75f};
+    auto dinp = random_floats(N);
+    const float scale = 1.0f / 3.0f;
+    float expected_sum = 0.0f;
+    double expected_squares = 0.0;
+    cpu::sum_forward(&expected_sum, inp.data(), N, scale);
+    cpu::sum_backward(dinp.data(), dout.data(), N, scale);
+    cpu::sum_of_squares(&expected_squares, inp.data(), N);
+    DeviceBuffer<float> inp_device(inp), dout_device(dout), sum(nan_filled(1)), dinp_device(dinp);
+    DeviceBuffer<double> squares(std::vector<double>{std::numeric_limits<double>::quiet_NaN()});
+    gpu::sum_forward(sum.get(), inp_device.get(), N, scale, stream);
+    gpu::sum_backward(dinp_device.get(), dout_device.get(), N, scale, stream);
+    gpu::sum_of_squares(squares.get(), inp_device.get(), N, stream);
+    EXPECT_TRUE(all_close(sum.to_host(), std::vector<float>{expected_sum}, Tolerance{1e-4, 1e-4}, "sum"));
+    EXPECT_TRUE(all_close(dinp_device.to_host(), dinp, pointwise, "sum dinp"));
+    EXPECT_TRUE(all_close(squares.to_host(), std::vector<double>{expected_squares}, Tolerance{1e-9, 1e-9},
+                          "sum_of_squares"));
+    // Deterministic: a second run gives the same bits.
+    const auto first = squares.to_host();
+    gpu::sum_of_squares(squares.get(), inp_device.get(), N, stream);
+    EXPECT_EQ(std::memcmp(first.data(), squares.to_host().data(), sizeof(double)), 0);
+}
+
+TEST_F(PointwiseKernelTest, FillScaleAxpy) {
+    auto x = random_floats(N), y = random_floats(N);
+    DeviceBuffer<float> x_device(x), y_device(y), filled(nan_filled(N));
+    std::vector<float> expected_fill(N);
+    cpu::fill(expected_fill.data(), 2.5f, N);
+    cpu::scale(x.data(), -1.75f, N);
+    cpu::axpy(y.data(), x.data(), 0.3f, N);
+    gpu::fill(filled.get(), 2.5f, N, stream);
+    gpu::scale(x_device.get(), -1.75f, N, stream);
+    gpu::axpy(y_device.get(), x_device.get(), 0.3f, N, stream);
+    EXPECT_TRUE(all_close(filled.to_host(), expected_fill, exact, "fill"));
+    EXPECT_TRUE(all_close(x_device.to_host(), x, pointwise, "scale"));
+    EXPECT_TRUE(all_close(y_device.to_host(), y, pointwise, "axpy"));
+}
+
+TEST_F(PointwiseKernelTest, AdamwUpdate) {
+    auto param = random_floats(N), m = random_floats(N, -0.1f, 0.1f), v = random_floats(N, 0.0f, 0.01f);
+    const auto grad = random_floats(N);
+    DeviceBuffer<float> param_device(param), grad_device(grad), m_device(m), v_device(v);
+    const float beta1 = 0.9f, beta2 = 0.95f, step = 3.0f;
+    const float correction1 = 1.0f - std::pow(beta1, step), correction2 = 1.0f - std::pow(beta2, step);
+    cpu::adamw_update(param.data(), grad.data(), m.data(), v.data(), N, 3e-4f, beta1, beta2, 1e-8f, 0.1f,
+                      correction1, correction2, 0.5f);
+    gpu::adamw_update(param_device.get(), grad_device.get(), m_device.get(), v_device.get(), N, 3e-4f, beta1, beta2,
+                      1e-8f, 0.1f, correction1, correction2, 0.5f, stream);
+    EXPECT_TRUE(all_close(param_device.to_host(), param, pointwise, "adamw param"));
+    EXPECT_TRUE(all_close(m_device.to_host(), m, pointwise, "adamw m"));
+    EXPECT_TRUE(all_close(v_device.to_host(), v, pointwise, "adamw v"));
+}
+
+TEST_F(PointwiseKernelTest, SgdUpdate) {
+    auto param = random_floats(N), buffer = random_floats(N);
+    const auto grad = random_floats(N);
+    DeviceBuffer<float> param_device(param), grad_device(grad), buffer_device(buffer);
+    cpu::sgd_update(param.data(), grad.data(), buffer.data(), N, 0.01f, 0.9f, 1e-4f, 0.8f);
+    gpu::sgd_update(param_device.get(), grad_device.get(), buffer_device.get(), N, 0.01f, 0.9f, 1e-4f, 0.8f, stream);
+    EXPECT_TRUE(all_close(param_device.to_host(), param, pointwise, "sgd param"));
+    EXPECT_TRUE(all_close(buffer_device.to_host(), buffer, pointwise, "sgd momentum buffer"));
+}
+
+} // namespace
+} // namespace engine::test

@@ -1,0 +1,155 @@
+// The analytic memory model (checkpoint/memory_model.h) against the allocator's accounting: every category's
+// predicted peak matches the measured one within 5% across model sizes, batch shapes, dtypes and policies.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "checkpoint/memory_model.h"
+#include "gradcheck.h"
+
+namespace engine::testing {
+namespace {
+
+using checkpoint::CheckpointPolicy;
+
+constexpr double tolerance = 0.05; // the bound on the model
+
+CheckpointPolicy policy_of(bool enabled, int every_n_layers, int segment_size, bool offload) {
+    CheckpointPolicy policy;
+    policy.enabled = enabled;
+    policy.every_n_layers = every_n_layers;
+    policy.segment_size = segment_size;
+    policy.offload = offload;
+    return policy;
+}
+
+struct Shape3 {
+    nn::GPTConfig config;
+    int batch;
+    int seq_len;
+    DType dtype;
+};
+
+nn::GPTConfig config_of(int vocab, int layers, int heads, int width, float dropout, int max_seq_len) {
+    nn::GPTConfig config;
+    config.vocab_size = vocab;
+    config.max_seq_len = max_seq_len;
+    config.n_layer = layers;
+    config.n_head = heads;
+    config.n_embd = width;
+    config.dropout = dropout;
+    return config;
+}
+
+struct Measured {
+    size_t parameters = 0, gradients = 0, activations = 0, workspace = 0, pinned_host = 0;
+};
+
+// One step exactly as predict_memory describes it, measured from the allocator.
+Measured measure(const Shape3& shape, const CheckpointPolicy& policy, std::mt19937_64& generator) {
+    current_tape().clear();
+    const MemoryStats empty = memory_stats(Device::cpu);
+    nn::GPT model(shape.config, 7, Device::cpu, shape.dtype);
+    model.train(true);
+    model.set_checkpointing(policy);
+    const MemoryStats built = memory_stats(Device::cpu);
+    Measured measured;
+    measured.parameters = built.current(MemoryCategory::parameters) - empty.current(MemoryCategory::parameters);
+    measured.gradients = built.current(MemoryCategory::gradients) - empty.current(MemoryCategory::gradients);
+
+    std::uniform_int_distribution<int32_t> token(0, shape.config.vocab_size - 1);
+    std::vector<int32_t> tokens(static_cast<size_t>(shape.batch * shape.seq_len)), targets(tokens.size());
+    for (int32_t& value : tokens) value = token(generator);
+    for (int32_t& value : targets) value = token(generator);
+    Tensor token_tensor = Tensor::from_vector(tokens, {shape.batch, shape.seq_len}, Device::cpu);
+    Tensor target_tensor = Tensor::from_vector(targets, {shape.batch, shape.seq_len}, Device::cpu);
+
+    const MemoryStats before = memory_stats(Device::cpu);
+    reset_peak(Device::cpu);
+    manual_seed(3);
+    {
+        Tensor loss;
+        {
+            Tensor logits = model.forward(token_tensor);
+            loss = multiply(cross_entropy(logits, target_tensor, Reduction::sum),
+                            1.0 / static_cast<double>(targets.size()));
+        }
+        backward(loss);
+    }
+    const MemoryStats after = memory_stats(Device::cpu);
+    auto rise = [&](MemoryCategory category) { return after.peak(category) - before.current(category); };
+    measured.activations = rise(MemoryCategory::activations);
+    measured.workspace = rise(MemoryCategory::workspace);
+    measured.pinned_host = rise(MemoryCategory::pinned_host);
+    return measured;
+}
+
+void expect_close(const char* what, size_t predicted, size_t measured, const std::string& context) {
+    const double error = measured == 0 ? (predicted == 0 ? 0.0 : 1.0)
+                                       : std::abs(static_cast<double>(predicted) - static_cast<double>(measured)) /
+                                             static_cast<double>(measured);
+    EXPECT_LE(error, tolerance) << context << ": " << what << " predicted " << predicted << " B, measured " << measured
+                                << " B";
+}
+
+TEST(MemoryModel, PredictsEveryCategoryWithinFivePercent) {
+    std::mt19937_64 generator = fresh_generator();
+    const std::vector<Shape3> shapes = {
+        {config_of(64, 6, 4, 32, 0.1f, 16), 2, 16, DType::f32},  // the checkpoint tests' model
+        {config_of(40, 3, 2, 16, 0.0f, 8), 1, 8, DType::f64},    // no dropout (dropout returns its input), f64
+        {config_of(50, 4, 3, 24, 0.2f, 16), 3, 12, DType::f32},  // odd sizes, T < max_seq_len
+        {config_of(256, 5, 4, 32, 0.1f, 8), 2, 8, DType::f32},   // logits dominate (V = 8 C)
+        {config_of(64, 9, 2, 16, 0.1f, 32), 1, 32, DType::f32},  // deeper, long sequence
+    };
+    const std::vector<CheckpointPolicy> policies = {
+        policy_of(false, 1, 1, false), policy_of(true, 1, 1, false), policy_of(true, 2, 1, false),
+        policy_of(true, 3, 1, false),  policy_of(true, 1, 2, false), policy_of(true, 1, 0, false),
+        policy_of(true, 1, 1, true),   policy_of(true, 2, 1, true),  policy_of(true, 1, 0, true),
+    };
+    for (const Shape3& shape : shapes) {
+        for (const CheckpointPolicy& policy : policies) {
+            const checkpoint::MemoryPrediction predicted =
+                checkpoint::predict_memory(shape.config, shape.batch, shape.seq_len, policy, shape.dtype,
+                                           checkpoint::OptimizerKind::none);
+            const Measured measured = measure(shape, policy, generator);
+            const std::string context = shape.config.to_string() + ", B " + std::to_string(shape.batch) + ", T " +
+                                        std::to_string(shape.seq_len) + ", " + dtype_name(shape.dtype) + ", " +
+                                        policy.to_string();
+            std::printf("  %-96s activations %8zu / %8zu B  workspace %7zu / %7zu B  (%s)\n", context.c_str(),
+                        predicted.activations, measured.activations, predicted.workspace, measured.workspace,
+                        predicted.activations_peak_moment.c_str());
+            expect_close("parameters", predicted.parameters, measured.parameters, context);
+            expect_close("gradients", predicted.gradients, measured.gradients, context);
+            expect_close("activations", predicted.activations, measured.activations, context);
+            expect_close("workspace", predicted.workspace, measured.workspace, context);
+            expect_close("pinned_host", predicted.pinned_host, measured.pinned_host, context);
+        }
+    }
+}
+
+TEST(MemoryModel, OptimizerStateAndOffloadTerms) {
+    const nn::GPTConfig config = config_of(64, 6, 4, 32, 0.1f, 16);
+    const auto adamw = checkpoint::predict_memory(config, 2, 16, policy_of(true, 1, 1, true), DType::f32,
+                                                  checkpoint::OptimizerKind::adamw);
+    const auto sgd = checkpoint::predict_memory(config, 2, 16, policy_of(true, 1, 1, true), DType::f32,
+                                                checkpoint::OptimizerKind::sgd);
+    EXPECT_EQ(adamw.optimizer_state, 2 * adamw.parameters);
+    EXPECT_EQ(sgd.optimizer_state, sgd.parameters);
+    EXPECT_EQ(adamw.pinned_host, 6u * 2 * 16 * 32 * sizeof(float)); // six segments of (B,T,C) f32
+    EXPECT_EQ(adamw.checkpointed_segments, 6);
+    EXPECT_EQ(adamw.recomputed_blocks, 6);
+}
+
+TEST(MemoryModel, PlanReportNamesThePolicyAndRejectsBadShapes) {
+    const nn::GPTConfig config = config_of(64, 6, 4, 32, 0.1f, 16);
+    const std::string report = checkpoint::plan_report(config, 2, 16, policy_of(true, 2, 1, false));
+    for (const char* fragment : {"every_n_layers 2", "[block 1 CP]", "[block 2 keep]", "activations", "pinned_host",
+                                 "3 segments"})
+        EXPECT_NE(report.find(fragment), std::string::npos) << "report lacks '" << fragment << "':\n" << report;
+    EXPECT_THROW(checkpoint::predict_memory(config, 2, 17, policy_of(false, 1, 1, false)), EngineError);
+    EXPECT_THROW(checkpoint::predict_memory(config, 0, 16, policy_of(false, 1, 1, false)), EngineError);
+    EXPECT_THROW(checkpoint::predict_memory(config, 2, 16, policy_of(true, 0, 1, false)), EngineError);
+}
+
+} // namespace
+} // namespace engine::testing
