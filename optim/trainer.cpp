@@ -193,9 +193,14 @@ Accumulation Trainer::accumulate_gradients(const std::vector<nn::Batch>& batches
         for (const nn::Batch& batch : batches) {
             const Tensor inputs = batch.inputs.to(device, MemoryCategory::activations);
             const Tensor targets = loss_function_ ? Tensor() : shift_targets(batch).to(device, MemoryCategory::activations);
-            const Tensor logits = model_.forward(inputs); // (B,T,V)
             double reported = 0.0;
-            const Tensor loss = micro_batch_loss(logits, batch, targets, window, &reported);
+            Tensor loss;
+            {
+                // The logits go out of scope before backward so that the loss node's backward frees them
+                // (B·T·V bytes: the largest activation of a GPT-2 step).
+                const Tensor logits = model_.forward(inputs); // (B,T,V)
+                loss = micro_batch_loss(logits, batch, targets, window, &reported);
+            }
             backward(loss);
             window.loss_sum += reported;
         }
