@@ -16,6 +16,7 @@
 #include "nn/io/safetensors.h"
 #include "nn/io/token_data.h"
 #include "optim/trainer.h"
+#include "optim/training_state.h"
 #include "train_gpt_options.h"
 
 namespace {
@@ -47,15 +48,6 @@ std::unique_ptr<nn::DataLoader> make_loader(const Options& options) {
     loader.drop_last = true;
     loader.device = options.resolved_device;
     return std::make_unique<nn::DataLoader>(load_training_tokens(options), loader);
-}
-
-checkpoint::CheckpointPolicy policy_of(const optim::TrainerConfig& trainer) {
-    checkpoint::CheckpointPolicy policy;
-    policy.enabled = trainer.gradient_checkpointing;
-    policy.every_n_layers = trainer.every_n_layers;
-    policy.segment_size = trainer.segment_size;
-    policy.offload = trainer.offload;
-    return policy;
 }
 
 nlohmann::json step_record(const optim::StepResult& result) {
@@ -93,13 +85,31 @@ std::string step_line(const optim::StepResult& result, int64_t max_steps) {
     return line.str();
 }
 
+// What a saved training state records about the run, for the reader of the file.
+std::string run_config_json(const Options& options) {
+    const optim::TrainerConfig& trainer = options.trainer;
+    return nlohmann::json{{"model", options.model_name},
+                          {"model_config", options.model.to_string()},
+                          {"seq_len", options.seq_len},
+                          {"data", options.data.empty() ? "built-in corpus" : options.data},
+                          {"per_device_train_batch_size", trainer.per_device_train_batch_size},
+                          {"gradient_accumulation_steps", trainer.gradient_accumulation_steps},
+                          {"learning_rate", trainer.learning_rate},
+                          {"lr_scheduler_type", trainer.lr_scheduler_type},
+                          {"max_steps", trainer.max_steps},
+                          {"seed", trainer.seed},
+                          {"optimizer", optim::optimizer_kind_name(trainer.optimizer)},
+                          {"gradient_checkpointing", trainer.gradient_checkpointing}}
+        .dump();
+}
+
 int run(const Options& options) {
     const optim::TrainerConfig& config = options.trainer;
     if (options.plan) {
         const auto kind = config.optimizer == optim::OptimizerKind::sgd ? checkpoint::OptimizerKind::sgd
                                                                         : checkpoint::OptimizerKind::adamw;
         std::cout << checkpoint::plan_report(options.model, config.per_device_train_batch_size, options.seq_len,
-                                             policy_of(config), DType::f32, kind);
+                                             config.checkpoint_policy(), DType::f32, kind);
         return 0;
     }
 
@@ -118,6 +128,20 @@ int run(const Options& options) {
         }
     }
     optim::Trainer trainer(model, config);
+    if (!options.resume.empty()) {
+        optim::ResumedRun resumed;
+        try {
+            resumed = optim::resume_training_state(options.resume, trainer, loader.get());
+        } catch (const EngineError& error) {
+            throw train_gpt::flag_error("--resume", error);
+        }
+        std::cout << "resumed from " << resumed.path << " at step " << resumed.step << "\n";
+        if (!resumed.refused_reason.empty()) std::cerr << "train_gpt: warning: " << resumed.refused_reason << "\n";
+        // Allowed (e.g. more --max-steps), but the run then no longer equals one uninterrupted run.
+        if (resumed.config_json != run_config_json(options))
+            std::cerr << "train_gpt: warning: flags differ from the saved run: saved " << resumed.config_json
+                      << ", now " << run_config_json(options) << "\n";
+    }
 
     std::ofstream log;
     if (!options.log.empty()) {
@@ -134,19 +158,25 @@ int run(const Options& options) {
               << " x " << config.gradient_accumulation_steps << " micro-batches = " << tokens_per_step
               << " tokens per step | loss normalization " << optim::loss_normalization_name(config.loss_normalization)
               << " | optimizer " << optim::optimizer_kind_name(config.optimizer) << " | checkpointing "
-              << policy_of(config).to_string() << "\n";
+              << config.checkpoint_policy().to_string() << "\n";
 
     const nn::BatchSource source = loader->source();
     double first_loss = 0.0, last_loss = 0.0, seconds = 0.0;
-    for (int64_t step = 1; step <= config.max_steps; ++step) {
+    const int64_t first_step = trainer.step() + 1; // 1, or the step after a resumed state
+    for (int64_t step = first_step; step <= config.max_steps; ++step) {
         const std::optional<optim::StepResult> result = trainer.train_step(source);
         if (!result) break; // cannot happen with a cycling loader; kept for finite sources
-        if (step == 1) first_loss = result->loss;
+        if (step == first_step) first_loss = result->loss;
         last_loss = result->loss;
         seconds += result->seconds;
         if (step % config.logging_steps == 0 || step == 1 || step == config.max_steps) {
             std::cout << step_line(*result, config.max_steps) << std::endl;
             if (log) log << step_record(*result).dump() << "\n" << std::flush;
+        }
+        if (!options.out.empty() &&
+            ((options.save_every > 0 && step % options.save_every == 0) || step == config.max_steps)) {
+            const std::string path = optim::save_training_state(options.out, trainer, loader.get(), run_config_json(options));
+            std::cout << "saved training state " << path << std::endl;
         }
     }
     std::printf("first loss %.4f -> last loss %.4f (%+.1f%%) in %lld steps, %.1f s of training\n", first_loss,

@@ -122,10 +122,14 @@ training (Hugging Face names):
   --loss-normalization tokens|mean  tokens: sum of token losses / targets in the whole step (default)
 memory:
   --gradient-checkpointing[=true|false]  --every-n-layers N  --segment-size N|sqrt  --offload[=true|false]
+  --prefetch[=true|false]        with --offload: copy the next segment back ahead of its recompute (CUDA copy stream)
   --plan                         print the predicted memory per category for these flags and exit
   --device auto|cpu|cuda         (auto: cuda when a device is present)
 output:
   --log FILE                     JSON lines, one per logged step, same fields as the printed line
+  --out DIR --save-every K       training state (weights, optimizer, RNG, data cursor, config) every K steps
+                                 and at the end; DIR keeps the newest two (docs/RELIABILITY.md)
+  --resume DIR                   continue from the newest valid training state in DIR
   --help
 )";
 }
@@ -178,11 +182,18 @@ Options parse_options(const std::vector<std::string>& arguments) {
                      "no directory for '" + v + "'");
              options.save = v; }},
         {"--log", [&](auto& f, auto& v) { require(!v.empty(), f, "needs a file name"); options.log = v; }},
+        {"--out", [&](auto& f, auto& v) { require(!v.empty(), f, "needs a directory"); options.out = v; }},
+        {"--save-every", [&](auto& f, auto& v) { options.save_every = parse_integer(f, v); require(options.save_every > 0, f, "must be positive"); }},
+        {"--resume", [&](auto& f, auto& v) {
+             std::error_code error;
+             require(std::filesystem::is_directory(v, error), f, "no such directory '" + v + "'");
+             options.resume = v; }},
         {"--device", [&](auto& f, auto& v) { require(v == "auto" || v == "cpu" || v == "cuda", f, "'" + v + "' is not auto, cpu or cuda"); options.device = v; }},
     };
     const std::map<std::string, bool*> switches = {
         {"--gradient-checkpointing", &trainer.gradient_checkpointing},
         {"--offload", &trainer.offload},
+        {"--prefetch", &trainer.prefetch},
         {"--plan", &options.plan},
         {"--help", &options.help},
     };
@@ -211,6 +222,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         found->second(flag, *value);
     }
     if (options.help) return options;
+    require(options.save_every == 0 || !options.out.empty(), "--save-every", "needs --out DIR");
 
     options.model = as_flag("--model", [&] { return engine::nn::GPTConfig::named(options.model_name); });
     for (const auto& [flag, apply] : overrides) apply(options.model);
@@ -229,6 +241,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
                 std::to_string(model.max_seq_len));
     require(!(trainer.offload && !trainer.gradient_checkpointing), "--offload",
             "moves checkpointed segment inputs to host memory, so it needs --gradient-checkpointing");
+    require(!(trainer.prefetch && !trainer.offload), "--prefetch", "prefetches offloaded inputs, so it needs --offload");
     as_flag("--max-steps", [&] { trainer.validate(); return 0; }); // each field was checked above; a backstop
 
     if (options.device == "cuda" || options.device == "auto") {

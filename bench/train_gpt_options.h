@@ -32,6 +32,9 @@ struct Options {
     std::string init;      // safetensors to load before training
     std::string save;      // safetensors to write after training
     std::string log;       // JSON lines
+    std::string out;       // training-state directory (optim/training_state.h): every --save-every steps and at the end
+    int64_t save_every = 0; // 0: only at the end (when --out is given)
+    std::string resume;    // training-state directory to continue from
     std::string device = "auto";
     engine::Device resolved_device = engine::Device::cpu;
     bool plan = false;     // print the memory plan and exit

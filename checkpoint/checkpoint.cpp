@@ -2,15 +2,22 @@
 // the segment on a local tape. Also the segment plan for every_n_layers / segment_size.
 #include "checkpoint/checkpoint.h"
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
+#include <optional>
 #include <sstream>
 
 #include "engine/elementwise.h"
+#if ENGINE_HAS_CUDA
+#include "engine/cuda/runtime.h"
+#endif
 
 namespace engine::checkpoint {
 namespace {
 
 thread_local size_t thread_recomputed_segments = 0;
+thread_local size_t thread_prefetched_segments = 0;
 
 struct SavedInput {
     Tensor data;          // on its device, or a pinned host copy when offloaded
@@ -19,10 +26,82 @@ struct SavedInput {
     GradTarget target;    // the original input, where its gradient goes
 };
 
+// What one checkpoint node keeps, shared with the prefetch order below.
+struct SavedSegment {
+    std::vector<SavedInput> inputs;
+    std::vector<Tensor> prefetched; // per input: its device copy, brought back ahead of this backward
+    bool prefetch_issued = false;
+    const Tape* tape = nullptr;     // where the node was recorded: prefetch stays within one backward walk
+#if ENGINE_HAS_CUDA
+    std::optional<cuda::StreamEvent> copies_done; // recorded on the copy stream after the prefetch copies
+
+    SavedSegment() = default;
+    SavedSegment(const SavedSegment&) = delete;
+    SavedSegment& operator=(const SavedSegment&) = delete;
+    // A segment dropped with its copies in flight (its backward never ran): the buffers go back to pools
+    // that reuse them in compute-stream order, so that stream must first wait for the copies.
+    ~SavedSegment() {
+        try {
+            wait_for_copies();
+        } catch (...) { // a destructor cannot report; the failed device reports at its next checked call
+        }
+    }
+    void wait_for_copies() {
+        if (copies_done) copies_done->wait(cuda::compute_stream());
+        copies_done.reset();
+    }
+#else
+    void wait_for_copies() {}
+#endif
+};
+
+// This thread's offloaded segments with prefetch on, in the order their forwards ran. Backward meets them
+// in reverse, so when one's backward starts, the live one recorded before it is the next to need its inputs.
+thread_local std::vector<std::weak_ptr<SavedSegment>> prefetch_order;
+
+void start_prefetch(SavedSegment& segment) {
+    segment.prefetch_issued = true;
+    segment.prefetched.resize(segment.inputs.size());
+    for (size_t index = 0; index < segment.inputs.size(); ++index) {
+        const SavedInput& entry = segment.inputs[index];
+        if (!entry.data.defined() || entry.data.category() != MemoryCategory::pinned_host) continue;
+#if ENGINE_HAS_CUDA
+        if (entry.device == Device::cuda) {
+            Tensor destination = Tensor::empty(entry.data.shape(), entry.data.dtype(), Device::cuda,
+                                               MemoryCategory::activations);
+            if (!segment.copies_done) segment.copies_done.emplace();
+            cuda::copy_to_device_async(destination.raw_data(), entry.data.raw_data(), entry.data.nbytes(),
+                                       *segment.copies_done);
+            segment.prefetched[index] = std::move(destination);
+            continue;
+        }
+#endif
+        segment.prefetched[index] = entry.data.to(entry.device, MemoryCategory::activations);
+    }
+    ++thread_prefetched_segments;
+}
+
+// Called as `current` starts its backward: takes it out of the order and prefetches the one before it.
+void prefetch_previous(const SavedSegment* current) {
+    std::erase_if(prefetch_order, [](const std::weak_ptr<SavedSegment>& entry) { return entry.expired(); });
+    const auto position = std::find_if(prefetch_order.begin(), prefetch_order.end(),
+                                       [current](const std::weak_ptr<SavedSegment>& entry) {
+                                           return entry.lock().get() == current;
+                                       });
+    if (position == prefetch_order.end()) return;
+    const auto index = position - prefetch_order.begin();
+    prefetch_order.erase(position);
+    if (index == 0) return;
+    std::shared_ptr<SavedSegment> previous = prefetch_order[static_cast<size_t>(index - 1)].lock();
+    if (previous && previous->tape == current->tape && !previous->prefetch_issued) start_prefetch(*previous);
+}
+
 } // namespace
 
 size_t recomputed_segment_count() { return thread_recomputed_segments; }
 void reset_recomputed_segment_count() { thread_recomputed_segments = 0; }
+size_t prefetched_segment_count() { return thread_prefetched_segments; }
+void reset_prefetched_segment_count() { thread_prefetched_segments = 0; }
 
 std::string CheckpointPolicy::to_string() const {
     if (!enabled) return "none";
@@ -31,6 +110,7 @@ std::string CheckpointPolicy::to_string() const {
     if (segment_size == 0) text << "sqrt";
     else text << segment_size;
     if (offload) text << ", offload";
+    if (offload && prefetch) text << ", prefetch";
     return text.str();
 }
 
@@ -74,7 +154,8 @@ private:
 
 } // namespace
 
-std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tensor>& inputs, bool offload) {
+std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tensor>& inputs, bool offload,
+                               bool prefetch) {
     ENGINE_CHECK(static_cast<bool>(fn), "checkpoint: the segment function is empty");
     for (size_t index = 0; index < inputs.size(); ++index)
         ENGINE_CHECK(inputs[index].defined(), "checkpoint: input " << index << " is an undefined tensor");
@@ -86,7 +167,8 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
         NoGradGuard no_grad;
         outputs = fn(inputs);
     }
-    std::vector<SavedInput> saved;
+    auto segment = std::make_shared<SavedSegment>();
+    bool any_offloaded = false;
     for (const Tensor& input : inputs) {
         SavedInput entry;
         entry.device = input.device();
@@ -96,7 +178,14 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
         // is freed and only the pinned host copy remains. Integer inputs (token ids) are tiny and stay.
         entry.data = offload && input.dtype() != DType::i32 ? input.to(Device::cpu, MemoryCategory::pinned_host)
                                                             : input.detach();
-        saved.push_back(std::move(entry));
+        any_offloaded = any_offloaded || entry.data.category() == MemoryCategory::pinned_host;
+        segment->inputs.push_back(std::move(entry));
+    }
+    const bool queued = prefetch && any_offloaded;
+    if (queued) {
+        segment->tape = &current_tape();
+        std::erase_if(prefetch_order, [](const std::weak_ptr<SavedSegment>& entry) { return entry.expired(); });
+        prefetch_order.push_back(segment);
     }
 
     Node node;
@@ -110,16 +199,25 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
         output.impl().is_leaf = false;
         node.output_ids.push_back(output.id());
     }
-    // mutable: backward releases the saved inputs as soon as the recompute holds what it needs.
-    node.backward = [fn, saved = std::move(saved), rng_at_start,
-                     output_ids = node.output_ids](BackwardContext& context) mutable {
+    // Backward releases the saved inputs as soon as the recompute holds what it needs.
+    node.backward = [fn, segment, queued, rng_at_start, output_ids = node.output_ids](BackwardContext& context) {
+        std::vector<SavedInput>& saved = segment->inputs;
+        // Prefetched copies are used only once the compute stream is ordered after them; that also makes
+        // releasing their pinned sources below safe.
+        segment->wait_for_copies();
         std::vector<Tensor> recompute_inputs;
         std::vector<uint64_t> recompute_ids;
-        for (SavedInput& entry : saved) {
-            // Host -> device before the recompute; the pinned buffer goes back to its pool right away.
-            Tensor input = entry.data.category() == MemoryCategory::pinned_host
-                               ? entry.data.to(entry.device, MemoryCategory::activations)
-                               : entry.data.detach();
+        for (size_t index = 0; index < saved.size(); ++index) {
+            SavedInput& entry = saved[index];
+            Tensor input;
+            if (index < segment->prefetched.size() && segment->prefetched[index].defined()) {
+                input = std::move(segment->prefetched[index]);
+            } else {
+                // Host -> device before the recompute; the pinned buffer goes back to its pool right away.
+                input = entry.data.category() == MemoryCategory::pinned_host
+                            ? entry.data.to(entry.device, MemoryCategory::activations)
+                            : entry.data.detach();
+            }
             entry.data = Tensor();
             // A non-leaf that requires grad: its gradient collects in the local context, not in a buffer.
             input.impl().requires_grad = entry.requires_grad;
@@ -127,6 +225,8 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
             recompute_ids.push_back(input.id());
             recompute_inputs.push_back(std::move(input));
         }
+        // After this segment's own copies, so those go first; the next one overlaps the recompute below.
+        if (queued) prefetch_previous(segment.get());
         Tape local_tape;
         std::vector<Tensor> recomputed;
         {

@@ -16,14 +16,22 @@ using SegmentFunction = std::function<std::vector<Tensor>(const std::vector<Tens
 // and the RNG offset. Its backward restores the offset, re-runs fn on a local tape, backpropagates through
 // it (parameter gradients accumulate into the usual buffers) and frees what it recomputed.
 // With offload, the saved inputs move to pinned host memory and back before the recompute.
+// With prefetch too (meaningful only with offload), the segment's backward first starts bringing back the
+// inputs of the offloaded segment recorded just before it (the next one backward reaches, in a chain), so
+// that copy overlaps this segment's recompute: on CUDA on the copy stream, ordered with events; on the CPU
+// the same bookkeeping with synchronous copies, so tests can prove it changes no result.
 // Under no-grad it is a plain call.
-std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tensor>& inputs, bool offload = false);
+std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tensor>& inputs, bool offload = false,
+                               bool prefetch = false);
 
 struct CheckpointPolicy {
     bool enabled = false;   // gradient_checkpointing
     int every_n_layers = 1; // checkpoint blocks 1, 1+n, 1+2n, ... (1-based); 1 = all
     int segment_size = 1;   // consecutive blocks per checkpointed segment; 0 means ceil(sqrt(L))
     bool offload = false;   // saved segment inputs live in pinned host memory
+    // With offload: bring the next segment's inputs back one segment ahead in backward (see checkpoint()).
+    // Costs one segment input of device memory more; ignored without offload.
+    bool prefetch = false;
     std::string to_string() const;
 };
 
@@ -43,5 +51,8 @@ std::vector<Segment> plan_segments(int layer_count, const CheckpointPolicy& poli
 // Segments recomputed since the counter was last reset (per thread), for tests and benchmarks.
 size_t recomputed_segment_count();
 void reset_recomputed_segment_count();
+// Segments whose offloaded inputs were brought back ahead of their backward (per thread, since the reset).
+size_t prefetched_segment_count();
+void reset_prefetched_segment_count();
 
 } // namespace engine::checkpoint

@@ -88,7 +88,7 @@ Tensor GPT::forward(const Tensor& tokens) const {
             auto blocks = [this, segment](const std::vector<Tensor>& inputs) {
                 return std::vector<Tensor>{run_blocks(inputs[0], segment.first_layer, segment.layer_count)};
             };
-            x = checkpoint::checkpoint(blocks, {x}, policy_.offload)[0];
+            x = checkpoint::checkpoint(blocks, {x}, policy_.offload, policy_.prefetch)[0];
         }
     }
     x = ln_f.forward(x);

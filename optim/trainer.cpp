@@ -79,14 +79,19 @@ void synchronize_device(Device device) {
 
 } // namespace
 
+checkpoint::CheckpointPolicy TrainerConfig::checkpoint_policy() const {
+    checkpoint::CheckpointPolicy policy;
+    policy.enabled = gradient_checkpointing;
+    policy.every_n_layers = every_n_layers;
+    policy.segment_size = segment_size;
+    policy.offload = offload;
+    policy.prefetch = prefetch;
+    return policy;
+}
+
 Trainer::Trainer(nn::GPT& model, const TrainerConfig& config)
     : model_(model), config_(config), schedule_(schedule_config(config)) {
-    checkpoint::CheckpointPolicy policy;
-    policy.enabled = config.gradient_checkpointing;
-    policy.every_n_layers = config.every_n_layers;
-    policy.segment_size = config.segment_size;
-    policy.offload = config.offload;
-    model_.set_checkpointing(policy);
+    model_.set_checkpointing(config.checkpoint_policy());
     parameters_ = model_.parameters();
     optimizer_ = make_optimizer(model_, config_);
     manual_seed(config_.seed);

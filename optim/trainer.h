@@ -50,6 +50,9 @@ struct TrainerConfig {
     int every_n_layers = 1;
     int segment_size = 1; // 0 = ceil(sqrt(layers))
     bool offload = false;
+    bool prefetch = false; // with offload: copy the next segment's input host→device ahead, on a copy stream
+
+    checkpoint::CheckpointPolicy checkpoint_policy() const;
 
     void validate() const; // throws EngineError naming the field
 };

@@ -47,7 +47,7 @@ void reseal(std::vector<uint8_t>& bytes) {
 template <typename T>
 StateTensor make_tensor(const std::string& name, const Shape& shape, const std::vector<T>& values) {
     StateTensor tensor{name, dtype_of<T>(), shape, std::vector<uint8_t>(values.size() * sizeof(T))};
-    std::memcpy(tensor.data.data(), values.data(), tensor.data.size());
+    if (!values.empty()) std::memcpy(tensor.data.data(), values.data(), tensor.data.size());
     return tensor;
 }
 

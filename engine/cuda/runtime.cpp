@@ -5,6 +5,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 #include "engine/error.h"
 #include "kernels/cuda/cublas_handle.h"
@@ -21,6 +22,7 @@ struct DeviceState {
     int device = 0;
     kernels::cuda::Stream stream;
     kernels::cuda::CublasHandle cublas{stream.get()};
+    kernels::cuda::Stream copies; // prefetch copies only; everything else is on `stream`
 };
 
 std::mutex initialization_mutex;
@@ -93,5 +95,32 @@ void synchronize() { CUDA_CHECK(cudaStreamSynchronize(compute_stream())); }
 
 void set_tf32_enabled(bool enabled) { tf32.store(enabled); }
 bool tf32_enabled() { return tf32.load(); }
+
+cudaStream_t copy_stream() { return state().copies.get(); }
+
+StreamEvent::StreamEvent() {
+    ensure_initialized();
+    CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+}
+StreamEvent::~StreamEvent() {
+    if (event_ != nullptr) (void)cudaEventDestroy(event_);
+}
+StreamEvent::StreamEvent(StreamEvent&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+StreamEvent& StreamEvent::operator=(StreamEvent&& other) noexcept {
+    std::swap(event_, other.event_);
+    return *this;
+}
+void StreamEvent::record(cudaStream_t stream) { CUDA_CHECK(cudaEventRecord(event_, stream)); }
+void StreamEvent::wait(cudaStream_t stream) const { CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
+void StreamEvent::synchronize() const { CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+void copy_to_device_async(void* destination, const void* source, size_t bytes, StreamEvent& done) {
+    cudaStream_t copies = copy_stream();
+    StreamEvent compute_so_far;
+    compute_so_far.record(compute_stream());
+    compute_so_far.wait(copies);
+    if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyHostToDevice, copies));
+    done.record(copies);
+}
 
 } // namespace engine::cuda

@@ -8,6 +8,7 @@
 
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
+struct CUevent_st;
 
 namespace engine::cuda {
 
@@ -28,5 +29,35 @@ size_t system_allocation_count();
 // cuBLAS math mode for the engine's GEMMs: fp32 (default) or TF32 tensor cores (opt-in).
 void set_tf32_enabled(bool enabled);
 bool tf32_enabled();
+
+// Offload prefetching (checkpoint/checkpoint.cpp): a second engine-owned stream for host->device copies
+// that overlap the compute stream, ordered with events.
+cudaStream_t copy_stream();
+
+// A CUDA event, without CUDA headers. Move-only; destruction never throws.
+class StreamEvent {
+public:
+    StreamEvent();
+    ~StreamEvent();
+    StreamEvent(StreamEvent&& other) noexcept;
+    StreamEvent& operator=(StreamEvent&& other) noexcept;
+    StreamEvent(const StreamEvent&) = delete;
+    StreamEvent& operator=(const StreamEvent&) = delete;
+
+    void record(cudaStream_t stream);
+    // Work queued on `stream` after this call waits (on the device, not the host) for the recorded work.
+    void wait(cudaStream_t stream) const;
+    void synchronize() const; // host waits
+
+private:
+    CUevent_st* event_ = nullptr;
+};
+
+// Host -> device on the copy stream; returns at once. The copy starts after everything queued on the compute
+// stream so far, because `destination` may be a block the caching allocator recycled from work still queued
+// there. `done` is recorded after the copy: the compute stream must wait on it before it reads
+// `destination`, and before either buffer is freed (the pinned pool orders reuse on the compute stream).
+// `source` should be pinned, or the copy is not asynchronous.
+void copy_to_device_async(void* destination, const void* source, size_t bytes, StreamEvent& done);
 
 } // namespace engine::cuda

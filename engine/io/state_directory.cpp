@@ -87,7 +87,8 @@ std::string save_state_rotating(const std::string& directory, uint64_t step, con
 }
 
 LoadedState load_latest_state(const std::string& directory) {
-    ENGINE_CHECK(fs::is_directory(directory), "state directory " << directory << " does not exist");
+    std::error_code error;
+    ENGINE_CHECK(fs::is_directory(directory, error), "state directory " << directory << " does not exist");
     const std::vector<StateEntry> entries = list_states(directory);
     ENGINE_CHECK(!entries.empty(), "state directory " << directory << " holds no state-<step>.bin file");
     std::ostringstream refusals;
