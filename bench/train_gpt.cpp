@@ -64,7 +64,8 @@ nlohmann::json step_record(const optim::StepResult& result) {
             {"seconds", result.seconds},
             {"tokens_per_second", result.tokens_per_second},
             {"peak_mib", peak_mib},
-            {"peak_total_mib", mebibytes(result.memory.peak_bytes)}};
+            {"peak_total_mib", mebibytes(result.memory.peak_bytes)},
+            {"skipped", result.skipped}};
 }
 
 std::string step_line(const optim::StepResult& result, int64_t max_steps) {
@@ -82,6 +83,7 @@ std::string step_line(const optim::StepResult& result, int64_t max_steps) {
     }
     std::snprintf(figure, sizeof figure, " | total %.2f", mebibytes(result.memory.peak_bytes));
     line << figure;
+    if (result.skipped) line << " | SKIPPED: non-finite loss or gradients, no update";
     return line.str();
 }
 
@@ -162,12 +164,15 @@ int run(const Options& options) {
 
     const nn::BatchSource source = loader->source();
     double first_loss = 0.0, last_loss = 0.0, seconds = 0.0;
+    int64_t first_logged_step = 0; // the first step that updated the weights in this run
     const int64_t first_step = trainer.step() + 1; // 1, or the step after a resumed state
     for (int64_t step = first_step; step <= config.max_steps; ++step) {
         const std::optional<optim::StepResult> result = trainer.train_step(source);
         if (!result) break; // cannot happen with a cycling loader; kept for finite sources
-        if (step == first_step) first_loss = result->loss;
-        last_loss = result->loss;
+        if (!result->skipped) {
+            if (first_logged_step == 0) first_loss = result->loss, first_logged_step = step;
+            last_loss = result->loss;
+        }
         seconds += result->seconds;
         if (step % config.logging_steps == 0 || step == 1 || step == config.max_steps) {
             std::cout << step_line(*result, config.max_steps) << std::endl;
@@ -179,9 +184,16 @@ int run(const Options& options) {
             std::cout << "saved training state " << path << std::endl;
         }
     }
-    std::printf("first loss %.4f -> last loss %.4f (%+.1f%%) in %lld steps, %.1f s of training\n", first_loss,
-                last_loss, 100.0 * (last_loss - first_loss) / first_loss, static_cast<long long>(trainer.step()),
-                seconds);
+    if (first_logged_step == 0) {
+        std::printf("no step was trained (already at step %lld of %lld)\n", static_cast<long long>(trainer.step()),
+                    static_cast<long long>(config.max_steps));
+    } else {
+        std::printf("first loss %.4f -> last loss %.4f (%+.1f%%) in %lld steps, %.1f s of training\n", first_loss,
+                    last_loss, 100.0 * (last_loss - first_loss) / first_loss, static_cast<long long>(trainer.step()),
+                    seconds);
+    }
+    if (trainer.skipped_steps() > 0)
+        std::printf("skipped %lld steps with non-finite loss or gradients\n", static_cast<long long>(trainer.skipped_steps()));
     if (!options.save.empty()) {
         nn::save_safetensors(model, options.save);
         std::cout << "saved " << options.save << "\n";

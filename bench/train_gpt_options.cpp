@@ -123,6 +123,7 @@ training (Hugging Face names):
 memory:
   --gradient-checkpointing[=true|false]  --every-n-layers N  --segment-size N|sqrt  --offload[=true|false]
   --prefetch[=true|false]        with --offload: copy the next segment back ahead of its recompute (CUDA copy stream)
+  --skip-nonfinite[=true|false]  skip (and count) a step whose loss or grad norm is NaN/Inf; default: stop with an error
   --plan                         print the predicted memory per category for these flags and exit
   --device auto|cpu|cuda         (auto: cuda when a device is present)
 output:
@@ -194,6 +195,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--gradient-checkpointing", &trainer.gradient_checkpointing},
         {"--offload", &trainer.offload},
         {"--prefetch", &trainer.prefetch},
+        {"--skip-nonfinite", &trainer.skip_nonfinite},
         {"--plan", &options.plan},
         {"--help", &options.help},
     };

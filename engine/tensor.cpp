@@ -67,13 +67,17 @@ void zero_bytes(void* destination, Device device, size_t bytes) {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemoryCategory category) {
-    for (int64_t extent : shape)
+    size_t bytes = dtype_size(dtype);
+    for (int64_t extent : shape) {
         ENGINE_CHECK(extent >= 0, "Tensor::empty: negative extent in shape " << shape_string(shape));
+        ENGINE_CHECK(!__builtin_mul_overflow(bytes, static_cast<size_t>(extent), &bytes),
+                     "Tensor::empty: shape " << shape_string(shape) << " of " << dtype_name(dtype)
+                                             << " overflows the addressable size");
+    }
     auto impl = std::make_shared<TensorImpl>();
     impl->shape = shape;
     impl->dtype = dtype;
     impl->id = next_tensor_id();
-    const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
     // pinned_host storage is host memory, so its tensor lives on the CPU.
     const Device storage_device = category == MemoryCategory::pinned_host ? Device::cpu : device;
     impl->storage = std::make_shared<Storage>(storage_device, bytes, category);

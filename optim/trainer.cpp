@@ -218,19 +218,38 @@ Accumulation Trainer::accumulate_gradients(const std::vector<nn::Batch>& batches
     return window;
 }
 
+// The first parameter (in model order) whose accumulated gradient holds a NaN or an Inf, for the error.
+static std::string first_nonfinite_gradient(const nn::GPT& model) {
+    for (const auto& [name, parameter] : model.named_parameters())
+        if (!all_finite(parameter.grad())) return name;
+    return "none (the gradients are finite; the loss is not)";
+}
+
 StepResult Trainer::apply_update(const Accumulation& window) {
     StepResult result;
     result.learning_rate = schedule_.at(step());
     result.grad_norm = global_grad_norm(parameters_);
-    optimizer_->set_learning_rate(result.learning_rate);
-    optimizer_->step(clip_coefficient(result.grad_norm, config_.max_grad_norm)); // the one clip of this step
-    optimizer_->zero_grad();
+    result.loss = loss_function_ ? window.loss_sum : window.loss_sum / static_cast<double>(window.num_items_in_batch);
+    // Caught before the optimizer runs: a NaN or Inf must never reach the weights or the moments.
+    if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
+        const std::string parameter = first_nonfinite_gradient(model_);
+        optimizer_->zero_grad();
+        if (!config_.skip_nonfinite) {
+            ENGINE_FAIL("trainer: non-finite values at step " << step() + 1 << " (loss " << result.loss << ", grad norm "
+                        << result.grad_norm << "); first parameter with a non-finite gradient: " << parameter
+                        << ". No weight was updated. --skip-nonfinite skips such steps instead");
+        }
+        ++skipped_steps_;
+        result.skipped = true;
+    } else {
+        optimizer_->set_learning_rate(result.learning_rate);
+        optimizer_->step(clip_coefficient(result.grad_norm, config_.max_grad_norm)); // the one clip of this step
+        optimizer_->zero_grad();
+    }
 
     synchronize_device(model_.device());
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start_).count();
     result.step = step();
-    result.loss = loss_function_ ? window.loss_sum
-                                 : window.loss_sum / static_cast<double>(window.num_items_in_batch);
     result.tokens = window.tokens;
     result.num_items_in_batch = window.num_items_in_batch;
     result.micro_batches = window.micro_batches;

@@ -50,6 +50,7 @@ struct TrainerConfig {
     int every_n_layers = 1;
     int segment_size = 1; // 0 = ceil(sqrt(layers))
     bool offload = false;
+    bool skip_nonfinite = false; // a NaN/Inf loss or gradient norm skips the update instead of throwing
     bool prefetch = false; // with offload: copy the next segment's input host→device ahead, on a copy stream
 
     checkpoint::CheckpointPolicy checkpoint_policy() const;
@@ -69,6 +70,7 @@ struct StepResult {
     double seconds = 0.0;
     double tokens_per_second = 0.0;
     MemoryStats memory;              // the model device's statistics; peaks cover this step only
+    bool skipped = false;            // non-finite loss or gradients with skip_nonfinite: no update was made
 };
 
 // A custom loss. It returns a scalar whose backward is the micro-batch's contribution. With
@@ -112,6 +114,7 @@ public:
     int64_t count_targets(const nn::Batch& batch) const;
 
     int64_t step() const { return optimizer_->step_count(); } // optimizer steps done
+    int64_t skipped_steps() const { return skipped_steps_; }  // windows skipped for non-finite values
     double current_learning_rate() const { return schedule_.at(step()); }
     Optimizer& optimizer() { return *optimizer_; }
     const LearningRateSchedule& schedule() const { return schedule_; }
@@ -132,6 +135,7 @@ private:
     bool loss_is_scaled_for_ga_ = false;
     TargetCounting counting_ = TargetCounting::causal_shifted;
     std::chrono::steady_clock::time_point window_start_;
+    int64_t skipped_steps_ = 0;
 };
 
 } // namespace engine::optim

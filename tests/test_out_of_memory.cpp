@@ -82,3 +82,21 @@ TEST(OutOfMemory, IsAnEngineErrorSoGenericHandlersCatchIt) {
 
 } // namespace
 } // namespace engine::testing
+
+namespace engine {
+namespace {
+
+TEST(OutOfMemory, ShapeWhoseByteCountOverflowsIsRefusedByName) {
+    const MemoryStats before = memory_stats(Device::cpu);
+    try {
+        Tensor::empty({int64_t{1} << 62, 8}, DType::f32, Device::cpu);
+        FAIL() << "a shape whose byte count wraps around must be refused";
+    } catch (const EngineError& error) {
+        EXPECT_NE(std::string(error.what()).find("overflows"), std::string::npos) << error.what();
+        EXPECT_NE(std::string(error.what()).find("(4611686018427387904,8)"), std::string::npos) << error.what();
+    }
+    EXPECT_EQ(memory_stats(Device::cpu).current_bytes, before.current_bytes);
+}
+
+} // namespace
+} // namespace engine
