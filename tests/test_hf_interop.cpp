@@ -1,0 +1,87 @@
+// Hugging Face interop with transformers itself as the oracle: a tiny GPT-2 written by
+// GPT2LMHeadModel.save_pretrained (its own safetensors: `transformer.` prefix, tied lm_head dropped) loads
+// into libengine's GPT, whose logits and causal-LM loss must match transformers' (float32 both sides).
+// Files from tests/golden/make_hf_gpt2_files.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "engine/engine.h"
+#include "nn/gpt.h"
+#include "nn/io/safetensors.h"
+
+namespace engine::testing {
+namespace {
+
+constexpr uint32_t logits_magic = 0x48464C47, logits_version = 1;
+
+struct Reference {
+    int batch = 0, time = 0, vocabulary = 0;
+    std::vector<int32_t> tokens, labels;
+    std::vector<float> logits;
+    double loss = 0.0;
+};
+
+Reference read_reference(const std::string& path) {
+    std::ifstream file(path, std::ios::binary);
+    ENGINE_CHECK(file.good(), "cannot open " << path);
+    auto read = [&](void* destination, size_t bytes) {
+        file.read(static_cast<char*>(destination), static_cast<std::streamsize>(bytes));
+        ENGINE_CHECK(file.good(), path << " is truncated");
+    };
+    uint32_t header[2];
+    read(header, sizeof header);
+    ENGINE_CHECK(header[0] == logits_magic && header[1] == logits_version, path << ": bad magic or version");
+    Reference reference;
+    int32_t dimensions[3];
+    read(dimensions, sizeof dimensions);
+    reference.batch = dimensions[0], reference.time = dimensions[1], reference.vocabulary = dimensions[2];
+    const size_t positions = static_cast<size_t>(reference.batch) * reference.time;
+    reference.tokens.resize(positions);
+    reference.labels.resize(positions);
+    reference.logits.resize(positions * reference.vocabulary);
+    read(reference.tokens.data(), positions * 4);
+    read(reference.labels.data(), positions * 4);
+    read(reference.logits.data(), reference.logits.size() * 4);
+    read(&reference.loss, 8);
+    ENGINE_CHECK(file.peek() == std::char_traits<char>::eof(), path << " has trailing bytes");
+    return reference;
+}
+
+TEST(HuggingFaceInterop, CheckpointWrittenByTransformersGivesItsLogitsAndLoss) {
+    const std::string directory = std::string(ENGINE_TEST_DATA_DIR);
+    const Reference reference = read_reference(directory + "/hf_gpt2_tiny.logits");
+    // config.json of the checkpoint: vocab 64, n_positions 16, 2 layers, 4 heads, width 32, no dropout.
+    nn::GPT model(nn::GPTConfig{64, 16, 2, 4, 32, 0.0f}, 1, Device::cpu, DType::f32);
+    nn::load_safetensors_into(model, directory + "/hf_gpt2_tiny/model.safetensors");
+
+    NoGradGuard no_grad;
+    const Tensor tokens = Tensor::from_vector<int32_t>(reference.tokens, {reference.batch, reference.time}, Device::cpu);
+    const std::vector<float> logits = model.forward(tokens).to_vector<float>();
+    ASSERT_EQ(logits.size(), reference.logits.size());
+    // Both sides are float32 with different summation orders; logits are O(1), so 1e-5 + 1e-4·|ref| is
+    // thousands of ulps of headroom yet far below any layout error (a transposed Conv1D or a swapped q/k/v
+    // block changes logits by O(0.1)).
+    double max_error = 0.0;
+    for (size_t index = 0; index < logits.size(); ++index) {
+        const double error = std::fabs(logits[index] - reference.logits[index]);
+        max_error = std::max(max_error, error);
+        ASSERT_LE(error, 1e-5 + 1e-4 * std::fabs(reference.logits[index]))
+            << "logit " << index << ": engine " << logits[index] << ", transformers " << reference.logits[index];
+    }
+    std::printf("[ max |logit error| %.3g ]\n", max_error);
+
+    // transformers' causal-LM loss: logits[:, :-1] against labels[:, 1:], mean over non -100 targets.
+    std::vector<int32_t> shifted(reference.labels.size(), default_ignore_index);
+    for (int row = 0; row < reference.batch; ++row)
+        for (int t = 0; t + 1 < reference.time; ++t)
+            shifted[static_cast<size_t>(row * reference.time + t)] = reference.labels[static_cast<size_t>(row * reference.time + t + 1)];
+    const Tensor targets = Tensor::from_vector<int32_t>(shifted, {reference.batch, reference.time}, Device::cpu);
+    const double loss = cross_entropy(model.forward(tokens), targets, Reduction::mean).item();
+    EXPECT_NEAR(loss, reference.loss, 1e-5 * reference.loss);
+}
+
+} // namespace
+} // namespace engine::testing
