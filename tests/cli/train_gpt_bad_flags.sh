@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# ctest train_gpt_bad_flags: every bad flag gets exactly one stderr line naming the flag, exit code 2, no
+# stack trace, and nothing on stdout. usage: train_gpt_bad_flags.sh TRAIN_GPT WORK_DIR
+set -u
+train_gpt=$1
+work=$2
+rm -rf "$work" && mkdir -p "$work"
+printf 'abc' >"$work/not_a_shard.bin"
+failures=0
+total=0
+
+# expect FLAG ARGS...: train_gpt ARGS must fail with exit 2 and one line naming FLAG.
+expect() {
+  local flag=$1
+  shift
+  total=$((total + 1))
+  "$train_gpt" "$@" >"$work/stdout" 2>"$work/stderr"
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$work/stderr")
+  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! grep -q -- "$flag" "$work/stderr" || [ -s "$work/stdout" ]; then
+    echo "FAIL: train_gpt $* -> exit $rc, $lines stderr lines: $(head -c 300 "$work/stderr")"
+    failures=$((failures + 1))
+  else
+    echo "ok: train_gpt $* -> $(cat "$work/stderr")"
+  fi
+}
+
+expect --per-device-train-batch-size --per-device-train-batch-size 0
+expect --per-device-train-batch-size --per-device-train-batch-size -3
+expect --gradient-accumulation-steps --gradient-accumulation-steps 0
+expect --seq-len --seq-len 65
+expect --n-head --n-head 5
+expect --model --model gpt-9000
+expect --data --data "$work/no_such_file.bin"
+expect --init --init "$work/no_such_file.safetensors"
+expect --learning-rate --learning-rate fast
+expect --max-steps --max-steps 1.5
+expect --device --device tpu
+expect --offload --offload
+expect --save-every --save-every 2
+expect --resume --resume "$work/no_such_directory"
+expect --no-such-flag --no-such-flag
+expect --dropout --dropout 1.5
+expect --loss-normalization --loss-normalization median
+# A data file whose token ids exceed the vocabulary is refused naming the file and the offset.
+printf '\xff' >"$work/high_byte.txt"
+"$train_gpt" --data "$work/high_byte.txt" --vocab-size 128 >"$work/stdout" 2>"$work/stderr"
+rc=$?
+total=$((total + 1))
+if [ "$rc" -eq 0 ] || ! grep -q "high_byte.txt" "$work/stderr" || ! grep -q "offset" "$work/stderr"; then
+  echo "FAIL: out-of-vocabulary data -> exit $rc: $(head -c 300 "$work/stderr")"
+  failures=$((failures + 1))
+else
+  echo "ok: out-of-vocabulary data -> exit $rc: $(cat "$work/stderr")"
+fi
+echo "$((total - failures)) passed, $failures failed"
+[ "$failures" -eq 0 ]
