@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.h"
 #include "nn/gpt.h"
 #include "nn/io/safetensors.h"
 
@@ -76,17 +77,6 @@ void write_raw(const std::string& path, const std::vector<RawTensor>& tensors, c
     file += header + data;
     file.resize(file.size() - truncate_bytes);
     std::ofstream(path, std::ios::binary).write(file.data(), static_cast<std::streamsize>(file.size()));
-}
-
-template <typename Function>
-void expect_error(Function&& function, const std::vector<std::string>& parts) {
-    try {
-        function();
-        ADD_FAILURE() << "expected an EngineError";
-    } catch (const EngineError& error) {
-        const std::string message = error.what();
-        for (const std::string& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message << "\nlacks: " << part;
-    }
 }
 
 TEST(Safetensors, GptRoundTripIsBitwise) {

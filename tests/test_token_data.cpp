@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.h"
 #include "nn/io/token_data.h"
 
 namespace engine::testing {
@@ -28,18 +29,6 @@ void write_bytes(const std::string& path, const std::vector<char>& bytes) {
 
 void put_int32(std::vector<char>& bytes, size_t offset, int32_t value) {
     for (int shift = 0; shift < 4; ++shift) bytes[offset + static_cast<size_t>(shift)] = static_cast<char>(value >> (8 * shift));
-}
-
-// Expects an EngineError whose message contains every one of `parts`.
-template <typename Function>
-void expect_error(Function&& function, const std::vector<std::string>& parts) {
-    try {
-        function();
-        ADD_FAILURE() << "expected an EngineError";
-    } catch (const EngineError& error) {
-        const std::string message = error.what();
-        for (const std::string& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message << "\nlacks: " << part;
-    }
 }
 
 TEST(TokenData, StandardMersenneTwisterIsTheSpecifiedOne) {
