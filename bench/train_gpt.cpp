@@ -147,7 +147,8 @@ int run(const Options& options) {
 
     std::ofstream log;
     if (!options.log.empty()) {
-        log.open(options.log);
+        // A resumed run continues its log rather than erasing the steps before the saved state.
+        log.open(options.log, options.resume.empty() ? std::ios::trunc : std::ios::app);
         if (!log) throw train_gpt::UsageError("--log", "cannot write '" + options.log + "'");
     }
     const int64_t tokens_per_step =

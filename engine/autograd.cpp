@@ -1,6 +1,8 @@
 // The tape walk: reverse order, gradients routed by tensor id, saved tensors freed node by node.
 #include "engine/autograd.h"
 
+#include <algorithm>
+
 #include "engine/ops.h"
 #include "engine/elementwise.h"
 
@@ -62,17 +64,23 @@ Tensor BackwardContext::take(uint64_t id) {
 void run_backward(Tape& tape, BackwardContext& context, const std::function<void(const Node&)>& after_node) {
     NoGradGuard no_grad; // backward computations are never recorded
     auto& nodes = tape.nodes();
-    // Pop as we go so that a failure part-way leaves no half-consumed node behind.
-    while (!nodes.empty()) {
-        Node node = std::move(nodes.back());
-        nodes.pop_back();
-        bool any_output_grad = false;
-        for (uint64_t id : node.output_ids) any_output_grad = any_output_grad || context.has(id);
-        if (any_output_grad) node.backward(context);
-        // Outputs are consumed by nodes later on the tape, which have all run: their gradients are done.
-        for (uint64_t id : node.output_ids) context.erase(id);
-        node.backward = nullptr; // frees the saved tensors now, not at the end of the walk
-        if (after_node) after_node(node);
+    try {
+        while (!nodes.empty()) {
+            Node node = std::move(nodes.back());
+            nodes.pop_back();
+            bool any_output_grad = false;
+            for (uint64_t id : node.output_ids) any_output_grad = any_output_grad || context.has(id);
+            if (any_output_grad) node.backward(context);
+            // Outputs are consumed by nodes later on the tape, which have all run: their gradients are done.
+            for (uint64_t id : node.output_ids) context.erase(id);
+            node.backward = nullptr; // frees the saved tensors now, not at the end of the walk
+            if (after_node) after_node(node);
+        }
+    } catch (...) {
+        // A node that failed (out of memory, say) must not leave the rest of the graph and its saved tensors
+        // for the next walk. Parameter gradients may hold part of this backward: zero_grad before retrying.
+        tape.clear();
+        throw;
     }
 }
 
@@ -82,6 +90,16 @@ void backward(const Tensor& loss, const BackwardOptions& options) {
     Tape& tape = current_tape();
     ENGINE_CHECK(loss.requires_grad(),
                  "backward: the loss " << loss.describe() << " does not require grad (no recorded op led to it)");
+    // backward consumes the whole tape, the branches of other losses included: a loss whose node is gone
+    // would otherwise seed a gradient that reaches nothing, silently.
+    const auto& nodes = tape.nodes();
+    const bool recorded = std::any_of(nodes.begin(), nodes.end(), [&](const Node& node) {
+        return std::find(node.output_ids.begin(), node.output_ids.end(), loss.id()) != node.output_ids.end();
+    });
+    ENGINE_CHECK(recorded, "backward: the loss " << loss.describe()
+                               << " is not on the current tape: it was already backpropagated (backward consumes "
+                                  "the whole tape, other losses' branches included) or the tape was cleared; add the "
+                                  "losses and call backward once");
     BackwardContext context;
     context.seed(loss.id(), Tensor::full(loss.shape(), options.seed_scale, loss.dtype(), loss.device(),
                                          MemoryCategory::workspace));

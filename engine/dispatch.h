@@ -41,6 +41,16 @@ inline void check_shape(const char* op, const char* what, const Tensor& tensor, 
     ENGINE_CHECK(tensor.shape() == expected, op << ": " << what << " has shape " << shape_string(tensor.shape())
                                                 << ", expected " << shape_string(expected));
 }
+// The product of every dimension but the last (the rows a row-wise kernel sees), checked to fit the kernels'
+// int row count. Computed by multiplication, so a zero-width last dimension cannot divide by zero.
+inline int leading_rows(const char* op, const Tensor& tensor) {
+    int64_t rows = 1;
+    for (int64_t axis = 0; axis + 1 < tensor.dim(); ++axis) rows *= tensor.shape()[static_cast<size_t>(axis)];
+    ENGINE_CHECK(rows <= 2147483647 && tensor.size(-1) <= 2147483647,
+                 op << ": " << tensor.describe() << " has more rows or columns than the kernels index (2^31-1)");
+    return static_cast<int>(rows);
+}
+
 // Returns the pointer to a gradient buffer, or null when the input needs none.
 template <typename T>
 T* grad_pointer(const Tensor& gradient) {

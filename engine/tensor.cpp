@@ -146,11 +146,12 @@ void Tensor::set_requires_grad(bool requires_grad) {
     TensorImpl& self = impl();
     ENGINE_CHECK(self.is_leaf, "set_requires_grad on " << describe() << ", which is an op output, not a leaf");
     ENGINE_CHECK(!requires_grad || dtype() != DType::i32, "set_requires_grad on integer tensor " << describe());
-    self.requires_grad = requires_grad;
+    // Allocate first: if it fails, the tensor must not claim a gradient it has no buffer for.
     if (requires_grad && !self.grad) {
         Tensor buffer = zeros(shape(), dtype(), device(), MemoryCategory::gradients);
         self.grad = buffer.impl_ptr();
     }
+    self.requires_grad = requires_grad;
 }
 
 Tensor Tensor::grad() const { return Tensor(impl().grad); }
@@ -174,7 +175,11 @@ Tensor Tensor::to(Device target, MemoryCategory category) const {
 Tensor Tensor::clone(MemoryCategory category) const { return to(device(), category); }
 
 Tensor Tensor::reshape(const Shape& new_shape) const {
-    ENGINE_CHECK(shape_numel(new_shape) == numel(),
+    int64_t count = 1;
+    for (int64_t extent : new_shape)
+        ENGINE_CHECK(extent >= 0 && !__builtin_mul_overflow(count, extent, &count),
+                     "reshape of " << describe() << " to " << shape_string(new_shape) << ": invalid extent");
+    ENGINE_CHECK(count == numel(),
                  "reshape of " << describe() << " to " << shape_string(new_shape) << ": element counts differ");
     auto view = std::make_shared<TensorImpl>(impl());
     view->shape = new_shape;

@@ -173,9 +173,13 @@ Tensor Trainer::micro_batch_loss(const Tensor& logits, const nn::Batch& batch, c
 }
 
 Accumulation Trainer::accumulate_gradients(const std::vector<nn::Batch>& batches) {
+    ENGINE_CHECK(current_tape().empty(),
+                 "trainer: the tape holds " << current_tape().size()
+                     << " nodes of a forward that was never backpropagated; run evaluation under NoGradGuard");
     const Device device = model_.device();
     synchronize_device(device);
     reset_peak(device);
+    if (device != Device::cpu) reset_peak(Device::cpu); // the pinned host tier is accounted on the host
     window_start_ = std::chrono::steady_clock::now();
 
     ENGINE_CHECK(!batches.empty(), "trainer: an accumulation window needs at least one micro-batch");
@@ -255,6 +259,13 @@ StepResult Trainer::apply_update(const Accumulation& window) {
     result.micro_batches = window.micro_batches;
     result.tokens_per_second = result.seconds > 0.0 ? static_cast<double>(window.tokens) / result.seconds : 0.0;
     result.memory = memory_stats(model_.device());
+    if (model_.device() != Device::cpu) {
+        // Offloaded inputs live in pinned host memory, which the host's account holds: report them here too.
+        const MemoryStats host = memory_stats(Device::cpu);
+        const int pinned = static_cast<int>(MemoryCategory::pinned_host);
+        result.memory.current_by_category[pinned] = host.current_by_category[pinned];
+        result.memory.peak_by_category[pinned] = host.peak_by_category[pinned];
+    }
     return result;
 }
 

@@ -232,3 +232,52 @@ TEST(Memory, StatsTrackCategoriesAndPeaks) {
 
 } // namespace
 } // namespace engine::testing
+
+namespace engine::testing {
+namespace {
+
+TEST_F(Autograd, SecondBackwardOfAConsumedGraphIsRefusedNotSilentlyEmpty) {
+    Tensor x = random_leaf(generator, {3});
+    Tensor g = gelu(x);
+    Tensor first = sum(g);
+    Tensor second = sum(multiply(g, 3.0));
+    backward(first); // consumes the whole tape, the second loss's branch included
+    try {
+        backward(second);
+        FAIL() << "backward of a loss whose nodes are gone must throw";
+    } catch (const EngineError& error) {
+        EXPECT_NE(std::string(error.what()).find("not on the current tape"), std::string::npos) << error.what();
+    }
+}
+
+TEST_F(Autograd, FailingNodeLeavesAnEmptyTape) {
+    Tensor x = random_leaf(generator, {4});
+    Tensor y = gelu(x);
+    Tensor z = gelu(y);
+    // A node whose backward fails, e.g. an allocation that cannot be met, between two healthy ones.
+    Tensor out = Tensor::zeros({1}, DType::f64, Device::cpu);
+    record_node("failing", {&z}, {&out}, [](BackwardContext&) { ENGINE_FAIL("failing node: on purpose"); });
+    EXPECT_EQ(current_tape().size(), 3u);
+    EXPECT_THROW(backward(out), EngineError);
+    EXPECT_TRUE(current_tape().empty()) << "the rest of the graph must not linger for the next walk";
+    EXPECT_EQ(memory_stats(Device::cpu).current(MemoryCategory::workspace), 0u);
+}
+
+TEST_F(BadInput, ZeroWidthAndBadReshapeAreErrorsNotCrashes) {
+    Tensor empty_rows = Tensor::zeros({4, 0}, DType::f64, Device::cpu);
+    Tensor no_channels = Tensor::zeros({0}, DType::f64, Device::cpu);
+    expect_rejected([&] { layernorm(empty_rows, no_channels, no_channels); }, {"layernorm", "no channels"});
+    Tensor input = random_leaf(generator, {2, 2});
+    expect_rejected([&] { input.reshape({-2, -2}); }, {"reshape", "(-2,-2)"});
+    expect_rejected([&] { input.reshape({int64_t{1} << 62, 4}); }, {"reshape", "invalid extent"});
+}
+
+TEST_F(BadInput, RejectedDropoutLeavesTheRandomStreamWhereItWas) {
+    manual_seed(11);
+    Tensor integers = Tensor::zeros({100}, DType::i32, Device::cpu);
+    expect_rejected([&] { dropout(integers, 0.5f); }, {"dropout", "not floating-point"});
+    EXPECT_EQ(rng_state().offset, 0u);
+}
+
+} // namespace
+} // namespace engine::testing

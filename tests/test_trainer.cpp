@@ -436,5 +436,21 @@ TEST_F(TrainerTest, RejectsBadConfigAndAllIgnoredWindow) {
     EXPECT_EQ(trainer.step(), 0);
 }
 
+TEST_F(TrainerTest, RefusesToStartOnATapeLeftByAnEvaluationForward) {
+    const std::vector<Batch> micro = padded_micro_batches(generator);
+    nn::GPT model(small_config(), model_seed, Device::cpu, DType::f32);
+    Trainer trainer(model, config_with(3, LossNormalization::tokens));
+    Tensor forgotten = model.forward(micro[0].inputs); // an evaluation without NoGradGuard
+    const Snapshot before = values_of(model);
+    try {
+        trainer.train_step(source_of(micro));
+        FAIL() << "a dirty tape must be refused";
+    } catch (const EngineError& error) {
+        EXPECT_NE(std::string(error.what()).find("NoGradGuard"), std::string::npos) << error.what();
+    }
+    EXPECT_EQ(values_of(model), before);
+    current_tape().clear();
+}
+
 } // namespace
 } // namespace engine::testing

@@ -2,6 +2,7 @@
 // in per-size free lists so that steady-state training makes no cudaMalloc/cudaHostAlloc calls.
 #include <atomic>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -49,12 +50,17 @@ public:
         return pointer; // nullptr: the accounting layer raises OutOfMemoryError with the usage breakdown
     }
 
-    void deallocate(void* pointer, size_t bytes) override {
+    // Called from Storage's destructor (noexcept): it must never throw.
+    void deallocate(void* pointer, size_t bytes) noexcept override {
         if (pointer == nullptr) return;
         const size_t rounded = size_class(bytes);
         std::lock_guard<std::mutex> lock(mutex_);
-        free_lists_[rounded].push_back(pointer);
-        cached_bytes_ += rounded;
+        try {
+            free_lists_[rounded].push_back(pointer);
+            cached_bytes_ += rounded;
+        } catch (const std::bad_alloc&) { // no room to list it: hand it back (cudaFree waits for the device)
+            if (cudaFree(pointer) != cudaSuccess) (void)cudaGetLastError();
+        }
     }
 
     size_t cached_bytes() const override {
@@ -62,7 +68,7 @@ public:
         return cached_bytes_;
     }
 
-    void release_cache() override {
+    void release_cache() noexcept override {
         std::lock_guard<std::mutex> lock(mutex_);
         release_cache_locked();
     }
@@ -80,13 +86,20 @@ private:
         return pointer;
     }
 
-    void release_cache_locked() {
+    // Never throws: it runs in allocate's retry, where the caller only wants memory back. Each block leaves
+    // the list before it is freed, so a failure cannot leave a freed pointer to be handed out again; a block
+    // whose cudaFree fails (a sticky fault, or the runtime unloading) is dropped, and the fault is reported
+    // by the next checked call.
+    void release_cache_locked() noexcept {
         // cudaFree waits for the device, so blocks still read by queued kernels are not pulled away early.
         for (auto& [size, pointers] : free_lists_) {
-            for (void* pointer : pointers) CUDA_CHECK(cudaFree(pointer));
-            pointers.clear();
+            while (!pointers.empty()) {
+                void* pointer = pointers.back();
+                pointers.pop_back();
+                cached_bytes_ -= size;
+                if (cudaFree(pointer) != cudaSuccess) (void)cudaGetLastError();
+            }
         }
-        cached_bytes_ = 0;
     }
 
     mutable std::mutex mutex_;
@@ -95,7 +108,8 @@ private:
 };
 
 // Host staging memory from cudaHostAlloc. A freed block may still be the source of an asynchronous copy on
-// the compute stream, so each free records an event and reuse waits for it (normally long complete).
+// the compute stream, so each free records an event and reuse waits for it (normally long complete). A block
+// whose event cannot be recorded is never reused or freed (leaked): nothing would say when its copies end.
 class PinnedHostPool final : public RawAllocator {
 public:
     void* allocate(size_t bytes, bool* reached_system) override {
@@ -123,14 +137,33 @@ public:
         return pointer;
     }
 
-    void deallocate(void* pointer, size_t bytes) override {
+    // Called from Storage's destructor (noexcept), also after a sticky fault or while the runtime unloads at
+    // exit: it must never throw, so it calls the runtime directly and leaks the block on any failure.
+    void deallocate(void* pointer, size_t bytes) noexcept override {
         if (pointer == nullptr) return;
-        kernels::cuda::Event released;
-        released.record(compute_stream());
+        cudaEvent_t raw_event = nullptr;
+        if (cudaEventCreateWithFlags(&raw_event, cudaEventDisableTiming) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return;
+        }
+        kernels::cuda::Event released = kernels::cuda::Event::adopt(raw_event);
+        cudaStream_t stream = nullptr;
+        try {
+            stream = compute_stream(); // initialized already in practice: the pool is installed by it
+        } catch (...) {
+            return;
+        }
+        if (cudaEventRecord(released.get(), stream) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return;
+        }
         const size_t rounded = size_class(bytes);
         std::lock_guard<std::mutex> lock(mutex_);
-        free_lists_[rounded].push_back(FreeBlock{pointer, std::move(released)});
-        cached_bytes_ += rounded;
+        try {
+            free_lists_[rounded].push_back(FreeBlock{pointer, std::move(released)});
+            cached_bytes_ += rounded;
+        } catch (const std::bad_alloc&) { // no room to list it: leak it rather than free it under a copy
+        }
     }
 
     size_t cached_bytes() const override {
@@ -138,16 +171,22 @@ public:
         return cached_bytes_;
     }
 
-    void release_cache() override {
+    // Never throws, for the same reasons as the device allocator's: each block leaves the list before it is
+    // freed, and one whose event cannot be waited for is leaked rather than freed under a running copy.
+    void release_cache() noexcept override {
         std::lock_guard<std::mutex> lock(mutex_);
         for (auto& [size, blocks] : free_lists_) {
-            for (const FreeBlock& block : blocks) {
-                block.released.synchronize();
-                CUDA_CHECK(cudaFreeHost(block.pointer));
+            while (!blocks.empty()) {
+                const FreeBlock block = std::move(blocks.back());
+                blocks.pop_back();
+                cached_bytes_ -= size;
+                if (cudaEventSynchronize(block.released.get()) != cudaSuccess) {
+                    (void)cudaGetLastError();
+                    continue;
+                }
+                if (cudaFreeHost(block.pointer) != cudaSuccess) (void)cudaGetLastError();
             }
-            blocks.clear();
         }
-        cached_bytes_ = 0;
     }
 
 private:

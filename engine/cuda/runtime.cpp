@@ -98,6 +98,12 @@ bool tf32_enabled() { return tf32.load(); }
 
 cudaStream_t copy_stream() { return state().copies.get(); }
 
+void synchronize_copy_stream() noexcept {
+    DeviceState* current = device_state.load(std::memory_order_acquire);
+    if (current == nullptr) return; // never initialized: nothing was ever queued
+    if (cudaStreamSynchronize(current->copies.get()) != cudaSuccess) (void)cudaGetLastError();
+}
+
 StreamEvent::StreamEvent() {
     ensure_initialized();
     CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));

@@ -33,6 +33,10 @@ bool tf32_enabled();
 // Offload prefetching (checkpoint/checkpoint.cpp): a second engine-owned stream for host->device copies
 // that overlap the compute stream, ordered with events.
 cudaStream_t copy_stream();
+// The host waits for everything queued on the copy stream. Never throws (a failure is cleared, and a sticky
+// one reports at the next checked call): it is the fallback for destructors that could not order the
+// compute stream after their copies and must not free the copies' buffers while they run.
+void synchronize_copy_stream() noexcept;
 
 // A CUDA event, without CUDA headers. Move-only; destruction never throws.
 class StreamEvent {

@@ -16,7 +16,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction redu
                  op << ": targets " << targets.describe() << " must be i32 of shape " << shape_string(leading)
                     << " for logits " << shape_string(logits.shape()));
     check_same_device(op, logits, targets);
-    const int rows = static_cast<int>(shape_numel(leading));
+    const int rows = leading_rows(op, logits);
     const int vocabulary = static_cast<int>(logits.size(-1));
     int64_t valid_targets = 0;
     const std::vector<int32_t> host_targets = targets.to_vector<int32_t>();

@@ -12,6 +12,7 @@ Tensor dropout(const Tensor& input, float p, bool training) {
     constexpr const char* op = "dropout";
     ENGINE_CHECK(p >= 0.0f && p < 1.0f, op << ": probability " << p << " is outside [0,1)");
     if (!training || p == 0.0f) return input;
+    ENGINE_CHECK(input.dtype() != DType::i32, op << ": input " << input.describe() << " is not floating-point");
     const int64_t count = input.numel();
     const uint64_t seed = rng_state().seed;
     const uint64_t offset = advance_rng(static_cast<uint64_t>(count));

@@ -10,13 +10,14 @@ Tensor layernorm(const Tensor& input, const Tensor& weight, const Tensor& bias) 
     constexpr const char* op = "layernorm";
     ENGINE_CHECK(input.dim() >= 1, op << ": input " << input.describe() << " has no dimensions");
     const int channels = static_cast<int>(input.size(-1));
+    ENGINE_CHECK(channels > 0, op << ": input " << input.describe() << " has no channels to normalise");
     check_shape(op, "weight", weight, {channels});
     check_shape(op, "bias", bias, {channels});
     check_same_device(op, input, weight);
     check_same_device(op, input, bias);
     check_same_dtype(op, input, weight);
     check_same_dtype(op, input, bias);
-    const int rows = static_cast<int>(input.numel() / channels);
+    const int rows = leading_rows(op, input);
     Tensor out = Tensor::empty(input.shape(), input.dtype(), input.device()); // (N,C)
     Tensor mean = Tensor::empty({rows}, input.dtype(), input.device());       // (N)
     Tensor rstd = Tensor::empty({rows}, input.dtype(), input.device());       // (N)

@@ -68,7 +68,7 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
         check_same_device(op, input, bias);
         check_same_dtype(op, input, bias);
     }
-    const int rows = static_cast<int>(input.numel() / in_features);
+    const int rows = leading_rows(op, input);
     Tensor out = Tensor::empty(with_last(input.shape(), out_features), input.dtype(), input.device()); // (...,out)
     gemm_tensors(out, input, weight, rows, out_features, in_features, false, false, 0.0);
     if (bias.defined()) bias_add_tensors(out, bias, rows, out_features);
@@ -98,7 +98,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_b) {
     const int columns = static_cast<int>(transpose_b ? b.size(0) : b.size(1));
     ENGINE_CHECK(a.size(-1) == inner, op << ": a " << shape_string(a.shape()) << " and b" << (transpose_b ? "ᵀ " : " ")
                                          << shape_string(b.shape()) << ": inner dimensions differ");
-    const int rows = static_cast<int>(a.numel() / inner);
+    const int rows = leading_rows(op, a);
     Tensor out = Tensor::empty(with_last(a.shape(), columns), a.dtype(), a.device()); // (...,N)
     gemm_tensors(out, a, b, rows, columns, inner, false, transpose_b, 0.0);
 

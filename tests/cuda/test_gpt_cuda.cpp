@@ -19,17 +19,6 @@ using checkpoint::CheckpointPolicy;
 
 constexpr int micro_batch_count = 3, batch = 3;
 
-
-void expect_close_to_cpu(const GptGradients& cuda, const GptGradients& cpu) {
-    EXPECT_TRUE(all_close(std::vector<double>{cuda.loss}, std::vector<double>{cpu.loss}, gpt_loss_tolerance, "loss"));
-    ASSERT_EQ(cuda.gradients.size(), cpu.gradients.size());
-    for (size_t index = 0; index < cuda.gradients.size(); ++index) {
-        ASSERT_EQ(cuda.gradients[index].first, cpu.gradients[index].first);
-        EXPECT_TRUE(all_close(cuda.gradients[index].second, cpu.gradients[index].second, gpt_gradient_tolerance,
-                              "gradient of " + cuda.gradients[index].first));
-    }
-}
-
 TEST(GptCudaWithoutDevice, CudaTensorThrowsNoCudaDevice) {
     if (engine::cuda::device_available()) GTEST_SKIP() << "a CUDA device is present";
     try {
@@ -60,7 +49,7 @@ TEST_P(GptCudaTest, LossAndEveryGradientMatchTheCpu) {
     const auto batches = make_micro_batches(small_gpt_config(), micro_batch_count, batch);
     const GptGradients cpu = accumulate_gpt_gradients(Device::cpu, policy, batches, batch);
     const GptGradients cuda = accumulate_gpt_gradients(Device::cuda, policy, batches, batch);
-    expect_close_to_cpu(cuda, cpu);
+    expect_gradients_close_to_cpu(cuda, cpu, GetParam().name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, GptCudaTest,

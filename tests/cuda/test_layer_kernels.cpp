@@ -1,5 +1,7 @@
 // CUDA vs CPU for the layer kernels: GEMM (every transpose, fp32 and TF32), layernorm, attention and
-// cross-entropy. Outputs are poisoned with NaN; += outputs start from identical random contents.
+// cross-entropy. Outputs are poisoned with NaN. += outputs start from identical small random contents,
+// U(-0.01, 0.01): non-zero, so a kernel that overwrites fails, yet small beside the gradients, so the rtol
+// term (relative to |start + gradient|) does not hide errors in the gradient itself.
 #include "engine/cuda/runtime.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -14,29 +16,55 @@ namespace gpu = engine::kernels::cuda;
 
 using LayerKernelTest = CudaKernelTest;
 
-void check_gemm(LayerKernelTest& test, bool transpose_a, bool transpose_b, Tolerance tolerance) {
-    constexpr int m = 37, n = 53, k = 29;
+constexpr float accumulator_start = 0.01f;
+std::vector<float> accumulator(LayerKernelTest& test, size_t count) {
+    return test.random_floats(count, -accumulator_start, accumulator_start);
+}
+
+constexpr int gemm_k = 29;
+
+// beta 0.3 accumulates into c; beta 0 must overwrite c, so there c starts as NaN (the BLAS rule that c is
+// not read is what a fused bias or a fresh output buffer relies on).
+void check_gemm(LayerKernelTest& test, bool transpose_a, bool transpose_b, float beta, Tolerance tolerance,
+                int k = gemm_k) {
+    constexpr int m = 37, n = 53;
     const auto a = test.random_floats(size_t(m) * k), b = test.random_floats(size_t(k) * n);
-    auto c = test.random_floats(size_t(m) * n);
+    auto c = beta == 0.0f ? nan_filled(size_t(m) * n) : test.random_floats(size_t(m) * n);
     DeviceBuffer<float> a_device(a), b_device(b), c_device(c);
-    cpu::gemm(c.data(), a.data(), b.data(), m, n, k, transpose_a, transpose_b, 0.7f, 0.3f);
-    gpu::gemm(c_device.get(), a_device.get(), b_device.get(), m, n, k, transpose_a, transpose_b, 0.7f, 0.3f,
+    cpu::gemm(c.data(), a.data(), b.data(), m, n, k, transpose_a, transpose_b, 0.7f, beta);
+    gpu::gemm(c_device.get(), a_device.get(), b_device.get(), m, n, k, transpose_a, transpose_b, 0.7f, beta,
               test.stream);
     EXPECT_TRUE(all_close(c_device.to_host(), c, tolerance,
                           "gemm transpose_a=" + std::to_string(transpose_a) +
-                              " transpose_b=" + std::to_string(transpose_b)));
+                              " transpose_b=" + std::to_string(transpose_b) + " beta=" + std::to_string(beta) +
+                              " k=" + std::to_string(k)));
 }
 
-TEST_F(LayerKernelTest, GemmFp32EveryTranspose) {
-    for (const bool transpose_a : {false, true}) {
-        for (const bool transpose_b : {false, true}) check_gemm(*this, transpose_a, transpose_b, Tolerance{1e-5, 1e-4});
+TEST_F(LayerKernelTest, GemmFp32EveryTransposeAndBeta) {
+    for (const float beta : {0.3f, 0.0f}) {
+        for (const bool transpose_a : {false, true}) {
+            for (const bool transpose_b : {false, true})
+                check_gemm(*this, transpose_a, transpose_b, beta, Tolerance{1e-5, 1e-4});
+        }
     }
 }
 
+// k = 0: the product is empty, so c = beta * c exactly (and beta = 0 writes zeros over the NaN).
+TEST_F(LayerKernelTest, GemmWithEmptyInnerDimensionScalesC) {
+    for (const float beta : {0.3f, 0.0f}) check_gemm(*this, false, false, beta, Tolerance{0.0, 0.0}, 0);
+}
+
+// TF32 keeps 10 of float's 23 mantissa bits, so each input carries a relative error up to 2^-11 if cuBLAS
+// rounds it, 2^-10 if it truncates. With inputs U(-1,1) (|a*b| rms 1/3) the error of one product has rms
+// about 1.3e-4 (rounding) or 3.5e-4 (truncation); over k = 29 random-sign terms, times alpha 0.7, that is
+// an rms of 5e-4 or 1.3e-3 per output, and the largest of ~2,000 outputs is under 4 rms: 2e-3 or 5e-3.
+// atol 1e-2 covers truncation with 2x to spare (5e-3 would suffice only if rounding were certain); any
+// indexing or transpose error moves outputs by O(1).
 TEST_F(LayerKernelTest, GemmTf32EveryTranspose) {
+    static_assert(gemm_k == 29, "the TF32 tolerance below is derived for k = 29");
     engine::cuda::set_tf32_enabled(true);
     for (const bool transpose_a : {false, true}) {
-        for (const bool transpose_b : {false, true}) check_gemm(*this, transpose_a, transpose_b, Tolerance{2e-2, 1e-2});
+        for (const bool transpose_b : {false, true}) check_gemm(*this, transpose_a, transpose_b, 0.3f, Tolerance{1e-2, 5e-3});
     }
     engine::cuda::set_tf32_enabled(false);
 }
@@ -47,7 +75,7 @@ TEST_F(LayerKernelTest, Layernorm) {
         const auto inp = random_floats(size_t(N) * C, 2.0f, 4.0f); // a large mean exercises the centring
         const auto weight = random_floats(C), bias = random_floats(C), dout = random_floats(size_t(N) * C);
         std::vector<float> out(size_t(N) * C), mean(N), rstd(N);
-        auto dinp = random_floats(size_t(N) * C), dweight = random_floats(C), dbias = random_floats(C);
+        auto dinp = accumulator(*this, size_t(N) * C), dweight = accumulator(*this, C), dbias = accumulator(*this, C);
         DeviceBuffer<float> inp_device(inp), weight_device(weight), bias_device(bias), dout_device(dout);
         DeviceBuffer<float> out_device(nan_filled(out.size())), mean_device(nan_filled(N)), rstd_device(nan_filled(N));
         DeviceBuffer<float> dinp_device(dinp), dweight_device(dweight), dbias_device(dbias);
@@ -69,17 +97,19 @@ TEST_F(LayerKernelTest, Layernorm) {
     }
 }
 
-// Head sizes 12 (under a warp) and 80 (over two warps' worth, not a multiple of 32); T spans two key chunks.
+// Head sizes 12 (under a warp), 16, 80 (over two warps' worth, not a multiple of 32) and 256 (the maximum);
+// T spans two key chunks, and three for head size 256. B*NH*T = 333 rows is not a multiple of the kernel's
+// 4 warps per block, so the last block has idle warps.
 TEST_F(LayerKernelTest, AttentionForwardAndBackward) {
     struct Shape {
         int B, T, C, NH;
     };
-    for (const Shape shape : {Shape{3, 37, 48, 4}, Shape{2, 45, 160, 2}}) {
+    for (const Shape shape : {Shape{3, 37, 48, 4}, Shape{2, 45, 160, 2}, Shape{3, 37, 48, 3}, Shape{1, 70, 256, 1}}) {
         const auto [B, T, C, NH] = shape;
         const size_t tokens = size_t(B) * T;
         const auto qkv = random_floats(tokens * 3 * C), dout = random_floats(tokens * C);
         std::vector<float> out(tokens * C), logsumexp(size_t(B) * NH * T);
-        auto dqkv = random_floats(tokens * 3 * C);
+        auto dqkv = accumulator(*this, tokens * 3 * C);
         DeviceBuffer<float> qkv_device(qkv), dout_device(dout), dqkv_device(dqkv);
         DeviceBuffer<float> out_device(nan_filled(out.size())), logsumexp_device(nan_filled(logsumexp.size()));
         cpu::attention_forward(out.data(), logsumexp.data(), qkv.data(), B, T, C, NH);
@@ -87,7 +117,8 @@ TEST_F(LayerKernelTest, AttentionForwardAndBackward) {
         gpu::attention_forward(out_device.get(), logsumexp_device.get(), qkv_device.get(), B, T, C, NH, stream);
         gpu::attention_backward(dqkv_device.get(), dout_device.get(), qkv_device.get(), out_device.get(),
                                 logsumexp_device.get(), B, T, C, NH, stream);
-        const std::string size = " C=" + std::to_string(C) + " NH=" + std::to_string(NH);
+        const std::string size = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+                                 " NH=" + std::to_string(NH);
         EXPECT_TRUE(all_close(out_device.to_host(), out, Tolerance{1e-5, 1e-4}, "attention out" + size));
         EXPECT_TRUE(all_close(logsumexp_device.to_host(), logsumexp, Tolerance{1e-5, 1e-5}, "logsumexp" + size));
         EXPECT_TRUE(all_close(dqkv_device.to_host(), dqkv, Tolerance{5e-5, 5e-4}, "attention dqkv" + size));
@@ -105,7 +136,7 @@ TEST_F(LayerKernelTest, CrossEntropyForwardAndBackward) {
     auto targets = random_ints(N, 0, V - 1);
     targets[0] = targets[N - 1] = ignore_index;
     std::vector<float> losses(N);
-    auto dlogits = random_floats(size_t(N) * V);
+    auto dlogits = accumulator(*this, size_t(N) * V);
     DeviceBuffer<float> logits_device(logits), dlosses_device(dlosses), losses_device(nan_filled(N));
     DeviceBuffer<float> dlogits_device(dlogits);
     DeviceBuffer<int32_t> targets_device(targets);

@@ -64,11 +64,7 @@ TEST_F(OffloadCudaTest, PrefetchGivesBitwiseTheGradientsOfPlainOffload) {
         // And against the CPU.
         const GptGradients cpu =
             accumulate_gpt_gradients(Device::cpu, checkpoint_policy(every_n_layers, true, true), batches, batch);
-        EXPECT_TRUE(all_close(std::vector<double>{prefetched.loss}, std::vector<double>{cpu.loss},
-                              gpt_loss_tolerance, what + ", loss"));
-        for (size_t index = 0; index < prefetched.gradients.size(); ++index)
-            EXPECT_TRUE(all_close(prefetched.gradients[index].second, cpu.gradients[index].second,
-                                  gpt_gradient_tolerance, what + ", gradient of " + cpu.gradients[index].first));
+        expect_gradients_close_to_cpu(prefetched, cpu, what);
     }
 }
 

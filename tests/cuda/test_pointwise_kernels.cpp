@@ -3,7 +3,9 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "engine/memory.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/handles.h"
 #include "tests/cuda/compare.h"
 #include "tests/cuda/cuda_test.h"
 
@@ -56,7 +58,8 @@ TEST_F(PointwiseKernelTest, BiasForwardAndBackward) {
     gpu::bias_add_forward(out_device.get(), bias_device.get(), rows, columns, stream);
     gpu::bias_backward(dbias_device.get(), dout_device.get(), rows, columns, stream);
     EXPECT_TRUE(all_close(out_device.to_host(), out, pointwise, "bias out"));
-    EXPECT_TRUE(all_close(dbias_device.to_host(), dbias, Tolerance{1e-5, 1e-5}, "dbias"));
+    // Both twins sum each column in double, in row order, then add it to dbias once: the same bits.
+    EXPECT_TRUE(all_close(dbias_device.to_host(), dbias, exact, "dbias"));
 }
 
 TEST_F(PointwiseKernelTest, GeluForwardAndBackward) {
@@ -108,29 +111,56 @@ TEST_F(PointwiseKernelTest, DropoutMasksAreBitIdenticalToCpu) {
     }
 }
 
+// The small odd N, and N = 300,001: more than the 1,024 partials x 256 threads one pass covers, so every
+// partial block loops grid-stride and the partial count sits at its cap.
+// Both twins accumulate in double and round once, float(double(scale) * sum): they differ only by the
+// order of the double additions (relative ~1e-16 * sqrt(N) of sum|x|), which moves the float result by at
+// most one ulp, rarely: rtol 1e-6 is ~8 float ulps with atol 0. sum_of_squares stays double; its terms
+// are all positive, so any order is within N * 2^-53 ~ 3.3e-11 relative: rtol 1e-10, atol 0.
 TEST_F(PointwiseKernelTest, SumForwardBackwardAndSumOfSquares) {
+    for (const int64_t count : {N, int64_t(300001)}) {
+        const std::string what = " N=" + std::to_string(count);
+        const auto inp = random_floats(count);
+        const std::vector<float> dout = {0.75f};
+        auto dinp = random_floats(count);
+        const float scale = 1.0f / 3.0f;
+        float expected_sum = 0.0f;
+        double expected_squares = 0.0;
+        cpu::sum_forward(&expected_sum, inp.data(), count, scale);
+        cpu::sum_backward(dinp.data(), dout.data(), count, scale);
+        cpu::sum_of_squares(&expected_squares, inp.data(), count);
+        DeviceBuffer<float> inp_device(inp), dout_device(dout), sum(nan_filled(1)), dinp_device(dinp);
+        DeviceBuffer<double> squares(std::vector<double>{std::numeric_limits<double>::quiet_NaN()});
+        gpu::sum_forward(sum.get(), inp_device.get(), count, scale, stream);
+        gpu::sum_backward(dinp_device.get(), dout_device.get(), count, scale, stream);
+        gpu::sum_of_squares(squares.get(), inp_device.get(), count, stream);
+        EXPECT_TRUE(all_close(sum.to_host(), std::vector<float>{expected_sum}, Tolerance{0.0, 1e-6}, "sum" + what));
+        EXPECT_TRUE(all_close(dinp_device.to_host(), dinp, pointwise, "sum dinp" + what));
+        EXPECT_TRUE(all_close(squares.to_host(), std::vector<double>{expected_squares}, Tolerance{0.0, 1e-10},
+                              "sum_of_squares" + what));
+        // Deterministic: a second run gives the same bits.
+        const auto first = squares.to_host();
+        gpu::sum_of_squares(squares.get(), inp_device.get(), count, stream);
+        EXPECT_EQ(std::memcmp(first.data(), squares.to_host().data(), sizeof(double)), 0) << what;
+    }
+}
+
+// The partials are workspace scratch from the accounting allocator: counted while the launcher runs, given
+// back when it returns, and refused on a stream other than the compute stream (the caching allocator's
+// reuse is ordered on that stream only).
+TEST_F(PointwiseKernelTest, ReductionScratchIsAccountedWorkspace) {
     const auto inp = random_floats(N);
-    const std::vector<float> dout = {0.75f};
-    auto dinp = random_floats(N);
-    const float scale = 1.0f / 3.0f;
-    float expected_sum = 0.0f;
-    double expected_squares = 0.0;
-    cpu::sum_forward(&expected_sum, inp.data(), N, scale);
-    cpu::sum_backward(dinp.data(), dout.data(), N, scale);
-    cpu::sum_of_squares(&expected_squares, inp.data(), N);
-    DeviceBuffer<float> inp_device(inp), dout_device(dout), sum(nan_filled(1)), dinp_device(dinp);
-    DeviceBuffer<double> squares(std::vector<double>{std::numeric_limits<double>::quiet_NaN()});
-    gpu::sum_forward(sum.get(), inp_device.get(), N, scale, stream);
-    gpu::sum_backward(dinp_device.get(), dout_device.get(), N, scale, stream);
-    gpu::sum_of_squares(squares.get(), inp_device.get(), N, stream);
-    EXPECT_TRUE(all_close(sum.to_host(), std::vector<float>{expected_sum}, Tolerance{1e-4, 1e-4}, "sum"));
-    EXPECT_TRUE(all_close(dinp_device.to_host(), dinp, pointwise, "sum dinp"));
-    EXPECT_TRUE(all_close(squares.to_host(), std::vector<double>{expected_squares}, Tolerance{1e-9, 1e-9},
-                          "sum_of_squares"));
-    // Deterministic: a second run gives the same bits.
-    const auto first = squares.to_host();
-    gpu::sum_of_squares(squares.get(), inp_device.get(), N, stream);
-    EXPECT_EQ(std::memcmp(first.data(), squares.to_host().data(), sizeof(double)), 0);
+    DeviceBuffer<float> inp_device(inp), sum(nan_filled(1));
+    const size_t workspace_before = memory_stats(Device::cuda).current(MemoryCategory::workspace);
+    reset_peak(Device::cuda);
+    gpu::sum_forward(sum.get(), inp_device.get(), N, 1.0f, stream);
+    const MemoryStats after = memory_stats(Device::cuda);
+    EXPECT_EQ(after.current(MemoryCategory::workspace), workspace_before);
+    EXPECT_GT(after.peak(MemoryCategory::workspace), workspace_before);
+
+    kernels::cuda::Stream other;
+    EXPECT_THROW(gpu::sum_forward(sum.get(), inp_device.get(), N, 1.0f, other.get()), EngineError);
+    EXPECT_EQ(memory_stats(Device::cuda).current(MemoryCategory::workspace), workspace_before);
 }
 
 TEST_F(PointwiseKernelTest, FillScaleAxpy) {
@@ -146,6 +176,18 @@ TEST_F(PointwiseKernelTest, FillScaleAxpy) {
     EXPECT_TRUE(all_close(filled.to_host(), expected_fill, exact, "fill"));
     EXPECT_TRUE(all_close(x_device.to_host(), x, pointwise, "scale"));
     EXPECT_TRUE(all_close(y_device.to_host(), y, pointwise, "axpy"));
+}
+
+// Elementwise grids are capped at max_elementwise_blocks (cuda_check.h); past 65,535 blocks of 256 every
+// thread must loop grid-stride, or the tail stays unwritten.
+TEST_F(PointwiseKernelTest, AxpyBeyondTheGridCapLoopsGridStride) {
+    constexpr int64_t count = int64_t(kernels::cuda::max_elementwise_blocks) * 256 + 1001; // ~16.8M floats
+    const auto x = random_floats(count);
+    auto y = random_floats(count);
+    DeviceBuffer<float> x_device(x), y_device(y);
+    cpu::axpy(y.data(), x.data(), 0.3f, count);
+    gpu::axpy(y_device.get(), x_device.get(), 0.3f, count, stream);
+    EXPECT_TRUE(all_close(y_device.to_host(), y, pointwise, "axpy N=" + std::to_string(count)));
 }
 
 TEST_F(PointwiseKernelTest, AdamwUpdate) {
