@@ -122,3 +122,82 @@ TEST_F(OpGradcheck, SumAndMultiply) {
 
 } // namespace
 } // namespace engine::testing
+
+namespace engine::testing {
+namespace {
+
+// attention's forward against the textbook formula with the whole T×T matrix, in float64: the gradchecks
+// above only prove the backward matches the forward, so a forward that sees one key too many would pass them.
+TEST_F(OpGradcheck, AttentionForwardEqualsTheFullMaskedSoftmax) {
+    const int batch = 2, time = 7, channels = 12, heads = 3, head_size = channels / heads;
+    Tensor qkv = random_tensor(generator, {batch, time, 3 * channels});
+    const std::vector<double> packed = qkv.to_vector<double>();
+    const std::vector<double> out = attention(qkv, heads).to_vector<double>();
+    auto at = [&](int b, int t, int part, int h, int d) {
+        return packed[static_cast<size_t>(((b * time + t) * 3 + part) * channels + h * head_size + d)];
+    };
+    double max_error = 0.0;
+    for (int b = 0; b < batch; ++b)
+        for (int h = 0; h < heads; ++h)
+            for (int t = 0; t < time; ++t) {
+                std::vector<double> scores(static_cast<size_t>(time), -INFINITY);
+                double largest = -INFINITY;
+                for (int key = 0; key <= t; ++key) { // causal: keys 0..t only
+                    double dot = 0.0;
+                    for (int d = 0; d < head_size; ++d) dot += at(b, t, 0, h, d) * at(b, key, 1, h, d);
+                    scores[static_cast<size_t>(key)] = dot / std::sqrt(static_cast<double>(head_size));
+                    largest = std::max(largest, scores[static_cast<size_t>(key)]);
+                }
+                double total = 0.0;
+                for (double& score : scores) total += (score = std::exp(score - largest));
+                for (int d = 0; d < head_size; ++d) {
+                    double expected = 0.0;
+                    for (int key = 0; key < time; ++key) expected += scores[static_cast<size_t>(key)] / total * at(b, key, 2, h, d);
+                    const double actual = out[static_cast<size_t>((b * time + t) * channels + h * head_size + d)];
+                    max_error = std::max(max_error, std::fabs(actual - expected));
+                }
+            }
+    EXPECT_LE(max_error, 1e-12);
+}
+
+// Causality as a property: changing anything at positions after t leaves outputs at positions ≤ t bitwise.
+TEST_F(OpGradcheck, AttentionOutputsIgnoreLaterPositions) {
+    const int time = 9, channels = 8;
+    Tensor qkv = random_tensor(generator, {1, time, 3 * channels});
+    const std::vector<double> before = attention(qkv, 2).to_vector<double>();
+    for (int cut = 0; cut + 1 < time; ++cut) {
+        std::vector<double> changed = qkv.to_vector<double>();
+        for (size_t index = static_cast<size_t>((cut + 1) * 3 * channels); index < changed.size(); ++index)
+            changed[index] += 1.0;
+        const std::vector<double> after =
+            attention(Tensor::from_vector<double>(changed, qkv.shape(), Device::cpu), 2).to_vector<double>();
+        for (int index = 0; index < (cut + 1) * channels; ++index)
+            ASSERT_EQ(after[static_cast<size_t>(index)], before[static_cast<size_t>(index)]) << "cut " << cut;
+    }
+}
+
+// Dropout's values: each output is 0 or exactly input/(1-p), and its gradient is 1/(1-p) where kept, else 0.
+TEST_F(OpGradcheck, DropoutScalesKeptValuesAndTheirGradient) {
+    const float probability = 0.25f;
+    Tensor input = random_tensor(generator, {1000}, DType::f64);
+    input.set_requires_grad(true);
+    manual_seed(3);
+    Tensor out = dropout(input, probability);
+    const std::vector<double> values = input.to_vector<double>(), kept = out.to_vector<double>();
+    const double scale = 1.0 / (1.0 - static_cast<double>(probability));
+    int kept_count = 0;
+    for (size_t index = 0; index < values.size(); ++index) {
+        if (kept[index] == 0.0) continue;
+        ++kept_count;
+        ASSERT_EQ(kept[index], values[index] * scale) << "element " << index;
+    }
+    EXPECT_GT(kept_count, 650);
+    EXPECT_LT(kept_count, 850);
+    backward(sum(out));
+    const std::vector<double> gradient = input.grad().to_vector<double>();
+    for (size_t index = 0; index < values.size(); ++index)
+        ASSERT_EQ(gradient[index], kept[index] == 0.0 ? 0.0 : scale) << "element " << index;
+}
+
+} // namespace
+} // namespace engine::testing

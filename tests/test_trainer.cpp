@@ -200,6 +200,35 @@ TEST_P(GradientAccumulation, LastPartialWindowNormalisesByWhatItHas) {
     EXPECT_EQ(trainer.step(), 2);
 }
 
+TEST_P(GradientAccumulation, LastPartialWindowInMeanModeDividesByTheBatchesItHas) {
+    // Mean mode (and an unscaled custom loss) divide each micro-batch's mean by the number of micro-batches in
+    // the window: a short last window of k = 2 with N = 3 must equal a full window of 2, not be scaled by 2/3.
+    std::vector<Batch> tail = {make_batch(generator, {4, 10}), make_batch(generator, {12, 6})};
+    const Snapshot short_window = accumulated_gradients(tail, LossNormalization::mean, GetParam(), nullptr, 3);
+    const Snapshot full_window = accumulated_gradients(tail, LossNormalization::mean, GetParam(), nullptr, 2);
+    EXPECT_LE(difference(short_window, full_window), tolerance());
+
+    // Equal lengths: mean mode over the short window equals one big batch of those two.
+    std::vector<Batch> equal = {make_batch(generator, {12, 12}), make_batch(generator, {12, 12})};
+    const Snapshot short_equal = accumulated_gradients(equal, LossNormalization::mean, GetParam(), nullptr, 3);
+    const Snapshot big = accumulated_gradients({concatenate(equal)}, LossNormalization::tokens, GetParam());
+    EXPECT_LE(difference(short_equal, big), tolerance());
+
+    // An unscaled custom loss (a per-batch mean) in a short window is divided by 2 as well.
+    auto custom_gradients = [&](int accumulation) {
+        nn::GPT model(small_config(), model_seed, Device::cpu, GetParam());
+        Trainer trainer(model, config_with(accumulation, LossNormalization::tokens));
+        trainer.set_loss_function(
+            [](const Tensor& logits, const Batch& batch, int64_t) {
+                return cross_entropy(logits, Trainer::shift_targets(batch), Reduction::mean);
+            },
+            /*loss_is_scaled_for_ga=*/false);
+        trainer.accumulate_gradients(equal);
+        return gradients_of(model);
+    };
+    EXPECT_LE(difference(custom_gradients(3), big), tolerance());
+}
+
 INSTANTIATE_TEST_SUITE_P(Precision, GradientAccumulation, ::testing::Values(DType::f64, DType::f32),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# ctest train_gpt_runs: the main job as a user runs it. With no flags its loss falls; --log writes one JSON
+# line per step with the printed fields; --plan predicts without training; a run saved at step 3 and
+# resumed gives bitwise the losses of an uninterrupted run. usage: train_gpt_runs.sh TRAIN_GPT WORK_DIR
+set -u
+train_gpt=$1
+work=$2
+rm -rf "$work" && mkdir -p "$work"
+failures=0
+total=0
+check() { # NAME CONDITION_EXIT_CODE DETAIL
+  total=$((total + 1))
+  if [ "$2" -eq 0 ]; then echo "ok: $1"; else echo "FAIL: $1: $3"; failures=$((failures + 1)); fi
+}
+
+# 1. No flags but --log: the defaults train the tiny GPT on the built-in corpus and the loss falls.
+"$train_gpt" --log "$work/default.jsonl" >"$work/default.out" 2>&1
+check "default run exits 0" $? "$(tail -3 "$work/default.out")"
+python3 - "$work/default.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(line) for line in open(sys.argv[1])]
+assert len(lines) == 40, f"{len(lines)} JSON lines for 40 steps"
+for line in lines:
+    for key in ("step", "loss", "lr", "grad_norm", "tokens_per_second", "peak_mib", "peak_total_mib"):
+        assert key in line, f"missing {key}"
+    for category in ("parameters", "gradients", "optimizer_state", "activations", "workspace", "pinned_host"):
+        assert category in line["peak_mib"], f"missing peak_mib.{category}"
+first = sum(l["loss"] for l in lines[:5]) / 5
+last = sum(l["loss"] for l in lines[-5:]) / 5
+assert last < 0.8 * first, f"loss did not fall: first five {first:.4f}, last five {last:.4f}"
+print(f"loss {first:.4f} -> {last:.4f}")
+PY
+check "default run's loss falls and --log has every field" $? "see above"
+grep -q "first loss .* -> last loss" "$work/default.out"
+check "default run prints its summary" $? "$(tail -2 "$work/default.out")"
+
+# 2. --plan prints the predicted categories and trains nothing.
+"$train_gpt" --gradient-checkpointing --every-n-layers 2 --plan >"$work/plan.out" 2>&1
+status=$?
+! grep -q "^step " "$work/plan.out" && grep -q "activations" "$work/plan.out" && grep -q "optimizer" "$work/plan.out"
+check "--plan predicts without training" $((status | $?)) "$(head -5 "$work/plan.out")"
+
+# 3. Save at step 3 and resume to step 6 equals 6 straight steps, loss for loss (constant lr, so that
+#    --max-steps does not change the schedule).
+common=(--lr-scheduler-type constant --gradient-accumulation-steps 2 --gradient-checkpointing --model tiny)
+"$train_gpt" "${common[@]}" --max-steps 6 --log "$work/straight.jsonl" >"$work/straight.out" 2>&1
+check "straight run" $? "$(tail -2 "$work/straight.out")"
+"$train_gpt" "${common[@]}" --max-steps 3 --out "$work/state" --save-every 3 >"$work/first.out" 2>&1
+check "first half saves" $? "$(tail -2 "$work/first.out")"
+"$train_gpt" "${common[@]}" --max-steps 6 --resume "$work/state" --log "$work/resumed.jsonl" >"$work/resumed.out" 2>&1
+check "second half resumes" $? "$(tail -2 "$work/resumed.out")"
+python3 - "$work/straight.jsonl" "$work/resumed.jsonl" <<'PY'
+import json, sys
+straight = {l["step"]: l["loss"] for l in map(json.loads, open(sys.argv[1]))}
+resumed = {l["step"]: l["loss"] for l in map(json.loads, open(sys.argv[2]))}
+assert sorted(resumed) == [4, 5, 6], f"resumed steps {sorted(resumed)}"
+for step, loss in resumed.items():
+    assert loss == straight[step], f"step {step}: resumed {loss!r} != straight {straight[step]!r}"
+print("resumed losses equal the straight run's bitwise")
+PY
+check "resume is bitwise the straight run" $? "see above"
+
+echo "$((total - failures)) passed, $failures failed"
+[ "$failures" -eq 0 ]
