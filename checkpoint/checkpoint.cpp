@@ -39,11 +39,15 @@ struct SavedSegment {
     SavedSegment(const SavedSegment&) = delete;
     SavedSegment& operator=(const SavedSegment&) = delete;
     // A segment dropped with its copies in flight (its backward never ran): the buffers go back to pools
-    // that reuse them in compute-stream order, so that stream must first wait for the copies.
+    // that reuse them in compute-stream order, so that stream must first wait for the copies. If that wait
+    // cannot be queued, the pools' ordering would not cover the copies: the host waits for the copy stream
+    // instead, before the members (the buffers) are destroyed. Never throws; a failed device reports at its
+    // next checked call.
     ~SavedSegment() {
         try {
             wait_for_copies();
-        } catch (...) { // a destructor cannot report; the failed device reports at its next checked call
+        } catch (...) {
+            cuda::synchronize_copy_stream();
         }
     }
     void wait_for_copies() {

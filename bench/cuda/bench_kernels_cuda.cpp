@@ -57,7 +57,7 @@ bool prepare(benchmark::State& state) {
 // Runs `launch` once per iteration between two events and reports the per-iteration traffic or work.
 void run_timed(benchmark::State& state, double bytes, double flops, const std::function<void(cudaStream_t)>& launch) {
     cudaStream_t stream = engine::cuda::compute_stream();
-    launch(stream); // warm-up: first-touch, cuBLAS heuristics, the async pool
+    launch(stream); // warm-up: first-touch, cuBLAS heuristics, the caching allocator's scratch blocks
     engine::cuda::synchronize();
     engine::kernels::cuda::Event start(cudaEventDefault), stop(cudaEventDefault);
     for (auto _ : state) {

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/scratch.h"
 #include "kernels/cuda/warp_reduce.cuh"
 
 namespace engine::kernels::cuda {
@@ -240,8 +241,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     if (rows == 0) return;
     const int grid = ceil_div(rows, warps_per_block);
     const size_t shared_bytes = size_t(2) * warps_per_block * (C / NH) * sizeof(float);
-    float* row_dot = nullptr;
-    CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&row_dot), rows * sizeof(float), stream));
+    const Scratch<float> row_dot_scratch(static_cast<size_t>(rows), stream); // (B,NH,T)
+    float* row_dot = row_dot_scratch.get();
     attention_row_dot_kernel<<<grid, block_size, 0, stream>>>(row_dot, dout, out, B, T, C, NH);
     CUDA_CHECK_LAUNCH();
     attention_backward_query_kernel<<<grid, block_size, shared_bytes, stream>>>(dqkv, dout, qkv, logsumexp, row_dot,
@@ -250,7 +251,6 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     attention_backward_key_value_kernel<<<grid, block_size, shared_bytes, stream>>>(dqkv, dout, qkv, logsumexp,
                                                                                     row_dot, B, T, C, NH);
     CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cudaFreeAsync(row_dot, stream));
 }
 
 } // namespace engine::kernels::cuda

@@ -15,13 +15,14 @@ static __global__ void bias_add_forward_kernel(float* out, const float* bias, in
 }
 
 // One thread per column walking the rows: adjacent threads read adjacent columns (coalesced) and the sum is
-// deterministic.
+// deterministic. As in the CPU twin, the column is summed in double from zero and added to dbias once, so
+// the two differ only by the final rounding, not by N float roundings.
 static __global__ void bias_backward_kernel(float* dbias, const float* dout, int N, int OC) {
     const int column = blockIdx.x * blockDim.x + threadIdx.x;
     if (column >= OC) return;
-    float sum = dbias[column]; // accumulate in place, in the CPU loop's order
+    double sum = 0.0;
     for (int row = 0; row < N; ++row) sum += dout[int64_t(row) * OC + column];
-    dbias[column] = sum;
+    dbias[column] += static_cast<float>(sum);
 }
 
 void bias_add_forward(float* out, const float* bias, int N, int OC, cudaStream_t stream) {

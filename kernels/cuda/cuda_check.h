@@ -13,6 +13,9 @@
 namespace engine::kernels::cuda {
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t status, const char* call, const char* file, int line) {
+    // A failed runtime call also sets the runtime's last error; clear it, or the next CUDA_CHECK_LAUNCH would
+    // report this failure against an unrelated kernel. (A sticky error stays: every later call reports it.)
+    (void)cudaGetLastError();
     throw_error(file, line,
                 std::string("CUDA error ") + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) +
                     ") in " + call);

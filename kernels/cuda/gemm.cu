@@ -1,6 +1,4 @@
 // Row-major GEMM on cuBLAS (CUDA twin of kernels/cpu/gemm.cpp).
-#include <algorithm>
-
 #include "engine/cuda/runtime.h"
 #include "kernels/cuda/cublas_handle.h"
 #include "kernels/cuda/cuda_check.h"
@@ -14,13 +12,21 @@ namespace engine::kernels::cuda {
 void gemm(float* c, const float* a, const float* b, int m, int n, int k, bool transpose_a, bool transpose_b,
           float alpha, float beta, cudaStream_t stream) {
     if (m == 0 || n == 0) return;
+    if (k == 0) { // as in the CPU twin: the product is empty, so c = beta * c, and beta == 0 overwrites NaN
+        const int64_t count = int64_t(m) * n;
+        if (beta == 0.0f) {
+            CUDA_CHECK(cudaMemsetAsync(c, 0, count * sizeof(float), stream));
+        } else {
+            scale(c, beta, count, stream);
+        }
+        return;
+    }
     cublasHandle_t handle = engine::cuda::cublas_handle();
     CUBLAS_CHECK(cublasSetStream(handle, stream));
     const cublasOperation_t operation_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t operation_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    // cuBLAS rejects a leading dimension below 1 even when k == 0 makes the operand empty.
-    const int leading_a = std::max(1, transpose_a ? m : k); // a stored (k,m) or (m,k)
-    const int leading_b = std::max(1, transpose_b ? k : n); // b stored (n,k) or (k,n)
+    const int leading_a = transpose_a ? m : k; // a stored (k,m) or (m,k)
+    const int leading_b = transpose_b ? k : n; // b stored (n,k) or (k,n)
     const cublasComputeType_t compute =
         engine::cuda::tf32_enabled() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     CUBLAS_CHECK(cublasGemmEx(handle, operation_b, operation_a, n, m, k, &alpha, b, CUDA_R_32F, leading_b, a,

@@ -42,11 +42,19 @@ public:
     }
     Event(const Event&) = delete;
     Event& operator=(const Event&) = delete;
+    // Takes ownership of an event the caller created itself, for callers that must not throw.
+    static Event adopt(cudaEvent_t event) noexcept {
+        Event owner{Adopted{}};
+        owner.event_ = event;
+        return owner;
+    }
     cudaEvent_t get() const { return event_; }
     void record(cudaStream_t stream) { CUDA_CHECK(cudaEventRecord(event_, stream)); }
     void synchronize() const { CUDA_CHECK(cudaEventSynchronize(event_)); }
 
 private:
+    struct Adopted {};
+    explicit Event(Adopted) noexcept {}
     cudaEvent_t event_ = nullptr;
 };
 

@@ -1,10 +1,10 @@
 // Sums (CUDA twin of kernels/cpu/reduce.cpp). Both reductions are two-stage and deterministic: a fixed
 // number of blocks (a function of N only) each write a double partial, then one block adds the partials in
-// a fixed order. No atomics, so the same input always gives the same bits. The partials live in a
-// stream-ordered scratch (cudaMallocAsync), which the driver's pool serves without a system call after
-// the first use.
+// a fixed order. No atomics, so the same input always gives the same bits. The partials live in workspace
+// scratch from the engine's caching allocator (kernels/cuda/scratch.h).
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/scratch.h"
 #include "kernels/cuda/warp_reduce.cuh"
 
 namespace engine::kernels::cuda {
@@ -54,13 +54,12 @@ template <bool square>
 static void two_stage_sum(float* float_out, double* double_out, const float* inp, int64_t N, double scale,
                           cudaStream_t stream) {
     const int count = partial_count(N);
-    double* partials = nullptr;
-    CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partials), count * sizeof(double), stream));
+    const Scratch<double> partials_scratch(static_cast<size_t>(count), stream); // (count)
+    double* partials = partials_scratch.get();
     partial_sum_kernel<square><<<count, block_size, 0, stream>>>(partials, inp, N);
     CUDA_CHECK_LAUNCH();
     final_sum_kernel<<<1, final_block_size, 0, stream>>>(float_out, double_out, partials, count, scale);
     CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cudaFreeAsync(partials, stream));
 }
 
 void sum_forward(float* out, const float* inp, int64_t N, float scale, cudaStream_t stream) {

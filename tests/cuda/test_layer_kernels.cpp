@@ -64,7 +64,8 @@ TEST_F(LayerKernelTest, GemmTf32EveryTranspose) {
     static_assert(gemm_k == 29, "the TF32 tolerance below is derived for k = 29");
     engine::cuda::set_tf32_enabled(true);
     for (const bool transpose_a : {false, true}) {
-        for (const bool transpose_b : {false, true}) check_gemm(*this, transpose_a, transpose_b, 0.3f, Tolerance{1e-2, 5e-3});
+        for (const bool transpose_b : {false, true})
+            check_gemm(*this, transpose_a, transpose_b, 0.3f, Tolerance{1e-2, 5e-3});
     }
     engine::cuda::set_tf32_enabled(false);
 }
