@@ -8,6 +8,7 @@ work=$2
 rm -rf "$work" && mkdir -p "$work"
 failures=0
 total=0
+python=$(command -v python3 || command -v /usr/bin/python3 || echo python3) # only json and sys are used
 check() { # NAME CONDITION_EXIT_CODE DETAIL
   total=$((total + 1))
   if [ "$2" -eq 0 ]; then echo "ok: $1"; else echo "FAIL: $1: $3"; failures=$((failures + 1)); fi
@@ -16,7 +17,7 @@ check() { # NAME CONDITION_EXIT_CODE DETAIL
 # 1. No flags but --log: the defaults train the tiny GPT on the built-in corpus and the loss falls.
 "$train_gpt" --log "$work/default.jsonl" >"$work/default.out" 2>&1
 check "default run exits 0" $? "$(tail -3 "$work/default.out")"
-python3 - "$work/default.jsonl" <<'PY'
+"$python" - "$work/default.jsonl" <<'PY'
 import json, sys
 lines = [json.loads(line) for line in open(sys.argv[1])]
 assert len(lines) == 40, f"{len(lines)} JSON lines for 40 steps"
@@ -49,7 +50,7 @@ check "straight run" $? "$(tail -2 "$work/straight.out")"
 check "first half saves" $? "$(tail -2 "$work/first.out")"
 "$train_gpt" "${common[@]}" --max-steps 6 --resume "$work/state" --log "$work/resumed.jsonl" >"$work/resumed.out" 2>&1
 check "second half resumes" $? "$(tail -2 "$work/resumed.out")"
-python3 - "$work/straight.jsonl" "$work/resumed.jsonl" <<'PY'
+"$python" - "$work/straight.jsonl" "$work/resumed.jsonl" <<'PY'
 import json, sys
 straight = {l["step"]: l["loss"] for l in map(json.loads, open(sys.argv[1]))}
 resumed = {l["step"]: l["loss"] for l in map(json.loads, open(sys.argv[2]))}
