@@ -6,6 +6,7 @@
 
 #include "checkpoint/memory_model.h"
 #include "gradcheck.h"
+#include "optim/trainer.h"
 
 namespace engine::testing {
 namespace {
@@ -138,6 +139,22 @@ TEST(MemoryModel, OptimizerStateAndOffloadTerms) {
     EXPECT_EQ(adamw.pinned_host, 6u * 2 * 16 * 32 * sizeof(float)); // six segments of (B,T,C) f32
     EXPECT_EQ(adamw.checkpointed_segments, 6);
     EXPECT_EQ(adamw.recomputed_blocks, 6);
+}
+
+// The optimizer-state term against what the optimizers really allocate, not against the model's own formula.
+TEST(MemoryModel, OptimizerStateMatchesWhatTheOptimizersAllocate) {
+    nn::GPT model(config_of(97, 3, 4, 32, 0.0f, 16), 5, Device::cpu, DType::f32);
+    using checkpoint::OptimizerKind;
+    for (OptimizerKind kind : {OptimizerKind::adamw, OptimizerKind::sgd}) {
+        const size_t before = memory_stats(Device::cpu).current(MemoryCategory::optimizer_state);
+        optim::TrainerConfig config;
+        config.optimizer = kind == OptimizerKind::adamw ? optim::OptimizerKind::adamw : optim::OptimizerKind::sgd;
+        optim::Trainer trainer(model, config);
+        const size_t allocated = memory_stats(Device::cpu).current(MemoryCategory::optimizer_state) - before;
+        const checkpoint::MemoryPrediction prediction =
+            checkpoint::predict_memory(model.config(), 2, 16, CheckpointPolicy{}, DType::f32, kind);
+        EXPECT_EQ(prediction.optimizer_state, allocated) << (kind == OptimizerKind::adamw ? "adamw" : "sgd");
+    }
 }
 
 TEST(MemoryModel, PlanReportNamesThePolicyAndRejectsBadShapes) {

@@ -47,6 +47,28 @@ TEST_F(PointwiseKernelTest, EmbeddingBackwardAccumulatesDeterministically) {
     EXPECT_TRUE(all_close(dposition_device.to_host(), dposition, pointwise, "dposition_table"));
 }
 
+// Deterministic means bitwise: with every position on one token (the worst case for a scatter), two runs
+// agree to the bit, and both equal the CPU twin, which adds positions in the same order.
+TEST_F(PointwiseKernelTest, EmbeddingBackwardIsBitwiseReproducibleUnderHeavyRepetition) {
+    const std::vector<int32_t> tokens(size_t(B) * T, 7);
+    const auto dout = random_floats(size_t(B) * T * C);
+    const auto start_token = random_floats(size_t(V) * C), start_position = random_floats(size_t(T + 3) * C);
+    auto dtoken = start_token, dposition = start_position;
+    cpu::embedding_backward(dtoken.data(), dposition.data(), dout.data(), tokens.data(), B, T, C);
+    DeviceBuffer<int32_t> tokens_device(tokens);
+    DeviceBuffer<float> dout_device(dout);
+    std::vector<std::vector<float>> runs;
+    for (int run = 0; run < 2; ++run) {
+        DeviceBuffer<float> dtoken_device(start_token), dposition_device(start_position);
+        gpu::embedding_backward(dtoken_device.get(), dposition_device.get(), dout_device.get(), tokens_device.get(),
+                                B, T, C, stream);
+        runs.push_back(dtoken_device.to_host());
+        EXPECT_TRUE(all_close(dposition_device.to_host(), dposition, exact, "dposition_table"));
+    }
+    EXPECT_EQ(runs[0], runs[1]) << "two runs differ: the backward is not deterministic";
+    EXPECT_TRUE(all_close(runs[0], dtoken, exact, "dtoken_table"));
+}
+
 TEST_F(PointwiseKernelTest, BiasForwardAndBackward) {
     const int rows = B * T, columns = 3 * C + 1;
     auto out = random_floats(size_t(rows) * columns);
