@@ -37,15 +37,6 @@ BenchShape default_shape() {
     return shape;
 }
 
-CheckpointPolicy policy_of(bool enabled, int every_n_layers, int segment_size, bool offload) {
-    CheckpointPolicy policy;
-    policy.enabled = enabled;
-    policy.every_n_layers = every_n_layers;
-    policy.segment_size = segment_size;
-    policy.offload = offload;
-    return policy;
-}
-
 constexpr double mebibyte = 1024.0 * 1024.0;
 
 void run_policy(benchmark::State& state, const BenchShape& shape, const CheckpointPolicy& policy) {
@@ -137,9 +128,9 @@ int main(int argc, char** argv) {
     benchmark::Initialize(&remaining_count, remaining.data());
 
     const std::vector<std::pair<std::string, CheckpointPolicy>> policies = {
-        {"none", policy_of(false, 1, 1, false)},          {"every_n_1", policy_of(true, 1, 1, false)},
-        {"every_n_2", policy_of(true, 2, 1, false)},      {"every_n_4", policy_of(true, 4, 1, false)},
-        {"segment_sqrt", policy_of(true, 1, 0, false)},   {"every_n_1_offload", policy_of(true, 1, 1, true)},
+        {"none", CheckpointPolicy{false, 1, 1, false}},          {"every_n_1", CheckpointPolicy{true, 1, 1, false}},
+        {"every_n_2", CheckpointPolicy{true, 2, 1, false}},      {"every_n_4", CheckpointPolicy{true, 4, 1, false}},
+        {"segment_sqrt", CheckpointPolicy{true, 1, 0, false}},   {"every_n_1_offload", CheckpointPolicy{true, 1, 1, true}},
     };
     for (const auto& [name, policy] : policies) {
         benchmark::RegisterBenchmark(("checkpoint/" + name).c_str(),

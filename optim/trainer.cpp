@@ -80,13 +80,7 @@ void synchronize_device(Device device) {
 } // namespace
 
 checkpoint::CheckpointPolicy TrainerConfig::checkpoint_policy() const {
-    checkpoint::CheckpointPolicy policy;
-    policy.enabled = gradient_checkpointing;
-    policy.every_n_layers = every_n_layers;
-    policy.segment_size = segment_size;
-    policy.offload = offload;
-    policy.prefetch = prefetch;
-    return policy;
+    return checkpoint::CheckpointPolicy{gradient_checkpointing, every_n_layers, segment_size, offload, prefetch};
 }
 
 Trainer::Trainer(nn::GPT& model, const TrainerConfig& config)

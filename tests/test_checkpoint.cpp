@@ -32,12 +32,7 @@ nn::GPTConfig small_config() {
 }
 
 CheckpointPolicy every_n(int n, int segment_size = 1, bool offload = false) {
-    CheckpointPolicy policy;
-    policy.enabled = true;
-    policy.every_n_layers = n;
-    policy.segment_size = segment_size;
-    policy.offload = offload;
-    return policy;
+    return CheckpointPolicy{true, n, segment_size, offload};
 }
 
 struct MicroBatch {

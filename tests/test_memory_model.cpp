@@ -15,15 +15,6 @@ using checkpoint::CheckpointPolicy;
 
 constexpr double tolerance = 0.05; // the bound on the model
 
-CheckpointPolicy policy_of(bool enabled, int every_n_layers, int segment_size, bool offload) {
-    CheckpointPolicy policy;
-    policy.enabled = enabled;
-    policy.every_n_layers = every_n_layers;
-    policy.segment_size = segment_size;
-    policy.offload = offload;
-    return policy;
-}
-
 struct Shape3 {
     nn::GPTConfig config;
     int batch;
@@ -103,9 +94,9 @@ TEST(MemoryModel, PredictsEveryCategoryWithinFivePercent) {
         {config_of(64, 9, 2, 16, 0.1f, 32), 1, 32, DType::f32},  // deeper, long sequence
     };
     const std::vector<CheckpointPolicy> policies = {
-        policy_of(false, 1, 1, false), policy_of(true, 1, 1, false), policy_of(true, 2, 1, false),
-        policy_of(true, 3, 1, false),  policy_of(true, 1, 2, false), policy_of(true, 1, 0, false),
-        policy_of(true, 1, 1, true),   policy_of(true, 2, 1, true),  policy_of(true, 1, 0, true),
+        CheckpointPolicy{false, 1, 1, false}, CheckpointPolicy{true, 1, 1, false}, CheckpointPolicy{true, 2, 1, false},
+        CheckpointPolicy{true, 3, 1, false},  CheckpointPolicy{true, 1, 2, false}, CheckpointPolicy{true, 1, 0, false},
+        CheckpointPolicy{true, 1, 1, true},   CheckpointPolicy{true, 2, 1, true},  CheckpointPolicy{true, 1, 0, true},
     };
     for (const Shape3& shape : shapes) {
         for (const CheckpointPolicy& policy : policies) {
@@ -130,9 +121,9 @@ TEST(MemoryModel, PredictsEveryCategoryWithinFivePercent) {
 
 TEST(MemoryModel, OptimizerStateAndOffloadTerms) {
     const nn::GPTConfig config = config_of(64, 6, 4, 32, 0.1f, 16);
-    const auto adamw = checkpoint::predict_memory(config, 2, 16, policy_of(true, 1, 1, true), DType::f32,
+    const auto adamw = checkpoint::predict_memory(config, 2, 16, CheckpointPolicy{true, 1, 1, true}, DType::f32,
                                                   checkpoint::OptimizerKind::adamw);
-    const auto sgd = checkpoint::predict_memory(config, 2, 16, policy_of(true, 1, 1, true), DType::f32,
+    const auto sgd = checkpoint::predict_memory(config, 2, 16, CheckpointPolicy{true, 1, 1, true}, DType::f32,
                                                 checkpoint::OptimizerKind::sgd);
     EXPECT_EQ(adamw.optimizer_state, 2 * adamw.parameters);
     EXPECT_EQ(sgd.optimizer_state, sgd.parameters);
@@ -159,13 +150,13 @@ TEST(MemoryModel, OptimizerStateMatchesWhatTheOptimizersAllocate) {
 
 TEST(MemoryModel, PlanReportNamesThePolicyAndRejectsBadShapes) {
     const nn::GPTConfig config = config_of(64, 6, 4, 32, 0.1f, 16);
-    const std::string report = checkpoint::plan_report(config, 2, 16, policy_of(true, 2, 1, false));
+    const std::string report = checkpoint::plan_report(config, 2, 16, CheckpointPolicy{true, 2, 1, false});
     for (const char* fragment : {"every_n_layers 2", "[block 1 CP]", "[block 2 keep]", "activations", "pinned_host",
                                  "3 segments"})
         EXPECT_NE(report.find(fragment), std::string::npos) << "report lacks '" << fragment << "':\n" << report;
-    EXPECT_THROW(checkpoint::predict_memory(config, 2, 17, policy_of(false, 1, 1, false)), EngineError);
-    EXPECT_THROW(checkpoint::predict_memory(config, 0, 16, policy_of(false, 1, 1, false)), EngineError);
-    EXPECT_THROW(checkpoint::predict_memory(config, 2, 16, policy_of(true, 0, 1, false)), EngineError);
+    EXPECT_THROW(checkpoint::predict_memory(config, 2, 17, CheckpointPolicy{false, 1, 1, false}), EngineError);
+    EXPECT_THROW(checkpoint::predict_memory(config, 0, 16, CheckpointPolicy{false, 1, 1, false}), EngineError);
+    EXPECT_THROW(checkpoint::predict_memory(config, 2, 16, CheckpointPolicy{true, 0, 1, false}), EngineError);
 }
 
 } // namespace
