@@ -2,12 +2,17 @@
 # One-shot check on a lent GPU machine (no network), in one of two modes (docs/CUDA.md):
 # - carried binaries, when gpu_carry/build exists (scripts/prepare_gpu_carry.sh built them here for sm_90 and
 #   gathered their shared libraries into gpu_carry/lib): no build; the test binaries run directly (ctest's
-#   files hold this machine's paths), with a pass/fail summary;
+#   files hold this machine's paths);
 # - build from sources: GoogleTest, Google Benchmark (and nlohmann_json) from third_party_src/, then
-#   libengine with CUDA for sm_90, then the whole ctest suite.
-# Then, either way: compute-sanitizer memcheck over the CUDA tests, the kernel and train-step benchmarks,
-# train_gpt under checkpointing with and without offload (and prefetch, once train_gpt has the flag), and a
-# throughput table last. Whole run bounded by an 8-minute budget; logs go to $OUT (or /tmp/gpu_check).
+#   libengine with CUDA for sm_90, then ctest for everything but the `cuda` label.
+# Either way: the GPU and driver first; engine_cuda_tests run directly (and engine_cuda_no_device_tests, when
+# built, with CUDA_VISIBLE_DEVICES= so that it sees no device); compute-sanitizer memcheck over the CUDA tests;
+# the kernel and train-step benchmarks; train_gpt under checkpointing with and without offload (and prefetch,
+# once train_gpt has the flag); a throughput table; and last a summary: passed / failed / skipped per test
+# binary, the sanitizer's verdict, and the overall verdict. A skipped CUDA test is a failure (an old driver
+# makes every one of them skip with "no CUDA device"), as is any failed, crashed, timed-out or unrun step.
+# Exit status 0 only when the verdict is PASS. Whole run bounded by an 8-minute budget; logs go to $OUT (or
+# /tmp/gpu_check), the summary also to $OUT/summary.txt.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/gpu_check}
@@ -18,7 +23,10 @@ carry=$root/gpu_carry
 jobs=$(nproc)
 mkdir -p "$out" "$work"
 deadline=$((SECONDS + ${GPU_CHECK_BUDGET_S:-480}))
-status_lines=()
+status_lines=() # one line per step, in order
+test_lines=()   # one line per test binary (and the sanitizer), for the summary
+failures=()     # why the verdict is FAIL; empty means PASS
+notes=()        # worth knowing, not failures
 if [ -d "$carry/build" ]; then
     mode=carried
     build=$carry/build
@@ -31,22 +39,72 @@ else
 fi
 echo "gpu_check: mode $mode, build $build"
 
+# The GPU and the driver, first: an old driver is the usual reason for every CUDA test to skip.
+{
+    echo "== GPU and driver =="
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        timeout 30 nvidia-smi --query-gpu=index,name,driver_version,compute_cap,memory.total,clocks.max.sm \
+            --format=csv 2>&1 ||
+            timeout 30 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv 2>&1 ||
+            timeout 30 nvidia-smi -L 2>&1
+        timeout 30 nvidia-smi 2>/dev/null | grep -o 'CUDA Version: *[0-9.]*' | head -1 | sed 's/^/driver supports /'
+    else
+        echo "nvidia-smi: not found"
+    fi
+    if [ -r /proc/driver/nvidia/version ]; then
+        head -1 /proc/driver/nvidia/version
+    else
+        echo "/proc/driver/nvidia/version: not present (no NVIDIA kernel driver loaded?)"
+    fi
+    if [ -x /usr/local/cuda/bin/nvcc ]; then
+        echo "toolkit here: $(/usr/local/cuda/bin/nvcc --version | tail -1)"
+    fi
+    [ "$mode" = carried ] && sed -n 's/^built .* with /carried binaries built with /p' "$carry/MANIFEST" 2>/dev/null
+    echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-(unset)}"
+} 2>&1 | tee "$out/gpu.txt"
+gpu_line=
+for fields in name,driver_version,compute_cap name,driver_version; do
+    if query=$(timeout 30 nvidia-smi --query-gpu=$fields --format=csv,noheader 2>/dev/null) && [ -n "$query" ]; then
+        gpu_line=$(head -1 <<<"$query")
+        break
+    fi
+done
+driver=$(cut -d, -f2 <<<"$gpu_line" | tr -d ' ')
+if [[ ${driver%%.*} =~ ^[0-9]+$ ]] && ((${driver%%.*} < 580)); then
+    notes+=("driver $driver is older than CUDA 13 needs (R580 or newer) unless a forward-compatibility libcuda is in use: expect \"no CUDA device\" skips")
+    echo "gpu_check: ${notes[-1]}"
+fi
+
 # run_step NAME LIMIT_S COMMAND...: runs under `timeout`, clipped to what is left of the budget, logging to
-# $out/NAME.log and recording a one-line status.
+# $out/NAME.log and recording a one-line status. Sets step_rc (124 when it timed out or was not run).
+step_rc=0
 run_step() {
     local name=$1 limit=$2
     shift 2
     local left=$((deadline - SECONDS))
     if ((left < 5)); then
-        status_lines+=("$name: skipped (budget spent)")
+        status_lines+=("$name: not run (budget spent)")
+        echo "not run: budget spent" >"$out/$name.log"
+        step_rc=124
         return 124
     fi
     ((limit > left)) && limit=$left
     local started=$SECONDS
     timeout "$limit" "$@" >"$out/$name.log" 2>&1
-    local rc=$?
-    status_lines+=("$name: rc=$rc in $((SECONDS - started)) s (log $out/$name.log)")
-    return $rc
+    step_rc=$?
+    local how="rc=$step_rc"
+    ((step_rc == 124 || step_rc == 137)) && how="timed out (rc=$step_rc, limit $limit s)"
+    status_lines+=("$name: $how in $((SECONDS - started)) s (log $out/$name.log)")
+    return $step_rc
+}
+
+# require_ok NAME: the last step's nonzero status fails the verdict.
+require_ok() {
+    if grep -q '^not run: budget spent' "$out/$1.log" 2>/dev/null; then
+        failures+=("$1: not run (budget spent)")
+    elif ((step_rc != 0)); then
+        failures+=("$1: rc=$step_rc (see $out/$1.log)")
+    fi
 }
 
 install_source() { # NAME SOURCE_DIR EXTRA_CMAKE_ARGS...
@@ -60,33 +118,142 @@ install_source() { # NAME SOURCE_DIR EXTRA_CMAKE_ARGS...
         -DCMAKE_INSTALL_PREFIX='$prefix' $* && cmake --build '$work/$name' -j $jobs && cmake --install '$work/$name'"
 }
 
-# gtest_summary NAME: one line from a test binary's log (run with --gtest_brief=1).
+# gtest_summary NAME POLICY [LOG]: counts from a test binary's log (run with --gtest_brief=1) into test_lines,
+# and into failures what fails the verdict. POLICY: `cpu` (skips are reported only), `cuda` (a skip is a
+# failure, and so is running no test), `no_device` (likewise: it must pass without a device, not skip),
+# `sanitized` (as `cuda`, but the exit status is left to the caller: the sanitizer's own errors set it).
+# Also sets g_passed, g_failed and g_skipped.
 gtest_summary() {
-    local log=$out/$1.log passed skipped failed
-    passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
-    skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
-    # Each failure is listed twice (as it happens, with its time, and at the end): count names once.
-    failed=$(grep '^\[  FAILED  \] [A-Za-z]' "$log" | sed 's/ (.*//' | sort -u | wc -l)
-    status_lines+=("$1: ${passed:-0} passed, ${skipped:-0} skipped, $failed failed")
+    local name=$1 policy=$2 log=${3:-$out/$1.log} ran passed skipped listed computed reason
+    ran=$(sed -n 's/^\[==========\] \([0-9][0-9]*\) tests* from .* ran\..*/\1/p' "$log" 2>/dev/null | tail -1)
+    passed=$(sed -n 's/^\[  PASSED  \] \([0-9][0-9]*\) test.*/\1/p' "$log" 2>/dev/null | tail -1)
+    skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9][0-9]*\) test.*/\1/p' "$log" 2>/dev/null | tail -1)
+    passed=${passed:-0} skipped=${skipped:-0}
+    # Failures are listed by name (once in brief mode, twice otherwise): count names once. A test that did
+    # not pass and was not skipped failed, listed or not.
+    listed=$(grep -a '^\[  FAILED  \] [A-Za-z_]' "$log" 2>/dev/null | sed 's/^\[  FAILED  \] //; s/[ ,(].*//' |
+        sort -u | wc -l)
+    computed=0
+    [ -n "$ran" ] && computed=$((ran - passed - skipped))
+    g_failed=$((listed > computed ? listed : computed))
+    g_passed=$passed g_skipped=$skipped
+    local line
+    line=$(printf '%-22s %5d passed, %4d failed, %4d skipped' "$name:" "$passed" "$g_failed" "$skipped")
+    if [ -z "$ran" ] && grep -q '^not run: budget spent' "$log" 2>/dev/null; then
+        line+="  NOT RUN (budget spent)"
+        failures+=("$name: not run (budget spent)")
+    elif [ -z "$ran" ]; then
+        line+="  INCOMPLETE (rc=$step_rc: crashed, timed out or not run; no gtest summary)"
+        failures+=("$name: no gtest summary (rc=$step_rc); see $log")
+    elif ((g_failed > 0)); then
+        failures+=("$name: $g_failed failed")
+    elif ((step_rc != 0)) && [ "$policy" != sanitized ]; then
+        failures+=("$name: rc=$step_rc although no test failed (crash at exit?); see $log")
+    fi
+    if ((skipped > 0)); then
+        # In brief mode each skip prints "file:line: Skipped" and its message on the next line.
+        reason=$(grep -a -m1 -A1 ': Skipped$' "$log" 2>/dev/null | sed -n 2p)
+        line+="  (first skip: ${reason:-no message})"
+        if [ "$policy" != cpu ]; then
+            failures+=("$name: $skipped skipped (a skipped CUDA test is a failure): ${reason:-no message}")
+        fi
+    fi
+    if [ "$policy" != cpu ] && [ -n "$ran" ] && ((passed == 0)) && ((skipped == 0)); then
+        failures+=("$name: no test ran")
+    fi
+    test_lines+=("$line")
 }
 
-# Runs the whole test suite: ctest from a source build, the two gtest binaries directly when carried.
-run_tests() {
-    if [ "$mode" = source ]; then
-        run_step ctest 120 ctest --test-dir "$build" --output-on-failure -j 4
+# ctest_summary: counts from the ctest log (source mode) into test_lines and failures.
+ctest_summary() {
+    local log=$out/ctest.log total failed skipped
+    total=$(sed -n 's/.*tests passed, [0-9]* tests* failed out of \([0-9][0-9]*\).*/\1/p' "$log" | tail -1)
+    failed=$(sed -n 's/.*tests passed, \([0-9][0-9]*\) tests* failed out of.*/\1/p' "$log" | tail -1)
+    skipped=$(grep -a -c '(Skipped)$' "$log" 2>/dev/null)
+    if [ -z "$total" ]; then
+        test_lines+=("$(printf '%-22s %s' "ctest (-LE cuda):" "INCOMPLETE (rc=$step_rc; no ctest summary)")")
+        failures+=("ctest: no summary (rc=$step_rc); see $log")
         return
     fi
-    # tests/data is compiled in as an absolute path of the machine that built the binaries.
-    local source_root
-    source_root=$(cat "$carry/source_root" 2>/dev/null || echo "$root")
-    if [ ! -e "$source_root/tests/data" ]; then
-        mkdir -p "$(dirname "$source_root")" 2>/dev/null && ln -sfn "$root" "$source_root" 2>/dev/null ||
-            status_lines+=("note: could not link $source_root to $root; tests reading tests/data will fail")
+    test_lines+=("$(printf '%-22s %5d passed, %4d failed, %4d skipped' "ctest (-LE cuda):" \
+        $((total - failed - skipped)) "$failed" "$skipped")")
+    ((failed > 0)) && failures+=("ctest: $failed failed")
+    ((failed == 0 && step_rc != 0)) && failures+=("ctest: rc=$step_rc; see $log")
+}
+
+# Runs the test suites: ctest (all but the `cuda` label) from a source build or engine_tests when carried,
+# then the CUDA test binaries directly in both modes, so that their skips are counted.
+run_tests() {
+    if [ "$mode" = source ]; then
+        run_step ctest 120 ctest --test-dir "$build" --output-on-failure -j 4 -LE cuda
+        ctest_summary
+    else
+        # tests/data is compiled in as an absolute path of the machine that built the binaries.
+        local source_root
+        source_root=$(cat "$carry/source_root" 2>/dev/null || echo "$root")
+        if [ ! -e "$source_root/tests/data" ]; then
+            mkdir -p "$(dirname "$source_root")" 2>/dev/null && ln -sfn "$root" "$source_root" 2>/dev/null ||
+                notes+=("could not link $source_root to $root; tests reading tests/data will fail")
+        fi
+        run_step tests_cpu 150 "${runner[@]}" "$build/tests/engine_tests" --gtest_brief=1
+        gtest_summary tests_cpu cpu
     fi
-    run_step tests_cpu 150 "${runner[@]}" "$build/tests/engine_tests" --gtest_brief=1
-    gtest_summary tests_cpu
-    run_step tests_cuda 120 "${runner[@]}" "$build/tests/engine_cuda_tests" --gtest_brief=1
-    gtest_summary tests_cuda
+    if [ -x "$build/tests/engine_cuda_tests" ]; then
+        run_step tests_cuda 120 "${runner[@]}" "$build/tests/engine_cuda_tests" --gtest_brief=1
+        gtest_summary tests_cuda cuda
+    else
+        test_lines+=("$(printf '%-22s %s' "tests_cuda:" "NOT BUILT")")
+        failures+=("tests_cuda: $build/tests/engine_cuda_tests not built")
+    fi
+    # Optional: the no-device behaviour, with every device hidden. Its tests must pass, not skip.
+    local no_device=$build/tests/engine_cuda_no_device_tests
+    if [ -x "$no_device" ]; then
+        run_step tests_cuda_no_device 60 env CUDA_VISIBLE_DEVICES= "${runner[@]}" "$no_device" --gtest_brief=1
+        gtest_summary tests_cuda_no_device no_device
+    else
+        test_lines+=("$(printf '%-22s %s' "tests_cuda_no_device:" "not in this build (nothing to run)")")
+    fi
+}
+
+# compute-sanitizer memcheck over engine_cuda_tests. --report-api-errors no: CUDA API calls that return an
+# error are not reported (TooLargeAllocationRaisesOutOfMemory asks cudaMalloc for 2^50 bytes on purpose and
+# the engine handles the error; the engine checks every call's status itself, and the tests fail on an
+# unexpected one); memcheck's own findings (out-of-bounds or misaligned accesses, hardware exceptions) are
+# still errors. Its verdict: exit status 0, "ERROR SUMMARY: 0 errors", and the tests passing, none skipped.
+run_memcheck() {
+    local sanitizer tests=$build/tests/engine_cuda_tests log=$out/memcheck.log errors api=(--report-api-errors no)
+    local filter=() verdict
+    sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    if [ ! -x "$sanitizer" ] || [ ! -x "$tests" ]; then
+        test_lines+=("$(printf '%-22s %s' "memcheck:" "NOT RUN (no compute-sanitizer or no engine_cuda_tests)")")
+        failures+=("memcheck: not run (no compute-sanitizer at $sanitizer or no engine_cuda_tests)")
+        return
+    fi
+    if ! "$sanitizer" --help 2>&1 | grep -q -- '--report-api-errors'; then
+        api=()
+        filter=(--gtest_filter=-*TooLargeAllocationRaisesOutOfMemory*)
+        notes+=("memcheck: $sanitizer has no --report-api-errors; TooLargeAllocationRaisesOutOfMemory left out")
+    fi
+    run_step memcheck 150 "${runner[@]}" "$sanitizer" --tool memcheck "${api[@]}" --error-exitcode 1 \
+        "$tests" --gtest_brief=1 "${filter[@]}"
+    local rc=$step_rc before=${#failures[@]}
+    errors=$(sed -n 's/^========= ERROR SUMMARY: \([0-9][0-9]*\) error.*/\1/p' "$log" | tail -1)
+    gtest_summary memcheck sanitized "$log" # the tests under the sanitizer: same rules as tests_cuda
+    unset 'test_lines[-1]'
+    if ((rc == 0)) && [ "${errors:-x}" = 0 ] && ((${#failures[@]} == before)); then
+        verdict=PASS
+    else
+        verdict=FAIL
+        if [ -z "$errors" ]; then
+            failures+=("memcheck: no ERROR SUMMARY (rc=$rc: crashed, timed out or not run); see $log")
+        elif ((errors > 0)); then
+            failures+=("memcheck: $errors sanitizer errors (rc=$rc); see $log")
+        elif ((rc != 0 && ${#failures[@]} == before)); then
+            failures+=("memcheck: rc=$rc with 0 sanitizer errors and no failed test; see $log")
+        fi
+    fi
+    test_lines+=("$(printf '%-22s %s: %s sanitizer errors; tests under it %d passed, %d failed, %d skipped (%s)' \
+        "memcheck:" "$verdict" "${errors:-?}" "$g_passed" "$g_failed" "$g_skipped" "${api[*]:-no API filter}")")
 }
 
 # train_gpt on GPT-2 124M under checkpointing: offload off, offload through the compute stream, and with
@@ -95,17 +262,21 @@ measure_offload() {
     local train_gpt=$build/bench/train_gpt
     if [ ! -x "$train_gpt" ]; then
         status_lines+=("offload: train_gpt not built")
+        failures+=("offload: train_gpt not built")
         return
     fi
     local common=(--device cuda --model gpt2-124M --seq-len 1024 --per-device-train-batch-size 4
         --gradient-accumulation-steps 1 --max-steps 8 --lr-scheduler-type constant --warmup-steps 0
         --gradient-checkpointing --every-n-layers 1)
     run_step offload_none 60 "${runner[@]}" "$train_gpt" "${common[@]}" --log "$out/offload_none.jsonl"
+    require_ok offload_none
     run_step offload_compute_stream 60 "${runner[@]}" "$train_gpt" "${common[@]}" --offload \
         --log "$out/offload_compute_stream.jsonl"
+    require_ok offload_compute_stream
     if "${runner[@]}" "$train_gpt" --help 2>&1 | grep -q -- '--prefetch'; then
         run_step offload_prefetch 60 "${runner[@]}" "$train_gpt" "${common[@]}" --offload --prefetch \
             --log "$out/offload_prefetch.jsonl"
+        require_ok offload_prefetch
     else
         status_lines+=("offload_prefetch: skipped (train_gpt has no --prefetch flag yet)")
     fi
@@ -118,37 +289,37 @@ if [ "$mode" = source ]; then
     install_source json "$third/json" -DJSON_BuildTests=OFF -DJSON_Install=ON
 fi
 
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$out/gpu.txt" 2>&1
-
 if [ "$mode" = carried ] ||
     { run_step configure 60 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENGINE_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES=90 -DENGINE_BUILD_TESTS=ON -DENGINE_BUILD_BENCH=ON -DCMAKE_PREFIX_PATH="$prefix" &&
         run_step build 240 cmake --build "$build" -j "$jobs"; }; then
     run_tests
-    sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    if [ -x "$sanitizer" ] && [ -x "$build/tests/engine_cuda_tests" ]; then
-        run_step memcheck 120 "${runner[@]}" "$sanitizer" --tool memcheck --error-exitcode 1 \
-            "$build/tests/engine_cuda_tests" --gtest_brief=1
-    else
-        status_lines+=("memcheck: skipped (no compute-sanitizer or no engine_cuda_tests)")
-    fi
+    run_memcheck
     for program in cuda/bench_kernels_cuda bench_train_step; do
         binary=$build/bench/$program
         name=$(basename "$program")
         if [ -x "$binary" ]; then
             run_step "$name" 90 "${runner[@]}" "$binary" --benchmark_min_time=0.1 --benchmark_out="$out/$name.json" \
                 --benchmark_out_format=json
+            require_ok "$name"
+            # A benchmark that calls SkipWithError (e.g. "no CUDA device") still exits 0.
+            errored=$(grep -c '"error_occurred": *true' "$out/$name.json" 2>/dev/null)
+            ((${errored:-0} > 0)) && failures+=("$name: $errored benchmarks reported an error (see the table)")
         else
             status_lines+=("$name: not built")
+            notes+=("$name: not built (Google Benchmark missing?)")
         fi
     done
     measure_offload
+else
+    failures+=("configure or build failed (rc=$step_rc); see $out/configure.log and $out/build.log")
 fi
 
 echo "== gpu_check steps =="
 printf '%s\n' "${status_lines[@]}"
-grep -h -E "^\[  (FAILED|SKIPPED) |tests passed|ERROR SUMMARY" "$out"/ctest.log "$out"/tests_cpu.log \
-    "$out"/tests_cuda.log "$out"/memcheck.log 2>/dev/null | head -30
+details=$(grep -a -h -E "^\[  FAILED  \] |ERROR SUMMARY|^========= +(Invalid|Program hit|Malformed|Misaligned|Out of range)" \
+    "$out"/ctest.log "$out"/tests_*.log "$out"/memcheck.log 2>/dev/null | sort -u | head -30)
+[ -n "$details" ] && printf '%s\n' "$details"
 
 # Throughput table against the H200 ceilings: 4.3 TB/s HBM, 67 TFLOP/s fp32, 495 TFLOP/s dense TF32.
 echo "== throughput (H200 ceilings: 4.3 TB/s, fp32 67 TFLOP/s, tf32 495 TFLOP/s) =="
@@ -189,3 +360,18 @@ for path in sorted(glob.glob(sys.argv[1] + "/offload_*.jsonl")):
     peak = max(step["peak_total_mib"] for step in steady)
     print(f"{name:40s} {rate:12.0f} tok/s {peak:10.0f} MiB peak")
 PYTHON
+
+# The summary comes last, so that it is in the tail of the output.
+{
+    echo "== summary =="
+    echo "gpu: ${gpu_line:-unknown (nvidia-smi missing or failing; see $out/gpu.txt)} (name, driver, compute capability)"
+    printf '%s\n' "${test_lines[@]}"
+    ((${#notes[@]})) && printf 'note: %s\n' "${notes[@]}"
+    if ((${#failures[@]} == 0)); then
+        echo "== verdict: PASS =="
+    else
+        echo "== verdict: FAIL (${#failures[@]}) =="
+        printf '  - %s\n' "${failures[@]}"
+    fi
+} | tee "$out/summary.txt"
+((${#failures[@]} == 0))

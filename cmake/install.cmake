@@ -6,8 +6,8 @@ install(TARGETS engine EXPORT engineTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION include/libengine)
-foreach(header_dir engine kernels nn optim checkpoint)
-  install(DIRECTORY ${header_dir} DESTINATION include/libengine FILES_MATCHING PATTERN "*.h")
+foreach(header_dir base engine kernels nn optim checkpoint)
+  install(DIRECTORY ${header_dir} DESTINATION include/libengine FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
 endforeach()
 install(EXPORT engineTargets NAMESPACE engine:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/engine)
 configure_package_config_file(cmake/engineConfig.cmake.in ${CMAKE_CURRENT_BINARY_DIR}/engineConfig.cmake

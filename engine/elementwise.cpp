@@ -4,6 +4,9 @@
 #include <cmath>
 
 #include "engine/dispatch.h"
+#if ENGINE_HAS_CUDA
+#include "engine/cuda/scratch.h"
+#endif
 
 namespace engine {
 using namespace detail;
@@ -57,8 +60,10 @@ double sum_of_squares(const Tensor& tensor) {
     } else {
         ENGINE_ON_CUDA("sum_of_squares", tensor.dtype(), {
             Tensor device_result = Tensor::zeros({1}, DType::f64, Device::cuda, MemoryCategory::workspace);
-            kernels::cuda::sum_of_squares(device_result.data<double>(), tensor.data<float>(), tensor.numel(),
-                                          cuda::compute_stream());
+            const cuda::Scratch<double> partials(kernels::cuda::reduction_workspace_count(tensor.numel()),
+                                                 cuda::compute_stream());
+            kernels::cuda::sum_of_squares(device_result.data<double>(), partials.get(), tensor.data<float>(),
+                                          tensor.numel(), cuda::compute_stream());
             result = device_result.to_vector<double>()[0];
         });
     }

@@ -3,7 +3,7 @@
 
 #include "engine/autograd.h"
 #include "engine/dtype.h"
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/memory.h"
 #include "engine/ops.h"
 #include "engine/random.h"

@@ -9,7 +9,7 @@
 #include <sstream>
 #include <vector>
 
-#include "engine/error.h"
+#include "base/error.h"
 #if ENGINE_HAS_CUDA
 #include "engine/cuda/runtime.h"
 #endif

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/dtype.h"
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/memory.h"
 
 namespace engine {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace engine::optim {
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what libengine builds with, when missing: idempotent and quiet. Needs root (apt-get) on Debian.
 set -euo pipefail
-packages=(cmake ninja-build g++ libopenblas-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev)
+packages=(cmake ninja-build g++ libopenblas-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
+          libboost-context-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Builds the CPU library and its whole test suite with AddressSanitizer + UndefinedBehaviorSanitizer in
-# build-asan/ and runs it under ctest. Exits non-zero on any failing test or sanitizer finding.
+# Builds the library on the emulated CUDA device (ENGINE_CUDA=EMULATE) and its whole test suite, the CPU tests
+# and the `cuda-emu` ones, with AddressSanitizer + UndefinedBehaviorSanitizer in build-asan/ and runs it under
+# ctest: an out-of-bounds access inside a CUDA kernel is caught here byte-exactly. Exits non-zero on any
+# failing test or sanitizer finding.
 #   SANITIZE_BUILD_DIR  build directory (default build-asan)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${SANITIZE_BUILD_DIR:-build-asan}
 flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DENGINE_CUDA=OFF -DENGINE_BUILD_BENCH=OFF \
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DENGINE_CUDA=EMULATE -DENGINE_BUILD_BENCH=OFF \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
 cmake --build "$build_dir" -j "$(nproc)"
 

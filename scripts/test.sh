@@ -7,9 +7,15 @@ build_dir=${ENGINE_BUILD_DIR:-build}
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENGINE_CUDA="${ENGINE_CUDA:-AUTO}" >/dev/null
 cmake --build "$build_dir" -j "$(nproc)"
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" --timeout 900
-# Reliability stages (docs/RELIABILITY.md), after the main suite: the CPU suite again under ASan + UBSan,
-# then each file-reader fuzzer for FUZZ_SECONDS (default 60). ENGINE_SKIP_SANITIZE=1 / ENGINE_SKIP_FUZZ=1
-# leave them out of a quick local run.
+# Then the stages after the main suite, each of which a quick local run can leave out:
+# - the CUDA kernels on the emulated device (scripts/emulated_cuda.sh, docs/CUDA.md); ENGINE_SKIP_EMULATED_CUDA=1
+# - the CPU and emulated-CUDA suites again under ASan + UBSan (docs/RELIABILITY.md); ENGINE_SKIP_SANITIZE=1
+# - each file-reader fuzzer for FUZZ_SECONDS (default 60); ENGINE_SKIP_FUZZ=1
+if [ "${ENGINE_SKIP_EMULATED_CUDA:-0}" != 1 ]; then
+  stage_start=$SECONDS
+  bash scripts/emulated_cuda.sh
+  echo "test.sh: emulated CUDA stage took $((SECONDS - stage_start)) s"
+fi
 if [ "${ENGINE_SKIP_SANITIZE:-0}" != 1 ]; then
   stage_start=$SECONDS
   bash scripts/sanitize.sh

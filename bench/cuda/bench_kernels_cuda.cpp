@@ -8,12 +8,12 @@
 #include <vector>
 
 #include <benchmark/benchmark.h>
-#include <cuda_runtime.h>
 
+#include "base/cuda/check.h"
+#include "base/cuda/handles.h"
+#include "base/cuda/headers.h"
 #include "engine/cuda/runtime.h"
-#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/handles.h"
 
 namespace {
 
@@ -57,9 +57,9 @@ bool prepare(benchmark::State& state) {
 // Runs `launch` once per iteration between two events and reports the per-iteration traffic or work.
 void run_timed(benchmark::State& state, double bytes, double flops, const std::function<void(cudaStream_t)>& launch) {
     cudaStream_t stream = engine::cuda::compute_stream();
-    launch(stream); // warm-up: first-touch, cuBLAS heuristics, the caching allocator's scratch blocks
+    launch(stream); // warm-up: first-touch, cuBLAS heuristics
     engine::cuda::synchronize();
-    engine::kernels::cuda::Event start(cudaEventDefault), stop(cudaEventDefault);
+    engine::base::cuda::Event start(cudaEventDefault), stop(cudaEventDefault);
     for (auto _ : state) {
         start.record(stream);
         launch(stream);
@@ -81,11 +81,10 @@ void BM_gemm(benchmark::State& state) {
     // The MLP's up projection: (B*T, C) x (C, 4C) with the weight stored (4C, C) as nn.Linear does.
     const int m = tokens, n = 4 * C, k = C;
     DeviceArray<float> a(int64_t(m) * k), b(int64_t(n) * k), c(int64_t(m) * n);
-    engine::cuda::set_tf32_enabled(tf32);
     run_timed(state, 0, 2.0 * m * n * k, [&](cudaStream_t stream) {
-        gpu::gemm(c.get(), a.get(), b.get(), m, n, k, false, true, 1.0f, 0.0f, stream);
+        gpu::gemm(c.get(), a.get(), b.get(), m, n, k, false, true, 1.0f, 0.0f, tf32, engine::cuda::cublas_handle(),
+                  stream);
     });
-    engine::cuda::set_tf32_enabled(false);
     state.SetLabel(tf32 ? "tf32" : "fp32");
 }
 BENCHMARK(BM_gemm)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -192,10 +191,11 @@ BENCHMARK(BM_attention_forward)->UseManualTime()->Unit(benchmark::kMillisecond);
 void BM_attention_backward(benchmark::State& state) {
     if (!prepare(state)) return;
     DeviceArray<float> dqkv(tokens * 3 * C), dout(tokens * C), qkv(tokens * 3 * C), out(tokens * C);
-    DeviceArray<float> logsumexp(int64_t(B) * NH * T);
+    DeviceArray<float> logsumexp(int64_t(B) * NH * T), row_dot_workspace(int64_t(B) * NH * T); // (B,NH,T)
     // Recompute QK^T twice (dq pass, dk/dv pass), dP twice, and dq, dk, dv: 7 triangle products.
     run_timed(state, 0, 3.5 * attention_forward_flops, [&](cudaStream_t stream) {
-        gpu::attention_backward(dqkv.get(), dout.get(), qkv.get(), out.get(), logsumexp.get(), B, T, C, NH, stream);
+        gpu::attention_backward(dqkv.get(), row_dot_workspace.get(), dout.get(), qkv.get(), out.get(), logsumexp.get(),
+                                B, T, C, NH, stream);
     });
 }
 BENCHMARK(BM_attention_backward)->UseManualTime()->Unit(benchmark::kMillisecond);
@@ -224,9 +224,10 @@ BENCHMARK(BM_cross_entropy_backward)->UseManualTime()->Unit(benchmark::kMicrosec
 void BM_sum_of_squares(benchmark::State& state) {
     if (!prepare(state)) return;
     DeviceArray<float> inp(parameter_count);
-    DeviceArray<double> out(1);
-    run_timed(state, f * parameter_count, 0,
-              [&](cudaStream_t stream) { gpu::sum_of_squares(out.get(), inp.get(), parameter_count, stream); });
+    DeviceArray<double> out(1), partials(gpu::reduction_workspace_count(parameter_count));
+    run_timed(state, f * parameter_count, 0, [&](cudaStream_t stream) {
+        gpu::sum_of_squares(out.get(), partials.get(), inp.get(), parameter_count, stream);
+    });
 }
 BENCHMARK(BM_sum_of_squares)->UseManualTime()->Unit(benchmark::kMicrosecond);
 

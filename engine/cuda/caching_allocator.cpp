@@ -7,10 +7,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/cuda/check.h"
+#include "base/cuda/handles.h"
 #include "engine/cuda/runtime.h"
 #include "engine/memory.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/handles.h"
 
 namespace engine::cuda {
 namespace {
@@ -146,7 +146,7 @@ public:
             (void)cudaGetLastError();
             return;
         }
-        kernels::cuda::Event released = kernels::cuda::Event::adopt(raw_event);
+        base::cuda::Event released = base::cuda::Event::adopt(raw_event);
         cudaStream_t stream = nullptr;
         try {
             stream = compute_stream(); // initialized already in practice: the pool is installed by it
@@ -192,7 +192,7 @@ public:
 private:
     struct FreeBlock {
         void* pointer;
-        kernels::cuda::Event released; // recorded on the compute stream when the block was freed
+        base::cuda::Event released; // recorded on the compute stream when the block was freed
     };
 
     static void* system_allocate(size_t bytes) {

@@ -7,10 +7,9 @@
 #include <mutex>
 #include <utility>
 
-#include "engine/error.h"
-#include "kernels/cuda/cublas_handle.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/handles.h"
+#include "base/cuda/check.h"
+#include "base/cuda/handles.h"
+#include "base/error.h"
 
 namespace engine::cuda {
 
@@ -20,9 +19,9 @@ namespace {
 
 struct DeviceState {
     int device = 0;
-    kernels::cuda::Stream stream;
-    kernels::cuda::CublasHandle cublas{stream.get()};
-    kernels::cuda::Stream copies; // prefetch copies only; everything else is on `stream`
+    base::cuda::Stream stream;
+    base::cuda::CublasHandle cublas{stream.get()};
+    base::cuda::Stream copies; // prefetch copies only; everything else is on `stream`
 };
 
 std::mutex initialization_mutex;

@@ -9,6 +9,8 @@
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
 struct CUevent_st;
+struct cublasContext;
+using cublasHandle_t = cublasContext*;
 
 namespace engine::cuda {
 
@@ -20,6 +22,8 @@ bool device_available();
 void ensure_initialized();
 // The one engine-owned compute stream every kernel, copy and cuBLAS call of the engine is ordered on.
 cudaStream_t compute_stream();
+// The engine's cuBLAS handle, created bound to the compute stream.
+cublasHandle_t cublas_handle();
 // Copies between host and device on the compute stream; returns once a host destination is written.
 void copy(void* destination, Device destination_device, const void* source, Device source_device, size_t bytes);
 void zero(void* destination, size_t bytes); // cudaMemsetAsync on the compute stream

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <utility>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace engine::io {
 namespace {

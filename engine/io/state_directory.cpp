@@ -7,7 +7,7 @@
 #include <sstream>
 #include <system_error>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/io/atomic_file.h"
 #include "engine/io/state_file.h"
 

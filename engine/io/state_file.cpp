@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/io/atomic_file.h"
 
 namespace engine::io {

@@ -3,6 +3,9 @@
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
 #include "engine/ops.h"
+#if ENGINE_HAS_CUDA
+#include "engine/cuda/scratch.h"
+#endif
 
 namespace engine {
 using namespace detail;
@@ -43,11 +46,14 @@ Tensor attention(const Tensor& qkv, int num_heads) {
                                                                 time, channels, num_heads);
                         });
                     } else {
-                        ENGINE_ON_CUDA(op, dout.dtype(),
-                                       kernels::cuda::attention_backward(
-                                           dqkv.data<float>(), dout.data<float>(), saved_qkv.data<float>(),
-                                           saved_out.data<float>(), saved_logsumexp.data<float>(), batch, time,
-                                           channels, num_heads, cuda::compute_stream()));
+                        ENGINE_ON_CUDA(op, dout.dtype(), {
+                            const cuda::Scratch<float> row_dot(size_t(batch) * num_heads * time,
+                                                               cuda::compute_stream()); // (B,NH,T)
+                            kernels::cuda::attention_backward(dqkv.data<float>(), row_dot.get(), dout.data<float>(),
+                                                              saved_qkv.data<float>(), saved_out.data<float>(),
+                                                              saved_logsumexp.data<float>(), batch, time, channels,
+                                                              num_heads, cuda::compute_stream());
+                        });
                     }
                 });
     return out;

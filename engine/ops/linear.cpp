@@ -18,7 +18,8 @@ void gemm_tensors(const Tensor& c, const Tensor& a, const Tensor& b, int m, int 
     } else {
         ENGINE_ON_CUDA("gemm", c.dtype(),
                        kernels::cuda::gemm(c.data<float>(), a.data<float>(), b.data<float>(), m, n, k, transpose_a,
-                                           transpose_b, 1.0f, static_cast<float>(beta), cuda::compute_stream()));
+                                           transpose_b, 1.0f, static_cast<float>(beta), cuda::tf32_enabled(),
+                                           cuda::cublas_handle(), cuda::compute_stream()));
     }
 }
 

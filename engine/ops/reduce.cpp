@@ -5,6 +5,9 @@
 #include "engine/dispatch.h"
 #include "engine/elementwise.h"
 #include "engine/ops.h"
+#if ENGINE_HAS_CUDA
+#include "engine/cuda/scratch.h"
+#endif
 
 namespace engine {
 using namespace detail;
@@ -15,9 +18,12 @@ void sum_tensors(const Tensor& out, const Tensor& input, double scale) {
             kernels::cpu::sum_forward<T>(out.data<T>(), input.data<T>(), input.numel(), static_cast<T>(scale));
         });
     } else {
-        ENGINE_ON_CUDA("sum", out.dtype(),
-                       kernels::cuda::sum_forward(out.data<float>(), input.data<float>(), input.numel(),
-                                                  static_cast<float>(scale), cuda::compute_stream()));
+        ENGINE_ON_CUDA("sum", out.dtype(), {
+            const cuda::Scratch<double> partials(kernels::cuda::reduction_workspace_count(input.numel()),
+                                                 cuda::compute_stream());
+            kernels::cuda::sum_forward(out.data<float>(), partials.get(), input.data<float>(), input.numel(),
+                                       static_cast<float>(scale), cuda::compute_stream());
+        });
     }
 }
 

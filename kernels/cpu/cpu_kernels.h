@@ -7,7 +7,7 @@
 //   either a zeroed buffer or a persistent parameter-gradient buffer, so gradient accumulation across
 //   micro-batches and tensors used twice (the residual stream) both come out right with no special case.
 // - Kernels know no tensor, no tape and no error policy beyond their preconditions: shape and range checks
-//   happen in the op layer (engine/ops) before a kernel runs, so a kernel never sees bad input.
+//   happen in the engine's op layer before a kernel runs, so a kernel never sees bad input.
 // - Templated on the element type: float for training, double for float64 gradient checks.
 #pragma once
 

@@ -1,6 +1,7 @@
 // AdamW parameter update with PyTorch semantics (CUDA twin of kernels/cpu/adamw.cpp).
-#include "kernels/cuda/cuda_check.h"
+#include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/grid.h"
 
 namespace engine::kernels::cuda {
 namespace {
@@ -27,9 +28,8 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t N
                   float beta2, float eps, float weight_decay, float bias_correction1, float bias_correction2,
                   float grad_scale, cudaStream_t stream) {
     if (N == 0) return;
-    adamw_update_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(
-        param, grad, m, v, N, lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2, grad_scale);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(adamw_update_kernel, elementwise_grid(N, block_size), block_size, 0, stream, param, grad, m, v, N, lr,
+                  beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2, grad_scale);
 }
 
 } // namespace engine::kernels::cuda

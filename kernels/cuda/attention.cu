@@ -4,9 +4,9 @@
 // Every output element is written by exactly one warp, so both directions are deterministic.
 #include <cmath>
 
-#include "kernels/cuda/cuda_check.h"
+#include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/scratch.h"
+#include "kernels/cuda/grid.h"
 #include "kernels/cuda/warp_reduce.cuh"
 
 namespace engine::kernels::cuda {
@@ -46,7 +46,7 @@ __device__ float dot_head(const float* shared_vector, const float* global_vector
 
 static __global__ void attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int B, int T, int C,
                                                 int NH) {
-    extern __shared__ float shared[];
+    ENGINE_DYNAMIC_SHARED(float, shared);
     const int head_size = C / NH, lane = threadIdx.x % warp_size, warp = threadIdx.x / warp_size;
     const int64_t warp_index = int64_t(blockIdx.x) * warps_per_block + warp;
     if (warp_index >= int64_t(B) * NH * T) return; // whole warps leave; no block barrier follows
@@ -109,7 +109,7 @@ static __global__ void attention_row_dot_kernel(float* row_dot, const float* dou
 static __global__ void attention_backward_query_kernel(float* dqkv, const float* dout, const float* qkv,
                                                        const float* logsumexp, const float* row_dot, int B, int T,
                                                        int C, int NH) {
-    extern __shared__ float shared[];
+    ENGINE_DYNAMIC_SHARED(float, shared);
     const int head_size = C / NH, lane = threadIdx.x % warp_size, warp = threadIdx.x / warp_size;
     const int64_t warp_index = int64_t(blockIdx.x) * warps_per_block + warp;
     if (warp_index >= int64_t(B) * NH * T) return;
@@ -161,7 +161,7 @@ static __global__ void attention_backward_query_kernel(float* dqkv, const float*
 static __global__ void attention_backward_key_value_kernel(float* dqkv, const float* dout, const float* qkv,
                                                            const float* logsumexp, const float* row_dot, int B,
                                                            int T, int C, int NH) {
-    extern __shared__ float shared[];
+    ENGINE_DYNAMIC_SHARED(float, shared);
     const int head_size = C / NH, lane = threadIdx.x % warp_size, warp = threadIdx.x / warp_size;
     const int64_t warp_index = int64_t(blockIdx.x) * warps_per_block + warp;
     if (warp_index >= int64_t(B) * NH * T) return;
@@ -229,28 +229,22 @@ void attention_forward(float* out, float* logsumexp, const float* qkv, int B, in
     const int64_t rows = int64_t(B) * NH * T;
     if (rows == 0) return;
     const size_t shared_bytes = size_t(warps_per_block) * (C / NH) * sizeof(float);
-    attention_forward_kernel<<<ceil_div(rows, warps_per_block), block_size, shared_bytes, stream>>>(out, logsumexp,
-                                                                                                    qkv, B, T, C, NH);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(attention_forward_kernel, ceil_div(rows, warps_per_block), block_size, shared_bytes, stream, out,
+                  logsumexp, qkv, B, T, C, NH);
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* logsumexp,
-                        int B, int T, int C, int NH, cudaStream_t stream) {
+void attention_backward(float* dqkv, float* row_dot_workspace, const float* dout, const float* qkv, const float* out,
+                        const float* logsumexp, int B, int T, int C, int NH, cudaStream_t stream) {
     check_attention_shape(C, NH);
     const int64_t rows = int64_t(B) * NH * T;
     if (rows == 0) return;
     const int grid = ceil_div(rows, warps_per_block);
     const size_t shared_bytes = size_t(2) * warps_per_block * (C / NH) * sizeof(float);
-    const Scratch<float> row_dot_scratch(static_cast<size_t>(rows), stream); // (B,NH,T)
-    float* row_dot = row_dot_scratch.get();
-    attention_row_dot_kernel<<<grid, block_size, 0, stream>>>(row_dot, dout, out, B, T, C, NH);
-    CUDA_CHECK_LAUNCH();
-    attention_backward_query_kernel<<<grid, block_size, shared_bytes, stream>>>(dqkv, dout, qkv, logsumexp, row_dot,
-                                                                                B, T, C, NH);
-    CUDA_CHECK_LAUNCH();
-    attention_backward_key_value_kernel<<<grid, block_size, shared_bytes, stream>>>(dqkv, dout, qkv, logsumexp,
-                                                                                    row_dot, B, T, C, NH);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(attention_row_dot_kernel, grid, block_size, 0, stream, row_dot_workspace, dout, out, B, T, C, NH);
+    ENGINE_LAUNCH(attention_backward_query_kernel, grid, block_size, shared_bytes, stream, dqkv, dout, qkv, logsumexp,
+                  row_dot_workspace, B, T, C, NH);
+    ENGINE_LAUNCH(attention_backward_key_value_kernel, grid, block_size, shared_bytes, stream, dqkv, dout, qkv,
+                  logsumexp, row_dot_workspace, B, T, C, NH);
 }
 
 } // namespace engine::kernels::cuda

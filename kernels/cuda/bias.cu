@@ -1,6 +1,7 @@
 // Bias broadcast add and its column-sum gradient (CUDA twin of kernels/cpu/bias.cpp).
-#include "kernels/cuda/cuda_check.h"
+#include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/grid.h"
 
 namespace engine::kernels::cuda {
 namespace {
@@ -28,14 +29,13 @@ static __global__ void bias_backward_kernel(float* dbias, const float* dout, int
 void bias_add_forward(float* out, const float* bias, int N, int OC, cudaStream_t stream) {
     const int64_t count = int64_t(N) * OC;
     if (count == 0) return;
-    bias_add_forward_kernel<<<elementwise_grid(count, block_size), block_size, 0, stream>>>(out, bias, OC, count);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(bias_add_forward_kernel, elementwise_grid(count, block_size), block_size, 0, stream, out, bias, OC,
+                  count);
 }
 
 void bias_backward(float* dbias, const float* dout, int N, int OC, cudaStream_t stream) {
     if (OC == 0) return;
-    bias_backward_kernel<<<ceil_div(OC, block_size), block_size, 0, stream>>>(dbias, dout, N, OC);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(bias_backward_kernel, ceil_div(OC, block_size), block_size, 0, stream, dbias, dout, N, OC);
 }
 
 } // namespace engine::kernels::cuda

@@ -2,7 +2,7 @@
 // kernels/cpu/cross_entropy.cpp). Max-subtraction keeps exp() in range for any logits.
 #include <cfloat>
 
-#include "kernels/cuda/cuda_check.h"
+#include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/warp_reduce.cuh"
 
@@ -59,15 +59,14 @@ static __global__ void cross_entropy_backward_kernel(float* dlogits, const float
 void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
                            int ignore_index, cudaStream_t stream) {
     if (N == 0) return;
-    cross_entropy_forward_kernel<<<N, block_size, 0, stream>>>(losses, logits, targets, V, ignore_index);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(cross_entropy_forward_kernel, N, block_size, 0, stream, losses, logits, targets, V, ignore_index);
 }
 
 void cross_entropy_backward(float* dlogits, const float* dlosses, const float* logits, const int32_t* targets,
                             int N, int V, int ignore_index, cudaStream_t stream) {
     if (N == 0) return;
-    cross_entropy_backward_kernel<<<N, block_size, 0, stream>>>(dlogits, dlosses, logits, targets, V, ignore_index);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(cross_entropy_backward_kernel, N, block_size, 0, stream, dlogits, dlosses, logits, targets, V,
+                  ignore_index);
 }
 
 } // namespace engine::kernels::cuda

@@ -1,11 +1,13 @@
 // CUDA twins of the CPU reference kernels (kernels/cpu/cpu_kernels.h): same names, same argument order,
 // float only, plus a trailing stream. The CPU header's conventions hold here too; in particular every
-// backward kernel ACCUMULATES (+=) into its gradient outputs. Launchers are asynchronous on `stream`.
+// backward kernel ACCUMULATES (+=) into its gradient outputs. Launchers are asynchronous on `stream` and
+// allocate no memory themselves: a launcher that needs scratch takes it as a workspace argument right
+// after its outputs, and gemm takes the cuBLAS handle, so memory and handles stay the caller's business.
 #pragma once
 
 #include <cstdint>
 
-#include <cuda_runtime.h>
+#include "base/cuda/headers.h"
 
 namespace engine::kernels::cuda {
 
@@ -16,9 +18,9 @@ void embedding_forward(float* out, const int32_t* tokens, const float* token_tab
 void embedding_backward(float* dtoken_table, float* dposition_table, const float* dout, const int32_t* tokens,
                         int B, int T, int C, cudaStream_t stream);
 
-// ---- gemm (cuBLAS on the device layer's handle; TF32 when engine::cuda::tf32_enabled()) ----
+// ---- gemm (cuBLAS on `handle`, which it binds to `stream`; TF32 tensor cores when `tf32`) ----
 void gemm(float* c, const float* a, const float* b, int m, int n, int k, bool transpose_a, bool transpose_b,
-          float alpha, float beta, cudaStream_t stream);
+          float alpha, float beta, bool tf32, cublasHandle_t handle, cudaStream_t stream);
 
 // ---- bias ----
 void bias_add_forward(float* out, const float* bias, int N, int OC, cudaStream_t stream);
@@ -43,9 +45,11 @@ void residual_backward(float* da, float* db, const float* dout, int64_t N, cudaS
 inline constexpr int attention_max_head_size = 256;
 void attention_forward(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH,
                        cudaStream_t stream);
-// Uses a stream-ordered scratch of B*NH*T floats (cudaMallocAsync) for D_i = rowsum(dout * out).
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* logsumexp, int B, int T, int C, int NH, cudaStream_t stream);
+// row_dot_workspace: B*NH*T floats of device memory for D_i = rowsum(dout * out), overwritten; it must stay
+// untouched until the launched kernels have run.
+void attention_backward(float* dqkv, float* row_dot_workspace /* (B,NH,T) */, const float* dout,
+                        const float* qkv, const float* out, const float* logsumexp, int B, int T, int C, int NH,
+                        cudaStream_t stream);
 
 // ---- dropout (masks bit-identical to the CPU twin) ----
 void dropout_forward(float* out, const float* inp, float p, uint64_t seed, uint64_t offset, int64_t N,
@@ -60,9 +64,14 @@ void cross_entropy_backward(float* dlogits, const float* dlosses, const float* l
                             int N, int V, int ignore_index, cudaStream_t stream);
 
 // ---- reductions: deterministic two-stage (per-block partials in double, then one block) ----
-void sum_forward(float* out, const float* inp, int64_t N, float scale, cudaStream_t stream);
+// partials_workspace: reduction_workspace_count(N) doubles of device memory, overwritten; it must stay
+// untouched until the launched kernels have run.
+int reduction_workspace_count(int64_t N);
+void sum_forward(float* out, double* partials_workspace, const float* inp, int64_t N, float scale,
+                 cudaStream_t stream);
 void sum_backward(float* dinp, const float* dout, int64_t N, float scale, cudaStream_t stream);
-void sum_of_squares(double* out, const float* inp, int64_t N, cudaStream_t stream); // out is device memory
+void sum_of_squares(double* out, double* partials_workspace, const float* inp, int64_t N,
+                    cudaStream_t stream); // out is device memory
 
 // ---- elementwise helpers ----
 void fill(float* x, float value, int64_t N, cudaStream_t stream);

@@ -1,8 +1,10 @@
 // Dropout with the shared Philox stream (kernels/common/philox.h), so that masks are bit-identical to the
 // CPU twin (kernels/cpu/dropout.cpp) for the same (seed, offset). The mask is redrawn, never stored.
+#include "base/cuda/check.h"
+#include "base/cuda/launch.h"
 #include "kernels/common/philox.h"
-#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/grid.h"
 
 namespace engine::kernels::cuda {
 namespace {
@@ -35,17 +37,15 @@ void dropout_forward(float* out, const float* inp, float p, uint64_t seed, uint6
         if (out != inp) CUDA_CHECK(cudaMemcpyAsync(out, inp, N * sizeof(float), cudaMemcpyDeviceToDevice, stream));
         return;
     }
-    dropout_forward_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(out, inp, p, keep_scale_for(p),
-                                                                                        seed, offset, N);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(dropout_forward_kernel, elementwise_grid(N, block_size), block_size, 0, stream, out, inp, p,
+                  keep_scale_for(p), seed, offset, N);
 }
 
 void dropout_backward(float* dinp, const float* dout, float p, uint64_t seed, uint64_t offset, int64_t N,
                       cudaStream_t stream) {
     if (N == 0) return;
-    dropout_backward_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(
-        dinp, dout, p, keep_scale_for(p), seed, offset, N);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(dropout_backward_kernel, elementwise_grid(N, block_size), block_size, 0, stream, dinp, dout, p,
+                  keep_scale_for(p), seed, offset, N);
 }
 
 } // namespace engine::kernels::cuda

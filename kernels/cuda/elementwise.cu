@@ -1,6 +1,7 @@
 // Elementwise helpers: fill, scale, axpy (CUDA twin of kernels/cpu/elementwise.cpp).
-#include "kernels/cuda/cuda_check.h"
+#include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/grid.h"
 
 namespace engine::kernels::cuda {
 namespace {
@@ -27,20 +28,17 @@ static __global__ void axpy_kernel(float* y, const float* x, float alpha, int64_
 
 void fill(float* x, float value, int64_t N, cudaStream_t stream) {
     if (N == 0) return;
-    fill_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(x, value, N);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(fill_kernel, elementwise_grid(N, block_size), block_size, 0, stream, x, value, N);
 }
 
 void scale(float* x, float alpha, int64_t N, cudaStream_t stream) {
     if (N == 0) return;
-    scale_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(x, alpha, N);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(scale_kernel, elementwise_grid(N, block_size), block_size, 0, stream, x, alpha, N);
 }
 
 void axpy(float* y, const float* x, float alpha, int64_t N, cudaStream_t stream) {
     if (N == 0) return;
-    axpy_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(y, x, alpha, N);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(axpy_kernel, elementwise_grid(N, block_size), block_size, 0, stream, y, x, alpha, N);
 }
 
 } // namespace engine::kernels::cuda

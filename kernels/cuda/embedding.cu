@@ -1,6 +1,7 @@
 // Token plus position embedding, forward and deterministic backward (CUDA twin of kernels/cpu/embedding.cpp).
-#include "kernels/cuda/cuda_check.h"
+#include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/grid.h"
 
 namespace engine::kernels::cuda {
 namespace {
@@ -45,20 +46,17 @@ void embedding_forward(float* out, const int32_t* tokens, const float* token_tab
                        int B, int T, int C, cudaStream_t stream) {
     const int64_t count = int64_t(B) * T * C;
     if (count == 0) return;
-    embedding_forward_kernel<<<elementwise_grid(count, block_size), block_size, 0, stream>>>(
-        out, tokens, token_table, position_table, T, C, count);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(embedding_forward_kernel, elementwise_grid(count, block_size), block_size, 0, stream, out, tokens,
+                  token_table, position_table, T, C, count);
 }
 
 void embedding_backward(float* dtoken_table, float* dposition_table, const float* dout, const int32_t* tokens,
                         int B, int T, int C, cudaStream_t stream) {
     if (int64_t(B) * T * C == 0) return;
-    embedding_backward_token_kernel<<<ceil_div(C, block_size), block_size, 0, stream>>>(dtoken_table, dout, tokens,
-                                                                                        B * T, C);
-    CUDA_CHECK_LAUNCH();
-    embedding_backward_position_kernel<<<ceil_div(int64_t(T) * C, block_size), block_size, 0, stream>>>(
-        dposition_table, dout, B, T, C);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(embedding_backward_token_kernel, ceil_div(C, block_size), block_size, 0, stream, dtoken_table, dout,
+                  tokens, B * T, C);
+    ENGINE_LAUNCH(embedding_backward_position_kernel, ceil_div(int64_t(T) * C, block_size), block_size, 0, stream,
+                  dposition_table, dout, B, T, C);
 }
 
 } // namespace engine::kernels::cuda

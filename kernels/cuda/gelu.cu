@@ -1,6 +1,7 @@
 // GELU, tanh approximation as in GPT-2 (CUDA twin of kernels/cpu/gelu.cpp).
-#include "kernels/cuda/cuda_check.h"
+#include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/grid.h"
 
 namespace engine::kernels::cuda {
 namespace {
@@ -31,14 +32,12 @@ static __global__ void gelu_backward_kernel(float* dinp, const float* dout, cons
 
 void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream) {
     if (N == 0) return;
-    gelu_forward_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(out, inp, N);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(gelu_forward_kernel, elementwise_grid(N, block_size), block_size, 0, stream, out, inp, N);
 }
 
 void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t N, cudaStream_t stream) {
     if (N == 0) return;
-    gelu_backward_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(dinp, dout, inp, N);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(gelu_backward_kernel, elementwise_grid(N, block_size), block_size, 0, stream, dinp, dout, inp, N);
 }
 
 } // namespace engine::kernels::cuda

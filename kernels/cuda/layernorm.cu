@@ -1,6 +1,7 @@
 // Layernorm over the last dimension, warp per row (CUDA twin of kernels/cpu/layernorm.cpp).
-#include "kernels/cuda/cuda_check.h"
+#include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/grid.h"
 #include "kernels/cuda/warp_reduce.cuh"
 
 namespace engine::kernels::cuda {
@@ -83,21 +84,18 @@ static __global__ void layernorm_backward_parameters_kernel(float* dweight, floa
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C, cudaStream_t stream) {
     if (N == 0 || C == 0) return;
-    layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block_size, 0, stream>>>(out, mean, rstd, inp, weight,
-                                                                                      bias, N, C);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(layernorm_forward_kernel, ceil_div(N, rows_per_block), block_size, 0, stream, out, mean, rstd, inp,
+                  weight, bias, N, C);
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C,
                         cudaStream_t stream) {
     if (N == 0 || C == 0) return;
-    layernorm_backward_input_kernel<<<ceil_div(N, rows_per_block), block_size, 0, stream>>>(dinp, dout, inp, weight,
-                                                                                             mean, rstd, N, C);
-    CUDA_CHECK_LAUNCH();
-    layernorm_backward_parameters_kernel<<<ceil_div(C, block_size), block_size, 0, stream>>>(dweight, dbias, dout,
-                                                                                              inp, mean, rstd, N, C);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(layernorm_backward_input_kernel, ceil_div(N, rows_per_block), block_size, 0, stream, dinp, dout, inp,
+                  weight, mean, rstd, N, C);
+    ENGINE_LAUNCH(layernorm_backward_parameters_kernel, ceil_div(C, block_size), block_size, 0, stream, dweight, dbias,
+                  dout, inp, mean, rstd, N, C);
 }
 
 } // namespace engine::kernels::cuda

@@ -1,10 +1,10 @@
 // Sums (CUDA twin of kernels/cpu/reduce.cpp). Both reductions are two-stage and deterministic: a fixed
 // number of blocks (a function of N only) each write a double partial, then one block adds the partials in
-// a fixed order. No atomics, so the same input always gives the same bits. The partials live in workspace
-// scratch from the engine's caching allocator (kernels/cuda/scratch.h).
-#include "kernels/cuda/cuda_check.h"
+// a fixed order. No atomics, so the same input always gives the same bits. The partials live in the
+// caller's workspace (reduction_workspace_count doubles).
+#include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/scratch.h"
+#include "kernels/cuda/grid.h"
 #include "kernels/cuda/warp_reduce.cuh"
 
 namespace engine::kernels::cuda {
@@ -12,12 +12,12 @@ namespace {
 constexpr int block_size = 256;
 constexpr int max_partials = 1024; // enough blocks to cover every SM several times
 constexpr int final_block_size = 1024;
+} // namespace
 
-int partial_count(int64_t N) {
+int reduction_workspace_count(int64_t N) {
     const int blocks = ceil_div(N, block_size);
     return blocks < 1 ? 1 : (blocks > max_partials ? max_partials : blocks);
 }
-} // namespace
 
 template <bool square>
 static __global__ void partial_sum_kernel(double* partials, const float* inp, int64_t N) {
@@ -51,29 +51,25 @@ static __global__ void sum_backward_kernel(float* dinp, const float* dout, int64
 }
 
 template <bool square>
-static void two_stage_sum(float* float_out, double* double_out, const float* inp, int64_t N, double scale,
-                          cudaStream_t stream) {
-    const int count = partial_count(N);
-    const Scratch<double> partials_scratch(static_cast<size_t>(count), stream); // (count)
-    double* partials = partials_scratch.get();
-    partial_sum_kernel<square><<<count, block_size, 0, stream>>>(partials, inp, N);
-    CUDA_CHECK_LAUNCH();
-    final_sum_kernel<<<1, final_block_size, 0, stream>>>(float_out, double_out, partials, count, scale);
-    CUDA_CHECK_LAUNCH();
+static void two_stage_sum(float* float_out, double* double_out, double* partials, const float* inp, int64_t N,
+                          double scale, cudaStream_t stream) {
+    const int count = reduction_workspace_count(N);
+    ENGINE_LAUNCH(partial_sum_kernel<square>, count, block_size, 0, stream, partials, inp, N);
+    ENGINE_LAUNCH(final_sum_kernel, 1, final_block_size, 0, stream, float_out, double_out, partials, count, scale);
 }
 
-void sum_forward(float* out, const float* inp, int64_t N, float scale, cudaStream_t stream) {
-    two_stage_sum<false>(out, nullptr, inp, N, scale, stream);
+void sum_forward(float* out, double* partials_workspace, const float* inp, int64_t N, float scale,
+                 cudaStream_t stream) {
+    two_stage_sum<false>(out, nullptr, partials_workspace, inp, N, scale, stream);
 }
 
 void sum_backward(float* dinp, const float* dout, int64_t N, float scale, cudaStream_t stream) {
     if (N == 0) return;
-    sum_backward_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(dinp, dout, N, scale);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(sum_backward_kernel, elementwise_grid(N, block_size), block_size, 0, stream, dinp, dout, N, scale);
 }
 
-void sum_of_squares(double* out, const float* inp, int64_t N, cudaStream_t stream) {
-    two_stage_sum<true>(nullptr, out, inp, N, 1.0, stream);
+void sum_of_squares(double* out, double* partials_workspace, const float* inp, int64_t N, cudaStream_t stream) {
+    two_stage_sum<true>(nullptr, out, partials_workspace, inp, N, 1.0, stream);
 }
 
 } // namespace engine::kernels::cuda

@@ -1,6 +1,7 @@
 // Residual add and its pass-through gradient (CUDA twin of kernels/cpu/residual.cpp).
-#include "kernels/cuda/cuda_check.h"
+#include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/grid.h"
 
 namespace engine::kernels::cuda {
 namespace {
@@ -24,14 +25,12 @@ static __global__ void residual_backward_kernel(float* da, float* db, const floa
 
 void residual_forward(float* out, const float* a, const float* b, int64_t N, cudaStream_t stream) {
     if (N == 0) return;
-    residual_forward_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(out, a, b, N);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(residual_forward_kernel, elementwise_grid(N, block_size), block_size, 0, stream, out, a, b, N);
 }
 
 void residual_backward(float* da, float* db, const float* dout, int64_t N, cudaStream_t stream) {
     if (N == 0 || (da == nullptr && db == nullptr)) return;
-    residual_backward_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(da, db, dout, N);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(residual_backward_kernel, elementwise_grid(N, block_size), block_size, 0, stream, da, db, dout, N);
 }
 
 } // namespace engine::kernels::cuda

@@ -1,6 +1,7 @@
 // SGD with momentum, PyTorch semantics without dampening or Nesterov (CUDA twin of kernels/cpu/sgd.cpp).
-#include "kernels/cuda/cuda_check.h"
+#include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/grid.h"
 
 namespace engine::kernels::cuda {
 namespace {
@@ -21,9 +22,8 @@ static __global__ void sgd_update_kernel(float* param, const float* grad, float*
 void sgd_update(float* param, const float* grad, float* momentum_buffer, int64_t N, float lr, float momentum,
                 float weight_decay, float grad_scale, cudaStream_t stream) {
     if (N == 0) return;
-    sgd_update_kernel<<<elementwise_grid(N, block_size), block_size, 0, stream>>>(param, grad, momentum_buffer, N, lr,
-                                                                                   momentum, weight_decay, grad_scale);
-    CUDA_CHECK_LAUNCH();
+    ENGINE_LAUNCH(sgd_update_kernel, elementwise_grid(N, block_size), block_size, 0, stream, param, grad,
+                  momentum_buffer, N, lr, momentum, weight_decay, grad_scale);
 }
 
 } // namespace engine::kernels::cuda

@@ -2,7 +2,7 @@
 // participating thread, so callers need no extra broadcast.
 #pragma once
 
-#include <cuda_runtime.h>
+#include "base/cuda/headers.h"
 
 namespace engine::kernels::cuda {
 

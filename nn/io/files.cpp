@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <system_error>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace engine::nn::io_detail {
 

@@ -9,11 +9,11 @@
 #include <random>
 #include <vector>
 
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "base/cuda/check.h"
+#include "base/cuda/headers.h"
 #include "engine/cuda/runtime.h"
-#include "kernels/cuda/cuda_check.h"
 
 namespace engine::test {
 

@@ -1,26 +1,19 @@
 // The device layer: caching allocator reuse, copies through the compute stream, the pinned pool, and the
-// "no CUDA device" error path.
+// workspace scratch that ops hand to the kernels. (The "no CUDA device" paths: tests/cuda_no_device.)
 #include <numeric>
 
+#include "base/cuda/handles.h"
+#include "base/error.h"
 #include "engine/cuda/runtime.h"
-#include "engine/error.h"
+#include "engine/cuda/scratch.h"
 #include "engine/memory.h"
+#include "engine/ops.h"
 #include "tests/cuda/cuda_test.h"
 
 namespace engine::test {
 namespace {
 
 using DeviceLayerTest = CudaKernelTest;
-
-TEST(DeviceLayerWithoutDevice, InitializationFailsWithAReason) {
-    if (engine::cuda::device_available()) GTEST_SKIP() << "a CUDA device is present";
-    try {
-        engine::cuda::ensure_initialized();
-        FAIL() << "ensure_initialized() succeeded without a device";
-    } catch (const engine::EngineError& error) {
-        EXPECT_NE(std::string(error.what()).find("no CUDA device"), std::string::npos) << error.what();
-    }
-}
 
 TEST_F(DeviceLayerTest, CachingAllocatorReusesFreedBlocks) {
     constexpr size_t bytes = (size_t(3) << 20) + 123; // a large size class
@@ -79,6 +72,24 @@ TEST_F(DeviceLayerTest, PinnedPoolReusesBlocksAndServesCopies) {
     void* again = engine::allocate_bytes(Device::cpu, bytes, MemoryCategory::pinned_host);
     engine::deallocate_bytes(Device::cpu, again, bytes, MemoryCategory::pinned_host);
     EXPECT_EQ(engine::cuda::system_allocation_count(), before);
+}
+
+// An op's kernel workspace (here sum's reduction partials) is scratch from the accounting allocator: counted
+// while the op runs, given back when it returns, and refused on a stream other than the compute stream (the
+// caching allocator's reuse is ordered on that stream only).
+TEST_F(DeviceLayerTest, ScratchIsAccountedWorkspace) {
+    const Tensor input = Tensor::full({300001}, 0.5, DType::f32, Device::cuda);
+    const size_t workspace_before = engine::memory_stats(Device::cuda).current(MemoryCategory::workspace);
+    engine::reset_peak(Device::cuda);
+    const Tensor total = engine::sum(input);
+    const MemoryStats after = engine::memory_stats(Device::cuda);
+    EXPECT_EQ(after.current(MemoryCategory::workspace), workspace_before);
+    EXPECT_GT(after.peak(MemoryCategory::workspace), workspace_before);
+    EXPECT_EQ(total.to_vector<float>()[0], 150000.5f);
+
+    base::cuda::Stream other;
+    EXPECT_THROW(engine::cuda::Scratch<double>(16, other.get()), engine::EngineError);
+    EXPECT_EQ(engine::memory_stats(Device::cuda).current(MemoryCategory::workspace), workspace_before);
 }
 
 TEST_F(DeviceLayerTest, TooLargeAllocationRaisesOutOfMemory) {

@@ -25,33 +25,33 @@ constexpr int gemm_k = 29;
 
 // beta 0.3 accumulates into c; beta 0 must overwrite c, so there c starts as NaN (the BLAS rule that c is
 // not read is what a fused bias or a fresh output buffer relies on).
-void check_gemm(LayerKernelTest& test, bool transpose_a, bool transpose_b, float beta, Tolerance tolerance,
-                int k = gemm_k) {
+void check_gemm(LayerKernelTest& test, bool transpose_a, bool transpose_b, float beta, bool tf32,
+                Tolerance tolerance, int k = gemm_k) {
     constexpr int m = 37, n = 53;
     const auto a = test.random_floats(size_t(m) * k), b = test.random_floats(size_t(k) * n);
     auto c = beta == 0.0f ? nan_filled(size_t(m) * n) : test.random_floats(size_t(m) * n);
     DeviceBuffer<float> a_device(a), b_device(b), c_device(c);
     cpu::gemm(c.data(), a.data(), b.data(), m, n, k, transpose_a, transpose_b, 0.7f, beta);
-    gpu::gemm(c_device.get(), a_device.get(), b_device.get(), m, n, k, transpose_a, transpose_b, 0.7f, beta,
-              test.stream);
+    gpu::gemm(c_device.get(), a_device.get(), b_device.get(), m, n, k, transpose_a, transpose_b, 0.7f, beta, tf32,
+              engine::cuda::cublas_handle(), test.stream);
     EXPECT_TRUE(all_close(c_device.to_host(), c, tolerance,
                           "gemm transpose_a=" + std::to_string(transpose_a) +
                               " transpose_b=" + std::to_string(transpose_b) + " beta=" + std::to_string(beta) +
-                              " k=" + std::to_string(k)));
+                              " tf32=" + std::to_string(tf32) + " k=" + std::to_string(k)));
 }
 
 TEST_F(LayerKernelTest, GemmFp32EveryTransposeAndBeta) {
     for (const float beta : {0.3f, 0.0f}) {
         for (const bool transpose_a : {false, true}) {
             for (const bool transpose_b : {false, true})
-                check_gemm(*this, transpose_a, transpose_b, beta, Tolerance{1e-5, 1e-4});
+                check_gemm(*this, transpose_a, transpose_b, beta, false, Tolerance{1e-5, 1e-4});
         }
     }
 }
 
 // k = 0: the product is empty, so c = beta * c exactly (and beta = 0 writes zeros over the NaN).
 TEST_F(LayerKernelTest, GemmWithEmptyInnerDimensionScalesC) {
-    for (const float beta : {0.3f, 0.0f}) check_gemm(*this, false, false, beta, Tolerance{0.0, 0.0}, 0);
+    for (const float beta : {0.3f, 0.0f}) check_gemm(*this, false, false, beta, false, Tolerance{0.0, 0.0}, 0);
 }
 
 // TF32 keeps 10 of float's 23 mantissa bits, so each input carries a relative error up to 2^-11 if cuBLAS
@@ -62,12 +62,10 @@ TEST_F(LayerKernelTest, GemmWithEmptyInnerDimensionScalesC) {
 // indexing or transpose error moves outputs by O(1).
 TEST_F(LayerKernelTest, GemmTf32EveryTranspose) {
     static_assert(gemm_k == 29, "the TF32 tolerance below is derived for k = 29");
-    engine::cuda::set_tf32_enabled(true);
     for (const bool transpose_a : {false, true}) {
         for (const bool transpose_b : {false, true})
-            check_gemm(*this, transpose_a, transpose_b, 0.3f, Tolerance{1e-2, 5e-3});
+            check_gemm(*this, transpose_a, transpose_b, 0.3f, true, Tolerance{1e-2, 5e-3});
     }
-    engine::cuda::set_tf32_enabled(false);
 }
 
 TEST_F(LayerKernelTest, Layernorm) {
@@ -113,11 +111,12 @@ TEST_F(LayerKernelTest, AttentionForwardAndBackward) {
         auto dqkv = accumulator(*this, tokens * 3 * C);
         DeviceBuffer<float> qkv_device(qkv), dout_device(dout), dqkv_device(dqkv);
         DeviceBuffer<float> out_device(nan_filled(out.size())), logsumexp_device(nan_filled(logsumexp.size()));
+        DeviceBuffer<float> row_dot_workspace(logsumexp.size()); // (B,NH,T)
         cpu::attention_forward(out.data(), logsumexp.data(), qkv.data(), B, T, C, NH);
         cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), logsumexp.data(), B, T, C, NH);
         gpu::attention_forward(out_device.get(), logsumexp_device.get(), qkv_device.get(), B, T, C, NH, stream);
-        gpu::attention_backward(dqkv_device.get(), dout_device.get(), qkv_device.get(), out_device.get(),
-                                logsumexp_device.get(), B, T, C, NH, stream);
+        gpu::attention_backward(dqkv_device.get(), row_dot_workspace.get(), dout_device.get(), qkv_device.get(),
+                                out_device.get(), logsumexp_device.get(), B, T, C, NH, stream);
         const std::string size = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
                                  " NH=" + std::to_string(NH);
         EXPECT_TRUE(all_close(out_device.to_host(), out, Tolerance{1e-5, 1e-4}, "attention out" + size));

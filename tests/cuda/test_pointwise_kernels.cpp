@@ -3,9 +3,8 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_kernels.h"
-#include "engine/memory.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/handles.h"
+#include "kernels/cuda/grid.h"
 #include "tests/cuda/compare.h"
 #include "tests/cuda/cuda_test.h"
 
@@ -145,44 +144,29 @@ TEST_F(PointwiseKernelTest, SumForwardBackwardAndSumOfSquares) {
         const auto inp = random_floats(count);
         const std::vector<float> dout = {0.75f};
         auto dinp = random_floats(count);
+        // The device copy is taken before the CPU twin accumulates into dinp: both must start from the same
+        // gradient (the first run on the emulated device caught this test adding the gradient twice).
+        DeviceBuffer<float> inp_device(inp), dout_device(dout), sum(nan_filled(1)), dinp_device(dinp);
         const float scale = 1.0f / 3.0f;
         float expected_sum = 0.0f;
         double expected_squares = 0.0;
         cpu::sum_forward(&expected_sum, inp.data(), count, scale);
         cpu::sum_backward(dinp.data(), dout.data(), count, scale);
         cpu::sum_of_squares(&expected_squares, inp.data(), count);
-        DeviceBuffer<float> inp_device(inp), dout_device(dout), sum(nan_filled(1)), dinp_device(dinp);
         DeviceBuffer<double> squares(std::vector<double>{std::numeric_limits<double>::quiet_NaN()});
-        gpu::sum_forward(sum.get(), inp_device.get(), count, scale, stream);
+        DeviceBuffer<double> partials(static_cast<size_t>(gpu::reduction_workspace_count(count)));
+        gpu::sum_forward(sum.get(), partials.get(), inp_device.get(), count, scale, stream);
         gpu::sum_backward(dinp_device.get(), dout_device.get(), count, scale, stream);
-        gpu::sum_of_squares(squares.get(), inp_device.get(), count, stream);
+        gpu::sum_of_squares(squares.get(), partials.get(), inp_device.get(), count, stream);
         EXPECT_TRUE(all_close(sum.to_host(), std::vector<float>{expected_sum}, Tolerance{0.0, 1e-6}, "sum" + what));
         EXPECT_TRUE(all_close(dinp_device.to_host(), dinp, pointwise, "sum dinp" + what));
         EXPECT_TRUE(all_close(squares.to_host(), std::vector<double>{expected_squares}, Tolerance{0.0, 1e-10},
                               "sum_of_squares" + what));
         // Deterministic: a second run gives the same bits.
         const auto first = squares.to_host();
-        gpu::sum_of_squares(squares.get(), inp_device.get(), count, stream);
+        gpu::sum_of_squares(squares.get(), partials.get(), inp_device.get(), count, stream);
         EXPECT_EQ(std::memcmp(first.data(), squares.to_host().data(), sizeof(double)), 0) << what;
     }
-}
-
-// The partials are workspace scratch from the accounting allocator: counted while the launcher runs, given
-// back when it returns, and refused on a stream other than the compute stream (the caching allocator's
-// reuse is ordered on that stream only).
-TEST_F(PointwiseKernelTest, ReductionScratchIsAccountedWorkspace) {
-    const auto inp = random_floats(N);
-    DeviceBuffer<float> inp_device(inp), sum(nan_filled(1));
-    const size_t workspace_before = memory_stats(Device::cuda).current(MemoryCategory::workspace);
-    reset_peak(Device::cuda);
-    gpu::sum_forward(sum.get(), inp_device.get(), N, 1.0f, stream);
-    const MemoryStats after = memory_stats(Device::cuda);
-    EXPECT_EQ(after.current(MemoryCategory::workspace), workspace_before);
-    EXPECT_GT(after.peak(MemoryCategory::workspace), workspace_before);
-
-    kernels::cuda::Stream other;
-    EXPECT_THROW(gpu::sum_forward(sum.get(), inp_device.get(), N, 1.0f, other.get()), EngineError);
-    EXPECT_EQ(memory_stats(Device::cuda).current(MemoryCategory::workspace), workspace_before);
 }
 
 TEST_F(PointwiseKernelTest, FillScaleAxpy) {
@@ -200,7 +184,7 @@ TEST_F(PointwiseKernelTest, FillScaleAxpy) {
     EXPECT_TRUE(all_close(y_device.to_host(), y, pointwise, "axpy"));
 }
 
-// Elementwise grids are capped at max_elementwise_blocks (cuda_check.h); past 65,535 blocks of 256 every
+// Elementwise grids are capped at max_elementwise_blocks (kernels/cuda/grid.h); past 65,535 blocks of 256 every
 // thread must loop grid-stride, or the tail stays unwritten.
 TEST_F(PointwiseKernelTest, AxpyBeyondTheGridCapLoopsGridStride) {
     constexpr int64_t count = int64_t(kernels::cuda::max_elementwise_blocks) * 256 + 1001; // ~16.8M floats

@@ -5,9 +5,9 @@
 
 #include <utility>
 
-#include "kernels/cuda/cuda_check.h"
+#include "base/cuda/check.h"
 
-namespace engine::kernels::cuda {
+namespace engine::base::cuda {
 
 class Stream {
 public:
@@ -85,4 +85,4 @@ private:
     cublasHandle_t handle_ = nullptr;
 };
 
-} // namespace engine::kernels::cuda
+} // namespace engine::base::cuda

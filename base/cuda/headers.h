@@ -1,0 +1,13 @@
+// The one way libengine includes the CUDA runtime, bf16, wmma (mma.h) and cuBLAS headers. In the emulated build
+// (ENGINE_CUDA=EMULATE) the emulator's header comes first, so that it owns __global__, __shared__ and the
+// other CUDA keywords before the toolkit's headers would define them; nothing else differs.
+#pragma once
+
+#if ENGINE_CUDA_EMULATED
+#include "emulator/cuda_emulation.h"
+#else
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+#endif

@@ -1,0 +1,597 @@
+// The emulated device's execution model: a block's threads as cooperatively scheduled fibers, barriers and
+// warp collectives as the only switch points, and the checks the hardware leaves undefined (a collective
+// naming a lane that exited or does not exist, a barrier some threads never reach, deadlock).
+#include "emulator/scheduler.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include <boost/context/fiber.hpp>
+#include <boost/context/preallocated.hpp>
+
+#if ENGINE_EMULATOR_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+namespace engine::emulator {
+
+__thread uint3 current_thread_index __attribute__((tls_model("initial-exec"))) = {0, 0, 0};
+__thread uint3 current_block_index __attribute__((tls_model("initial-exec"))) = {0, 0, 0};
+__thread uint3 current_block_dim __attribute__((tls_model("initial-exec"))) = {1, 1, 1};
+__thread uint3 current_grid_dim __attribute__((tls_model("initial-exec"))) = {1, 1, 1};
+
+namespace {
+
+namespace context = boost::context;
+
+// Kernels keep little on their stacks; ASan's redzones need more.
+constexpr size_t fiber_stack_bytes = ENGINE_EMULATOR_ASAN ? 512 * 1024 : 64 * 1024;
+constexpr int warp_lanes = 32;
+
+SchedulerStatistics statistics;
+
+size_t page_bytes() {
+    static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return page;
+}
+
+// One stack per thread slot of a block, mapped once per host thread with a guard page below it (an
+// overflow faults instead of corrupting the next stack) and reused by every block after.
+class StackPool {
+public:
+    StackPool() = default;
+    StackPool(const StackPool&) = delete;
+    StackPool& operator=(const StackPool&) = delete;
+    ~StackPool() {
+        for (const context::stack_context& stack : stacks_) munmap(static_cast<char*>(stack.sp) - stack.size, stack.size);
+    }
+    const context::stack_context& stack(size_t slot) {
+        while (stacks_.size() <= slot) {
+            const size_t total = fiber_stack_bytes + page_bytes();
+            void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (base == MAP_FAILED) throw std::bad_alloc();
+            mprotect(base, page_bytes(), PROT_NONE);
+            context::stack_context stack;
+            stack.size = total;
+            stack.sp = static_cast<char*>(base) + total;
+            stacks_.push_back(stack);
+        }
+        return stacks_[slot];
+    }
+
+private:
+    std::vector<context::stack_context> stacks_;
+};
+
+thread_local StackPool stack_pool;
+
+// The pool owns the stacks; a finished fiber gives nothing back.
+struct PooledStack {
+    context::stack_context allocate() { throw std::logic_error("PooledStack hands out preallocated stacks only"); }
+    void deallocate(context::stack_context&) noexcept {}
+};
+
+// Thrown inside a fiber to unwind it after a fault elsewhere in the block.
+struct KernelAbort {};
+
+enum class ThreadStatus : uint8_t { ready, waiting_block, waiting_warp, finished };
+
+struct EmulatedThread {
+    uint3 index{};
+    int warp = 0, lane = 0;
+    ThreadStatus status = ThreadStatus::ready;
+    bool started = false;
+    context::fiber self;      // resumes this thread (held by the scheduler while the thread is suspended)
+    context::fiber scheduler; // resumes the scheduler (held by the thread while it runs)
+    LaneRequest request{};    // while waiting_warp
+    int barrier_result = 0;
+    void* fake_stack = nullptr; // ASan's bookkeeping for this fiber's stack
+};
+
+struct WarpState {
+    unsigned existing = 0, exited = 0, arrived = 0;
+};
+
+// Threads that may run, in the order the schedule wants them.
+class ReadyQueue {
+public:
+    void reset(ScheduleChoice choice, int thread_count) {
+        schedule_ = choice.schedule;
+        random_.seed(choice.seed);
+        fifo_.clear();
+        pool_.clear();
+        bits_.assign(static_cast<size_t>((thread_count + 63) / 64), 0);
+        count_ = 0;
+    }
+    bool reverse() const { return schedule_ == Schedule::round_robin_reverse || schedule_ == Schedule::greedy_reverse; }
+    void push(int thread) {
+        ++count_;
+        switch (schedule_) {
+        case Schedule::round_robin:
+        case Schedule::round_robin_reverse: fifo_.push_back(thread); return;
+        case Schedule::greedy:
+        case Schedule::greedy_reverse: bits_[static_cast<size_t>(thread) / 64] |= uint64_t(1) << (thread % 64); return;
+        case Schedule::random: pool_.push_back(thread); return;
+        }
+    }
+    bool empty() const { return count_ == 0; }
+    int pop() {
+        --count_;
+        switch (schedule_) {
+        case Schedule::round_robin:
+        case Schedule::round_robin_reverse: {
+            const int thread = fifo_.front();
+            fifo_.pop_front();
+            return thread;
+        }
+        case Schedule::greedy:
+            for (size_t word = 0; word < bits_.size(); ++word) {
+                if (bits_[word] != 0) return take(word, std::countr_zero(bits_[word]));
+            }
+            break;
+        case Schedule::greedy_reverse:
+            for (size_t word = bits_.size(); word-- > 0;) {
+                if (bits_[word] != 0) return take(word, 63 - std::countl_zero(bits_[word]));
+            }
+            break;
+        case Schedule::random: {
+            const size_t pick = std::uniform_int_distribution<size_t>(0, pool_.size() - 1)(random_);
+            const int thread = pool_[pick];
+            pool_[pick] = pool_.back();
+            pool_.pop_back();
+            return thread;
+        }
+        }
+        throw std::logic_error("emulator ready queue is inconsistent");
+    }
+
+private:
+    int take(size_t word, int bit) {
+        bits_[word] &= ~(uint64_t(1) << bit);
+        return static_cast<int>(word * 64) + bit;
+    }
+    Schedule schedule_ = Schedule::round_robin;
+    std::deque<int> fifo_;
+    std::vector<uint64_t> bits_;
+    std::vector<int> pool_;
+    std::mt19937_64 random_;
+    int count_ = 0;
+};
+
+std::string lanes_text(unsigned lanes) {
+    std::ostringstream text;
+    const char* separator = "";
+    for (int lane = 0; lane < warp_lanes; ++lane) {
+        if (lanes & (1u << lane)) {
+            text << separator << lane;
+            separator = ",";
+        }
+    }
+    return text.str();
+}
+
+std::string mask_text(unsigned mask) {
+    std::ostringstream text;
+    text << "0x" << std::hex << mask;
+    return text.str();
+}
+
+std::string coordinates_text(uint3 value) {
+    std::ostringstream text;
+    text << "(" << value.x << "," << value.y << "," << value.z << ")";
+    return text.str();
+}
+
+// Shared memory starts as NaN bytes (0xff): a read before any write shows up instead of a stale value.
+constexpr unsigned char shared_poison = 0xff;
+
+// The static shared section also holds other kernels' variables and, under ASan, their redzones, which
+// must be written without the instrumented memset complaining.
+__attribute__((no_sanitize_address)) void poison_static_shared(unsigned char* begin, unsigned char* end) {
+    for (volatile unsigned char* byte = begin; byte < end; ++byte) *byte = shared_poison;
+}
+
+// Dynamic shared memory for one launch: under ASan an exact heap block; otherwise mapped so that its end
+// touches a guard page, so reading past it faults.
+class DynamicShared {
+public:
+    explicit DynamicShared(size_t bytes) : bytes_(bytes) {
+#if ENGINE_EMULATOR_ASAN
+        heap_.resize(bytes == 0 ? 1 : bytes);
+        data_ = heap_.data();
+#else
+        const size_t rounded = (bytes + 15) / 16 * 16;
+        mapped_bytes_ = (rounded + page_bytes() - 1) / page_bytes() * page_bytes() + page_bytes();
+        void* base = mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) throw std::bad_alloc();
+        mapped_ = static_cast<unsigned char*>(base);
+        unsigned char* guard = mapped_ + mapped_bytes_ - page_bytes();
+        mprotect(guard, page_bytes(), PROT_NONE);
+        data_ = guard - rounded;
+#endif
+    }
+    ~DynamicShared() {
+        if (mapped_ != nullptr) munmap(mapped_, mapped_bytes_);
+    }
+    DynamicShared(const DynamicShared&) = delete;
+    DynamicShared& operator=(const DynamicShared&) = delete;
+    unsigned char* data() const { return data_; }
+    void poison() { std::memset(data_, shared_poison, bytes_); }
+
+private:
+    size_t bytes_;
+    unsigned char* data_ = nullptr;
+    unsigned char* mapped_ = nullptr;
+    size_t mapped_bytes_ = 0;
+    std::vector<unsigned char> heap_;
+};
+
+class BlockRun;
+thread_local BlockRun* running_block = nullptr;
+thread_local const char* running_kernel_name = nullptr;
+
+class BlockRun final : public WarpExchange {
+public:
+    BlockRun(const KernelLaunch& launch, ScheduleChoice choice)
+        : launch_(launch), choice_(choice), dynamic_shared_(launch.dynamic_shared_bytes) {
+        const dim3 block = launch.block;
+        thread_count_ = static_cast<int>(block.x * block.y * block.z);
+        threads_.resize(static_cast<size_t>(thread_count_));
+        warps_.resize(static_cast<size_t>((thread_count_ + warp_lanes - 1) / warp_lanes));
+        for (int linear = 0; linear < thread_count_; ++linear) {
+            EmulatedThread& thread = threads_[static_cast<size_t>(linear)];
+            const unsigned x = static_cast<unsigned>(linear) % block.x;
+            const unsigned y = static_cast<unsigned>(linear) / block.x % block.y;
+            const unsigned z = static_cast<unsigned>(linear) / (block.x * block.y);
+            thread.index = uint3{x, y, z};
+            thread.warp = linear / warp_lanes;
+            thread.lane = linear % warp_lanes;
+        }
+        for (size_t slot = 0; slot < static_cast<size_t>(thread_count_); ++slot) (void)stack_pool.stack(slot);
+    }
+
+    unsigned char* dynamic_shared() const { return dynamic_shared_.data(); }
+
+    std::optional<std::string> run(uint3 block_index, uint64_t block_seed) {
+        current_block_index = block_index;
+        block_index_ = block_index;
+        dynamic_shared_.poison();
+        poison_static_shared(launch_.static_shared_begin, launch_.static_shared_end);
+        for (EmulatedThread& thread : threads_) {
+            thread.status = ThreadStatus::ready;
+            thread.started = false;
+        }
+        for (size_t warp = 0; warp < warps_.size(); ++warp) {
+            const int lanes = std::min(warp_lanes, thread_count_ - static_cast<int>(warp) * warp_lanes);
+            warps_[warp] = WarpState{lanes == warp_lanes ? ~0u : (1u << lanes) - 1u, 0, 0};
+        }
+        barrier_waiting_ = barrier_count_ = finished_count_ = 0;
+        fault_.reset();
+        aborting_ = false;
+        queue_.reset(ScheduleChoice{choice_.schedule, block_seed}, thread_count_);
+        push_range(0, thread_count_);
+
+        while (!fault_ && !queue_.empty()) resume(queue_.pop());
+        if (!fault_ && finished_count_ < thread_count_) fault_ = describe_deadlock();
+        if (fault_) {
+            aborting_ = true; // every suspended thread unwinds from its sync point
+            for (int thread = 0; thread < thread_count_; ++thread) {
+                EmulatedThread& state = threads_[static_cast<size_t>(thread)];
+                if (state.started && state.status != ThreadStatus::finished) resume(thread);
+            }
+        }
+        return fault_;
+    }
+
+    int barrier(BarrierReduction reduction, int predicate) {
+        EmulatedThread& thread = current();
+        check_abort();
+        if (finished_count_ > 0) {
+            fail_thread(thread, "__syncthreads() reached after " + std::to_string(finished_count_) + " of the block's " +
+                                    std::to_string(thread_count_) +
+                                    " threads exited: every thread of the block must reach the barrier");
+        }
+        thread.status = ThreadStatus::waiting_block;
+        ++barrier_waiting_;
+        barrier_count_ += predicate != 0 ? 1 : 0;
+        if (barrier_waiting_ == thread_count_) {
+            int result = 0;
+            switch (reduction) {
+            case BarrierReduction::none: break;
+            case BarrierReduction::count: result = barrier_count_; break;
+            case BarrierReduction::all: result = barrier_count_ == thread_count_ ? 1 : 0; break;
+            case BarrierReduction::any: result = barrier_count_ > 0 ? 1 : 0; break;
+            }
+            for (EmulatedThread& waiting : threads_) waiting.barrier_result = result;
+            barrier_waiting_ = barrier_count_ = 0;
+            push_range(0, thread_count_);
+        }
+        yield(thread);
+        check_abort();
+        return thread.barrier_result;
+    }
+
+    void collective(const LaneRequest& request) {
+        EmulatedThread& thread = current();
+        check_abort();
+        WarpState& warp = warps_[static_cast<size_t>(thread.warp)];
+        const unsigned own = 1u << thread.lane;
+        // The messages are built only on failure: this runs once per lane per collective.
+        auto call = [&] { return std::string(request.kind->name) + " with mask " + mask_text(request.mask); };
+        if ((request.mask & own) == 0) fail_thread(thread, call() + " does not name the calling lane " + std::to_string(thread.lane));
+        if ((request.mask & ~warp.existing) != 0) {
+            fail_thread(thread, call() + " names lanes " + lanes_text(request.mask & ~warp.existing) + " that do not exist: warp " +
+                                    std::to_string(thread.warp) + " of this " + std::to_string(thread_count_) +
+                                    "-thread block has only lanes " + lanes_text(warp.existing));
+        }
+        if ((request.mask & warp.exited) != 0) {
+            fail_thread(thread, call() + " names lanes " + lanes_text(request.mask & warp.exited) + " that have exited");
+        }
+        thread.request = request;
+        thread.status = ThreadStatus::waiting_warp;
+        warp.arrived |= own;
+        if ((warp.arrived & request.mask) == request.mask) complete_collective(thread, request);
+        yield(thread);
+        check_abort();
+    }
+
+    // WarpExchange, for the combine function of the collective being completed.
+    unsigned mask() const override { return exchange_mask_; }
+    const LaneRequest& request(int lane) const override {
+        return threads_[static_cast<size_t>(exchange_warp_ * warp_lanes + lane)].request;
+    }
+    [[noreturn]] void fail(int lane, const char* message) override {
+        fail_thread(threads_[static_cast<size_t>(exchange_warp_ * warp_lanes + lane)], message);
+    }
+
+private:
+    EmulatedThread& current() { return threads_[static_cast<size_t>(running_thread_)]; }
+
+    void check_abort() const {
+        if (aborting_) throw KernelAbort{};
+    }
+
+    [[noreturn]] void fail_thread(const EmulatedThread& thread, const std::string& what) {
+        if (!fault_) {
+            std::ostringstream text;
+            text << "kernel " << launch_.name << ", block " << coordinates_text(block_index_) << ", thread "
+                 << coordinates_text(thread.index) << " (warp " << thread.warp << ", lane " << thread.lane << "): " << what
+                 << " [schedule " << schedule_name(choice_.schedule) << "]";
+            fault_ = text.str();
+        }
+        aborting_ = true;
+        throw KernelAbort{};
+    }
+
+    void push_range(int begin, int end) {
+        if (queue_.reverse()) {
+            for (int thread = end; thread-- > begin;) make_ready(thread);
+        } else {
+            for (int thread = begin; thread < end; ++thread) make_ready(thread);
+        }
+    }
+    void make_ready(int thread) {
+        threads_[static_cast<size_t>(thread)].status = ThreadStatus::ready;
+        queue_.push(thread);
+    }
+
+    void complete_collective(const EmulatedThread& arriving, const LaneRequest& request) {
+        const int warp_index = arriving.warp;
+        for (int lane = 0; lane < warp_lanes; ++lane) {
+            if ((request.mask & (1u << lane)) == 0) continue;
+            const EmulatedThread& other = threads_[static_cast<size_t>(warp_index * warp_lanes + lane)];
+            if (other.request.kind != request.kind || other.request.mask != request.mask) {
+                fail_thread(arriving, std::string("lanes of warp ") + std::to_string(warp_index) + " meet in different warp collectives: lane " +
+                                          std::to_string(arriving.lane) + " in " + request.kind->name + " (mask " +
+                                          mask_text(request.mask) + "), lane " + std::to_string(lane) + " in " +
+                                          other.request.kind->name + " (mask " + mask_text(other.request.mask) + ")");
+            }
+        }
+        exchange_warp_ = warp_index;
+        exchange_mask_ = request.mask;
+        request.kind->combine(*this);
+        warps_[static_cast<size_t>(warp_index)].arrived &= ~request.mask;
+        const int first = warp_index * warp_lanes;
+        if (queue_.reverse()) {
+            for (int lane = warp_lanes; lane-- > 0;) {
+                if (request.mask & (1u << lane)) make_ready(first + lane);
+            }
+        } else {
+            for (int lane = 0; lane < warp_lanes; ++lane) {
+                if (request.mask & (1u << lane)) make_ready(first + lane);
+            }
+        }
+    }
+
+    void finish(EmulatedThread& thread) {
+        thread.status = ThreadStatus::finished;
+        ++finished_count_;
+        WarpState& warp = warps_[static_cast<size_t>(thread.warp)];
+        const unsigned own = 1u << thread.lane;
+        warp.exited |= own;
+        if (barrier_waiting_ > 0) {
+            fail_thread(thread, "exited while " + std::to_string(barrier_waiting_) +
+                                    " threads of the block wait at __syncthreads() for it");
+        }
+        for (int lane = 0; lane < warp_lanes; ++lane) {
+            if ((warp.arrived & (1u << lane)) == 0) continue;
+            const LaneRequest& waiting = threads_[static_cast<size_t>(thread.warp * warp_lanes + lane)].request;
+            if (waiting.mask & own) {
+                fail_thread(thread, "exited while lane " + std::to_string(lane) + " waits for it in " + waiting.kind->name +
+                                        " with mask " + mask_text(waiting.mask));
+            }
+        }
+    }
+
+    std::string describe_deadlock() const {
+        std::ostringstream text;
+        text << "kernel " << launch_.name << ", block " << coordinates_text(block_index_) << ": deadlock, "
+             << finished_count_ << " of " << thread_count_ << " threads finished";
+        if (barrier_waiting_ > 0) text << ", " << barrier_waiting_ << " wait at __syncthreads()";
+        for (size_t warp = 0; warp < warps_.size(); ++warp) {
+            if (warps_[warp].arrived == 0) continue;
+            text << ", warp " << warp << " lanes " << lanes_text(warps_[warp].arrived) << " wait in ";
+            const LaneRequest& request = threads_[warp * warp_lanes + static_cast<size_t>(std::countr_zero(warps_[warp].arrived))].request;
+            text << request.kind->name << " (mask " << mask_text(request.mask) << ")";
+        }
+        text << " [schedule " << schedule_name(choice_.schedule) << "]";
+        return text.str();
+    }
+
+    void resume(int index) {
+        EmulatedThread& thread = threads_[static_cast<size_t>(index)];
+        running_thread_ = index;
+        current_thread_index = thread.index;
+        const context::stack_context& stack = stack_pool.stack(static_cast<size_t>(index));
+        if (!thread.started) {
+            thread.started = true;
+#if ENGINE_EMULATOR_ASAN
+            __asan_unpoison_memory_region(static_cast<char*>(stack.sp) - stack.size, stack.size);
+#endif
+            thread.self = context::fiber(std::allocator_arg, context::preallocated(stack.sp, stack.size, stack),
+                                         PooledStack{}, [this, index](context::fiber&& scheduler) {
+                                             return thread_entry(index, std::move(scheduler));
+                                         });
+        }
+        ++statistics.switches;
+#if ENGINE_EMULATOR_ASAN
+        __sanitizer_start_switch_fiber(&scheduler_fake_stack_, static_cast<char*>(stack.sp) - stack.size, stack.size);
+#endif
+        thread.self = std::move(thread.self).resume();
+#if ENGINE_EMULATOR_ASAN
+        __sanitizer_finish_switch_fiber(scheduler_fake_stack_, nullptr, nullptr);
+#endif
+    }
+
+    context::fiber thread_entry(int index, context::fiber&& scheduler) {
+#if ENGINE_EMULATOR_ASAN
+        __sanitizer_finish_switch_fiber(nullptr, &scheduler_stack_bottom_, &scheduler_stack_size_);
+#endif
+        EmulatedThread& thread = threads_[static_cast<size_t>(index)];
+        thread.scheduler = std::move(scheduler);
+        try {
+            launch_.run_thread();
+            finish(thread);
+        } catch (const KernelAbort&) {
+        } catch (const std::exception& error) {
+            if (!fault_) fault_ = std::string("kernel ") + launch_.name + " threw: " + error.what();
+        } catch (...) {
+            if (!fault_) fault_ = std::string("kernel ") + launch_.name + " threw a non-standard exception";
+        }
+        if (thread.status != ThreadStatus::finished) {
+            thread.status = ThreadStatus::finished;
+            ++finished_count_;
+        }
+#if ENGINE_EMULATOR_ASAN
+        __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom_, scheduler_stack_size_);
+#endif
+        return std::move(thread.scheduler);
+    }
+
+    void yield(EmulatedThread& thread) {
+#if ENGINE_EMULATOR_ASAN
+        __sanitizer_start_switch_fiber(&thread.fake_stack, scheduler_stack_bottom_, scheduler_stack_size_);
+#endif
+        thread.scheduler = std::move(thread.scheduler).resume();
+#if ENGINE_EMULATOR_ASAN
+        __sanitizer_finish_switch_fiber(thread.fake_stack, nullptr, nullptr);
+#endif
+    }
+
+    const KernelLaunch& launch_;
+    ScheduleChoice choice_;
+    DynamicShared dynamic_shared_;
+    int thread_count_ = 0;
+    std::vector<EmulatedThread> threads_;
+    std::vector<WarpState> warps_;
+    ReadyQueue queue_;
+    uint3 block_index_{};
+    int running_thread_ = 0;
+    int barrier_waiting_ = 0, barrier_count_ = 0, finished_count_ = 0;
+    std::optional<std::string> fault_;
+    bool aborting_ = false;
+    int exchange_warp_ = 0;
+    unsigned exchange_mask_ = 0;
+    void* scheduler_fake_stack_ = nullptr;
+    const void* scheduler_stack_bottom_ = nullptr;
+    size_t scheduler_stack_size_ = 0;
+};
+
+BlockRun& block_for_device_call(const char* what) {
+    if (running_block == nullptr) throw std::logic_error(std::string(what) + " called outside an emulated kernel");
+    return *running_block;
+}
+
+} // namespace
+
+int block_barrier(BarrierReduction reduction, int predicate) {
+    return block_for_device_call("__syncthreads").barrier(reduction, predicate);
+}
+
+void warp_collective(const LaneRequest& request) { block_for_device_call(request.kind->name).collective(request); }
+
+unsigned char* dynamic_shared_bytes() { return block_for_device_call("dynamic shared memory").dynamic_shared(); }
+
+const char* schedule_name(Schedule schedule) {
+    switch (schedule) {
+    case Schedule::round_robin: return "round-robin";
+    case Schedule::round_robin_reverse: return "round-robin-reverse";
+    case Schedule::greedy: return "greedy";
+    case Schedule::greedy_reverse: return "greedy-reverse";
+    case Schedule::random: return "random";
+    }
+    return "unknown";
+}
+
+std::optional<Schedule> schedule_from_name(const std::string& name) {
+    for (Schedule schedule : all_schedules) {
+        if (name == schedule_name(schedule)) return schedule;
+    }
+    return std::nullopt;
+}
+
+std::optional<std::string> run_grid(const KernelLaunch& launch, ScheduleChoice choice) {
+    BlockRun block(launch, choice);
+    const dim3 grid = launch.grid;
+    const uint64_t block_count = uint64_t(grid.x) * grid.y * grid.z;
+    std::vector<uint64_t> order(block_count);
+    for (uint64_t index = 0; index < block_count; ++index) order[index] = index;
+    if (choice.schedule == Schedule::round_robin_reverse || choice.schedule == Schedule::greedy_reverse) {
+        std::reverse(order.begin(), order.end());
+    } else if (choice.schedule == Schedule::random) {
+        std::mt19937_64 random(choice.seed);
+        std::shuffle(order.begin(), order.end(), random);
+    }
+    current_grid_dim = uint3{grid.x, grid.y, grid.z};
+    current_block_dim = uint3{launch.block.x, launch.block.y, launch.block.z};
+    BlockRun* const outer = running_block;
+    running_block = &block;
+    running_kernel_name = launch.name;
+    std::optional<std::string> fault;
+    for (const uint64_t linear : order) {
+        const uint3 index{static_cast<unsigned>(linear % grid.x), static_cast<unsigned>(linear / grid.x % grid.y),
+                          static_cast<unsigned>(linear / (uint64_t(grid.x) * grid.y))};
+        ++statistics.blocks;
+        statistics.threads += uint64_t(launch.block.x) * launch.block.y * launch.block.z;
+        fault = block.run(index, choice.seed ^ (linear * 0x9E3779B97F4A7C15ull));
+        if (fault) break;
+    }
+    running_block = outer;
+    running_kernel_name = nullptr;
+    return fault;
+}
+
+SchedulerStatistics scheduler_statistics() { return statistics; }
+
+RunningKernel running_kernel() { return RunningKernel{running_kernel_name, current_block_index, current_thread_index}; }
+
+} // namespace engine::emulator
