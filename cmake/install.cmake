@@ -6,7 +6,11 @@ install(TARGETS engine EXPORT engineTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION include/libengine)
-foreach(header_dir base engine kernels nn optim checkpoint)
+set(ENGINE_HEADER_DIRS base engine kernels nn optim checkpoint)
+if(ENGINE_CUDA_EMULATED)
+  list(APPEND ENGINE_HEADER_DIRS emulator) # base/cuda/headers.h includes it in that mode
+endif()
+foreach(header_dir ${ENGINE_HEADER_DIRS})
   install(DIRECTORY ${header_dir} DESTINATION include/libengine FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
 endforeach()
 install(EXPORT engineTargets NAMESPACE engine:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/engine)

@@ -133,11 +133,17 @@ bool float_types(cudaDataType a, cudaDataType b, cudaDataType c) {
     return a == CUDA_R_32F && b == CUDA_R_32F && c == CUDA_R_32F;
 }
 
-// The compute types of an fp32 GEMM; anything else is not emulated yet.
-bool tf32_compute(cublasComputeType_t compute, bool& supported) {
+// The handle allows TF32 for fp32 GEMMs; the mode's low bits name the math, the high bits are flags.
+bool tf32_math(cublasHandle_t handle) {
+    return handle != nullptr && (static_cast<unsigned>(handle->math_mode) & 0xfu) == CUBLAS_TF32_TENSOR_OP_MATH;
+}
+
+// The compute types of an fp32 GEMM; anything else is not emulated yet. CUBLAS_COMPUTE_32F may use TF32 when
+// the handle's math mode allows it; PEDANTIC never does.
+bool tf32_compute(cublasHandle_t handle, cublasComputeType_t compute, bool& supported) {
     supported = compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC ||
                 compute == CUBLAS_COMPUTE_32F_FAST_TF32;
-    return compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    return compute == CUBLAS_COMPUTE_32F_FAST_TF32 || (compute == CUBLAS_COMPUTE_32F && tf32_math(handle));
 }
 
 } // namespace
@@ -210,14 +216,14 @@ const char* cublasGetStatusString(cublasStatus_t status) {
 cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                               int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
                               const float* beta, float* C, int ldc) {
-    const bool tf32 = handle != nullptr && handle->math_mode == CUBLAS_TF32_TENSOR_OP_MATH;
+    const bool tf32 = tf32_math(handle);
     return gemm(handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, tf32, "cublasSgemm");
 }
 cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
                                          int n, int k, const float* alpha, const float* A, int lda, long long strideA,
                                          const float* B, int ldb, long long strideB, const float* beta, float* C, int ldc,
                                          long long strideC, int batchCount) {
-    const bool tf32 = handle != nullptr && handle->math_mode == CUBLAS_TF32_TENSOR_OP_MATH;
+    const bool tf32 = tf32_math(handle);
     return gemm(handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC,
                 batchCount, tf32, "cublasSgemmStridedBatched");
 }
@@ -226,7 +232,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             cudaDataType Btype, int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc,
                             cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
     bool supported = false;
-    const bool tf32 = tf32_compute(computeType, supported);
+    const bool tf32 = tf32_compute(handle, computeType, supported);
     if (!supported || !float_types(Atype, Btype, Ctype)) return CUBLAS_STATUS_NOT_SUPPORTED;
     (void)algo;
     return gemm(handle, transa, transb, m, n, k, static_cast<const float*>(alpha), static_cast<const float*>(A), lda, 0,
@@ -240,7 +246,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           long long strideC, int batchCount, cublasComputeType_t computeType,
                                           cublasGemmAlgo_t algo) {
     bool supported = false;
-    const bool tf32 = tf32_compute(computeType, supported);
+    const bool tf32 = tf32_compute(handle, computeType, supported);
     if (!supported || !float_types(Atype, Btype, Ctype)) return CUBLAS_STATUS_NOT_SUPPORTED;
     (void)algo;
     return gemm(handle, transa, transb, m, n, k, static_cast<const float*>(alpha), static_cast<const float*>(A), lda,

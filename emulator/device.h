@@ -93,8 +93,12 @@ void destroy_stream(StreamState* stream);
 // Queues `operation` after checking its accesses against every other stream's for races (an access not
 // ordered after a conflicting one by stream order, events or host synchronization). A race raises a fault.
 cudaError_t enqueue(StreamState& stream, Operation&& operation, const std::vector<Access>& accesses);
+// Running queued work early is always allowed (race detection goes by the clocks, not by what ran); only
+// the calls CUDA defines as synchronizing order the host after work, through order_host_after.
 void run_until(StreamState& stream, uint64_t sequence); // runs queued work, oldest first
-void synchronize_stream(StreamState& stream);              // runs all of it; the host is then ordered after it
+void run_all(StreamState& stream);
+void order_host_after(const Clock& clock);
+void synchronize_stream(StreamState& stream);              // run_all, and the host is ordered after it
 void synchronize_device();
 void drop_pending_work(); // after a fault: nothing queued will ever run
 

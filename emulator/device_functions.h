@@ -104,12 +104,12 @@ T __shfl_sync(unsigned mask, T value, int source_lane, int width = warpSize) {
 }
 template <typename T>
 T __shfl_up_sync(unsigned mask, T value, unsigned delta, int width = warpSize) {
-    return ::engine::emulator::shuffle(::engine::emulator::shuffle_up_kind, mask, value, static_cast<int>(delta), width);
+    return ::engine::emulator::shuffle(::engine::emulator::shuffle_up_kind, mask, value, static_cast<int>(delta & 31u), width);
 }
 template <typename T>
 T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = warpSize) {
-    return ::engine::emulator::shuffle(::engine::emulator::shuffle_down_kind, mask, value, static_cast<int>(delta),
-                                       width);
+    return ::engine::emulator::shuffle(::engine::emulator::shuffle_down_kind, mask, value,
+                                       static_cast<int>(delta & 31u), width);
 }
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = warpSize) {

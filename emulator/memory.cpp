@@ -89,11 +89,7 @@ void on_segmentation_fault(int signal_number, siginfo_t* info, void* context) {
 
 void install_fault_reporter() {
     static const bool installed = [] {
-        static unsigned char alternate_stack[64 * 1024];
-        stack_t stack{};
-        stack.ss_sp = alternate_stack;
-        stack.ss_size = sizeof alternate_stack;
-        sigaltstack(&stack, nullptr);
+        install_signal_stack();
         struct sigaction action{};
         action.sa_sigaction = on_segmentation_fault;
         action.sa_flags = SA_SIGINFO | SA_ONSTACK;
@@ -106,6 +102,20 @@ void install_fault_reporter() {
 #endif
 
 } // namespace
+
+void install_signal_stack() {
+#if !ENGINE_EMULATOR_ASAN
+    // Per host thread: the report must run on a stack of its own, since a fiber's may be what overflowed.
+    thread_local const bool installed = [] {
+        thread_local unsigned char alternate_stack[64 * 1024];
+        stack_t stack{};
+        stack.ss_sp = alternate_stack;
+        stack.ss_size = sizeof alternate_stack;
+        return sigaltstack(&stack, nullptr) == 0;
+    }();
+    (void)installed;
+#endif
+}
 
 Allocation* find_allocation(const void* pointer) {
     if (pointer == nullptr) return nullptr;

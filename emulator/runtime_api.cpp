@@ -77,9 +77,11 @@ std::shared_ptr<const std::string> describe(const char* call, size_t bytes) {
     return std::make_shared<const std::string>(std::string(call) + " of " + std::to_string(bytes) + " bytes");
 }
 
-// Both copies: the async one on `stream`, the blocking one on the legacy stream followed by a wait.
+// Both copies: the async one on `stream`, and the blocking cudaMemcpy (`blocking`) on the legacy stream.
+// Which of them order the host after the copy follows NVIDIA's "API synchronization behavior"; the work
+// itself may run earlier than that, which the race check (by clocks) does not mind.
 cudaError_t copy(void* destination, const void* source, size_t bytes, cudaMemcpyKind kind, StreamState& stream,
-                 const char* call) {
+                 bool blocking, const char* call) {
     Allocation* to = find_allocation(destination);
     Allocation* from = find_allocation(source);
     const bool to_device = is_device(to), from_device = is_device(from);
@@ -95,15 +97,19 @@ cudaError_t copy(void* destination, const void* source, size_t bytes, cudaMemcpy
     if ((to != nullptr && !in_bounds(to, destination, bytes)) || (from != nullptr && !in_bounds(from, source, bytes))) {
         return cudaErrorInvalidValue;
     }
+    if (!to_device && !from_device) { // host to host is synchronous: after the stream's earlier work, then done
+        synchronize_stream(stream);
+        std::memmove(destination, source, bytes);
+        return sticky_error();
+    }
     std::vector<Access> accesses;
     if (from != nullptr) accesses.push_back(Access{from, false});
     if (to != nullptr) accesses.push_back(Access{to, true});
     Operation operation{describe(call, bytes), {}, {}};
-    const bool pageable_source = from == nullptr, pageable_destination = to == nullptr;
+    const bool pageable_source = from == nullptr;
+    const Clock before = stream.tail;
     if (pageable_source) {
-        // Pageable memory is staged when the call is made (after the stream's earlier work), so the caller
-        // may reuse its buffer as soon as the call returns.
-        synchronize_stream(stream);
+        // Pageable memory is staged when the call is made, so the caller may reuse its buffer at once.
         auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(source),
                                                                    static_cast<const unsigned char*>(source) + bytes);
         operation.run = [destination, staged] { std::memcpy(destination, staged->data(), staged->size()); };
@@ -112,14 +118,21 @@ cudaError_t copy(void* destination, const void* source, size_t bytes, cudaMemcpy
     }
     const cudaError_t status = enqueue(stream, std::move(operation), accesses);
     if (status != cudaSuccess) return status;
-    // A copy into pageable memory returns once it is done.
-    if (pageable_destination) synchronize_stream(stream);
+    if (!to_device) { // device to host returns once the copy is done (async too, into pageable memory)
+        if (blocking || to == nullptr) synchronize_stream(stream);
+    } else if (blocking && !from_device) {
+        if (pageable_source) {
+            order_host_after(before); // the stream was synchronized before staging; the copy may still run
+        } else {
+            synchronize_stream(stream); // from pinned memory: done when the call returns
+        }
+    } // device to device, and async copies to the device, leave the host unordered
     return sticky_error();
 }
 
 cudaError_t fill(void* destination, int value, size_t bytes, StreamState& stream, const char* call) {
     Allocation* to = find_allocation(destination);
-    if (!is_device(to) || !in_bounds(to, destination, bytes)) return cudaErrorInvalidValue;
+    if (to == nullptr || !in_bounds(to, destination, bytes)) return cudaErrorInvalidValue;
     if (bytes == 0) return cudaSuccess;
     Operation operation{describe(call, bytes), [destination, value, bytes] { std::memset(destination, value, bytes); }, {}};
     return enqueue(stream, std::move(operation), {Access{to, true}});
@@ -303,27 +316,20 @@ cudaError_t cudaMemcpy(void* destination, const void* source, size_t bytes, cuda
     Lock lock(device_mutex());
     if (const cudaError_t status = device_check(); status != cudaSuccess) return record_error(status);
     StreamState& stream = *legacy_stream();
-    if (const cudaError_t status = copy(destination, source, bytes, kind, stream, "cudaMemcpy"); status != cudaSuccess) {
-        return record_error(status);
-    }
-    synchronize_stream(stream);
-    return record_error(sticky_error());
+    return record_error(copy(destination, source, bytes, kind, stream, true, "cudaMemcpy"));
 }
 cudaError_t cudaMemcpyAsync(void* destination, const void* source, size_t bytes, cudaMemcpyKind kind, cudaStream_t handle) {
     Lock lock(device_mutex());
     if (const cudaError_t status = device_check(); status != cudaSuccess) return record_error(status);
     StreamState* stream = find_stream(handle);
     if (stream == nullptr) return record_error(cudaErrorInvalidResourceHandle);
-    return record_error(copy(destination, source, bytes, kind, *stream, "cudaMemcpyAsync"));
+    return record_error(copy(destination, source, bytes, kind, *stream, false, "cudaMemcpyAsync"));
 }
 cudaError_t cudaMemset(void* destination, int value, size_t bytes) {
     Lock lock(device_mutex());
     if (const cudaError_t status = device_check(); status != cudaSuccess) return record_error(status);
-    if (const cudaError_t status = fill(destination, value, bytes, *legacy_stream(), "cudaMemset"); status != cudaSuccess) {
-        return record_error(status);
-    }
-    synchronize_stream(*legacy_stream());
-    return record_error(sticky_error());
+    // Asynchronous to the host for device memory, like the real one.
+    return record_error(fill(destination, value, bytes, *legacy_stream(), "cudaMemset"));
 }
 cudaError_t cudaMemsetAsync(void* destination, int value, size_t bytes, cudaStream_t handle) {
     Lock lock(device_mutex());
@@ -357,8 +363,20 @@ cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
     synchronize_stream(*stream);
     return record_error(sticky_error());
 }
-// Querying runs the stream's work, so that polling loops finish; the host is then ordered after it.
-cudaError_t cudaStreamQuery(cudaStream_t handle) { return cudaStreamSynchronize(handle); }
+// A query that finds work queued runs it, so that polling loops finish, but answers "not ready" this time:
+// callers' not-ready paths run too. Only a "done" answer orders the host after the work.
+cudaError_t cudaStreamQuery(cudaStream_t handle) {
+    Lock lock(device_mutex());
+    if (const cudaError_t status = device_check(); status != cudaSuccess) return record_error(status);
+    StreamState* stream = find_stream(handle);
+    if (stream == nullptr) return record_error(cudaErrorInvalidResourceHandle);
+    if (stream->completed < stream->enqueued) {
+        run_all(*stream);
+        return sticky_error() != cudaSuccess ? record_error(sticky_error()) : cudaErrorNotReady;
+    }
+    order_host_after(stream->tail);
+    return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t handle, cudaEvent_t event_handle, unsigned int flags) {
     Lock lock(device_mutex());
     if (const cudaError_t status = device_check(); status != cudaSuccess) return record_error(status);
@@ -401,7 +419,18 @@ cudaError_t cudaEventSynchronize(cudaEvent_t handle) {
     synchronize_event(*event);
     return record_error(sticky_error());
 }
-cudaError_t cudaEventQuery(cudaEvent_t handle) { return cudaEventSynchronize(handle); }
+cudaError_t cudaEventQuery(cudaEvent_t handle) {
+    Lock lock(device_mutex());
+    if (const cudaError_t status = device_check(); status != cudaSuccess) return record_error(status);
+    EventState* event = find_event(handle);
+    if (event == nullptr) return record_error(cudaErrorInvalidResourceHandle);
+    if (event->recorded && event->stream->completed < event->sequence) {
+        run_until(*event->stream, event->sequence);
+        return sticky_error() != cudaSuccess ? record_error(sticky_error()) : cudaErrorNotReady;
+    }
+    synchronize_event(*event);
+    return cudaSuccess;
+}
 cudaError_t cudaEventElapsedTime(float* milliseconds, cudaEvent_t start_handle, cudaEvent_t end_handle) {
     Lock lock(device_mutex());
     if (milliseconds == nullptr) return record_error(cudaErrorInvalidValue);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <vector>
@@ -64,12 +65,22 @@ public:
             stack.size = total;
             stack.sp = static_cast<char*>(base) + total;
             stacks_.push_back(stack);
+            dirty_.push_back(false);
+            fake_stacks_.push_back(nullptr);
         }
         return stacks_[slot];
     }
+    bool dirty(size_t slot) const { return dirty_[slot]; }
+    void set_dirty(size_t slot, bool dirty) { dirty_[slot] = dirty; }
+    // ASan's fake stack (detect_stack_use_after_return) of the fibers on this slot. Handing it from one
+    // finished fiber to the next, rather than letting ASan destroy and map a new one per thread, is what
+    // keeps the ASan stage affordable.
+    void*& fake_stack(size_t slot) { return fake_stacks_[slot]; }
 
 private:
     std::vector<context::stack_context> stacks_;
+    std::vector<bool> dirty_; // unwound by an exception since it was last cleared (ASan builds)
+    std::vector<void*> fake_stacks_;
 };
 
 thread_local StackPool stack_pool;
@@ -94,7 +105,6 @@ struct EmulatedThread {
     context::fiber scheduler; // resumes the scheduler (held by the thread while it runs)
     LaneRequest request{};    // while waiting_warp
     int barrier_result = 0;
-    void* fake_stack = nullptr; // ASan's bookkeeping for this fiber's stack
 };
 
 struct WarpState {
@@ -455,7 +465,12 @@ private:
         if (!thread.started) {
             thread.started = true;
 #if ENGINE_EMULATOR_ASAN
-            __asan_unpoison_memory_region(static_cast<char*>(stack.sp) - stack.size, stack.size);
+            // A fiber that returned normally left its stack clean; one unwound by an exception may have
+            // left redzones behind. Clearing every stack every time would cost more than the kernels.
+            if (stack_pool.dirty(static_cast<size_t>(index))) {
+                __asan_unpoison_memory_region(static_cast<char*>(stack.sp) - stack.size, stack.size);
+                stack_pool.set_dirty(static_cast<size_t>(index), false);
+            }
 #endif
             thread.self = context::fiber(std::allocator_arg, context::preallocated(stack.sp, stack.size, stack),
                                          PooledStack{}, [this, index](context::fiber&& scheduler) {
@@ -474,17 +489,23 @@ private:
 
     context::fiber thread_entry(int index, context::fiber&& scheduler) {
 #if ENGINE_EMULATOR_ASAN
-        __sanitizer_finish_switch_fiber(nullptr, &scheduler_stack_bottom_, &scheduler_stack_size_);
+        __sanitizer_finish_switch_fiber(stack_pool.fake_stack(static_cast<size_t>(index)), &scheduler_stack_bottom_,
+                                        &scheduler_stack_size_);
 #endif
         EmulatedThread& thread = threads_[static_cast<size_t>(index)];
         thread.scheduler = std::move(scheduler);
         try {
             launch_.run_thread();
             finish(thread);
+        } catch (const context::detail::forced_unwind&) {
+            throw; // Boost unwinding a fiber that is being destroyed: it must reach Boost's entry point
         } catch (const KernelAbort&) {
+            stack_pool.set_dirty(static_cast<size_t>(index), true);
         } catch (const std::exception& error) {
+            stack_pool.set_dirty(static_cast<size_t>(index), true);
             if (!fault_) fault_ = std::string("kernel ") + launch_.name + " threw: " + error.what();
         } catch (...) {
+            stack_pool.set_dirty(static_cast<size_t>(index), true);
             if (!fault_) fault_ = std::string("kernel ") + launch_.name + " threw a non-standard exception";
         }
         if (thread.status != ThreadStatus::finished) {
@@ -492,18 +513,20 @@ private:
             ++finished_count_;
         }
 #if ENGINE_EMULATOR_ASAN
-        __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom_, scheduler_stack_size_);
+        __sanitizer_start_switch_fiber(&stack_pool.fake_stack(static_cast<size_t>(index)), scheduler_stack_bottom_,
+                                       scheduler_stack_size_);
 #endif
         return std::move(thread.scheduler);
     }
 
     void yield(EmulatedThread& thread) {
 #if ENGINE_EMULATOR_ASAN
-        __sanitizer_start_switch_fiber(&thread.fake_stack, scheduler_stack_bottom_, scheduler_stack_size_);
+        void*& fake_stack = stack_pool.fake_stack(static_cast<size_t>(running_thread_));
+        __sanitizer_start_switch_fiber(&fake_stack, scheduler_stack_bottom_, scheduler_stack_size_);
 #endif
         thread.scheduler = std::move(thread.scheduler).resume();
 #if ENGINE_EMULATOR_ASAN
-        __sanitizer_finish_switch_fiber(thread.fake_stack, nullptr, nullptr);
+        __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
 #endif
     }
 
@@ -559,25 +582,61 @@ std::optional<Schedule> schedule_from_name(const std::string& name) {
     return std::nullopt;
 }
 
+// The order blocks run in: forward, reverse, or a seeded pseudo-random permutation (an affine map modulo the
+// block count, so that even a grid of 2^31 blocks needs no table).
+class BlockOrder {
+public:
+    BlockOrder(Schedule schedule, uint64_t seed, uint64_t count) : count_(count) {
+        if (schedule == Schedule::round_robin_reverse || schedule == Schedule::greedy_reverse) {
+            multiplier_ = count - 1; // i -> (count - 1) * (i + 1) mod count = count - 1 - i
+            offset_ = count - 1;
+        } else if (schedule == Schedule::random && count > 1) {
+            std::mt19937_64 random(seed);
+            do {
+                multiplier_ = random() % count;
+            } while (std::gcd(multiplier_, count) != 1);
+            offset_ = random() % count;
+        }
+    }
+    uint64_t operator[](uint64_t position) const {
+        return static_cast<uint64_t>((static_cast<unsigned __int128>(multiplier_) * position + offset_) % count_);
+    }
+
+private:
+    uint64_t count_, multiplier_ = 1, offset_ = 0;
+};
+
+// Restores the thread's running block even when a launch throws.
+class RunningBlockScope {
+public:
+    RunningBlockScope(BlockRun* block, const char* name) : outer_(running_block), outer_name_(running_kernel_name) {
+        running_block = block;
+        running_kernel_name = name;
+    }
+    ~RunningBlockScope() {
+        running_block = outer_;
+        running_kernel_name = outer_name_;
+    }
+    RunningBlockScope(const RunningBlockScope&) = delete;
+    RunningBlockScope& operator=(const RunningBlockScope&) = delete;
+
+private:
+    BlockRun* outer_;
+    const char* outer_name_;
+};
+
 std::optional<std::string> run_grid(const KernelLaunch& launch, ScheduleChoice choice) {
+    install_signal_stack();
     BlockRun block(launch, choice);
     const dim3 grid = launch.grid;
     const uint64_t block_count = uint64_t(grid.x) * grid.y * grid.z;
-    std::vector<uint64_t> order(block_count);
-    for (uint64_t index = 0; index < block_count; ++index) order[index] = index;
-    if (choice.schedule == Schedule::round_robin_reverse || choice.schedule == Schedule::greedy_reverse) {
-        std::reverse(order.begin(), order.end());
-    } else if (choice.schedule == Schedule::random) {
-        std::mt19937_64 random(choice.seed);
-        std::shuffle(order.begin(), order.end(), random);
-    }
+    const BlockOrder order(choice.schedule, choice.seed, block_count);
     current_grid_dim = uint3{grid.x, grid.y, grid.z};
     current_block_dim = uint3{launch.block.x, launch.block.y, launch.block.z};
-    BlockRun* const outer = running_block;
-    running_block = &block;
-    running_kernel_name = launch.name;
+    const RunningBlockScope running(&block, launch.name);
     std::optional<std::string> fault;
-    for (const uint64_t linear : order) {
+    for (uint64_t position = 0; position < block_count; ++position) {
+        const uint64_t linear = order[position];
         const uint3 index{static_cast<unsigned>(linear % grid.x), static_cast<unsigned>(linear / grid.x % grid.y),
                           static_cast<unsigned>(linear / (uint64_t(grid.x) * grid.y))};
         ++statistics.blocks;
@@ -585,8 +644,6 @@ std::optional<std::string> run_grid(const KernelLaunch& launch, ScheduleChoice c
         fault = block.run(index, choice.seed ^ (linear * 0x9E3779B97F4A7C15ull));
         if (fault) break;
     }
-    running_block = outer;
-    running_kernel_name = nullptr;
     return fault;
 }
 

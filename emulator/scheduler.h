@@ -13,7 +13,12 @@
 // instrumented heap rather than from guard-paged mappings.
 #if defined(__SANITIZE_ADDRESS__)
 #define ENGINE_EMULATOR_ASAN 1
-#else
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) // clang's spelling
+#define ENGINE_EMULATOR_ASAN 1
+#endif
+#endif
+#ifndef ENGINE_EMULATOR_ASAN
 #define ENGINE_EMULATOR_ASAN 0
 #endif
 
@@ -56,5 +61,8 @@ struct RunningKernel {
     uint3 thread;
 };
 RunningKernel running_kernel();
+
+// Gives this host thread the alternate signal stack the out-of-bounds report runs on (emulator/memory.cpp).
+void install_signal_stack();
 
 } // namespace engine::emulator

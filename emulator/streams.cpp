@@ -97,8 +97,9 @@ StreamState* create_stream(bool blocking) {
 }
 
 void destroy_stream(StreamState* stream) {
-    // A real stream finishes its queued work after cudaStreamDestroy returns; running it now is one such order.
-    synchronize_stream(*stream);
+    // A real stream finishes its queued work after cudaStreamDestroy returns; running it now is one such
+    // order, and the host is not ordered after it.
+    run_all(*stream);
     stream->destroyed = true;
     streams().live.erase(stream);
 }
@@ -106,8 +107,10 @@ void destroy_stream(StreamState* stream) {
 cudaError_t enqueue(StreamState& stream, Operation&& operation, const std::vector<Access>& accesses) {
     if (sticky_error() != cudaSuccess) return sticky_error();
     Streams& state = streams();
-    // The legacy default stream and blocking streams wait for each other's earlier work.
-    for (StreamState* other : state.live) {
+    // The legacy default stream and blocking streams wait for each other's earlier work (a destroyed
+    // stream's too: it may still be running).
+    for (const auto& owned : state.all) {
+        StreamState* other = owned.get();
         if (other == &stream || other->enqueued == 0) continue;
         if ((stream.legacy && other->blocking && !other->legacy) || (!stream.legacy && stream.blocking && other->legacy)) {
             operation.waits.emplace_back(other, other->enqueued);
@@ -150,9 +153,13 @@ void run_until(StreamState& stream, uint64_t sequence) {
     }
 }
 
+void run_all(StreamState& stream) { run_until(stream, stream.enqueued); }
+
+void order_host_after(const Clock& clock) { join(streams().host, clock); }
+
 void synchronize_stream(StreamState& stream) {
-    run_until(stream, stream.enqueued);
-    join(streams().host, stream.tail);
+    run_all(stream);
+    order_host_after(stream.tail);
 }
 
 void synchronize_device() {

@@ -1,6 +1,8 @@
 // What each warp collective computes once every lane of its mask has arrived (emulator/scheduler.cpp
 // gathers them): shuffles with PTX's segment rules, votes and integer reductions. Reading a lane outside
 // the mask is undefined on the hardware, so it is reported rather than given a value.
+#include <bit>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -15,8 +17,10 @@ bool in_mask(unsigned mask, int lane) { return lane >= 0 && lane < warp_lanes &&
 
 enum class ShuffleMode { index, up, down, exclusive_or };
 
-// The lane whose value `lane` receives, or `lane` itself where PTX returns the caller's own value.
-int shuffle_source(ShuffleMode mode, int lane, int operand, int width) {
+// The lane whose value `lane` receives, or `lane` itself where PTX returns the caller's own value. PTX
+// reads only the low five bits of the lane or offset operand.
+int shuffle_source(ShuffleMode mode, int lane, int operand_bits, int width) {
+    const int operand = operand_bits & 31;
     const int segment_start = lane & ~(width - 1);
     const int segment_end = segment_start + width; // exclusive
     switch (mode) {
@@ -92,7 +96,8 @@ T reduce_lanes(WarpExchange& exchange) {
             result = value;
             first = false;
         } else if constexpr (reduction == Reduction::add) {
-            result = static_cast<T>(result + value); // wraps like the hardware for unsigned; int overflow is UB there too
+            // 32-bit wrap-around, as PTX defines it for both signednesses (and without UB here)
+            result = std::bit_cast<T>(std::bit_cast<uint32_t>(result) + std::bit_cast<uint32_t>(value));
         } else if constexpr (reduction == Reduction::min) {
             result = value < result ? value : result;
         } else {

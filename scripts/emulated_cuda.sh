@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 build_dir=${EMULATED_BUILD_DIR:-build-emu}
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENGINE_CUDA=EMULATE >/dev/null
 cmake --build "$build_dir" -j "$(nproc)"
+# The emulator runs a launch on one host thread; OpenBLAS's worker threads (for the emulated cuBLAS and the
+# CPU references) would only spin beside the parallel tests on a small machine.
+export OPENBLAS_NUM_THREADS=1
 ctest --test-dir "$build_dir" -L cuda-emu --output-on-failure -j "$(nproc)" --timeout 900 | tee "$build_dir/cuda-emu.log"
 # A skipped CUDA test here would be a test that never ran its kernel: count it as a failure.
 if grep -q "(Skipped)" "$build_dir/cuda-emu.log"; then
