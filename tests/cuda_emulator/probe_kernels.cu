@@ -53,6 +53,10 @@ static __global__ void shuffles_and_votes_kernel(int* out) {
     row[6] = __all_sync(full_mask, predicate);
 }
 
+static __global__ void shuffle_xor_33_kernel(int* out) {
+    out[threadIdx.x] = __shfl_xor_sync(full_mask, 100 + static_cast<int>(threadIdx.x), 33);
+}
+
 static __global__ void arrival_order_kernel(int* order, int* counter) {
     __syncwarp();
     order[threadIdx.x] = atomicAdd(counter, 1);
@@ -101,6 +105,7 @@ void some_threads_skip_barrier(float* out, cudaStream_t stream) {
 }
 void warp_waits_for_barrier(cudaStream_t stream) { ENGINE_LAUNCH(warp_waits_for_barrier_kernel, 1, 32, 0, stream); }
 void shuffles_and_votes(int* out, cudaStream_t stream) { ENGINE_LAUNCH(shuffles_and_votes_kernel, 1, 32, 0, stream, out); }
+void shuffle_xor_33(int* out, cudaStream_t stream) { ENGINE_LAUNCH(shuffle_xor_33_kernel, 1, 32, 0, stream, out); }
 void arrival_order(int* order, int* counter, cudaStream_t stream) {
     ENGINE_LAUNCH(arrival_order_kernel, 1, 64, 0, stream, order, counter);
 }

@@ -148,6 +148,47 @@ TEST_F(EmulatorTest, ShufflesAndVotesFollowTheProgrammingGuide) {
     }
 }
 
+TEST_F(EmulatorTest, ShuffleOperandsUseTheirLowFiveBits) {
+    DeviceBuffer<int> out(32);
+    kernels::shuffle_xor_33(out.get(), stream);
+    const std::vector<int> result = out.to_host();
+    for (int lane = 0; lane < 32; ++lane) EXPECT_EQ(result[static_cast<size_t>(lane)], 100 + (lane ^ 1)) << lane;
+}
+
+// A pageable-source cudaMemcpyAsync and cudaMemset do not order the host after the device, so work queued
+// after them on another non-blocking stream is still unordered with theirs: the race stays visible.
+TEST_F(EmulatorTest, CallsThatDoNotSynchronizeTheHostLeaveRacesVisible) {
+    cudaStream_t other = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+    DeviceBuffer<float> shared(std::vector<float>(32, 1.0f)), scratch(32);
+    const std::vector<float> host(32, 2.0f);
+    kernels::touch(shared.get(), other); // writes `shared` on `other`
+    ASSERT_EQ(cudaMemcpyAsync(scratch.get(), host.data(), 32 * sizeof(float), cudaMemcpyHostToDevice, other), cudaSuccess);
+    EXPECT_THROW(kernels::touch(shared.get(), stream), EngineError); // writes it on the compute stream, unordered
+    engine::emulator::clear_fault();
+
+    ASSERT_EQ(cudaMemset(shared.get(), 0, 32 * sizeof(float)), cudaSuccess); // the legacy stream writes it
+    EXPECT_THROW(kernels::touch(shared.get(), stream), EngineError); // a non-blocking stream does not wait for that
+    engine::emulator::clear_fault();
+    ASSERT_EQ(cudaStreamDestroy(other), cudaSuccess);
+}
+
+TEST_F(EmulatorTest, QueriesAnswerNotReadyWhileWorkIsQueued) {
+    DeviceBuffer<float> buffer(std::vector<float>(32, 1.0f));
+    cudaEvent_t event = nullptr;
+    ASSERT_EQ(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), cudaSuccess);
+    kernels::touch(buffer.get(), stream);
+    ASSERT_EQ(cudaEventRecord(event, stream), cudaSuccess);
+    EXPECT_EQ(cudaEventQuery(event), cudaErrorNotReady);
+    EXPECT_EQ(cudaEventQuery(event), cudaSuccess); // the first query ran the work: polling ends
+    kernels::touch(buffer.get(), stream);
+    EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady);
+    EXPECT_EQ(cudaStreamQuery(stream), cudaSuccess);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess); // "not ready" is an answer, not an error
+    EXPECT_EQ(buffer.to_host()[0], 3.0f);
+    ASSERT_EQ(cudaEventDestroy(event), cudaSuccess);
+}
+
 TEST_F(EmulatorTest, SchedulesOrderThreadsDifferently) {
     std::set<std::vector<int>> orders;
     for (const char* schedule : {"round-robin", "round-robin-reverse", "greedy", "greedy-reverse", "random"}) {

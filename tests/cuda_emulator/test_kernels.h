@@ -27,6 +27,8 @@ void warp_waits_for_barrier(cudaStream_t stream);                // lane 0 in __
 // Per lane of one warp: __shfl_sync(v, 5, 8), __shfl_up_sync(v, 3, 8), __shfl_down_sync(v, 3, 8),
 // __shfl_xor_sync(v, 6, 8) with v = 100 + lane, then __ballot_sync, __any_sync, __all_sync of lane % 3 == 0.
 void shuffles_and_votes(int* out /* (32, 7) */, cudaStream_t stream);
+// out[lane] = __shfl_xor_sync(0xffffffff, 100 + lane, 33): PTX reads the operand's low five bits, so lane ^ 1.
+void shuffle_xor_33(int* out /* (32) */, cudaStream_t stream);
 // order[t] = the position in which thread t passed a point after a __syncwarp: schedule-dependent output.
 void arrival_order(int* order /* (64) */, int* counter /* (1) */, cudaStream_t stream);
 // C = A B for one 16x16 tile through wmma: A (16,8) and B (8,16) in tf32, or A (16,16) and B (16,16) in bf16;
