@@ -18,6 +18,9 @@
 #include <boost/context/fiber.hpp>
 #include <boost/context/preallocated.hpp>
 
+#include "emulator/fiber_memory.h"
+#include "emulator/ready_queue.h"
+
 #if ENGINE_EMULATOR_ASAN
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
@@ -33,63 +36,16 @@ __thread uint3 current_grid_dim __attribute__((tls_model("initial-exec"))) = {1,
 namespace {
 
 namespace context = boost::context;
+using detail::BlockOrder;
+using detail::DynamicShared;
+using detail::PooledStack;
+using detail::ReadyQueue;
+using detail::poison_static_shared;
+using detail::stack_pool;
 
-// Kernels keep little on their stacks; ASan's redzones need more.
-constexpr size_t fiber_stack_bytes = ENGINE_EMULATOR_ASAN ? 512 * 1024 : 64 * 1024;
 constexpr int warp_lanes = 32;
 
 SchedulerStatistics statistics;
-
-size_t page_bytes() {
-    static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    return page;
-}
-
-// One stack per thread slot of a block, mapped once per host thread with a guard page below it (an
-// overflow faults instead of corrupting the next stack) and reused by every block after.
-class StackPool {
-public:
-    StackPool() = default;
-    StackPool(const StackPool&) = delete;
-    StackPool& operator=(const StackPool&) = delete;
-    ~StackPool() {
-        for (const context::stack_context& stack : stacks_) munmap(static_cast<char*>(stack.sp) - stack.size, stack.size);
-    }
-    const context::stack_context& stack(size_t slot) {
-        while (stacks_.size() <= slot) {
-            const size_t total = fiber_stack_bytes + page_bytes();
-            void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-            if (base == MAP_FAILED) throw std::bad_alloc();
-            mprotect(base, page_bytes(), PROT_NONE);
-            context::stack_context stack;
-            stack.size = total;
-            stack.sp = static_cast<char*>(base) + total;
-            stacks_.push_back(stack);
-            dirty_.push_back(false);
-            fake_stacks_.push_back(nullptr);
-        }
-        return stacks_[slot];
-    }
-    bool dirty(size_t slot) const { return dirty_[slot]; }
-    void set_dirty(size_t slot, bool dirty) { dirty_[slot] = dirty; }
-    // ASan's fake stack (detect_stack_use_after_return) of the fibers on this slot. Handing it from one
-    // finished fiber to the next, rather than letting ASan destroy and map a new one per thread, is what
-    // keeps the ASan stage affordable.
-    void*& fake_stack(size_t slot) { return fake_stacks_[slot]; }
-
-private:
-    std::vector<context::stack_context> stacks_;
-    std::vector<bool> dirty_; // unwound by an exception since it was last cleared (ASan builds)
-    std::vector<void*> fake_stacks_;
-};
-
-thread_local StackPool stack_pool;
-
-// The pool owns the stacks; a finished fiber gives nothing back.
-struct PooledStack {
-    context::stack_context allocate() { throw std::logic_error("PooledStack hands out preallocated stacks only"); }
-    void deallocate(context::stack_context&) noexcept {}
-};
 
 // Thrown inside a fiber to unwind it after a fault elsewhere in the block.
 struct KernelAbort {};
@@ -109,72 +65,6 @@ struct EmulatedThread {
 
 struct WarpState {
     unsigned existing = 0, exited = 0, arrived = 0;
-};
-
-// Threads that may run, in the order the schedule wants them.
-class ReadyQueue {
-public:
-    void reset(ScheduleChoice choice, int thread_count) {
-        schedule_ = choice.schedule;
-        random_.seed(choice.seed);
-        fifo_.clear();
-        pool_.clear();
-        bits_.assign(static_cast<size_t>((thread_count + 63) / 64), 0);
-        count_ = 0;
-    }
-    bool reverse() const { return schedule_ == Schedule::round_robin_reverse || schedule_ == Schedule::greedy_reverse; }
-    void push(int thread) {
-        ++count_;
-        switch (schedule_) {
-        case Schedule::round_robin:
-        case Schedule::round_robin_reverse: fifo_.push_back(thread); return;
-        case Schedule::greedy:
-        case Schedule::greedy_reverse: bits_[static_cast<size_t>(thread) / 64] |= uint64_t(1) << (thread % 64); return;
-        case Schedule::random: pool_.push_back(thread); return;
-        }
-    }
-    bool empty() const { return count_ == 0; }
-    int pop() {
-        --count_;
-        switch (schedule_) {
-        case Schedule::round_robin:
-        case Schedule::round_robin_reverse: {
-            const int thread = fifo_.front();
-            fifo_.pop_front();
-            return thread;
-        }
-        case Schedule::greedy:
-            for (size_t word = 0; word < bits_.size(); ++word) {
-                if (bits_[word] != 0) return take(word, std::countr_zero(bits_[word]));
-            }
-            break;
-        case Schedule::greedy_reverse:
-            for (size_t word = bits_.size(); word-- > 0;) {
-                if (bits_[word] != 0) return take(word, 63 - std::countl_zero(bits_[word]));
-            }
-            break;
-        case Schedule::random: {
-            const size_t pick = std::uniform_int_distribution<size_t>(0, pool_.size() - 1)(random_);
-            const int thread = pool_[pick];
-            pool_[pick] = pool_.back();
-            pool_.pop_back();
-            return thread;
-        }
-        }
-        throw std::logic_error("emulator ready queue is inconsistent");
-    }
-
-private:
-    int take(size_t word, int bit) {
-        bits_[word] &= ~(uint64_t(1) << bit);
-        return static_cast<int>(word * 64) + bit;
-    }
-    Schedule schedule_ = Schedule::round_robin;
-    std::deque<int> fifo_;
-    std::vector<uint64_t> bits_;
-    std::vector<int> pool_;
-    std::mt19937_64 random_;
-    int count_ = 0;
 };
 
 std::string lanes_text(unsigned lanes) {
@@ -201,50 +91,6 @@ std::string coordinates_text(uint3 value) {
     return text.str();
 }
 
-// Shared memory starts as NaN bytes (0xff): a read before any write shows up instead of a stale value.
-constexpr unsigned char shared_poison = 0xff;
-
-// The static shared section also holds other kernels' variables and, under ASan, their redzones, which
-// must be written without the instrumented memset complaining.
-__attribute__((no_sanitize_address)) void poison_static_shared(unsigned char* begin, unsigned char* end) {
-    for (volatile unsigned char* byte = begin; byte < end; ++byte) *byte = shared_poison;
-}
-
-// Dynamic shared memory for one launch: under ASan an exact heap block; otherwise mapped so that its end
-// touches a guard page, so reading past it faults.
-class DynamicShared {
-public:
-    explicit DynamicShared(size_t bytes) : bytes_(bytes) {
-#if ENGINE_EMULATOR_ASAN
-        heap_.resize(bytes == 0 ? 1 : bytes);
-        data_ = heap_.data();
-#else
-        const size_t rounded = (bytes + 15) / 16 * 16;
-        mapped_bytes_ = (rounded + page_bytes() - 1) / page_bytes() * page_bytes() + page_bytes();
-        void* base = mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (base == MAP_FAILED) throw std::bad_alloc();
-        mapped_ = static_cast<unsigned char*>(base);
-        unsigned char* guard = mapped_ + mapped_bytes_ - page_bytes();
-        mprotect(guard, page_bytes(), PROT_NONE);
-        data_ = guard - rounded;
-#endif
-    }
-    ~DynamicShared() {
-        if (mapped_ != nullptr) munmap(mapped_, mapped_bytes_);
-    }
-    DynamicShared(const DynamicShared&) = delete;
-    DynamicShared& operator=(const DynamicShared&) = delete;
-    unsigned char* data() const { return data_; }
-    void poison() { std::memset(data_, shared_poison, bytes_); }
-
-private:
-    size_t bytes_;
-    unsigned char* data_ = nullptr;
-    unsigned char* mapped_ = nullptr;
-    size_t mapped_bytes_ = 0;
-    std::vector<unsigned char> heap_;
-};
-
 class BlockRun;
 thread_local BlockRun* running_block = nullptr;
 thread_local const char* running_kernel_name = nullptr;
@@ -266,7 +112,7 @@ public:
             thread.warp = linear / warp_lanes;
             thread.lane = linear % warp_lanes;
         }
-        for (size_t slot = 0; slot < static_cast<size_t>(thread_count_); ++slot) (void)stack_pool.stack(slot);
+        for (size_t slot = 0; slot < static_cast<size_t>(thread_count_); ++slot) (void)stack_pool().stack(slot);
     }
 
     unsigned char* dynamic_shared() const { return dynamic_shared_.data(); }
@@ -461,15 +307,15 @@ private:
         EmulatedThread& thread = threads_[static_cast<size_t>(index)];
         running_thread_ = index;
         current_thread_index = thread.index;
-        const context::stack_context& stack = stack_pool.stack(static_cast<size_t>(index));
+        const context::stack_context& stack = stack_pool().stack(static_cast<size_t>(index));
         if (!thread.started) {
             thread.started = true;
 #if ENGINE_EMULATOR_ASAN
             // A fiber that returned normally left its stack clean; one unwound by an exception may have
             // left redzones behind. Clearing every stack every time would cost more than the kernels.
-            if (stack_pool.dirty(static_cast<size_t>(index))) {
+            if (stack_pool().dirty(static_cast<size_t>(index))) {
                 __asan_unpoison_memory_region(static_cast<char*>(stack.sp) - stack.size, stack.size);
-                stack_pool.set_dirty(static_cast<size_t>(index), false);
+                stack_pool().set_dirty(static_cast<size_t>(index), false);
             }
 #endif
             thread.self = context::fiber(std::allocator_arg, context::preallocated(stack.sp, stack.size, stack),
@@ -489,7 +335,7 @@ private:
 
     context::fiber thread_entry(int index, context::fiber&& scheduler) {
 #if ENGINE_EMULATOR_ASAN
-        __sanitizer_finish_switch_fiber(stack_pool.fake_stack(static_cast<size_t>(index)), &scheduler_stack_bottom_,
+        __sanitizer_finish_switch_fiber(stack_pool().fake_stack(static_cast<size_t>(index)), &scheduler_stack_bottom_,
                                         &scheduler_stack_size_);
 #endif
         EmulatedThread& thread = threads_[static_cast<size_t>(index)];
@@ -500,12 +346,12 @@ private:
         } catch (const context::detail::forced_unwind&) {
             throw; // Boost unwinding a fiber that is being destroyed: it must reach Boost's entry point
         } catch (const KernelAbort&) {
-            stack_pool.set_dirty(static_cast<size_t>(index), true);
+            stack_pool().set_dirty(static_cast<size_t>(index), true);
         } catch (const std::exception& error) {
-            stack_pool.set_dirty(static_cast<size_t>(index), true);
+            stack_pool().set_dirty(static_cast<size_t>(index), true);
             if (!fault_) fault_ = std::string("kernel ") + launch_.name + " threw: " + error.what();
         } catch (...) {
-            stack_pool.set_dirty(static_cast<size_t>(index), true);
+            stack_pool().set_dirty(static_cast<size_t>(index), true);
             if (!fault_) fault_ = std::string("kernel ") + launch_.name + " threw a non-standard exception";
         }
         if (thread.status != ThreadStatus::finished) {
@@ -513,7 +359,7 @@ private:
             ++finished_count_;
         }
 #if ENGINE_EMULATOR_ASAN
-        __sanitizer_start_switch_fiber(&stack_pool.fake_stack(static_cast<size_t>(index)), scheduler_stack_bottom_,
+        __sanitizer_start_switch_fiber(&stack_pool().fake_stack(static_cast<size_t>(index)), scheduler_stack_bottom_,
                                        scheduler_stack_size_);
 #endif
         return std::move(thread.scheduler);
@@ -521,7 +367,7 @@ private:
 
     void yield(EmulatedThread& thread) {
 #if ENGINE_EMULATOR_ASAN
-        void*& fake_stack = stack_pool.fake_stack(static_cast<size_t>(running_thread_));
+        void*& fake_stack = stack_pool().fake_stack(static_cast<size_t>(running_thread_));
         __sanitizer_start_switch_fiber(&fake_stack, scheduler_stack_bottom_, scheduler_stack_size_);
 #endif
         thread.scheduler = std::move(thread.scheduler).resume();
@@ -581,30 +427,6 @@ std::optional<Schedule> schedule_from_name(const std::string& name) {
     }
     return std::nullopt;
 }
-
-// The order blocks run in: forward, reverse, or a seeded pseudo-random permutation (an affine map modulo the
-// block count, so that even a grid of 2^31 blocks needs no table).
-class BlockOrder {
-public:
-    BlockOrder(Schedule schedule, uint64_t seed, uint64_t count) : count_(count) {
-        if (schedule == Schedule::round_robin_reverse || schedule == Schedule::greedy_reverse) {
-            multiplier_ = count - 1; // i -> (count - 1) * (i + 1) mod count = count - 1 - i
-            offset_ = count - 1;
-        } else if (schedule == Schedule::random && count > 1) {
-            std::mt19937_64 random(seed);
-            do {
-                multiplier_ = random() % count;
-            } while (std::gcd(multiplier_, count) != 1);
-            offset_ = random() % count;
-        }
-    }
-    uint64_t operator[](uint64_t position) const {
-        return static_cast<uint64_t>((static_cast<unsigned __int128>(multiplier_) * position + offset_) % count_);
-    }
-
-private:
-    uint64_t count_, multiplier_ = 1, offset_ = 0;
-};
 
 // Restores the thread's running block even when a launch throws.
 class RunningBlockScope {

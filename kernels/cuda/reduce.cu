@@ -19,24 +19,30 @@ int reduction_workspace_count(int64_t N) {
     return blocks < 1 ? 1 : (blocks > max_partials ? max_partials : blocks);
 }
 
+// The block's sum of one double per thread. The scratch is declared in this plain function rather than in
+// the template kernel below: the emulated device (docs/CUDA.md) can poison the static shared memory of
+// non-template functions only.
+static __device__ double block_sum_of(double value) {
+    __shared__ double scratch[warp_size];
+    return block_sum(value, scratch);
+}
+
 template <bool square>
 static __global__ void partial_sum_kernel(double* partials, const float* inp, int64_t N) {
-    __shared__ double scratch[warp_size];
     double sum = 0.0;
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N; i += int64_t(gridDim.x) * blockDim.x) {
         const double value = inp[i];
         sum += square ? value * value : value;
     }
-    sum = block_sum(sum, scratch);
+    sum = block_sum_of(sum);
     if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
 static __global__ void final_sum_kernel(float* float_out, double* double_out, const double* partials, int count,
                                         double scale) {
-    __shared__ double scratch[warp_size];
     double sum = 0.0;
     for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
-    sum = block_sum(sum, scratch);
+    sum = block_sum_of(sum);
     if (threadIdx.x == 0) {
         if (float_out != nullptr) float_out[0] = static_cast<float>(scale * sum);
         if (double_out != nullptr) double_out[0] = sum;
