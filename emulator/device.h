@@ -109,6 +109,17 @@ cudaError_t record_event(EventState& event, StreamState& stream);
 cudaError_t wait_event(StreamState& stream, const EventState& event);
 void synchronize_event(const EventState& event);
 
+// ---- the emulated device's limits: sm_90's, as an H100/H200 reports them ----
+namespace sm90 {
+inline constexpr int max_threads_per_block = 1024;
+inline constexpr int max_block_x = 1024, max_block_y = 1024, max_block_z = 64;
+inline constexpr unsigned max_grid_x = 2147483647u, max_grid_y = 65535u, max_grid_z = 65535u;
+inline constexpr size_t default_dynamic_shared_bytes = 48 * 1024; // without cudaFuncSetAttribute
+inline constexpr size_t opt_in_dynamic_shared_bytes = 232448;     // 227 KiB, the most it may raise to
+inline constexpr size_t shared_bytes_per_multiprocessor = 233472;
+inline constexpr int multiprocessors = 132;
+} // namespace sm90
+
 // ---- launches ----
 struct KernelLimits {
     size_t max_dynamic_shared_bytes;

@@ -16,9 +16,6 @@
 namespace engine::emulator {
 namespace {
 
-constexpr size_t default_dynamic_shared_limit = 48 * 1024;
-constexpr size_t opt_in_dynamic_shared_limit = 232448; // sm_90: 227 KiB per block
-
 struct Configuration {
     std::vector<Schedule> schedules;
     uint64_t seed = 0x5eed;
@@ -74,9 +71,12 @@ uint64_t mix(uint64_t seed, uint64_t value) {
 
 bool valid_configuration(dim3 grid, dim3 block) {
     if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 || block.z == 0) return false;
-    if (grid.x > 2147483647u || grid.y > 65535u || grid.z > 65535u) return false;
-    if (block.x > 1024u || block.y > 1024u || block.z > 64u) return false;
-    return uint64_t(block.x) * block.y * block.z <= 1024u;
+    if (grid.x > sm90::max_grid_x || grid.y > sm90::max_grid_y || grid.z > sm90::max_grid_z) return false;
+    if (block.x > unsigned(sm90::max_block_x) || block.y > unsigned(sm90::max_block_y) ||
+        block.z > unsigned(sm90::max_block_z)) {
+        return false;
+    }
+    return uint64_t(block.x) * block.y * block.z <= uint64_t(sm90::max_threads_per_block);
 }
 
 std::vector<Allocation*> written_allocations(const KernelLaunch& launch) {
@@ -159,11 +159,9 @@ std::map<const void*, KernelLimits>& kernel_limits() {
 } // namespace
 
 KernelLimits& limits_of(const void* kernel) {
-    auto [entry, inserted] = kernel_limits().try_emplace(kernel, KernelLimits{default_dynamic_shared_limit});
+    auto [entry, inserted] = kernel_limits().try_emplace(kernel, KernelLimits{sm90::default_dynamic_shared_bytes});
     return entry->second;
 }
-
-size_t max_opt_in_dynamic_shared_bytes() { return opt_in_dynamic_shared_limit; }
 
 cudaError_t submit_launch(KernelLaunch&& launch) {
     std::lock_guard<std::recursive_mutex> lock(device_mutex());

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <stdexcept>
+#include <string>
 
 #include "emulator/device.h"
 #include "emulator/scheduler.h"
@@ -41,8 +43,14 @@ size_t page_bytes() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
 
 size_t capacity_from_environment() {
     const char* text = std::getenv("ENGINE_EMULATOR_MEMORY_GIB");
-    const double gib = text != nullptr ? std::strtod(text, nullptr) : 16.0;
-    return static_cast<size_t>((gib > 0 ? gib : 16.0) * double(size_t(1) << 30));
+    if (text == nullptr || *text == '\0') return size_t(16) << 30;
+    char* end = nullptr;
+    const double gib = std::strtod(text, &end);
+    if (*end != '\0' || !(gib > 0.0) || gib > 1e6) {
+        throw std::invalid_argument(std::string("ENGINE_EMULATOR_MEMORY_GIB: '") + text +
+                                    "' is not a positive number of GiB");
+    }
+    return static_cast<size_t>(gib * double(size_t(1) << 30));
 }
 
 #if !ENGINE_EMULATOR_ASAN

@@ -138,6 +138,25 @@ cudaError_t fill(void* destination, int value, size_t bytes, StreamState& stream
     return enqueue(stream, std::move(operation), {Access{to, true}});
 }
 
+// The shared shape of the calls on one stream: lock, the device checks, the handle, then the call.
+template <typename Call>
+cudaError_t on_stream(cudaStream_t handle, Call&& call) {
+    Lock lock(device_mutex());
+    if (const cudaError_t status = device_check(); status != cudaSuccess) return record_error(status);
+    StreamState* stream = find_stream(handle);
+    if (stream == nullptr) return record_error(cudaErrorInvalidResourceHandle);
+    return call(*stream);
+}
+
+template <typename Call>
+cudaError_t on_event(cudaEvent_t handle, Call&& call) {
+    Lock lock(device_mutex());
+    if (const cudaError_t status = device_check(); status != cudaSuccess) return record_error(status);
+    EventState* event = find_event(handle);
+    if (event == nullptr) return record_error(cudaErrorInvalidResourceHandle);
+    return call(*event);
+}
+
 } // namespace
 
 std::recursive_mutex& device_mutex() {
@@ -220,17 +239,19 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* properties, int device) {
     properties->major = 9;
     properties->minor = 0;
     properties->totalGlobalMem = device_capacity();
-    properties->sharedMemPerBlock = 48 * 1024;
-    properties->sharedMemPerBlockOptin = 232448;
-    properties->sharedMemPerMultiprocessor = 233472;
+    properties->sharedMemPerBlock = sm90::default_dynamic_shared_bytes;
+    properties->sharedMemPerBlockOptin = sm90::opt_in_dynamic_shared_bytes;
+    properties->sharedMemPerMultiprocessor = sm90::shared_bytes_per_multiprocessor;
     properties->regsPerBlock = 65536;
     properties->warpSize = 32;
-    properties->maxThreadsPerBlock = 1024;
-    properties->maxThreadsDim[0] = properties->maxThreadsDim[1] = 1024;
-    properties->maxThreadsDim[2] = 64;
-    properties->maxGridSize[0] = 2147483647;
-    properties->maxGridSize[1] = properties->maxGridSize[2] = 65535;
-    properties->multiProcessorCount = 132;
+    properties->maxThreadsPerBlock = sm90::max_threads_per_block;
+    properties->maxThreadsDim[0] = sm90::max_block_x;
+    properties->maxThreadsDim[1] = sm90::max_block_y;
+    properties->maxThreadsDim[2] = sm90::max_block_z;
+    properties->maxGridSize[0] = static_cast<int>(sm90::max_grid_x);
+    properties->maxGridSize[1] = static_cast<int>(sm90::max_grid_y);
+    properties->maxGridSize[2] = static_cast<int>(sm90::max_grid_z);
+    properties->multiProcessorCount = sm90::multiprocessors;
     properties->maxThreadsPerMultiProcessor = 2048;
     properties->unifiedAddressing = 1;
     return cudaSuccess;
@@ -240,19 +261,19 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int dev
     if (visible_device_count() == 0) return record_error(cudaErrorNoDevice);
     if (device != 0) return record_error(cudaErrorInvalidDevice);
     switch (attribute) {
-    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 * 1024; return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 232448; return cudaSuccess;
-    case cudaDevAttrMultiProcessorCount: *value = 132; return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock: *value = sm90::max_threads_per_block; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = int(sm90::default_dynamic_shared_bytes); return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = int(sm90::opt_in_dynamic_shared_bytes); return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount: *value = sm90::multiprocessors; return cudaSuccess;
     case cudaDevAttrWarpSize: *value = 32; return cudaSuccess;
     case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
-    case cudaDevAttrMaxBlockDimX:
-    case cudaDevAttrMaxBlockDimY: *value = 1024; return cudaSuccess;
-    case cudaDevAttrMaxBlockDimZ: *value = 64; return cudaSuccess;
-    case cudaDevAttrMaxGridDimX: *value = 2147483647; return cudaSuccess;
-    case cudaDevAttrMaxGridDimY:
-    case cudaDevAttrMaxGridDimZ: *value = 65535; return cudaSuccess;
+    case cudaDevAttrMaxBlockDimX: *value = sm90::max_block_x; return cudaSuccess;
+    case cudaDevAttrMaxBlockDimY: *value = sm90::max_block_y; return cudaSuccess;
+    case cudaDevAttrMaxBlockDimZ: *value = sm90::max_block_z; return cudaSuccess;
+    case cudaDevAttrMaxGridDimX: *value = static_cast<int>(sm90::max_grid_x); return cudaSuccess;
+    case cudaDevAttrMaxGridDimY: *value = static_cast<int>(sm90::max_grid_y); return cudaSuccess;
+    case cudaDevAttrMaxGridDimZ: *value = static_cast<int>(sm90::max_grid_z); return cudaSuccess;
     default: return record_error(cudaErrorInvalidValue);
     }
 }
@@ -283,7 +304,9 @@ cudaError_t cudaFuncSetAttribute(const void* function, cudaFuncAttribute attribu
     Lock lock(device_mutex());
     if (function == nullptr) return record_error(cudaErrorInvalidDeviceFunction);
     if (attribute == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-        if (value < 0 || static_cast<size_t>(value) > 232448) return record_error(cudaErrorInvalidValue);
+        if (value < 0 || static_cast<size_t>(value) > sm90::opt_in_dynamic_shared_bytes) {
+            return record_error(cudaErrorInvalidValue);
+        }
         limits_of(function).max_dynamic_shared_bytes = static_cast<size_t>(value);
     }
     return cudaSuccess;
@@ -319,11 +342,9 @@ cudaError_t cudaMemcpy(void* destination, const void* source, size_t bytes, cuda
     return record_error(copy(destination, source, bytes, kind, stream, true, "cudaMemcpy"));
 }
 cudaError_t cudaMemcpyAsync(void* destination, const void* source, size_t bytes, cudaMemcpyKind kind, cudaStream_t handle) {
-    Lock lock(device_mutex());
-    if (const cudaError_t status = device_check(); status != cudaSuccess) return record_error(status);
-    StreamState* stream = find_stream(handle);
-    if (stream == nullptr) return record_error(cudaErrorInvalidResourceHandle);
-    return record_error(copy(destination, source, bytes, kind, *stream, false, "cudaMemcpyAsync"));
+    return on_stream(handle, [&](StreamState& stream) {
+        return record_error(copy(destination, source, bytes, kind, stream, false, "cudaMemcpyAsync"));
+    });
 }
 cudaError_t cudaMemset(void* destination, int value, size_t bytes) {
     Lock lock(device_mutex());
@@ -332,11 +353,9 @@ cudaError_t cudaMemset(void* destination, int value, size_t bytes) {
     return record_error(fill(destination, value, bytes, *legacy_stream(), "cudaMemset"));
 }
 cudaError_t cudaMemsetAsync(void* destination, int value, size_t bytes, cudaStream_t handle) {
-    Lock lock(device_mutex());
-    if (const cudaError_t status = device_check(); status != cudaSuccess) return record_error(status);
-    StreamState* stream = find_stream(handle);
-    if (stream == nullptr) return record_error(cudaErrorInvalidResourceHandle);
-    return record_error(fill(destination, value, bytes, *stream, "cudaMemsetAsync"));
+    return on_stream(handle, [&](StreamState& stream) {
+        return record_error(fill(destination, value, bytes, stream, "cudaMemsetAsync"));
+    });
 }
 
 // ---- streams ----
@@ -356,26 +375,22 @@ cudaError_t cudaStreamDestroy(cudaStream_t handle) {
     return record_error(sticky_error());
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
-    Lock lock(device_mutex());
-    if (const cudaError_t status = device_check(); status != cudaSuccess) return record_error(status);
-    StreamState* stream = find_stream(handle);
-    if (stream == nullptr) return record_error(cudaErrorInvalidResourceHandle);
-    synchronize_stream(*stream);
-    return record_error(sticky_error());
+    return on_stream(handle, [](StreamState& stream) {
+        synchronize_stream(stream);
+        return record_error(sticky_error());
+    });
 }
 // A query that finds work queued runs it, so that polling loops finish, but answers "not ready" this time:
 // callers' not-ready paths run too. Only a "done" answer orders the host after the work.
 cudaError_t cudaStreamQuery(cudaStream_t handle) {
-    Lock lock(device_mutex());
-    if (const cudaError_t status = device_check(); status != cudaSuccess) return record_error(status);
-    StreamState* stream = find_stream(handle);
-    if (stream == nullptr) return record_error(cudaErrorInvalidResourceHandle);
-    if (stream->completed < stream->enqueued) {
-        run_all(*stream);
-        return sticky_error() != cudaSuccess ? record_error(sticky_error()) : cudaErrorNotReady;
-    }
-    order_host_after(stream->tail);
-    return cudaSuccess;
+    return on_stream(handle, [](StreamState& stream) {
+        if (stream.completed < stream.enqueued) {
+            run_all(stream);
+            return sticky_error() != cudaSuccess ? record_error(sticky_error()) : cudaErrorNotReady;
+        }
+        order_host_after(stream.tail);
+        return cudaSuccess;
+    });
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t handle, cudaEvent_t event_handle, unsigned int flags) {
     Lock lock(device_mutex());
@@ -412,24 +427,20 @@ cudaError_t cudaEventRecord(cudaEvent_t handle, cudaStream_t stream_handle) {
     return record_error(record_event(*event, *stream));
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t handle) {
-    Lock lock(device_mutex());
-    if (const cudaError_t status = device_check(); status != cudaSuccess) return record_error(status);
-    EventState* event = find_event(handle);
-    if (event == nullptr) return record_error(cudaErrorInvalidResourceHandle);
-    synchronize_event(*event);
-    return record_error(sticky_error());
+    return on_event(handle, [](EventState& event) {
+        synchronize_event(event);
+        return record_error(sticky_error());
+    });
 }
 cudaError_t cudaEventQuery(cudaEvent_t handle) {
-    Lock lock(device_mutex());
-    if (const cudaError_t status = device_check(); status != cudaSuccess) return record_error(status);
-    EventState* event = find_event(handle);
-    if (event == nullptr) return record_error(cudaErrorInvalidResourceHandle);
-    if (event->recorded && event->stream->completed < event->sequence) {
-        run_until(*event->stream, event->sequence);
-        return sticky_error() != cudaSuccess ? record_error(sticky_error()) : cudaErrorNotReady;
-    }
-    synchronize_event(*event);
-    return cudaSuccess;
+    return on_event(handle, [](EventState& event) {
+        if (event.recorded && event.stream->completed < event.sequence) {
+            run_until(*event.stream, event.sequence);
+            return sticky_error() != cudaSuccess ? record_error(sticky_error()) : cudaErrorNotReady;
+        }
+        synchronize_event(event);
+        return cudaSuccess;
+    });
 }
 cudaError_t cudaEventElapsedTime(float* milliseconds, cudaEvent_t start_handle, cudaEvent_t end_handle) {
     Lock lock(device_mutex());

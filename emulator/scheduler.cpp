@@ -3,15 +3,9 @@
 // naming a lane that exited or does not exist, a barrier some threads never reach, deadlock).
 #include "emulator/scheduler.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
-#include <deque>
 #include <memory>
-#include <numeric>
-#include <random>
 #include <sstream>
 #include <vector>
 
