@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "engine/autograd.h"
 #if ENGINE_HAS_CUDA
@@ -117,6 +118,9 @@ template Tensor Tensor::from_vector<int32_t>(const std::vector<int32_t>&, const 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
     ENGINE_CHECK(dtype_of<T>() == dtype(), "to_vector<" << dtype_name(dtype_of<T>()) << ">() on " << describe());
+    if constexpr (std::is_same_v<T, int32_t>) {
+        if (const std::vector<int32_t>* host = impl().storage->host_copy()) return *host;
+    }
     std::vector<T> values(static_cast<size_t>(numel()));
     copy_bytes(values.data(), Device::cpu, raw_data(), device(), nbytes());
     return values;
@@ -174,6 +178,16 @@ Tensor Tensor::to(Device target, MemoryCategory category) const {
 
 Tensor Tensor::clone(MemoryCategory category) const { return to(device(), category); }
 
+Tensor Tensor::to_keeping_host_copy(Device target, MemoryCategory category) const {
+    ENGINE_CHECK(dtype() == DType::i32, "to_keeping_host_copy on " << describe() << ": only i32 ids keep a host copy");
+    if (target == Device::cpu) return to(target, category); // host memory already: reading it costs nothing
+    auto values = std::make_shared<const std::vector<int32_t>>(to_vector<int32_t>());
+    Tensor result = empty(shape(), dtype(), target, category);
+    copy_bytes(result.raw_data(), result.device(), values->data(), Device::cpu, nbytes());
+    result.impl().storage->set_host_copy(std::move(values));
+    return result;
+}
+
 Tensor Tensor::reshape(const Shape& new_shape) const {
     int64_t count = 1;
     for (int64_t extent : new_shape)
@@ -190,10 +204,14 @@ Tensor Tensor::reshape(const Shape& new_shape) const {
 void Tensor::copy_from(const Tensor& source) {
     ENGINE_CHECK(source.shape() == shape() && source.dtype() == dtype(),
                  "copy_from: destination " << describe() << " and source " << source.describe() << " differ");
+    impl().storage->set_host_copy(nullptr);
     copy_bytes(raw_data(), device(), source.raw_data(), source.device(), nbytes());
 }
 
-void Tensor::fill_zero() { zero_bytes(raw_data(), device(), nbytes()); }
+void Tensor::fill_zero() {
+    impl().storage->set_host_copy(nullptr);
+    zero_bytes(raw_data(), device(), nbytes());
+}
 
 std::string Tensor::describe() const {
     if (!impl_) return "<undefined>";

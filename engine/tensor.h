@@ -31,7 +31,14 @@ public:
     Device device() const { return device_; }
     MemoryCategory category() const { return category_; }
 
+    // The values of an i32 device storage as the host uploaded them (Tensor::to_keeping_host_copy), so that
+    // id checks and index building on the host need no device read (a synchronisation). Null when there is
+    // none; dropped by every write through the Tensor API.
+    const std::vector<int32_t>* host_copy() const { return host_copy_.get(); }
+    void set_host_copy(std::shared_ptr<const std::vector<int32_t>> values) { host_copy_ = std::move(values); }
+
 private:
+    std::shared_ptr<const std::vector<int32_t>> host_copy_;
     void* data_ = nullptr;
     size_t bytes_ = 0;
     Device device_;
@@ -97,6 +104,11 @@ public:
     // Copies.
     Tensor to(Device device, MemoryCategory category = current_memory_category()) const;
     Tensor clone(MemoryCategory category = current_memory_category()) const;
+    // `to` for an i32 tensor of ids that also keeps their host values beside the device copy: to_vector
+    // then reads them without touching the device, so the ops' id checks cost no synchronisation. Writing
+    // the device memory behind the Tensor API's back (data<int32_t>() in a kernel) would leave the copy stale;
+    // the engine never does, and copy_from/fill_zero drop it.
+    Tensor to_keeping_host_copy(Device device, MemoryCategory category = current_memory_category()) const;
     template <typename T>
     std::vector<T> to_vector() const;
     double item() const; // a one-element float tensor's value, as double

@@ -194,8 +194,11 @@ Accumulation Trainer::accumulate_gradients(const std::vector<nn::Batch>& batches
 
     try {
         for (const nn::Batch& batch : batches) {
-            const Tensor inputs = batch.inputs.to(device, MemoryCategory::activations);
-            const Tensor targets = loss_function_ ? Tensor() : shift_targets(batch).to(device, MemoryCategory::activations);
+            // Uploaded with their host values, which validate_batch has checked: the ops' id checks read those
+            // instead of the device, so no forward waits for the device.
+            const Tensor inputs = batch.inputs.to_keeping_host_copy(device, MemoryCategory::activations);
+            const Tensor targets = loss_function_ ? Tensor()
+                                                  : shift_targets(batch).to_keeping_host_copy(device, MemoryCategory::activations);
             double reported = 0.0;
             Tensor loss;
             {

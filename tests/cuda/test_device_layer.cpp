@@ -92,6 +92,25 @@ TEST_F(DeviceLayerTest, ScratchIsAccountedWorkspace) {
     EXPECT_EQ(engine::memory_stats(Device::cuda).current(MemoryCategory::workspace), workspace_before);
 }
 
+// Uploaded ids keep their host values: to_vector serves them from the host (shown by writing the device
+// memory behind the API's back, which the host copy does not see), and an API write drops the copy.
+TEST_F(DeviceLayerTest, IdsUploadedWithHostCopyAreReadWithoutTheDevice) {
+    const std::vector<int32_t> ids = {3, 1, 4, 1, 5, 9};
+    Tensor device_ids = Tensor::from_vector<int32_t>(ids, {2, 3}, Device::cpu).to_keeping_host_copy(Device::cuda);
+    ASSERT_NE(device_ids.impl().storage->host_copy(), nullptr);
+    const std::vector<int32_t> other = {7, 7, 7, 7, 7, 7};
+    CUDA_CHECK(cudaMemcpyAsync(device_ids.raw_data(), other.data(), other.size() * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_EQ(device_ids.to_vector<int32_t>(), ids);
+    EXPECT_EQ(device_ids.reshape({6}).to_vector<int32_t>(), ids); // reshape shares the storage and its copy
+
+    device_ids.copy_from(Tensor::from_vector<int32_t>(other, {2, 3}, Device::cpu));
+    EXPECT_EQ(device_ids.impl().storage->host_copy(), nullptr);
+    EXPECT_EQ(device_ids.to_vector<int32_t>(), other);
+    EXPECT_THROW(Tensor::zeros({2}, DType::f32, Device::cpu).to_keeping_host_copy(Device::cuda), EngineError);
+}
+
 TEST_F(DeviceLayerTest, TooLargeAllocationRaisesOutOfMemory) {
     EXPECT_THROW(engine::allocate_bytes(Device::cuda, size_t(1) << 50, MemoryCategory::activations),
                  engine::OutOfMemoryError);
