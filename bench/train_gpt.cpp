@@ -18,6 +18,9 @@
 #include "optim/trainer.h"
 #include "optim/training_state.h"
 #include "train_gpt_options.h"
+#if ENGINE_HAS_CUDA
+#include "engine/cuda/runtime.h"
+#endif
 
 namespace {
 
@@ -121,6 +124,9 @@ int run(const Options& options) {
     } catch (const EngineError& error) {
         throw train_gpt::flag_error(options.data.empty() ? "--vocab-size" : "--data", error);
     }
+#if ENGINE_HAS_CUDA
+    if (options.resolved_device == Device::cuda) engine::cuda::set_tf32_enabled(options.tf32.value_or(true));
+#endif
     nn::GPT model(options.model, options.trainer.seed, options.resolved_device, DType::f32);
     if (!options.init.empty()) {
         try {
@@ -157,7 +163,9 @@ int run(const Options& options) {
               << (options.init.empty() ? "" : ", from " + options.init) << "\n"
               << "data: " << (options.data.empty() ? "built-in corpus" : options.data) << ", "
               << loader->window_count() << " windows of " << options.seq_len << " tokens\n"
-              << "device: " << device_name(options.resolved_device) << " | batch " << config.per_device_train_batch_size
+              << "device: " << device_name(options.resolved_device)
+              << (options.resolved_device == Device::cpu ? "" : options.tf32.value_or(true) ? " (tf32)" : " (fp32)")
+              << " | batch " << config.per_device_train_batch_size
               << " x " << config.gradient_accumulation_steps << " micro-batches = " << tokens_per_step
               << " tokens per step | loss normalization " << optim::loss_normalization_name(config.loss_normalization)
               << " | optimizer " << optim::optimizer_kind_name(config.optimizer) << " | checkpointing "

@@ -126,6 +126,8 @@ memory:
   --skip-nonfinite[=true|false]  skip (and count) a step whose loss or grad norm is NaN/Inf; default: stop with an error
   --plan                         print the predicted memory per category for these flags and exit
   --device auto|cpu|cuda         (auto: cuda when a device is present)
+  --tf32 true|false              CUDA GEMMs and attention on TF32 tensor cores (default true on CUDA; false:
+                                 full fp32, to compare with the CPU)
 output:
   --log FILE                     JSON lines, one per logged step, same fields as the printed line
   --out DIR --save-every K       training state (weights, optimizer, RNG, data cursor, config) every K steps
@@ -189,6 +191,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
              std::error_code error;
              require(std::filesystem::is_directory(v, error), f, "no such directory '" + v + "'");
              options.resume = v; }},
+        {"--tf32", [&](auto& f, auto& v) { options.tf32 = parse_bool(f, v); }},
         {"--device", [&](auto& f, auto& v) { require(v == "auto" || v == "cpu" || v == "cuda", f, "'" + v + "' is not auto, cpu or cuda"); options.device = v; }},
     };
     const std::map<std::string, bool*> switches = {
@@ -256,6 +259,9 @@ Options parse_options(const std::vector<std::string>& arguments) {
                 ENGINE_HAS_CUDA ? "no CUDA device is present" : "this build of libengine has no CUDA backend");
         options.resolved_device = available ? engine::Device::cuda : engine::Device::cpu;
     }
+    // TF32 is a CUDA math mode: asking for it on the CPU is a mistake worth naming (false is harmless).
+    require(!(options.tf32.value_or(false) && options.resolved_device != engine::Device::cuda), "--tf32",
+            "true needs the CUDA device; this run is on the CPU, which computes in full fp32");
     return options;
 }
 

@@ -2,6 +2,7 @@
 // "train_gpt: error: --flag: reason" line (exit status 2) before anything is built.
 #pragma once
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ struct Options {
     std::string resume;    // training-state directory to continue from
     std::string device = "auto";
     engine::Device resolved_device = engine::Device::cpu;
+    // CUDA GEMM and attention math: TF32 tensor cores (true) or full fp32 (false). Unset: TF32 on CUDA (the
+    // engine's default). Hugging Face's `tf32`.
+    std::optional<bool> tf32;
     bool plan = false;     // print the memory plan and exit
     bool help = false;
 };

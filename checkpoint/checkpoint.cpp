@@ -33,7 +33,7 @@ struct SavedSegment {
     bool prefetch_issued = false;
     const Tape* tape = nullptr;     // where the node was recorded: prefetch stays within one backward walk
 #if ENGINE_HAS_CUDA
-    std::optional<cuda::StreamEvent> copies_done; // recorded on the copy stream after the prefetch copies
+    std::optional<cuda::StreamEvent> copies_done; // recorded on the copy stream after its offload or prefetch copies
 
     SavedSegment() = default;
     SavedSegment(const SavedSegment&) = delete;
@@ -58,6 +58,22 @@ struct SavedSegment {
     void wait_for_copies() {}
 #endif
 };
+
+// A pinned host copy of `input`. On CUDA it goes device->host on the copy stream and the host does not wait:
+// the segment's event orders every later reader of the copy, and the allocator fences the device block so
+// that the caller may drop `input` at once. On the CPU, a plain copy.
+Tensor offload_to_host(const Tensor& input, SavedSegment& segment) {
+#if ENGINE_HAS_CUDA
+    if (input.device() == Device::cuda) {
+        Tensor host = Tensor::empty(input.shape(), input.dtype(), Device::cpu, MemoryCategory::pinned_host);
+        if (!segment.copies_done) segment.copies_done.emplace();
+        cuda::copy_to_host_async(host.raw_data(), input.raw_data(), input.nbytes(), *segment.copies_done);
+        return host;
+    }
+#endif
+    (void)segment;
+    return input.to(Device::cpu, MemoryCategory::pinned_host);
+}
 
 // This thread's offloaded segments with prefetch on, in the order their forwards ran. Backward meets them
 // in reverse, so when one's backward starts, the live one recorded before it is the next to need its inputs.
@@ -178,10 +194,9 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
         entry.device = input.device();
         entry.requires_grad = input.requires_grad();
         entry.target = GradTarget(input);
-        // The host copy is ordered on the compute stream; once the caller drops `input`, the device copy
-        // is freed and only the pinned host copy remains. Integer inputs (token ids) are tiny and stay.
-        entry.data = offload && input.dtype() != DType::i32 ? input.to(Device::cpu, MemoryCategory::pinned_host)
-                                                            : input.detach();
+        // Once the caller drops `input`, the device copy is freed and only the pinned host copy remains.
+        // Integer inputs (token ids) are tiny and stay.
+        entry.data = offload && input.dtype() != DType::i32 ? offload_to_host(input, *segment) : input.detach();
         any_offloaded = any_offloaded || entry.data.category() == MemoryCategory::pinned_host;
         segment->inputs.push_back(std::move(entry));
     }

@@ -9,6 +9,9 @@ void accumulate_into(const Tensor& destination, const Tensor& source, double alp
 void scale_in_place(const Tensor& tensor, double factor);
 void fill_in_place(const Tensor& tensor, double value);
 double sum_of_squares(const Tensor& tensor); // in double, whatever the dtype
+// The sum of squares of all the tensors (same device and dtype) with one read of the device: one result
+// for the global gradient norm instead of a synchronising read per tensor.
+double sum_of_squares(const std::vector<Tensor>& tensors);
 // Whether every element is finite (no NaN or Inf).
 bool all_finite(const Tensor& tensor);
 

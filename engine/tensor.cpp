@@ -102,12 +102,39 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
     return device == Device::cpu ? host : host.to(device, category);
 }
 
+namespace {
+// Host ids to a device tensor through a pinned staging block, so the copy is asynchronous and no forward
+// waits for the upload. The block goes back to the pinned pool at once: the pool orders its reuse after the
+// copy (compute stream). The tensor keeps the values as its host copy.
+void upload_ids(const Tensor& destination, std::shared_ptr<const std::vector<int32_t>> values) {
+    const size_t bytes = destination.nbytes();
+    if (bytes > 0) {
+        void* staging = allocate_bytes(Device::cpu, bytes, MemoryCategory::pinned_host);
+        std::memcpy(staging, values->data(), bytes);
+        try {
+            copy_bytes(destination.raw_data(), destination.device(), staging, Device::cpu, bytes);
+        } catch (...) {
+            deallocate_bytes(Device::cpu, staging, bytes, MemoryCategory::pinned_host);
+            throw;
+        }
+        deallocate_bytes(Device::cpu, staging, bytes, MemoryCategory::pinned_host);
+    }
+    destination.impl().storage->set_host_copy(std::move(values));
+}
+} // namespace
+
 template <typename T>
 Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device,
                            MemoryCategory category) {
     ENGINE_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
                  "Tensor::from_vector: " << values.size() << " values for shape " << shape_string(shape));
     Tensor tensor = empty(shape, dtype_of<T>(), device, category);
+    if constexpr (std::is_same_v<T, int32_t>) {
+        if (device != Device::cpu) { // ids made from host values keep them (to_keeping_host_copy)
+            upload_ids(tensor, std::make_shared<const std::vector<int32_t>>(values));
+            return tensor;
+        }
+    }
     copy_bytes(tensor.raw_data(), tensor.device(), values.data(), Device::cpu, values.size() * sizeof(T));
     return tensor;
 }
@@ -181,10 +208,13 @@ Tensor Tensor::clone(MemoryCategory category) const { return to(device(), catego
 Tensor Tensor::to_keeping_host_copy(Device target, MemoryCategory category) const {
     ENGINE_CHECK(dtype() == DType::i32, "to_keeping_host_copy on " << describe() << ": only i32 ids keep a host copy");
     if (target == Device::cpu) return to(target, category); // host memory already: reading it costs nothing
-    auto values = std::make_shared<const std::vector<int32_t>>(to_vector<int32_t>());
     Tensor result = empty(shape(), dtype(), target, category);
-    copy_bytes(result.raw_data(), result.device(), values->data(), Device::cpu, nbytes());
-    result.impl().storage->set_host_copy(std::move(values));
+    if (const std::vector<int32_t>* host = impl().storage->host_copy(); host != nullptr && device() == target) {
+        copy_bytes(result.raw_data(), target, raw_data(), target, nbytes()); // device to device; the values are known
+        result.impl().storage->set_host_copy(std::make_shared<const std::vector<int32_t>>(*host));
+        return result;
+    }
+    upload_ids(result, std::make_shared<const std::vector<int32_t>>(to_vector<int32_t>()));
     return result;
 }
 

@@ -8,13 +8,13 @@
 namespace engine::optim {
 
 double global_grad_norm(const std::vector<Tensor>& parameters) {
-    double total = 0.0;
+    std::vector<Tensor> gradients;
+    gradients.reserve(parameters.size());
     for (const Tensor& parameter : parameters) {
-        const Tensor gradient = parameter.grad();
-        ENGINE_CHECK(gradient.defined(), "clip: parameter " << parameter.describe() << " has no gradient buffer");
-        total += sum_of_squares(gradient);
+        gradients.push_back(parameter.grad());
+        ENGINE_CHECK(gradients.back().defined(), "clip: parameter " << parameter.describe() << " has no gradient buffer");
     }
-    return std::sqrt(total);
+    return std::sqrt(sum_of_squares(gradients)); // one launch list and one device read for the whole model
 }
 
 double clip_coefficient(double norm, double max_norm) {

@@ -146,23 +146,29 @@ void Trainer::validate_batch(const nn::Batch& batch, size_t index) const {
     }
 }
 
+double Accumulation::loss_sum() const {
+    double sum = 0.0;
+    for (const auto& [value, factor] : reported_losses) sum += value.item() * factor;
+    return sum;
+}
+
 Tensor Trainer::micro_batch_loss(const Tensor& logits, const nn::Batch& batch, const Tensor& targets,
-                                 const Accumulation& window, double* reported) {
+                                 Accumulation& window) {
     const double micro_batches = static_cast<double>(window.micro_batches);
     if (loss_function_) {
         Tensor loss = loss_function_(logits, batch, window.num_items_in_batch);
         ENGINE_CHECK(loss.defined() && loss.numel() == 1, "trainer: the custom loss must return one value");
         if (!loss_is_scaled_for_ga_) loss = multiply(loss, 1.0 / micro_batches);
-        *reported = loss.item();
+        window.reported_losses.emplace_back(loss.detach(), 1.0);
         return loss;
     }
     if (config_.loss_normalization == LossNormalization::tokens) {
         Tensor token_sum = cross_entropy(logits, targets, Reduction::sum);
-        *reported = token_sum.item();
+        window.reported_losses.emplace_back(token_sum.detach(), 1.0);
         return multiply(token_sum, 1.0 / static_cast<double>(window.num_items_in_batch));
     }
     Tensor batch_mean = cross_entropy(logits, targets, Reduction::mean);
-    *reported = batch_mean.item() * static_cast<double>(count_targets(batch)); // back to a token sum
+    window.reported_losses.emplace_back(batch_mean.detach(), static_cast<double>(count_targets(batch))); // a token sum
     return multiply(batch_mean, 1.0 / micro_batches);
 }
 
@@ -199,16 +205,14 @@ Accumulation Trainer::accumulate_gradients(const std::vector<nn::Batch>& batches
             const Tensor inputs = batch.inputs.to_keeping_host_copy(device, MemoryCategory::activations);
             const Tensor targets = loss_function_ ? Tensor()
                                                   : shift_targets(batch).to_keeping_host_copy(device, MemoryCategory::activations);
-            double reported = 0.0;
             Tensor loss;
             {
                 // The logits go out of scope before backward so that the loss node's backward frees them
                 // (B·T·V bytes: the largest activation of a GPT-2 step).
                 const Tensor logits = model_.forward(inputs); // (B,T,V)
-                loss = micro_batch_loss(logits, batch, targets, window, &reported);
+                loss = micro_batch_loss(logits, batch, targets, window);
             }
             backward(loss);
-            window.loss_sum += reported;
         }
     } catch (...) {
         // Leave the model as the step found it: no half-accumulated gradients, no dangling tape.
@@ -230,7 +234,8 @@ StepResult Trainer::apply_update(const Accumulation& window) {
     StepResult result;
     result.learning_rate = schedule_.at(step());
     result.grad_norm = global_grad_norm(parameters_);
-    result.loss = loss_function_ ? window.loss_sum : window.loss_sum / static_cast<double>(window.num_items_in_batch);
+    const double loss_sum = window.loss_sum(); // after the norm's read: the device is idle, nothing waits
+    result.loss = loss_function_ ? loss_sum : loss_sum / static_cast<double>(window.num_items_in_batch);
     // Caught before the optimizer runs: a NaN or Inf must never reach the weights or the moments.
     if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
         const std::string parameter = first_nonfinite_gradient(model_);

@@ -85,7 +85,11 @@ struct Accumulation {
     int64_t num_items_in_batch = 0;
     int micro_batches = 0;
     int64_t tokens = 0;
-    double loss_sum = 0.0; // the sum the reported loss is made of
+    // Each micro-batch's reported loss as (one-value tensor, factor): value·factor is its token-loss sum. They
+    // stay on the device until loss_sum() reads them, which apply_update does once the gradient norm has
+    // waited for the device anyway, so no micro-batch's forward makes the host wait.
+    std::vector<std::pair<Tensor, double>> reported_losses;
+    double loss_sum() const; // the sum the reported loss is made of
 };
 
 class Trainer {
@@ -124,7 +128,7 @@ public:
 private:
     void validate_batch(const nn::Batch& batch, size_t index) const;
     Tensor micro_batch_loss(const Tensor& logits, const nn::Batch& batch, const Tensor& targets,
-                            const Accumulation& window, double* reported);
+                            Accumulation& window);
 
     nn::GPT& model_;
     TrainerConfig config_;

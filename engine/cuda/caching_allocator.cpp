@@ -28,7 +28,8 @@ size_t size_class(size_t bytes) {
 
 // Freed blocks are reused by later allocations without synchronization. That is safe because every
 // kernel and copy of the engine runs on the one compute stream, so a later use is ordered after every
-// earlier use of the same memory. Work on other streams must synchronize before freeing.
+// earlier use of the same memory. A block that work on another stream still reads carries a fence (an event
+// recorded after that work, see fence()): whoever gets the block next makes the compute stream wait for it.
 class CachingDeviceAllocator final : public RawAllocator {
 public:
     void* allocate(size_t bytes, bool* reached_system) override {
@@ -36,10 +37,17 @@ public:
         std::lock_guard<std::mutex> lock(mutex_);
         auto cached = free_lists_.find(rounded);
         if (cached != free_lists_.end() && !cached->second.empty()) {
-            void* pointer = cached->second.back();
+            CachedBlock block = std::move(cached->second.back());
             cached->second.pop_back();
             cached_bytes_ -= rounded;
-            return pointer;
+            if (block.fence) {
+                const cudaError_t status = cudaStreamWaitEvent(compute_stream(), block.fence->get(), 0);
+                if (status != cudaSuccess) { // the wait could not be queued: the host waits for the event instead
+                    (void)cudaGetLastError();
+                    CUDA_CHECK(cudaEventSynchronize(block.fence->get()));
+                }
+            }
+            return block.pointer;
         }
         if (reached_system != nullptr) *reached_system = true;
         void* pointer = system_allocate(rounded);
@@ -55,12 +63,25 @@ public:
         if (pointer == nullptr) return;
         const size_t rounded = size_class(bytes);
         std::lock_guard<std::mutex> lock(mutex_);
+        CachedBlock block{pointer, std::nullopt};
+        if (auto fenced = fences_.find(pointer); fenced != fences_.end()) {
+            block.fence.emplace(std::move(fenced->second));
+            fences_.erase(fenced);
+        }
         try {
-            free_lists_[rounded].push_back(pointer);
+            free_lists_[rounded].push_back(std::move(block));
             cached_bytes_ += rounded;
         } catch (const std::bad_alloc&) { // no room to list it: hand it back (cudaFree waits for the device)
             if (cudaFree(pointer) != cudaSuccess) (void)cudaGetLastError();
         }
+    }
+
+    // The live block at `pointer` is read by work on another stream that ends with `event`: once freed, it
+    // is handed out again only after the compute stream waits for that event. A second fence replaces the
+    // first (the later event covers the earlier work on the same stream).
+    void fence(void* pointer, base::cuda::Event event) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        fences_.insert_or_assign(pointer, std::move(event));
     }
 
     size_t cached_bytes() const override {
@@ -92,18 +113,28 @@ private:
     // by the next checked call.
     void release_cache_locked() noexcept {
         // cudaFree waits for the device, so blocks still read by queued kernels are not pulled away early.
-        for (auto& [size, pointers] : free_lists_) {
-            while (!pointers.empty()) {
-                void* pointer = pointers.back();
-                pointers.pop_back();
+        for (auto& [size, blocks] : free_lists_) {
+            while (!blocks.empty()) {
+                const CachedBlock block = std::move(blocks.back());
+                blocks.pop_back();
                 cached_bytes_ -= size;
-                if (cudaFree(pointer) != cudaSuccess) (void)cudaGetLastError();
+                if (block.fence && cudaEventSynchronize(block.fence->get()) != cudaSuccess) {
+                    (void)cudaGetLastError();
+                    continue; // still read elsewhere for all we know: leaked rather than freed under a copy
+                }
+                if (cudaFree(block.pointer) != cudaSuccess) (void)cudaGetLastError();
             }
         }
     }
 
+    struct CachedBlock {
+        void* pointer;
+        std::optional<base::cuda::Event> fence; // recorded after the last other-stream work that reads it
+    };
+
     mutable std::mutex mutex_;
-    std::unordered_map<size_t, std::vector<void*>> free_lists_;
+    std::unordered_map<size_t, std::vector<CachedBlock>> free_lists_;
+    std::unordered_map<void*, base::cuda::Event> fences_; // live blocks still read on another stream
     size_t cached_bytes_ = 0;
 };
 
@@ -212,16 +243,22 @@ private:
     size_t cached_bytes_ = 0;
 };
 
+// Never destroyed: tensors with static lifetime may be freed after any static destructor would have run.
+CachingDeviceAllocator& device_allocator() {
+    static CachingDeviceAllocator* allocator = new CachingDeviceAllocator();
+    return *allocator;
+}
+
 } // namespace
 
-// Called once by ensure_initialized() (engine/cuda/runtime.cpp). The allocators are never destroyed:
-// tensors with static lifetime may be freed after any static destructor would have run.
+// Called once by ensure_initialized() (engine/cuda/runtime.cpp).
 void install_caching_allocators() {
-    static CachingDeviceAllocator* device_allocator = new CachingDeviceAllocator();
     static PinnedHostPool* pinned_pool = new PinnedHostPool();
-    set_raw_allocator(Device::cuda, device_allocator);
+    set_raw_allocator(Device::cuda, &device_allocator());
     set_pinned_allocator(pinned_pool);
 }
+
+void fence_device_block(void* pointer, base::cuda::Event event) { device_allocator().fence(pointer, std::move(event)); }
 
 size_t system_allocation_count() { return system_allocations.load(); }
 

@@ -13,7 +13,8 @@
 
 namespace engine::cuda {
 
-void install_caching_allocators(); // engine/cuda/caching_allocator.cpp
+void install_caching_allocators();                                  // engine/cuda/caching_allocator.cpp
+void fence_device_block(void* pointer, base::cuda::Event event); // engine/cuda/caching_allocator.cpp
 
 namespace {
 
@@ -28,7 +29,7 @@ std::mutex initialization_mutex;
 // Never destroyed: allocations with static lifetime may still be freed, and ordered on the stream, after
 // static destructors would have run. Published once fully built, so readers need no lock.
 std::atomic<DeviceState*> device_state{nullptr};
-std::atomic<bool> tf32{false};
+std::atomic<bool> tf32{true}; // TF32 tensor cores unless a caller asks for full fp32
 
 DeviceState& state() {
     DeviceState* current = device_state.load(std::memory_order_acquire);
@@ -126,6 +127,22 @@ void copy_to_device_async(void* destination, const void* source, size_t bytes, S
     compute_so_far.wait(copies);
     if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyHostToDevice, copies));
     done.record(copies);
+}
+
+void copy_to_host_async(void* destination, const void* source, size_t bytes, StreamEvent& done) {
+    cudaStream_t copies = copy_stream();
+    StreamEvent compute_so_far;
+    compute_so_far.record(compute_stream());
+    compute_so_far.wait(copies);
+    if (bytes == 0) {
+        done.record(copies);
+        return;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToHost, copies));
+    done.record(copies);
+    base::cuda::Event source_read;
+    source_read.record(copies);
+    fence_device_block(const_cast<void*>(source), std::move(source_read));
 }
 
 } // namespace engine::cuda

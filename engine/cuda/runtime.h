@@ -30,7 +30,7 @@ void zero(void* destination, size_t bytes); // cudaMemsetAsync on the compute st
 void synchronize();                         // waits for the compute stream
 // cudaMalloc/cudaHostAlloc calls made so far (the caching allocator's misses), for steady-state tests.
 size_t system_allocation_count();
-// cuBLAS math mode for the engine's GEMMs: fp32 (default) or TF32 tensor cores (opt-in).
+// Math of the engine's GEMMs and attention on CUDA: TF32 tensor cores (the default) or full fp32.
 void set_tf32_enabled(bool enabled);
 bool tf32_enabled();
 
@@ -67,5 +67,11 @@ private:
 // `destination`, and before either buffer is freed (the pinned pool orders reuse on the compute stream).
 // `source` should be pinned, or the copy is not asynchronous.
 void copy_to_device_async(void* destination, const void* source, size_t bytes, StreamEvent& done);
+// Device -> host (pinned) on the copy stream; returns at once, the host never waits. The copy starts after
+// everything queued on the compute stream so far (the work that wrote `source`). `done` is recorded after
+// it: the compute stream must wait on it before anything reads `destination` or frees it (the pinned pool
+// orders reuse on the compute stream). `source` must be the start of a caching-allocator block; it may be
+// freed at once: the allocator hands that block to later compute-stream work only after the copy read it.
+void copy_to_host_async(void* destination, const void* source, size_t bytes, StreamEvent& done);
 
 } // namespace engine::cuda

@@ -129,6 +129,9 @@ void sum_backward(Scalar* dinp,      // (N) += scale * dout[0]
 // out[0] = sum(inp^2), accumulated in double.
 template <typename Scalar>
 void sum_of_squares(double* out, const Scalar* inp, int64_t N);
+// out[0] = the sum of squares of every element of `tensor_count` tensors (the global gradient norm).
+template <typename Scalar>
+void sum_of_squares_list(double* out, const Scalar* const* tensors, const int64_t* counts, int tensor_count);
 
 // ---- elementwise helpers ----
 template <typename Scalar>

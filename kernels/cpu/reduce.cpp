@@ -27,11 +27,24 @@ void sum_of_squares(double* out, const T* inp, int64_t N) {
     out[0] = sum;
 }
 
+template <typename T>
+void sum_of_squares_list(double* out, const T* const* tensors, const int64_t* counts, int tensor_count) {
+    double total = 0.0;
+    for (int tensor = 0; tensor < tensor_count; ++tensor) {
+        double part = 0.0;
+        sum_of_squares(&part, tensors[tensor], counts[tensor]);
+        total += part;
+    }
+    out[0] = total;
+}
+
 template void sum_forward<float>(float*, const float*, int64_t, float);
 template void sum_forward<double>(double*, const double*, int64_t, double);
 template void sum_backward<float>(float*, const float*, int64_t, float);
 template void sum_backward<double>(double*, const double*, int64_t, double);
 template void sum_of_squares<float>(double*, const float*, int64_t);
 template void sum_of_squares<double>(double*, const double*, int64_t);
+template void sum_of_squares_list<float>(double*, const float* const*, const int64_t*, int);
+template void sum_of_squares_list<double>(double*, const double* const*, const int64_t*, int);
 
 } // namespace engine::kernels::cpu

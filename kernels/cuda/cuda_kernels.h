@@ -72,6 +72,18 @@ void sum_forward(float* out, double* partials_workspace, const float* inp, int64
 void sum_backward(float* dinp, const float* dout, int64_t N, float scale, cudaStream_t stream);
 void sum_of_squares(double* out, double* partials_workspace, const float* inp, int64_t N,
                     cudaStream_t stream); // out is device memory
+// The sum of squares of many tensors at once (the global gradient norm), deterministic like the above, in
+// one partial launch per tensor_list_capacity tensors plus one final launch. `tensors` and `counts` are host
+// arrays (the list travels as a kernel argument); partials_workspace holds
+// reduction_workspace_count(largest count) doubles.
+inline constexpr int tensor_list_capacity = 200; // 200 pointers and counts: 3.2 KB, under the 4 KB argument limit
+struct TensorList {
+    const float* data[tensor_list_capacity];
+    int64_t count[tensor_list_capacity];
+    int size;
+};
+void sum_of_squares_list(double* out, double* partials_workspace, const float* const* tensors, const int64_t* counts,
+                         int tensor_count, cudaStream_t stream);
 
 // ---- elementwise helpers ----
 void fill(float* x, float value, int64_t N, cudaStream_t stream);

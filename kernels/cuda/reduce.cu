@@ -38,6 +38,23 @@ static __global__ void partial_sum_kernel(double* partials, const float* inp, in
     if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
+// The gradient norm's first stage over many tensors in one launch: every block walks every tensor of the
+// list with the same grid stride, so each element's block and each block's order of additions depend on the
+// shapes only. `accumulate` adds to the partials of an earlier launch (lists longer than one launch holds).
+static __global__ void list_partial_sum_of_squares_kernel(double* partials, TensorList list, bool accumulate) {
+    double sum = 0.0;
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+    for (int tensor = 0; tensor < list.size; ++tensor) {
+        const float* values = list.data[tensor];
+        for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < list.count[tensor]; i += stride) {
+            const double value = values[i];
+            sum += value * value;
+        }
+    }
+    sum = block_sum_of(sum);
+    if (threadIdx.x == 0) partials[blockIdx.x] = accumulate ? partials[blockIdx.x] + sum : sum;
+}
+
 static __global__ void final_sum_kernel(float* float_out, double* double_out, const double* partials, int count,
                                         double scale) {
     double sum = 0.0;
@@ -76,6 +93,26 @@ void sum_backward(float* dinp, const float* dout, int64_t N, float scale, cudaSt
 
 void sum_of_squares(double* out, double* partials_workspace, const float* inp, int64_t N, cudaStream_t stream) {
     two_stage_sum<true>(nullptr, out, partials_workspace, inp, N, 1.0, stream);
+}
+
+void sum_of_squares_list(double* out, double* partials_workspace, const float* const* tensors, const int64_t* counts,
+                         int tensor_count, cudaStream_t stream) {
+    int64_t largest = 0;
+    for (int tensor = 0; tensor < tensor_count; ++tensor) largest = counts[tensor] > largest ? counts[tensor] : largest;
+    // Sized by the largest tensor: smaller ones leave blocks idle, and a grid sized by the total would only
+    // stretch the largest one's stride.
+    const int blocks = reduction_workspace_count(largest);
+    for (int first = 0; first == 0 || first < tensor_count; first += tensor_list_capacity) {
+        TensorList list{};
+        list.size = tensor_count - first < tensor_list_capacity ? tensor_count - first : tensor_list_capacity;
+        for (int index = 0; index < list.size; ++index) {
+            list.data[index] = tensors[first + index];
+            list.count[index] = counts[first + index];
+        }
+        ENGINE_LAUNCH(list_partial_sum_of_squares_kernel, blocks, block_size, 0, stream, partials_workspace, list,
+                      first > 0);
+    }
+    ENGINE_LAUNCH(final_sum_kernel, 1, final_block_size, 0, stream, nullptr, out, partials_workspace, blocks, 1.0);
 }
 
 } // namespace engine::kernels::cuda

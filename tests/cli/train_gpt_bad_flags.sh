@@ -37,6 +37,8 @@ expect --init --init "$work/no_such_file.safetensors"
 expect --learning-rate --learning-rate fast
 expect --max-steps --max-steps 1.5
 expect --device --device tpu
+expect --tf32 --tf32 maybe
+expect --tf32 --device cpu --tf32 true
 expect --offload --offload
 expect --save-every --save-every 2
 expect --resume --resume "$work/no_such_directory"

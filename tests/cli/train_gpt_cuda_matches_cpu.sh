@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ctest train_gpt_emulated_cuda_matches_cpu (emulated build only): train_gpt --device cuda on the emulated
 # device gives the CPU's loss at every step within 1e-5 relative, with gradient accumulation, checkpointing
-# and offload with prefetch on (TF32 is off by default). usage: train_gpt_cuda_matches_cpu.sh TRAIN_GPT WORK_DIR
+# and offload with prefetch on, and TF32 off (--tf32 false). usage: train_gpt_cuda_matches_cpu.sh TRAIN_GPT WORK_DIR
 set -u
 train_gpt=$1
 work=$2
@@ -11,7 +11,9 @@ flags=(--max-steps "${TRAIN_GPT_CUDA_STEPS:-4}" --per-device-train-batch-size 2 
        --gradient-checkpointing
        --every-n-layers 1 --offload --prefetch)
 for device in cpu cuda; do
-    if ! "$train_gpt" --device "$device" "${flags[@]}" --log "$work/$device.jsonl" >"$work/$device.out" 2>&1; then
+    math=()
+    [ "$device" = cuda ] && math=(--tf32 false)
+    if ! "$train_gpt" --device "$device" "${math[@]}" "${flags[@]}" --log "$work/$device.jsonl" >"$work/$device.out" 2>&1; then
         echo "FAIL: train_gpt --device $device exited non-zero:"
         tail -5 "$work/$device.out"
         exit 1

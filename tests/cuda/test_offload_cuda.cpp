@@ -19,6 +19,7 @@ protected:
     void SetUp() override {
         if (!engine::cuda::device_available()) GTEST_SKIP() << "no CUDA device";
         engine::cuda::ensure_initialized();
+        engine::cuda::set_tf32_enabled(false); // gradients are compared with the fp32 CPU
     }
 };
 
