@@ -155,8 +155,8 @@ __global__ void attention_backward_key_value_kernel(float* dqkv, const float* do
     __syncthreads();
     float* dkeys = head_slice(dqkv, batch, 1, head, T, C, qkv_row, head_size); // (T, head_size) of (B,T,3C)
     float* dvalues = head_slice(dqkv, batch, 2, head, T, C, qkv_row, head_size);
-    add_tile(dkeys, qkv_row, dkey, layout.head_stride, 1.0f, first_key, layout.key_rows, T, head_size, vectorized);
-    add_tile(dvalues, qkv_row, dvalue, layout.head_stride, 1.0f, first_key, layout.key_rows, T, head_size,
+    add_tile(dkeys, qkv_row, dkey, layout.head_stride, first_key, layout.key_rows, T, head_size, vectorized);
+    add_tile(dvalues, qkv_row, dvalue, layout.head_stride, first_key, layout.key_rows, T, head_size,
              vectorized);
 }
 
@@ -210,7 +210,7 @@ __global__ void attention_backward_query_kernel(float* dqkv, const float* dout, 
     }
     __syncthreads();
     float* dqueries = head_slice(dqkv, batch, 0, head, T, C, qkv_row, head_size); // (T, head_size) of (B,T,3C)
-    add_tile(dqueries, qkv_row, dquery, layout.head_stride, 1.0f, first_query, layout.query_rows, T, head_size,
+    add_tile(dqueries, qkv_row, dquery, layout.head_stride, first_query, layout.query_rows, T, head_size,
              vectorized);
 }
 

@@ -98,10 +98,8 @@ __global__ void attention_forward_kernel(float* out, float* logsumexp, const flo
     __syncthreads();
 
     float* out_head = out + int64_t(batch) * T * C + int64_t(head) * head_size; // (T, head_size) of (B,T,C)
-    const int width = vectorized ? 4 : 1, groups_per_row = head_size / width;
-    for (int index = threadIdx.x; index < layout.query_rows * groups_per_row; index += blockDim.x) {
-        const int row = index / groups_per_row, column = index % groups_per_row * width;
-        if (first_query + row >= T) continue;
+    for_each_group(layout.query_rows, head_size, vectorized ? 4 : 1, [&](int row, int column) {
+        if (first_query + row >= T) return;
         const float inverse_sum = 1.0f / running_sum[row];
         const float* from = output + row * layout.head_stride + column;
         float* to = out_head + int64_t(first_query + row) * C + column;
@@ -111,7 +109,7 @@ __global__ void attention_forward_kernel(float* out, float* logsumexp, const flo
         } else {
             *to = *from * inverse_sum;
         }
-    }
+    });
     float* logsumexp_head = logsumexp + (int64_t(batch) * NH + head) * T; // (T) of (B,NH,T)
     for (int row = threadIdx.x; row < layout.query_rows && first_query + row < T; row += blockDim.x) {
         logsumexp_head[first_query + row] = running_max[row] + logf(running_sum[row]);

@@ -81,15 +81,22 @@ __device__ Pointer head_slice(Pointer buffer, int batch, int part, int head, int
     return buffer + int64_t(batch) * T * row_length + int64_t(part) * C + int64_t(head) * head_size;
 }
 
+// Calls visit(row, column) once for every group of `width` consecutive columns (4 when float4s move, else 1)
+// of a (rows, columns) tile, the groups spread over the block's threads.
+template <typename Visit>
+__device__ void for_each_group(int rows, int columns, int width, Visit&& visit) {
+    const int groups_per_row = columns / width;
+    for (int index = threadIdx.x; index < rows * groups_per_row; index += blockDim.x) {
+        visit(index / groups_per_row, index % groups_per_row * width);
+    }
+}
+
 // tile (rows, stride) = rows first_row.. of `source` (row_length floats apart), head_size columns; rows at or
 // beyond T and the padding columns up to padded_head become zero. `vectorized`: head_size, the row length
 // and source are multiples of 4 floats, so each thread moves float4s.
 __device__ inline void load_tile(float* tile, int stride, const float* source, int row_length, int first_row,
                                  int rows, int T, int head_size, int padded_head, bool vectorized) {
-    const int width = vectorized ? 4 : 1;
-    const int groups_per_row = padded_head / width;
-    for (int index = threadIdx.x; index < rows * groups_per_row; index += blockDim.x) {
-        const int row = index / groups_per_row, column = index % groups_per_row * width;
+    for_each_group(rows, padded_head, vectorized ? 4 : 1, [&](int row, int column) {
         const bool inside = first_row + row < T && column < head_size;
         const float* from = source + int64_t(first_row + row) * row_length + column;
         float* to = tile + row * stride + column;
@@ -98,30 +105,24 @@ __device__ inline void load_tile(float* tile, int stride, const float* source, i
         } else {
             *to = inside ? *from : 0.0f;
         }
-    }
+    });
 }
 
-// destination rows first_row.. (below T, head_size columns) += scale * tile; the backward kernels' gradients.
-__device__ inline void add_tile(float* destination, int row_length, const float* tile, int stride, float scale,
-                                int first_row, int rows, int T, int head_size, bool vectorized) {
-    const int width = vectorized ? 4 : 1;
-    const int groups_per_row = head_size / width;
-    for (int index = threadIdx.x; index < rows * groups_per_row; index += blockDim.x) {
-        const int row = index / groups_per_row, column = index % groups_per_row * width;
-        if (first_row + row >= T) continue;
+// destination rows first_row.. (below T, head_size columns) += tile; the backward kernels' gradients.
+__device__ inline void add_tile(float* destination, int row_length, const float* tile, int stride, int first_row,
+                                int rows, int T, int head_size, bool vectorized) {
+    for_each_group(rows, head_size, vectorized ? 4 : 1, [&](int row, int column) {
+        if (first_row + row >= T) return;
         float* to = destination + int64_t(first_row + row) * row_length + column;
         const float* from = tile + row * stride + column;
         if (vectorized) {
-            float4 sum = *reinterpret_cast<float4*>(to);
-            sum.x += scale * from[0];
-            sum.y += scale * from[1];
-            sum.z += scale * from[2];
-            sum.w += scale * from[3];
-            *reinterpret_cast<float4*>(to) = sum;
+            const float4 sum = *reinterpret_cast<float4*>(to);
+            *reinterpret_cast<float4*>(to) =
+                make_float4(sum.x + from[0], sum.y + from[1], sum.z + from[2], sum.w + from[3]);
         } else {
-            *to += scale * *from;
+            *to += *from;
         }
-    }
+    });
 }
 
 // Sets `rows * columns` floats of a (rows, stride) tile to zero.

@@ -140,8 +140,9 @@ TEST_F(AttentionKernelTest, Deterministic) {
 TEST_F(AttentionKernelTest, RejectsOversizedHeads) {
     const int C = 2 * (gpu::attention_max_head_size + 32);
     EXPECT_THROW(gpu::attention_forward(nullptr, nullptr, nullptr, 1, 1, C, 2, false, stream), engine::EngineError);
-    EXPECT_THROW(gpu::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, C, 2, true, stream),
-                 engine::EngineError);
+    EXPECT_THROW(
+        gpu::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, C, 2, true, stream),
+        engine::EngineError);
 }
 
 // Every head size up to the maximum fits sm_90's 227 KiB of shared memory per block.
@@ -152,8 +153,9 @@ TEST(AttentionSharedMemory, FitsSm90ForEveryHeadSize) {
         EXPECT_LE(gpu::attention_backward_shared_bytes(head_size), sm90_limit) << "head size " << head_size;
     }
     for (const int head_size : {64, 80, 128, 256}) {
-        std::cout << "[ shared   ] head size " << head_size << ": forward " << gpu::attention_forward_shared_bytes(head_size)
-                  << " bytes, backward " << gpu::attention_backward_shared_bytes(head_size) << " bytes\n";
+        std::cout << "[ shared   ] head size " << head_size << ": forward "
+                  << gpu::attention_forward_shared_bytes(head_size) << " bytes, backward "
+                  << gpu::attention_backward_shared_bytes(head_size) << " bytes\n";
     }
 }
 
