@@ -32,19 +32,19 @@ struct Tolerances {
     Tolerance out, logsumexp, dqkv;
 };
 
-// 3xTF32 keeps about 21 of float's 24 significant bits per operand, so the kernels match fp32 loops: the
+// 3xTF32 keeps about 22 of float's 24 significant bits per operand, so the kernels match fp32 loops: the
 // bounds the naive kernels met before (fp32 accumulation in a different order than the CPU's double).
 constexpr Tolerances fp32_tolerances{{1e-5, 1e-4}, {1e-5, 1e-5}, {5e-5, 5e-4}};
 
-// TF32 rounds each operand to 11 significant bits: relative error u = 2^-11 ~ 4.9e-4 per operand, so a
-// product carries up to 2u. Inputs are U(-1,1) (|q_i k_i| rms 1/3): over d random-sign terms a score
-// q.k/sqrt(d) has an error of rms 2u * sqrt(2d) / 3 / sqrt(d) = 0.94 u ~ 4.6e-4, whatever d, and the largest
-// of ~10^5 scores lies within 5 rms: 2.3e-3. That error moves each probability by the same relative amount
-// and logsumexp by at most that much in absolute terms, so logsumexp gets atol 5e-3. out = sum_j P_ij v_j
-// (|v| <= 1) adds P.V's own 2u: under 3e-3, atol 5e-3. The gradients sum dS q or P dout over up to T rows
-// with the same relative error per term; at T = 1000 their size reaches ~10 (dv of key 0 sums all rows'
-// probabilities), so they get atol 1e-2 and rtol 1e-2 (4u plus the score error, with 4x to spare).
-constexpr Tolerances tf32_tolerances{{5e-3, 1e-2}, {5e-3, 1e-3}, {1e-2, 1e-2}};
+// TF32 keeps 11 significant bits: the kernels round each operand with a relative error uniform in +-u,
+// u = 2^-11 ~ 4.9e-4 (rms u/sqrt(3)). Inputs are U(-1,1), so |q_i k_i| has rms 1/3 and a score q.k/sqrt(d)
+// carries an error of rms u * sqrt(2/27) ~ 1.3e-4 whatever d; the largest of ~10^5 scores stays within 5 rms,
+// 7e-4. That shifts each probability by the same relative amount and logsumexp by at most as much: atol
+// 2e-3. out = sum_j P_ij v_j (|v| <= 1) adds P.V's own rounding, at most 2u relative, averaged over keys:
+// atol 2e-3. The gradients sum dS q, dS k and P dout over up to T terms with the same relative errors and
+// reach ~10 at T = 1000 (dv of key 0 sums every row's probability): atol 5e-3 and rtol 1e-2 (4u ~ 2e-3,
+// 5x to spare). Measured maxima: 3e-4 (out), 2e-4 (logsumexp), 6e-4 (dqkv).
+constexpr Tolerances tf32_tolerances{{2e-3, 1e-2}, {2e-3, 1e-3}, {5e-3, 1e-2}};
 
 constexpr float accumulator_start = 0.01f;
 
