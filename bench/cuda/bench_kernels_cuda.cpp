@@ -176,29 +176,56 @@ void BM_embedding_backward(benchmark::State& state) {
 }
 BENCHMARK(BM_embedding_backward)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
-// Causal attention work: QK^T and PV over the lower triangle, 2 FLOPs per multiply-add.
+// Causal attention work: QK^T and PV over the lower triangle, 2 FLOPs per multiply-add. Backward counts the
+// customary 2.5x forward (dV, dP, dK, dQ and one QK^T), not the kernels' extra recomputation: the rate is
+// then comparable with other FlashAttention figures. Arg 0: fp32-accurate 3xTF32, arg 1: TF32.
 constexpr double attention_forward_flops = 2.0 * 2.0 * B * NH * (double(T) * (T + 1) / 2) * (C / NH);
+constexpr double attention_backward_flops = 2.5 * attention_forward_flops;
+
+struct AttentionBuffers {
+    DeviceArray<float> out{tokens * C}, qkv{tokens * 3 * C}, dqkv{tokens * 3 * C}, dout{tokens * C};
+    DeviceArray<float> logsumexp{int64_t(B) * NH * T}, row_dot_workspace{int64_t(B) * NH * T}; // (B,NH,T)
+
+    void forward(bool tf32, cudaStream_t stream) {
+        gpu::attention_forward(out.get(), logsumexp.get(), qkv.get(), B, T, C, NH, tf32, stream);
+    }
+    void backward(bool tf32, cudaStream_t stream) {
+        gpu::attention_backward(dqkv.get(), row_dot_workspace.get(), dout.get(), qkv.get(), out.get(),
+                                logsumexp.get(), B, T, C, NH, tf32, stream);
+    }
+};
 
 void BM_attention_forward(benchmark::State& state) {
     if (!prepare(state)) return;
-    DeviceArray<float> out(tokens * C), logsumexp(int64_t(B) * NH * T), qkv(tokens * 3 * C);
-    run_timed(state, 0, attention_forward_flops, [&](cudaStream_t stream) {
-        gpu::attention_forward(out.get(), logsumexp.get(), qkv.get(), B, T, C, NH, stream);
-    });
+    const bool tf32 = state.range(0) != 0;
+    AttentionBuffers buffers;
+    run_timed(state, 0, attention_forward_flops, [&](cudaStream_t stream) { buffers.forward(tf32, stream); });
+    state.SetLabel(tf32 ? "tf32" : "fp32");
 }
-BENCHMARK(BM_attention_forward)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_forward)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_attention_backward(benchmark::State& state) {
     if (!prepare(state)) return;
-    DeviceArray<float> dqkv(tokens * 3 * C), dout(tokens * C), qkv(tokens * 3 * C), out(tokens * C);
-    DeviceArray<float> logsumexp(int64_t(B) * NH * T), row_dot_workspace(int64_t(B) * NH * T); // (B,NH,T)
-    // Recompute QK^T twice (dq pass, dk/dv pass), dP twice, and dq, dk, dv: 7 triangle products.
-    run_timed(state, 0, 3.5 * attention_forward_flops, [&](cudaStream_t stream) {
-        gpu::attention_backward(dqkv.get(), row_dot_workspace.get(), dout.get(), qkv.get(), out.get(), logsumexp.get(),
-                                B, T, C, NH, stream);
-    });
+    const bool tf32 = state.range(0) != 0;
+    AttentionBuffers buffers;
+    buffers.forward(tf32, engine::cuda::compute_stream());
+    run_timed(state, 0, attention_backward_flops, [&](cudaStream_t stream) { buffers.backward(tf32, stream); });
+    state.SetLabel(tf32 ? "tf32" : "fp32");
 }
-BENCHMARK(BM_attention_backward)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_backward)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// A training step's attention: forward then backward.
+void BM_attention_forward_backward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    const bool tf32 = state.range(0) != 0;
+    AttentionBuffers buffers;
+    run_timed(state, 0, attention_forward_flops + attention_backward_flops, [&](cudaStream_t stream) {
+        buffers.forward(tf32, stream);
+        buffers.backward(tf32, stream);
+    });
+    state.SetLabel(tf32 ? "tf32" : "fp32");
+}
+BENCHMARK(BM_attention_forward_backward)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_cross_entropy_forward(benchmark::State& state) {
     if (!prepare(state)) return;

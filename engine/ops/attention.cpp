@@ -29,7 +29,8 @@ Tensor attention(const Tensor& qkv, int num_heads) {
     } else {
         ENGINE_ON_CUDA(op, qkv.dtype(),
                        kernels::cuda::attention_forward(out.data<float>(), logsumexp.data<float>(), qkv.data<float>(),
-                                                        batch, time, channels, num_heads, cuda::compute_stream()));
+                                                        batch, time, channels, num_heads, cuda::tf32_enabled(),
+                                                        cuda::compute_stream()));
     }
     GradTarget qkv_target(qkv);
     // The closure keeps `out` by id and a detached alias of its storage: capturing the Tensor itself would
@@ -52,7 +53,7 @@ Tensor attention(const Tensor& qkv, int num_heads) {
                             kernels::cuda::attention_backward(dqkv.data<float>(), row_dot.get(), dout.data<float>(),
                                                               saved_qkv.data<float>(), saved_out.data<float>(),
                                                               saved_logsumexp.data<float>(), batch, time, channels,
-                                                              num_heads, cuda::compute_stream());
+                                                              num_heads, cuda::tf32_enabled(), cuda::compute_stream());
                         });
                     }
                 });

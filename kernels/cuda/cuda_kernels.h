@@ -5,6 +5,7 @@
 // after its outputs, and gemm takes the cuBLAS handle, so memory and handles stay the caller's business.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "base/cuda/headers.h"
@@ -41,15 +42,19 @@ void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t N, 
 void residual_forward(float* out, const float* a, const float* b, int64_t N, cudaStream_t stream);
 void residual_backward(float* da, float* db, const float* dout, int64_t N, cudaStream_t stream);
 
-// ---- attention: head size C/NH at most attention_max_head_size ----
+// ---- attention: causal, head size C/NH at most attention_max_head_size ----
+// Tensor cores (wmma m16n16k8): TF32 products when `tf32`, else 3xTF32 (each operand split into two TF32
+// parts), as accurate as fp32. Deterministic; shared memory per block from the *_shared_bytes functions.
 inline constexpr int attention_max_head_size = 256;
-void attention_forward(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH,
+void attention_forward(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH, bool tf32,
                        cudaStream_t stream);
 // row_dot_workspace: B*NH*T floats of device memory for D_i = rowsum(dout * out), overwritten; it must stay
 // untouched until the launched kernels have run.
 void attention_backward(float* dqkv, float* row_dot_workspace /* (B,NH,T) */, const float* dout,
                         const float* qkv, const float* out, const float* logsumexp, int B, int T, int C, int NH,
-                        cudaStream_t stream);
+                        bool tf32, cudaStream_t stream);
+size_t attention_forward_shared_bytes(int head_size);
+size_t attention_backward_shared_bytes(int head_size); // the larger of its two tiled kernels
 
 // ---- dropout (masks bit-identical to the CPU twin) ----
 void dropout_forward(float* out, const float* inp, float p, uint64_t seed, uint64_t offset, int64_t N,

@@ -1,7 +1,7 @@
-// CUDA vs CPU for the layer kernels: GEMM (every transpose, fp32 and TF32), layernorm, attention and
-// cross-entropy. Outputs are poisoned with NaN. += outputs start from identical small random contents,
-// U(-0.01, 0.01): non-zero, so a kernel that overwrites fails, yet small beside the gradients, so the rtol
-// term (relative to |start + gradient|) does not hide errors in the gradient itself.
+// CUDA vs CPU for the layer kernels: GEMM (every transpose, fp32 and TF32), layernorm and cross-entropy
+// (attention has test_attention_kernels.cpp). Outputs are poisoned with NaN. += outputs start from identical
+// small random contents, U(-0.01, 0.01): non-zero, so a kernel that overwrites fails, yet small beside the
+// gradients, so the rtol term (relative to |start + gradient|) does not hide errors in the gradient itself.
 #include "engine/cuda/runtime.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -94,40 +94,6 @@ TEST_F(LayerKernelTest, Layernorm) {
         EXPECT_TRUE(all_close(dweight_device.to_host(), dweight, Tolerance{1e-4, 1e-4}, "layernorm dweight" + size));
         EXPECT_TRUE(all_close(dbias_device.to_host(), dbias, Tolerance{1e-4, 1e-4}, "layernorm dbias" + size));
     }
-}
-
-// Head sizes 12 (under a warp), 16, 80 (over two warps' worth, not a multiple of 32) and 256 (the maximum);
-// T spans two key chunks, and three for head size 256. B*NH*T = 333 rows is not a multiple of the kernel's
-// 4 warps per block, so the last block has idle warps.
-TEST_F(LayerKernelTest, AttentionForwardAndBackward) {
-    struct Shape {
-        int B, T, C, NH;
-    };
-    for (const Shape shape : {Shape{3, 37, 48, 4}, Shape{2, 45, 160, 2}, Shape{3, 37, 48, 3}, Shape{1, 70, 256, 1}}) {
-        const auto [B, T, C, NH] = shape;
-        const size_t tokens = size_t(B) * T;
-        const auto qkv = random_floats(tokens * 3 * C), dout = random_floats(tokens * C);
-        std::vector<float> out(tokens * C), logsumexp(size_t(B) * NH * T);
-        auto dqkv = accumulator(*this, tokens * 3 * C);
-        DeviceBuffer<float> qkv_device(qkv), dout_device(dout), dqkv_device(dqkv);
-        DeviceBuffer<float> out_device(nan_filled(out.size())), logsumexp_device(nan_filled(logsumexp.size()));
-        DeviceBuffer<float> row_dot_workspace(logsumexp.size()); // (B,NH,T)
-        cpu::attention_forward(out.data(), logsumexp.data(), qkv.data(), B, T, C, NH);
-        cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), logsumexp.data(), B, T, C, NH);
-        gpu::attention_forward(out_device.get(), logsumexp_device.get(), qkv_device.get(), B, T, C, NH, stream);
-        gpu::attention_backward(dqkv_device.get(), row_dot_workspace.get(), dout_device.get(), qkv_device.get(),
-                                out_device.get(), logsumexp_device.get(), B, T, C, NH, stream);
-        const std::string size = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
-                                 " NH=" + std::to_string(NH);
-        EXPECT_TRUE(all_close(out_device.to_host(), out, Tolerance{1e-5, 1e-4}, "attention out" + size));
-        EXPECT_TRUE(all_close(logsumexp_device.to_host(), logsumexp, Tolerance{1e-5, 1e-5}, "logsumexp" + size));
-        EXPECT_TRUE(all_close(dqkv_device.to_host(), dqkv, Tolerance{5e-5, 5e-4}, "attention dqkv" + size));
-    }
-}
-
-TEST_F(LayerKernelTest, AttentionRejectsOversizedHeads) {
-    const int C = 2 * (gpu::attention_max_head_size + 32);
-    EXPECT_THROW(gpu::attention_forward(nullptr, nullptr, nullptr, 1, 1, C, 2, stream), engine::EngineError);
 }
 
 TEST_F(LayerKernelTest, CrossEntropyForwardAndBackward) {
