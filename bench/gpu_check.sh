@@ -321,11 +321,19 @@ details=$(grep -a -h -E "^\[  FAILED  \] |ERROR SUMMARY|^========= +(Invalid|Pro
     "$out"/ctest.log "$out"/tests_*.log "$out"/memcheck.log 2>/dev/null | sort -u | head -30)
 [ -n "$details" ] && printf '%s\n' "$details"
 
-# Throughput table against the H200 ceilings: 4.3 TB/s HBM, 67 TFLOP/s fp32, 495 TFLOP/s dense TF32.
-echo "== throughput (H200 ceilings: 4.3 TB/s, fp32 67 TFLOP/s, tf32 495 TFLOP/s) =="
+# Throughput table against the H200 ceilings: 4.3 TB/s HBM, 67 TFLOP/s fp32, 495 TFLOP/s dense TF32, with the
+# roofline model's prediction for each benchmark (bench/roofline.py, written before any GPU run) and the
+# measured/predicted ratio: a kernel far above 1.0x is the one that misses its bound.
+echo "== throughput (H200 ceilings: 4.3 TB/s, fp32 67 TFLOP/s, tf32 495 TFLOP/s) vs bench/roofline.py =="
+python3 "$root/bench/roofline.py" benchmarks >"$out/predicted.json" 2>/dev/null || echo "{}" >"$out/predicted.json"
+python3 "$root/bench/roofline.py" step --batch 4 --recompute 1 >"$out/predicted_step.txt" 2>&1
 python3 - "$out" <<'PYTHON' || echo "(python3 unavailable: see $out/*.json)"
 import glob, json, sys
-print(f"{'kernel':40s} {'time':>12s} {'throughput':>16s} {'of ceiling':>10s}")
+try:
+    predicted = json.load(open(sys.argv[1] + "/predicted.json"))
+except (OSError, ValueError):
+    predicted = {}
+print(f"{'kernel':40s} {'time':>12s} {'throughput':>16s} {'of ceiling':>10s} {'predicted':>12s} {'measured/pred':>13s}")
 for path in sorted(glob.glob(sys.argv[1] + "/*.json")):
     try:
         entries = json.load(open(path)).get("benchmarks", [])
@@ -337,14 +345,17 @@ for path in sorted(glob.glob(sys.argv[1] + "/*.json")):
             print(f"{name:40s} {'error: ' + entry.get('error_message', ''):>40s}")
             continue
         time = f"{entry['real_time']:.1f} {entry['time_unit']}"
+        scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}.get(entry["time_unit"], 1.0)
+        expected = predicted.get(name)
+        versus = (f" {expected:9.1f} us {entry['real_time'] * scale / expected:12.2f}x" if expected else "")
         if "FLOPS" in entry:
             ceiling = 495e12 if entry.get("label") == "tf32" else 67e12
-            print(f"{name:40s} {time:>12s} {entry['FLOPS'] / 1e12:11.1f} TFLOP/s {100 * entry['FLOPS'] / ceiling:9.1f}%")
+            print(f"{name:40s} {time:>12s} {entry['FLOPS'] / 1e12:11.1f} TFLOP/s {100 * entry['FLOPS'] / ceiling:9.1f}%{versus}")
         elif "bytes_per_second" in entry:
             rate = entry["bytes_per_second"]
-            print(f"{name:40s} {time:>12s} {rate / 1e9:12.0f} GB/s {100 * rate / 4.3e12:9.1f}%")
+            print(f"{name:40s} {time:>12s} {rate / 1e9:12.0f} GB/s {100 * rate / 4.3e12:9.1f}%{versus}")
         else:
-            print(f"{name:40s} {time:>12s}")
+            print(f"{name:40s} {time:>12s}{' ' * 28}{versus}")
 # train_gpt JSON lines: the first two steps warm the caches and are left out of the mean.
 for path in sorted(glob.glob(sys.argv[1] + "/offload_*.jsonl")):
     try:
@@ -359,6 +370,10 @@ for path in sorted(glob.glob(sys.argv[1] + "/offload_*.jsonl")):
     rate = sum(step["tokens_per_second"] for step in steady) / len(steady)
     peak = max(step["peak_total_mib"] for step in steady)
     print(f"{name:40s} {rate:12.0f} tok/s {peak:10.0f} MiB peak")
+try:  # the model's whole step for the same run (B=4, every block recomputed), last line of its report
+    print("predicted step:", open(sys.argv[1] + "/predicted_step.txt").read().strip().splitlines()[-1])
+except (OSError, IndexError):
+    pass
 PYTHON
 
 # The summary comes last, so that it is in the tail of the output.

@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""The roofline model of a GPT-2 training step on one H200 (docs/PERF.md): every CUDA kernel the step
+launches, with its FLOPs and the bytes it moves, its lower bound (max of FLOPs / peak and bytes / bandwidth),
+and a predicted time (the bound divided by the efficiency this kernel class is expected to reach). Written
+before any GPU run; bench/gpu_check.sh prints its benchmark predictions beside what the GPU measures.
+
+  roofline.py step [--batch 16] [--seq 1024] [--math tf32|fp32] [--recompute 0|1] [--markdown]
+  roofline.py benchmarks   JSON: benchmark name -> predicted microseconds, for bench_kernels_cuda's shapes
+"""
+import argparse
+import json
+import sys
+
+# H200 SXM ceilings (device/H200.md): HBM3e bandwidth and dense tensor-core or CUDA-core rates.
+BANDWIDTH = 4.3e12  # bytes/s
+PEAK = {"tf32": 495e12, "fp32": 67e12, "bf16": 990e12}
+LAUNCH_GAP_S = 2e-6  # back-to-back kernels on one stream: the device-side gap between two launches
+LLM_C_TOKENS_PER_S = 470e3  # llm.c, GPT-2 124M, bf16, one H100 (the issue's reference figure)
+
+# Predicted efficiency of each class of kernel: the fraction of its bound it reaches. These are the
+# predictions the first GPU run tests; each is argued in docs/PERF.md.
+EFFICIENCY = {
+    "gemm": 0.60,            # cuBLAS at these shapes: 60% of the tensor-core peak (fp32: 75% of the CUDA cores')
+    "gemm_fp32": 0.75,
+    "memory": 0.75,          # streaming kernels with 128-bit accesses: 75% of HBM bandwidth
+    "reduction": 0.50,       # two-pass partial sums: the second pass and the tails cost a quarter more
+}
+# Attention is bound by shared-memory traffic in the wmma kernels, not by HBM or the tensor cores: its
+# predicted rates come from the kernels' own analysis (docs/PERF.md, "Tensor-core attention"), in
+# FLOP/s of the conventional count (forward 4·T²/2·d per head, backward 2.5x that).
+ATTENTION_RATE = {"tf32": {"forward": 30e12, "backward": 12e12}, "fp32": {"forward": 22e12, "backward": 9e12}}
+
+F32 = 4
+
+
+class Kernel:
+    def __init__(self, name, flops, bytes_moved, kind, count=1, rate=None):
+        self.name, self.flops, self.bytes, self.kind, self.count, self.rate = name, flops, bytes_moved, kind, count, rate
+
+    def bound_s(self, math):
+        peak = PEAK[math]
+        return max(self.flops / peak, self.bytes / BANDWIDTH)
+
+    def predicted_s(self, math):
+        if self.rate is not None:  # attention: its own predicted rate
+            return max(self.flops / self.rate, self.bytes / (EFFICIENCY["memory"] * BANDWIDTH))
+        if self.kind == "gemm":
+            efficiency = EFFICIENCY["gemm"] if math != "fp32" else EFFICIENCY["gemm_fp32"]
+            return max(self.flops / (efficiency * PEAK[math]), self.bytes / (EFFICIENCY["memory"] * BANDWIDTH))
+        return self.bound_s(math) / EFFICIENCY[self.kind]
+
+
+def gemm(name, m, n, k, count=1, accumulate=False):
+    # Each operand read once and the result written once (read too when it accumulates, beta = 1).
+    bytes_moved = F32 * (m * k + k * n + m * n * (2 if accumulate else 1))
+    return Kernel(name, 2.0 * m * n * k, bytes_moved, "gemm", count)
+
+
+def stream(name, elements, passes, count=1, kind="memory"):
+    return Kernel(name, 0.0, F32 * elements * passes, kind, count)
+
+
+def attention(batch, seq, heads, head_size, math, count):
+    forward_flops = 4.0 * batch * heads * (seq * (seq + 1) / 2) * head_size
+    qkv = 3 * batch * seq * heads * head_size
+    out = batch * seq * heads * head_size
+    rates = ATTENTION_RATE[math]
+    return [
+        Kernel("attention forward", forward_flops, F32 * (qkv + out), "attention", count, rates["forward"]),
+        # reads qkv, out, dout, logsumexp; dqkv += (read and written)
+        Kernel("attention backward", 2.5 * forward_flops, F32 * (qkv + 2 * out + 2 * qkv), "attention", count,
+               rates["backward"]),
+    ]
+
+
+def step_kernels(batch, seq, math, recompute, layers=12, width=768, heads=12, vocabulary=50257):
+    padded_vocabulary = (vocabulary + 127) // 128 * 128
+    n = batch * seq  # tokens
+    c = width
+    forwards = 1 + recompute  # a checkpointed block runs its forward twice
+    L = layers
+    kernels = [
+        stream("embedding forward", n * c, 3),  # token row + position row read, out written
+        stream("embedding backward", n * c, 3, kind="reduction"),  # dout read, table rows += (read, written)
+    ]
+    for direction, count in (("forward", L * forwards), ("backward", L)):
+        if direction == "forward":
+            kernels += [
+                stream("layernorm forward", n * c, 2, 2 * count),  # x read, y written (means, rstd: negligible)
+                gemm("qkv gemm", n, 3 * c, c, count), stream("bias add (qkv)", n * 3 * c, 2, count),
+                gemm("attention projection gemm", n, c, c, count), stream("bias add (projection)", n * c, 2, count),
+                stream("residual forward", n * c, 3, 2 * count),
+                gemm("fc gemm", n, 4 * c, c, count), stream("bias add (fc)", n * 4 * c, 2, count),
+                stream("gelu forward", n * 4 * c, 2, count),
+                gemm("fc projection gemm", n, c, 4 * c, count), stream("bias add (fc projection)", n * c, 2, count),
+            ]
+            kernels += attention(batch, seq, heads, c // heads, math, count)[:1]
+        else:
+            kernels += [
+                # dx (+=): dout, x read, dx read and written; dγ/dβ partials fused in the same pass
+                stream("layernorm backward", n * c, 4, 2 * count, kind="reduction"),
+                # each linear: dinput = dout·Wᵀ (+=) and dW += xᵀ·dout
+                gemm("qkv gemm dinput", n, c, 3 * c, count, True), gemm("qkv gemm dweight", c, 3 * c, n, count, True),
+                gemm("attention projection gemm dinput", n, c, c, count, True),
+                gemm("attention projection gemm dweight", c, c, n, count, True),
+                gemm("fc gemm dinput", n, c, 4 * c, count, True), gemm("fc gemm dweight", c, 4 * c, n, count, True),
+                gemm("fc projection gemm dinput", n, 4 * c, c, count, True),
+                gemm("fc projection gemm dweight", 4 * c, c, n, count, True),
+                stream("bias backward (all four)", n * 9 * c, 1, count, kind="reduction"),
+                stream("gelu backward", n * 4 * c, 4, count),  # dout, x read; dx read and written
+                stream("residual backward", n * c, 5, 2 * count),  # dout read; da, db read and written
+            ]
+            kernels += attention(batch, seq, heads, c // heads, math, count)[1:]
+    kernels += [
+        stream("layernorm forward (ln_f)", n * c, 2), stream("layernorm backward (ln_f)", n * c, 4, kind="reduction"),
+        gemm("lm head gemm", n, padded_vocabulary, c),
+        # the fused classifier: logits read twice (max/sum, then the gradient) and written once, in place
+        stream("fused classifier", n * padded_vocabulary, 3),
+        gemm("lm head gemm dinput", n, c, padded_vocabulary, 1, True),
+        gemm("lm head gemm dweight", padded_vocabulary, c, n, 1, True),
+    ]
+    parameters = 12 * L * c * c + 13 * L * c + (padded_vocabulary + 1024) * c + 2 * c
+    kernels += [
+        stream("gradient norm (sum of squares)", parameters, 1, kind="reduction"),
+        stream("adamw update", parameters, 7),  # param, grad, m, v read; param, m, v written
+        stream("zero gradients (memset)", parameters, 1),
+    ]
+    return kernels
+
+
+def model_flops_per_token(seq, layers=12, width=768, vocabulary=50257):
+    # 6 per parameter per token (forward + backward) plus causal attention's QKᵀ and PV (PaLM's count, halved
+    # for causality): what MFU is measured against. Recomputation is not useful work and does not count.
+    parameters = 12 * layers * width * width + vocabulary * width
+    return 6 * parameters + 6 * layers * seq * width
+
+
+def step_report(args):
+    kernels = step_kernels(args.batch, args.seq, args.math, args.recompute)
+    tokens = args.batch * args.seq
+    rows = []
+    bound_total = predicted_total = 0.0
+    launches = 0
+    for kernel in kernels:
+        bound = kernel.bound_s(args.math) * kernel.count
+        predicted = kernel.predicted_s(args.math) * kernel.count
+        bound_total += bound
+        predicted_total += predicted
+        launches += kernel.count
+        rows.append((kernel.name, kernel.count, kernel.flops * kernel.count / 1e9, kernel.bytes * kernel.count / 1e9,
+                     bound * 1e3, predicted * 1e3))
+    predicted_total += launches * LAUNCH_GAP_S
+    rows.sort(key=lambda row: -row[5])
+    useful = model_flops_per_token(args.seq) * tokens
+    tokens_per_s = tokens / predicted_total
+    mfu = useful / predicted_total / PEAK[args.math]
+    if args.markdown:
+        print("| kernel | launches | GFLOP | GB | bound ms | predicted ms | share |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for name, count, gflop, gb, bound, predicted in rows:
+            print(f"| {name} | {count} | {gflop:.1f} | {gb:.2f} | {bound:.2f} | {predicted:.2f} | "
+                  f"{100 * predicted / (predicted_total * 1e3):.1f}% |")
+    else:
+        for name, count, gflop, gb, bound, predicted in rows:
+            print(f"{name:36s} x{count:<4d} {gflop:9.1f} GFLOP {gb:8.2f} GB  bound {bound:7.2f} ms  "
+                  f"predicted {predicted:7.2f} ms  ({100 * predicted / (predicted_total * 1e3):4.1f}%)")
+    print(f"\nB={args.batch} T={args.seq} math={args.math} recompute={args.recompute}: {launches} launches; "
+          f"bound {bound_total * 1e3:.1f} ms, predicted {predicted_total * 1e3:.1f} ms per step; "
+          f"{tokens_per_s / 1e3:.0f}K tokens/s; MFU {100 * mfu:.1f}% of {PEAK[args.math] / 1e12:.0f} TFLOP/s; "
+          f"{tokens_per_s / LLM_C_TOKENS_PER_S:.2f}x llm.c's {LLM_C_TOKENS_PER_S / 1e3:.0f}K (bf16, H100)")
+
+
+def benchmark_predictions():
+    """bench/cuda/bench_kernels_cuda.cpp's shapes (B=8, T=1024, C=768, NH=12, V=50257) -> predicted µs."""
+    b, t, c, heads, v = 8, 1024, 768, 12, 50257
+    n = b * t
+    parameters = 124_000_000
+    out = {}
+
+    def put(name, kernel, math="tf32"):
+        out[name] = kernel.predicted_s(math) * 1e6
+
+    put("BM_gemm/0", gemm("", n, 4 * c, c), "fp32")
+    put("BM_gemm/1", gemm("", n, 4 * c, c), "tf32")
+    put("BM_layernorm_forward", stream("", n * c, 2))
+    put("BM_layernorm_backward", stream("", n * c, 4, kind="reduction"))
+    put("BM_gelu_forward", stream("", n * 4 * c, 2))
+    put("BM_gelu_backward", stream("", n * 4 * c, 4))
+    put("BM_residual_forward", stream("", n * c, 3))
+    put("BM_bias_backward", stream("", n * 4 * c, 1, kind="reduction"))
+    put("BM_dropout_forward", stream("", n * c, 2))
+    put("BM_embedding_forward", stream("", n * c, 3))
+    put("BM_embedding_backward", stream("", n * c, 3, kind="reduction"))
+    for arg, math in ((0, "fp32"), (1, "tf32")):
+        forward, backward = attention(b, t, heads, c // heads, math, 1)
+        put(f"BM_attention_forward/{arg}", forward, math)
+        put(f"BM_attention_backward/{arg}", backward, math)
+        out[f"BM_attention_forward_backward/{arg}"] = (forward.predicted_s(math) + backward.predicted_s(math)) * 1e6
+    put("BM_cross_entropy_forward", stream("", n * v, 3))
+    put("BM_sum_of_squares", stream("", parameters, 1, kind="reduction"))
+    put("BM_adamw_update", stream("", parameters, 7))
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["step", "benchmarks"])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--math", choices=["tf32", "fp32"], default="tf32")
+    parser.add_argument("--recompute", type=int, choices=[0, 1], default=0)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    if args.what == "step":
+        step_report(args)
+    else:
+        json.dump(benchmark_predictions(), sys.stdout, indent=1, sort_keys=True)
+        print()
+
+
+if __name__ == "__main__":
+    main()
