@@ -11,9 +11,9 @@
 namespace engine::kernels::cuda {
 namespace {
 constexpr int block_size = 256;
-constexpr int row_lanes = block_size / warp_size;                 // rows a block reads at once
-constexpr int columns_per_lane = vector_width;                    // 4 columns per thread on either path
-constexpr int tile_columns = warp_size * columns_per_lane;        // 128 columns per block
+constexpr int row_lanes = block_size / warp_size;          // rows a block reads at once
+constexpr int columns_per_lane = vector_width;             // 4 columns per thread on either path
+constexpr int tile_columns = warp_size * columns_per_lane; // 128 columns per block
 constexpr int minimum_rows_per_chunk = row_lanes;
 
 int backward_tiles(int OC) { return ceil_div(OC, tile_columns); }
@@ -25,12 +25,6 @@ int backward_chunks(int N, int OC, int& rows_per_chunk) {
     return row_chunk_count(N, minimum_rows_per_chunk, max_chunks, rows_per_chunk);
 }
 
-// Which of the tile's columns a lane's k-th value is: 4 adjacent ones for 128-bit loads, else lane + 32k so
-// that each scalar load of a warp is still one contiguous 128-byte line.
-template <int width>
-__device__ __forceinline__ int lane_column(int lane, int k) {
-    return width == vector_width ? lane * vector_width + k : lane + warp_size * k;
-}
 } // namespace
 
 int bias_backward_workspace_count(int N, int OC) {
@@ -64,11 +58,13 @@ static __global__ void bias_backward_partials_kernel(float* partials, const floa
             }
         } else {
             for (int k = 0; k < columns_per_lane; ++k) {
-                if (tile_start + lane_column<width>(lane, k) < OC) sums[k] += dout_row[lane_column<width>(lane, k)];
+                const int column = lane_tile_offset<width>(lane, k);
+                if (tile_start + column < OC) sums[k] += dout_row[column];
             }
         }
     }
-    for (int k = 0; k < columns_per_lane; ++k) lane_sums[row_lane * tile_columns + lane_column<width>(lane, k)] = sums[k];
+    for (int k = 0; k < columns_per_lane; ++k)
+        lane_sums[row_lane * tile_columns + lane_tile_offset<width>(lane, k)] = sums[k];
     __syncthreads();
     for (int column = threadIdx.x; column < tile_columns; column += blockDim.x) {
         if (tile_start + column >= OC) continue;

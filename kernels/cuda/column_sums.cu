@@ -28,7 +28,8 @@ static __global__ void add_column_partials_kernel(float* first, float* second, c
     const int column = blockIdx.x * warp_size + column_in_tile;
     float sum = 0.0f;
     if (column < columns) {
-        for (int chunk = chunk_lane; chunk < chunks; chunk += chunk_lanes) sum += partials[int64_t(chunk) * columns + column];
+        for (int chunk = chunk_lane; chunk < chunks; chunk += chunk_lanes)
+            sum += partials[int64_t(chunk) * columns + column];
     }
     lane_sums[chunk_lane][column_in_tile] = sum;
     __syncthreads();

@@ -14,11 +14,6 @@ namespace {
 constexpr int block_size = 256;
 constexpr int token_block_size = warp_size;                          // one warp per (token, tile)
 constexpr int token_tile_channels = token_block_size * vector_width; // 4 channels per lane on either path
-
-template <int width>
-__device__ __forceinline__ int lane_channel(int lane, int k) { // as in bias.cu: packs, or coalesced scalars
-    return width == vector_width ? lane * vector_width + k : lane + warp_size * k;
-}
 } // namespace
 
 TokenGroups group_positions_by_token(const int32_t* tokens, int count) {
@@ -80,7 +75,7 @@ static __global__ void embedding_backward_token_kernel(float* dtoken_table, cons
         store_pack<vector_width>(table_row + channel, sums);
     } else {
         for (int k = 0; k < vector_width; ++k) {
-            const int channel = lane_channel<width>(lane, k);
+            const int channel = lane_tile_offset<width>(lane, k);
             if (tile_start + channel >= C) continue;
             float sum = table_row[channel];
             for (int index = group_starts[group]; index < group_starts[group + 1]; ++index)

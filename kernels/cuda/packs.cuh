@@ -57,6 +57,14 @@ __device__ __forceinline__ void for_each_pack(int64_t N, Function function) {
     }
 }
 
+// A warp tile of 32 x 4 floats, each lane holding 4: which of the tile's floats is lane `lane`'s k-th. With packs
+// those are 4 adjacent floats; with scalars lane + 32k, so each of the warp's scalar loads is still one
+// contiguous 128-byte line.
+template <int width>
+__device__ __forceinline__ int lane_tile_offset(int lane, int k) {
+    return width == vector_width ? lane * vector_width + k : lane + 32 * k;
+}
+
 // True when every non-null pointer can take 128-bit accesses. The engine's allocations are 16-byte aligned
 // (256 on a GPU), but an argument may point into the middle of one.
 template <typename... Pointers>

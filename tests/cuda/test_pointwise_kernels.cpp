@@ -145,9 +145,11 @@ TEST_F(PointwiseKernelTest, FillScaleAxpy) {
 }
 
 // Elementwise grids are capped at max_elementwise_blocks (kernels/cuda/grid.h); past 65,535 blocks of 256 every
-// thread must loop grid-stride, or the tail stays unwritten.
+// thread must loop grid-stride, or the tail stays unwritten. Aligned buffers take the 128-bit path, 4 floats
+// per thread and step, so the cap is passed at 4 x 65,535 x 256 floats (the scalar path runs the same loop,
+// kernels/cuda/packs.cuh); 1,001 more leave a scalar tail too.
 TEST_F(PointwiseKernelTest, AxpyBeyondTheGridCapLoopsGridStride) {
-    constexpr int64_t count = int64_t(kernels::cuda::max_elementwise_blocks) * 256 + 1001; // ~16.8M floats
+    constexpr int64_t count = int64_t(kernels::cuda::max_elementwise_blocks) * 256 * 4 + 1001; // ~67M floats
     const auto x = random_floats(count);
     auto y = random_floats(count);
     DeviceBuffer<float> x_device(x), y_device(y);

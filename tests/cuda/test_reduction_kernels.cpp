@@ -68,7 +68,7 @@ void expect_close_and_report(const std::vector<float>& actual, const std::vector
 TEST_F(ReductionKernelTest, LayernormMatchesCpuAndIsBitwiseReproducible) {
     for (const auto [N, C] : layernorm_shapes) {
         for (const int offset : {0, 1}) {
-            if (offset == 1 && C % 4 != 0) continue; // already scalar
+            if (offset == 1 && (C % 4 != 0 || N > 17)) continue; // already scalar, or covered by C = 770
             const auto inp = random_floats(size_t(N) * C, 2.0f, 4.0f); // a large mean exercises the centring
             const auto weight = random_floats(C), bias = random_floats(C), dout = random_floats(size_t(N) * C);
             const auto dinp_start = random_floats(size_t(N) * C, -0.01f, 0.01f);
@@ -102,7 +102,8 @@ TEST_F(ReductionKernelTest, LayernormMatchesCpuAndIsBitwiseReproducible) {
             // Three values U(2,4) now and then lie close together: rstd nears its cap 1/sqrt(eps) = 316, and
             // the float mean's rounding (an ulp of 4, 4.8e-7) reaches out and dinp multiplied by up to 316.
             const double amplified = C < 32 ? 316.0 : 1.0;
-            EXPECT_TRUE(all_close(read_back(out_device, offset), out, Tolerance{1e-5 * amplified, 1e-4}, size + " out"));
+            EXPECT_TRUE(
+                all_close(read_back(out_device, offset), out, Tolerance{1e-5 * amplified, 1e-4}, size + " out"));
             EXPECT_TRUE(all_close(mean_device.to_host(), mean, Tolerance{1e-5, 1e-5}, size + " mean"));
             EXPECT_TRUE(all_close(rstd_device.to_host(), rstd, Tolerance{1e-5, 1e-4}, size + " rstd"));
             EXPECT_TRUE(all_close(runs[0], dinp, Tolerance{1e-4 * amplified, 1e-3}, size + " dinp"));
@@ -158,7 +159,8 @@ TEST_F(ReductionKernelTest, EmbeddingBackwardIsBitwiseTheCpuTwin) {
             for (const int offset : {0, 1}) {
                 if (offset == 1 && C % 4 != 0) continue;
                 const auto dout = random_floats(size_t(count) * C);
-                const auto token_start = random_floats(size_t(V) * C), position_start = random_floats(size_t(T + 3) * C);
+                const auto token_start = random_floats(size_t(V) * C);
+                const auto position_start = random_floats(size_t(T + 3) * C);
                 auto dtoken = token_start, dposition = position_start;
                 cpu::embedding_backward(dtoken.data(), dposition.data(), dout.data(), tokens.data(), B, T, C);
                 const gpu::TokenGroups groups = gpu::group_positions_by_token(tokens.data(), count);
