@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/cuda/compare.h"
@@ -113,6 +114,33 @@ TEST_F(ReductionKernelTest, LayernormMatchesCpuAndIsBitwiseReproducible) {
                 EXPECT_EQ(runs[output], runs[output + 3]) << size << ": two runs differ in output " << output;
         }
     }
+}
+
+// Past C = 6,144 one warp's column sums (8C bytes) exceed the default 48 KiB of dynamic shared memory: the
+// launcher opts in to more (up to sm_90's 227 KiB, C = 29,056) and refuses wider rows before launching.
+TEST_F(ReductionKernelTest, LayernormBackwardWideRowsOptInToMoreSharedMemory) {
+    constexpr int N = 5, C = 6148;
+    const auto inp = random_floats(size_t(N) * C), weight = random_floats(C), dout = random_floats(size_t(N) * C);
+    std::vector<float> out(size_t(N) * C), mean(N), rstd(N);
+    auto dinp = random_floats(size_t(N) * C, -0.01f, 0.01f), dweight = random_floats(C, -0.01f, 0.01f);
+    auto dbias = random_floats(C, -0.01f, 0.01f);
+    DeviceBuffer<float> inp_device(inp), weight_device(weight), dout_device(dout), dinp_device(dinp);
+    DeviceBuffer<float> dweight_device(dweight), dbias_device(dbias);
+    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), weight.data(), N, C);
+    cpu::layernorm_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(),
+                            mean.data(), rstd.data(), N, C);
+    DeviceBuffer<float> mean_device(mean), rstd_device(rstd);
+    DeviceBuffer<float> partials(nan_filled(size_t(gpu::layernorm_backward_workspace_count(N, C))));
+    gpu::layernorm_backward(dinp_device.get(), dweight_device.get(), dbias_device.get(), partials.get(),
+                            dout_device.get(), inp_device.get(), weight_device.get(), mean_device.get(),
+                            rstd_device.get(), N, C, stream);
+    EXPECT_TRUE(all_close(dinp_device.to_host(), dinp, Tolerance{1e-4, 1e-3}, describe("layernorm dinp", N, C)));
+    expect_close_and_report(dweight_device.to_host(), dweight, column_sum_tolerance(N), describe("dweight", N, C));
+    expect_close_and_report(dbias_device.to_host(), dbias, column_sum_tolerance(N), describe("dbias", N, C));
+    constexpr int too_wide = 29057;
+    EXPECT_THROW(gpu::layernorm_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                         nullptr, 1, too_wide, stream),
+                 engine::EngineError);
 }
 
 TEST_F(ReductionKernelTest, BiasBackwardMatchesCpuAndIsBitwiseReproducible) {
