@@ -103,9 +103,10 @@ void BM_layernorm_backward(benchmark::State& state) {
     if (!prepare(state)) return;
     DeviceArray<float> dinp(tokens * C), dout(tokens * C), inp(tokens * C), mean(tokens), rstd(tokens);
     DeviceArray<float> weight(C), dweight(C), dbias(C);
+    DeviceArray<float> partials(gpu::layernorm_backward_workspace_count(tokens, C));
     run_timed(state, f * (4.0 * tokens * C), 0, [&](cudaStream_t stream) {
-        gpu::layernorm_backward(dinp.get(), dweight.get(), dbias.get(), dout.get(), inp.get(), weight.get(),
-                                mean.get(), rstd.get(), tokens, C, stream);
+        gpu::layernorm_backward(dinp.get(), dweight.get(), dbias.get(), partials.get(), dout.get(), inp.get(),
+                                weight.get(), mean.get(), rstd.get(), tokens, C, stream);
     });
 }
 BENCHMARK(BM_layernorm_backward)->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -139,9 +140,10 @@ BENCHMARK(BM_residual_forward)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 void BM_bias_backward(benchmark::State& state) {
     if (!prepare(state)) return;
-    DeviceArray<float> dbias(4 * C), dout(tokens * 4 * C);
-    run_timed(state, f * tokens * 4.0 * C, 0,
-              [&](cudaStream_t stream) { gpu::bias_backward(dbias.get(), dout.get(), tokens, 4 * C, stream); });
+    DeviceArray<float> dbias(4 * C), dout(tokens * 4 * C), partials(gpu::bias_backward_workspace_count(tokens, 4 * C));
+    run_timed(state, f * tokens * 4.0 * C, 0, [&](cudaStream_t stream) {
+        gpu::bias_backward(dbias.get(), partials.get(), dout.get(), tokens, 4 * C, stream);
+    });
 }
 BENCHMARK(BM_bias_backward)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
@@ -168,10 +170,17 @@ BENCHMARK(BM_embedding_forward)->UseManualTime()->Unit(benchmark::kMicrosecond);
 void BM_embedding_backward(benchmark::State& state) {
     if (!prepare(state)) return;
     DeviceArray<float> dout(tokens * C), dtoken_table(int64_t(V) * C), dposition_table(int64_t(T) * C);
-    DeviceArray<int32_t> token_ids(tokens);
+    // Spread-out token ids (a stride coprime to V), grouped once on the host as the op does each backward.
+    std::vector<int32_t> token_ids(tokens);
+    for (int64_t i = 0; i < tokens; ++i) token_ids[i] = static_cast<int32_t>((i * 7919) % V);
+    const gpu::TokenGroups groups = gpu::group_positions_by_token(token_ids.data(), static_cast<int>(tokens));
+    DeviceArray<int32_t> device_groups(static_cast<int64_t>(groups.packed.size()));
+    CUDA_CHECK(cudaStreamSynchronize(engine::cuda::compute_stream())); // its zeroing runs on the compute stream
+    CUDA_CHECK(cudaMemcpy(device_groups.get(), groups.packed.data(), groups.packed.size() * sizeof(int32_t),
+                          cudaMemcpyHostToDevice));
     run_timed(state, f * 3.0 * tokens * C, 0, [&](cudaStream_t stream) {
-        gpu::embedding_backward(dtoken_table.get(), dposition_table.get(), dout.get(), token_ids.get(), B, T, C,
-                                stream);
+        gpu::embedding_backward(dtoken_table.get(), dposition_table.get(), dout.get(), device_groups.get(),
+                                groups.distinct, B, T, C, stream);
     });
 }
 BENCHMARK(BM_embedding_backward)->UseManualTime()->Unit(benchmark::kMicrosecond);

@@ -2,6 +2,9 @@
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
 #include "engine/ops.h"
+#if ENGINE_HAS_CUDA
+#include "engine/cuda/scratch.h"
+#endif
 
 namespace engine {
 using namespace detail;
@@ -60,10 +63,21 @@ Tensor embedding(const Tensor& tokens, const Tensor& token_table, const Tensor& 
                                                                 saved_tokens.data<int32_t>(), batch, time, channels);
                         });
                     } else {
-                        ENGINE_ON_CUDA(op, dout.dtype(),
-                                       kernels::cuda::embedding_backward(dtoken.data<float>(), dposition.data<float>(),
-                                                                         dout.data<float>(), saved_tokens.data<int32_t>(),
-                                                                         batch, time, channels, cuda::compute_stream()));
+                        // The kernel wants the positions grouped by token. Built here, in backward, its one
+                        // consumer: forward (and no-grad forwards) pay nothing, and the upload is workspace that
+                        // lives only while the kernels run. Ids the trainer uploaded carry their host copy, so
+                        // to_vector reads no device memory; other token tensors cost one device read here.
+                        ENGINE_ON_CUDA(op, dout.dtype(), {
+                            const std::vector<int32_t> host_tokens = saved_tokens.to_vector<int32_t>();
+                            const kernels::cuda::TokenGroups groups =
+                                kernels::cuda::group_positions_by_token(host_tokens.data(), batch * time);
+                            const cuda::Scratch<int32_t> device_groups(groups.packed.size(), cuda::compute_stream());
+                            cuda::copy(device_groups.get(), Device::cuda, groups.packed.data(), Device::cpu,
+                                       groups.packed.size() * sizeof(int32_t));
+                            kernels::cuda::embedding_backward(dtoken.data<float>(), dposition.data<float>(),
+                                                              dout.data<float>(), device_groups.get(), groups.distinct,
+                                                              batch, time, channels, cuda::compute_stream());
+                        });
                     }
                 });
     return out;

@@ -2,6 +2,9 @@
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
 #include "engine/ops.h"
+#if ENGINE_HAS_CUDA
+#include "engine/cuda/scratch.h"
+#endif
 
 namespace engine {
 using namespace detail;
@@ -54,12 +57,16 @@ Tensor layernorm(const Tensor& input, const Tensor& weight, const Tensor& bias) 
                                                                 saved_mean.data<T>(), saved_rstd.data<T>(), rows, channels);
                         });
                     } else {
-                        ENGINE_ON_CUDA(op, dout.dtype(),
-                                       kernels::cuda::layernorm_backward(
-                                           dinput.data<float>(), dweight.data<float>(), dbias.data<float>(),
-                                           dout.data<float>(), saved_input.data<float>(), saved_weight.data<float>(),
-                                           saved_mean.data<float>(), saved_rstd.data<float>(), rows, channels,
-                                           cuda::compute_stream()));
+                        ENGINE_ON_CUDA(op, dout.dtype(), {
+                            const cuda::Scratch<float> partials(
+                                kernels::cuda::layernorm_backward_workspace_count(rows, channels),
+                                cuda::compute_stream()); // (row chunks, 2, C)
+                            kernels::cuda::layernorm_backward(
+                                dinput.data<float>(), dweight.data<float>(), dbias.data<float>(), partials.get(),
+                                dout.data<float>(), saved_input.data<float>(), saved_weight.data<float>(),
+                                saved_mean.data<float>(), saved_rstd.data<float>(), rows, channels,
+                                cuda::compute_stream());
+                        });
                     }
                 });
     return out;

@@ -2,6 +2,9 @@
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
 #include "engine/ops.h"
+#if ENGINE_HAS_CUDA
+#include "engine/cuda/scratch.h"
+#endif
 
 namespace engine {
 using namespace detail;
@@ -41,9 +44,12 @@ void bias_backward_tensors(const Tensor& dbias, const Tensor& dout, int rows, in
             kernels::cpu::bias_backward<T>(dbias.data<T>(), dout.data<T>(), rows, columns);
         });
     } else {
-        ENGINE_ON_CUDA("linear", dbias.dtype(),
-                       kernels::cuda::bias_backward(dbias.data<float>(), dout.data<float>(), rows, columns,
-                                                    cuda::compute_stream()));
+        ENGINE_ON_CUDA("linear", dbias.dtype(), {
+            const cuda::Scratch<float> partials(kernels::cuda::bias_backward_workspace_count(rows, columns),
+                                                cuda::compute_stream()); // (row chunks, OC)
+            kernels::cuda::bias_backward(dbias.data<float>(), partials.get(), dout.data<float>(), rows, columns,
+                                         cuda::compute_stream());
+        });
     }
 }
 

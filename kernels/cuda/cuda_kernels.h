@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "base/cuda/headers.h"
 
@@ -15,9 +16,21 @@ namespace engine::kernels::cuda {
 // ---- embedding ----
 void embedding_forward(float* out, const int32_t* tokens, const float* token_table, const float* position_table,
                        int B, int T, int C, cudaStream_t stream);
-// Deterministic: one thread per channel walks the positions in order; no float atomics.
-void embedding_backward(float* dtoken_table, float* dposition_table, const float* dout, const int32_t* tokens,
-                        int B, int T, int C, cudaStream_t stream);
+// The positions of a batch grouped by token, built on the host (a counting sort, O(B*T + largest token)):
+// `packed` holds, one after the other, the positions (count) ordered by token and ascending within a token,
+// the distinct tokens (distinct) ascending, and where each token's positions start (distinct + 1, the last
+// being count). Upload `packed` as is for embedding_backward.
+struct TokenGroups {
+    std::vector<int32_t> packed;
+    int count = 0;
+    int distinct = 0;
+};
+TokenGroups group_positions_by_token(const int32_t* tokens, int count);
+// Deterministic, no float atomics: one warp per (distinct token, 128 channels) adds that token's dout rows in
+// ascending position order, the CPU loop's order, so dtoken_table is bitwise the CPU twin's; the position
+// table sums over the batch in order per (t, channel). token_groups: TokenGroups::packed on the device.
+void embedding_backward(float* dtoken_table, float* dposition_table, const float* dout,
+                        const int32_t* token_groups, int distinct, int B, int T, int C, cudaStream_t stream);
 
 // ---- gemm (cuBLAS on `handle`, which it binds to `stream`; TF32 tensor cores when `tf32`) ----
 void gemm(float* c, const float* a, const float* b, int m, int n, int k, bool transpose_a, bool transpose_b,
@@ -25,13 +38,22 @@ void gemm(float* c, const float* a, const float* b, int m, int n, int k, bool tr
 
 // ---- bias ----
 void bias_add_forward(float* out, const float* bias, int N, int OC, cudaStream_t stream);
-void bias_backward(float* dbias, const float* dout, int N, int OC, cudaStream_t stream);
+// Two passes, deterministic: float partials per (row chunk, column), then each column's partials added in
+// chunk order and accumulated into dbias once. partials_workspace: bias_backward_workspace_count(N, OC)
+// floats of device memory, overwritten; it must stay untouched until the launched kernels have run.
+int bias_backward_workspace_count(int N, int OC);
+void bias_backward(float* dbias, float* partials_workspace, const float* dout, int N, int OC, cudaStream_t stream);
 
 // ---- layernorm ----
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C, cudaStream_t stream);
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C,
+// One row pass writes dinp and per-row-chunk float partials of dweight and dbias, a second adds each column's
+// partials in chunk order into dweight/dbias: deterministic. partials_workspace:
+// layernorm_backward_workspace_count(N, C) floats of device memory, overwritten; untouched until the kernels
+// have run. C up to 29,056 (one warp's column sums in shared memory).
+int layernorm_backward_workspace_count(int N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, float* partials_workspace, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C,
                         cudaStream_t stream);
 
 // ---- GELU ----
@@ -90,7 +112,8 @@ struct TensorList {
 void sum_of_squares_list(double* out, double* partials_workspace, const float* const* tensors, const int64_t* counts,
                          int tensor_count, cudaStream_t stream);
 
-// ---- elementwise helpers ----
+// ---- elementwise helpers (these, GELU, residual and the optimizer updates use 128-bit accesses when every
+// pointer is 16-byte aligned, else scalar ones; the per-element arithmetic is the same either way) ----
 void fill(float* x, float value, int64_t N, cudaStream_t stream);
 void scale(float* x, float alpha, int64_t N, cudaStream_t stream);
 void axpy(float* y, const float* x, float alpha, int64_t N, cudaStream_t stream);

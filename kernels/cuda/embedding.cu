@@ -1,11 +1,43 @@
 // Token plus position embedding, forward and deterministic backward (CUDA twin of kernels/cpu/embedding.cpp).
+// The token-table gradient is parallel over (distinct token, channel tile), from positions the host grouped by
+// token (group_positions_by_token); the position-table gradient over (t, channel).
+#include <algorithm>
+
 #include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/grid.h"
+#include "kernels/cuda/packs.cuh"
+#include "kernels/cuda/warp_reduce.cuh"
 
 namespace engine::kernels::cuda {
 namespace {
 constexpr int block_size = 256;
+constexpr int token_block_size = warp_size;                          // one warp per (token, tile)
+constexpr int token_tile_channels = token_block_size * vector_width; // 4 channels per lane on either path
+} // namespace
+
+TokenGroups group_positions_by_token(const int32_t* tokens, int count) {
+    TokenGroups groups;
+    groups.count = count;
+    const int32_t largest = count > 0 ? *std::max_element(tokens, tokens + count) : 0;
+    std::vector<int32_t> starts(size_t(largest) + 2, 0); // counting sort over token values
+    for (int position = 0; position < count; ++position) ++starts[size_t(tokens[position]) + 1];
+    for (int32_t token = 0; token <= largest; ++token) groups.distinct += starts[size_t(token) + 1] > 0;
+    for (size_t token = 1; token < starts.size(); ++token) starts[token] += starts[token - 1];
+    groups.packed.resize(size_t(count) + 2 * size_t(groups.distinct) + 1);
+    int32_t* positions = groups.packed.data();
+    int32_t* distinct_tokens = positions + count;
+    int32_t* group_starts = distinct_tokens + groups.distinct;
+    int group = 0;
+    for (int32_t token = 0; token <= largest; ++token) {
+        if (starts[size_t(token) + 1] == starts[size_t(token)]) continue;
+        distinct_tokens[group] = token;
+        group_starts[group++] = starts[size_t(token)];
+    }
+    group_starts[groups.distinct] = count;
+    std::vector<int32_t> next(starts.begin(), starts.end() - 1);
+    for (int position = 0; position < count; ++position) positions[next[size_t(tokens[position])]++] = position;
+    return groups;
 }
 
 static __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* token_table,
@@ -19,27 +51,52 @@ static __global__ void embedding_forward_kernel(float* out, const int32_t* token
     }
 }
 
-// The contract gives no vocabulary size, so parallelism is over channels: each thread owns one column of
-// the table and walks the positions in order. No two threads touch the same element (no atomics), and the
-// additions happen in the CPU loop's order starting from the existing value, so the result is
-// deterministic and equal to the CPU's. Only C threads run: simple, but slow for long sequences.
+// Block (group, tile) owns one distinct token's row of the table over 128 channels, so no two threads touch
+// one element (no atomics). It starts from the table's value and adds the token's dout rows in ascending
+// position order, the CPU loop's order: the result is bitwise the CPU twin's.
+template <int width>
 static __global__ void embedding_backward_token_kernel(float* dtoken_table, const float* dout,
-                                                       const int32_t* tokens, int positions, int C) {
-    const int channel = blockIdx.x * blockDim.x + threadIdx.x;
-    if (channel >= C) return;
-    for (int position = 0; position < positions; ++position) {
-        dtoken_table[int64_t(tokens[position]) * C + channel] += dout[int64_t(position) * C + channel];
+                                                       const int32_t* token_groups, int count, int distinct, int C) {
+    const int32_t* positions = token_groups;                // (count)
+    const int32_t* distinct_tokens = positions + count;     // (distinct)
+    const int32_t* group_starts = distinct_tokens + distinct; // (distinct + 1)
+    const int group = blockIdx.x, lane = threadIdx.x;
+    const int tile_start = blockIdx.y * token_tile_channels;
+    float* table_row = dtoken_table + int64_t(distinct_tokens[group]) * C + tile_start;
+    if constexpr (width == vector_width) {
+        const int channel = lane * vector_width;
+        if (tile_start + channel >= C) return; // C % 4 == 0: a pack is wholly in or out
+        Pack<vector_width> sums = load_pack<vector_width>(table_row + channel);
+        for (int index = group_starts[group]; index < group_starts[group + 1]; ++index) {
+            const Pack<vector_width> values =
+                load_pack<vector_width>(dout + int64_t(positions[index]) * C + tile_start + channel);
+            for (int k = 0; k < vector_width; ++k) sums[k] += values[k];
+        }
+        store_pack<vector_width>(table_row + channel, sums);
+    } else {
+        for (int k = 0; k < vector_width; ++k) {
+            const int channel = lane_tile_offset<width>(lane, k);
+            if (tile_start + channel >= C) continue;
+            float sum = table_row[channel];
+            for (int index = group_starts[group]; index < group_starts[group + 1]; ++index)
+                sum += dout[int64_t(positions[index]) * C + tile_start + channel];
+            table_row[channel] = sum;
+        }
     }
 }
 
-// One thread per (t, channel), summing over the batch in order.
-static __global__ void embedding_backward_position_kernel(float* dposition_table, const float* dout, int B, int T,
-                                                          int C) {
-    const int64_t index = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-    if (index >= int64_t(T) * C) return;
-    float accumulated = dposition_table[index];
-    for (int b = 0; b < B; ++b) accumulated += dout[int64_t(b) * T * C + index];
-    dposition_table[index] = accumulated;
+// Parallel over (t, channel) packs, summing over the batch in order from the table's value (the CPU's order).
+template <int width>
+static __global__ void embedding_backward_position_kernel(float* dposition_table, const float* dout, int B,
+                                                          int64_t position_count) {
+    for_each_pack<width>(position_count, [&]<int count>(int64_t index) {
+        Pack<count> sums = load_pack<count>(dposition_table + index);
+        for (int b = 0; b < B; ++b) {
+            const Pack<count> values = load_pack<count>(dout + int64_t(b) * position_count + index);
+            for (int k = 0; k < count; ++k) sums[k] += values[k];
+        }
+        store_pack<count>(dposition_table + index, sums);
+    });
 }
 
 void embedding_forward(float* out, const int32_t* tokens, const float* token_table, const float* position_table,
@@ -50,13 +107,19 @@ void embedding_forward(float* out, const int32_t* tokens, const float* token_tab
                   token_table, position_table, T, C, count);
 }
 
-void embedding_backward(float* dtoken_table, float* dposition_table, const float* dout, const int32_t* tokens,
-                        int B, int T, int C, cudaStream_t stream) {
+void embedding_backward(float* dtoken_table, float* dposition_table, const float* dout, const int32_t* token_groups,
+                        int distinct, int B, int T, int C, cudaStream_t stream) {
     if (int64_t(B) * T * C == 0) return;
-    ENGINE_LAUNCH(embedding_backward_token_kernel, ceil_div(C, block_size), block_size, 0, stream, dtoken_table, dout,
-                  tokens, B * T, C);
-    ENGINE_LAUNCH(embedding_backward_position_kernel, ceil_div(int64_t(T) * C, block_size), block_size, 0, stream,
-                  dposition_table, dout, B, T, C);
+    const bool vectorized = C % vector_width == 0 && vector_aligned(dtoken_table, dposition_table, dout);
+    const dim3 token_grid(distinct, ceil_div(C, token_tile_channels));
+    if (vectorized)
+        ENGINE_LAUNCH(embedding_backward_token_kernel<vector_width>, token_grid, token_block_size, 0, stream,
+                      dtoken_table, dout, token_groups, B * T, distinct, C);
+    else
+        ENGINE_LAUNCH(embedding_backward_token_kernel<1>, token_grid, token_block_size, 0, stream, dtoken_table, dout,
+                      token_groups, B * T, distinct, C);
+    ENGINE_LAUNCH_PACKED(embedding_backward_position_kernel, vectorized, int64_t(T) * C, block_size, stream,
+                         dposition_table, dout, B, int64_t(T) * C);
 }
 
 } // namespace engine::kernels::cuda

@@ -1,7 +1,7 @@
-// GELU, tanh approximation as in GPT-2 (CUDA twin of kernels/cpu/gelu.cpp).
-#include "base/cuda/launch.h"
+// GELU, tanh approximation as in GPT-2 (CUDA twin of kernels/cpu/gelu.cpp), with 128-bit accesses when the
+// pointers allow them.
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/grid.h"
+#include "kernels/cuda/packs.cuh"
 
 namespace engine::kernels::cuda {
 namespace {
@@ -10,34 +10,46 @@ constexpr float sqrt_2_over_pi = 0.7978845608028654f;
 constexpr float cubic_coefficient = 0.044715f;
 } // namespace
 
-static __global__ void gelu_forward_kernel(float* out, const float* inp, int64_t N) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N; i += int64_t(gridDim.x) * blockDim.x) {
-        const float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + cubic_coefficient * x * x * x)));
-    }
+static __device__ __forceinline__ float gelu_value(float x) {
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + cubic_coefficient * x * x * x)));
 }
 
+static __device__ __forceinline__ float gelu_local_gradient(float x) {
+    const float tanh_argument = sqrt_2_over_pi * (x + cubic_coefficient * x * x * x);
+    const float tanh_value = tanhf(tanh_argument);
+    const float sech_squared = 1.0f - tanh_value * tanh_value;
+    return 0.5f * (1.0f + tanh_value) +
+           0.5f * x * sech_squared * sqrt_2_over_pi * (1.0f + 3.0f * cubic_coefficient * x * x);
+}
+
+template <int width>
+static __global__ void gelu_forward_kernel(float* out, const float* inp, int64_t N) {
+    for_each_pack<width>(N, [&]<int count>(int64_t index) {
+        Pack<count> pack = load_pack<count>(inp + index);
+        for (int k = 0; k < count; ++k) pack[k] = gelu_value(pack[k]);
+        store_pack<count>(out + index, pack);
+    });
+}
+
+template <int width>
 static __global__ void gelu_backward_kernel(float* dinp, const float* dout, const float* inp, int64_t N) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N; i += int64_t(gridDim.x) * blockDim.x) {
-        const float x = inp[i];
-        const float tanh_argument = sqrt_2_over_pi * (x + cubic_coefficient * x * x * x);
-        const float tanh_value = tanhf(tanh_argument);
-        const float sech_squared = 1.0f - tanh_value * tanh_value;
-        const float local_gradient = 0.5f * (1.0f + tanh_value) +
-                                     0.5f * x * sech_squared * sqrt_2_over_pi *
-                                         (1.0f + 3.0f * cubic_coefficient * x * x);
-        dinp[i] += local_gradient * dout[i];
-    }
+    for_each_pack<width>(N, [&]<int count>(int64_t index) {
+        const Pack<count> x = load_pack<count>(inp + index), gradient = load_pack<count>(dout + index);
+        Pack<count> pack = load_pack<count>(dinp + index);
+        for (int k = 0; k < count; ++k) pack[k] += gelu_local_gradient(x[k]) * gradient[k];
+        store_pack<count>(dinp + index, pack);
+    });
 }
 
 void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream) {
     if (N == 0) return;
-    ENGINE_LAUNCH(gelu_forward_kernel, elementwise_grid(N, block_size), block_size, 0, stream, out, inp, N);
+    ENGINE_LAUNCH_PACKED(gelu_forward_kernel, vector_aligned(out, inp), N, block_size, stream, out, inp, N);
 }
 
 void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t N, cudaStream_t stream) {
     if (N == 0) return;
-    ENGINE_LAUNCH(gelu_backward_kernel, elementwise_grid(N, block_size), block_size, 0, stream, dinp, dout, inp, N);
+    ENGINE_LAUNCH_PACKED(gelu_backward_kernel, vector_aligned(dinp, dout, inp), N, block_size, stream, dinp, dout, inp,
+                         N);
 }
 
 } // namespace engine::kernels::cuda

@@ -1,101 +1,188 @@
-// Layernorm over the last dimension, warp per row (CUDA twin of kernels/cpu/layernorm.cpp).
+// Layernorm over the last dimension, warp per row (CUDA twin of kernels/cpu/layernorm.cpp). Rows move in
+// 128-bit packs when C % 4 == 0 and every pointer is 16-byte aligned. Backward is one fused row pass (dinp
+// plus per-block dweight/dbias partials) and a fixed-order column pass (kernels/cuda/column_sums.h).
+#include <algorithm>
+
 #include "base/cuda/launch.h"
+#include "base/error.h"
+#include "kernels/cuda/column_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/grid.h"
+#include "kernels/cuda/packs.cuh"
 #include "kernels/cuda/warp_reduce.cuh"
 
 namespace engine::kernels::cuda {
 namespace {
-constexpr int block_size = 256; // 8 rows per block
-constexpr int rows_per_block = block_size / warp_size;
+constexpr int forward_block_size = 256; // 8 rows per block
+constexpr int forward_rows_per_block = forward_block_size / warp_size;
 constexpr float epsilon = 1e-5f; // cpu::layernorm_eps; that header is not included to keep the twins independent
+constexpr int max_backward_warps = 8;
+constexpr int default_shared_bytes = 48 * 1024;    // the dynamic shared memory a kernel gets without opting in
+constexpr int max_optin_shared_bytes = 227 * 1024; // sm_90's per-block maximum
+
+// Backward keeps, per warp, one float per column for dweight and one for dbias in shared memory. As many
+// warps as fit in the default 48 KiB (8 at C = 768), at least one: a function of C alone, so the partials'
+// layout and summation order never depend on the pointers or the schedule.
+int backward_warps(int C) {
+    const int fitting = default_shared_bytes / (2 * C * int(sizeof(float)));
+    return std::clamp(fitting, 1, max_backward_warps);
+}
+
+size_t backward_shared_bytes(int C) { return size_t(backward_warps(C)) * 2 * C * sizeof(float); }
+
+int backward_chunks(int N, int C, int& rows_per_chunk) {
+    return row_chunk_count(N, backward_warps(C), target_reduction_blocks, rows_per_chunk);
+}
 } // namespace
 
+int layernorm_backward_workspace_count(int N, int C) {
+    int rows_per_chunk = 0;
+    return backward_chunks(N, C, rows_per_chunk) * 2 * C;
+}
+
 // Two passes over the row (mean, then centred variance) rather than E[x^2]-E[x]^2, which cancels badly.
+template <int width>
 static __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
                                                 const float* weight, const float* bias, int N, int C) {
-    const int row = blockIdx.x * rows_per_block + threadIdx.x / warp_size;
+    const int row = blockIdx.x * forward_rows_per_block + threadIdx.x / warp_size;
     const int lane = threadIdx.x % warp_size;
     if (row >= N) return; // whole warps leave together, so the shuffles below stay full-warp
     const float* x = inp + int64_t(row) * C;
     float sum = 0.0f;
-    for (int i = lane; i < C; i += warp_size) sum += x[i];
+    for (int i = lane * width; i < C; i += warp_size * width) {
+        const Pack<width> values = load_pack<width>(x + i);
+        for (int k = 0; k < width; ++k) sum += values[k];
+    }
     const float row_mean = warp_sum(sum) / C;
     float squares = 0.0f;
-    for (int i = lane; i < C; i += warp_size) {
-        const float centred = x[i] - row_mean;
-        squares += centred * centred;
+    for (int i = lane * width; i < C; i += warp_size * width) {
+        const Pack<width> values = load_pack<width>(x + i);
+        for (int k = 0; k < width; ++k) {
+            const float centred = values[k] - row_mean;
+            squares += centred * centred;
+        }
     }
     const float row_rstd = rsqrtf(warp_sum(squares) / C + epsilon);
     float* y = out + int64_t(row) * C;
-    for (int i = lane; i < C; i += warp_size) y[i] = (x[i] - row_mean) * row_rstd * weight[i] + bias[i];
+    for (int i = lane * width; i < C; i += warp_size * width) {
+        Pack<width> values = load_pack<width>(x + i);
+        const Pack<width> scales = load_pack<width>(weight + i), shifts = load_pack<width>(bias + i);
+        for (int k = 0; k < width; ++k) values[k] = (values[k] - row_mean) * row_rstd * scales[k] + shifts[k];
+        store_pack<width>(y + i, values);
+    }
     if (lane == 0) {
         mean[row] = row_mean;
         rstd[row] = row_rstd;
     }
 }
 
-// dinp = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = weight * dout.
-static __global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp,
-                                                       const float* weight, const float* mean, const float* rstd,
-                                                       int N, int C) {
-    const int row = blockIdx.x * rows_per_block + threadIdx.x / warp_size;
-    const int lane = threadIdx.x % warp_size;
-    if (row >= N) return;
-    const float* x = inp + int64_t(row) * C;
-    const float* dy = dout + int64_t(row) * C;
-    const float row_mean = mean[row], row_rstd = rstd[row];
-    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
-    for (int i = lane; i < C; i += warp_size) {
-        const float norm = (x[i] - row_mean) * row_rstd;
-        const float dnorm = weight[i] * dy[i];
-        dnorm_sum += dnorm;
-        dnorm_norm_sum += dnorm * norm;
+// One block per row chunk, one warp per row (rows warp, warp + warps, ... of the chunk):
+//   dinp += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = weight * dout,
+// and, fused into the same read of dout and inp, each warp adds norm * dout and dout into its own shared
+// column sums. Within a warp a column belongs to one lane, so no two threads add to one sum. Then the block
+// adds its warps' sums in warp order into its chunk's partials (chunks, 2, C): dweight's C, then dbias's C.
+template <int width>
+static __global__ void layernorm_backward_kernel(float* dinp, float* partials, const float* dout, const float* inp,
+                                                 const float* weight, const float* mean, const float* rstd, int N,
+                                                 int C, int rows_per_chunk) {
+    ENGINE_DYNAMIC_SHARED(float, warp_sums); // (warps, 2, C)
+    const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    const int warps = blockDim.x / warp_size;
+    float* dweight_sum = warp_sums + int64_t(warp) * 2 * C; // (C) this warp's
+    float* dbias_sum = dweight_sum + C;                     // (C) this warp's
+    for (int i = lane * width; i < C; i += warp_size * width) {
+        const Pack<width> zero{};
+        store_pack<width>(dweight_sum + i, zero);
+        store_pack<width>(dbias_sum + i, zero);
     }
-    const float dnorm_mean = warp_sum(dnorm_sum) / C;
-    const float dnorm_norm_mean = warp_sum(dnorm_norm_sum) / C;
-    float* dx = dinp + int64_t(row) * C;
-    for (int i = lane; i < C; i += warp_size) {
-        const float norm = (x[i] - row_mean) * row_rstd;
-        const float dnorm = weight[i] * dy[i];
-        dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * row_rstd;
+    const int first_row = blockIdx.x * rows_per_chunk;
+    const int end_row = min(N, first_row + rows_per_chunk);
+    for (int row = first_row + warp; row < end_row; row += warps) { // uniform per warp: shuffles stay full-warp
+        const float* x = inp + int64_t(row) * C;
+        const float* dy = dout + int64_t(row) * C;
+        const float row_mean = mean[row], row_rstd = rstd[row];
+        float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+        for (int i = lane * width; i < C; i += warp_size * width) {
+            const Pack<width> values = load_pack<width>(x + i), gradients = load_pack<width>(dy + i);
+            const Pack<width> scales = load_pack<width>(weight + i);
+            for (int k = 0; k < width; ++k) {
+                const float norm = (values[k] - row_mean) * row_rstd;
+                const float dnorm = scales[k] * gradients[k];
+                dnorm_sum += dnorm;
+                dnorm_norm_sum += dnorm * norm;
+            }
+        }
+        const float dnorm_mean = warp_sum(dnorm_sum) / C;
+        const float dnorm_norm_mean = warp_sum(dnorm_norm_sum) / C;
+        float* dx = dinp + int64_t(row) * C;
+        for (int i = lane * width; i < C; i += warp_size * width) {
+            const Pack<width> values = load_pack<width>(x + i), gradients = load_pack<width>(dy + i);
+            const Pack<width> scales = load_pack<width>(weight + i);
+            Pack<width> input_gradients = load_pack<width>(dx + i);
+            Pack<width> weight_sums = load_pack<width>(dweight_sum + i), bias_sums = load_pack<width>(dbias_sum + i);
+            for (int k = 0; k < width; ++k) {
+                const float norm = (values[k] - row_mean) * row_rstd;
+                const float dnorm = scales[k] * gradients[k];
+                input_gradients[k] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * row_rstd;
+                weight_sums[k] += norm * gradients[k];
+                bias_sums[k] += gradients[k];
+            }
+            store_pack<width>(dx + i, input_gradients);
+            store_pack<width>(dweight_sum + i, weight_sums);
+            store_pack<width>(dbias_sum + i, bias_sums);
+        }
     }
-}
-
-// Parameter gradients: one thread per column walking the rows in order, so the sums are deterministic and
-// need no atomics; adjacent threads read adjacent columns.
-static __global__ void layernorm_backward_parameters_kernel(float* dweight, float* dbias, const float* dout,
-                                                            const float* inp, const float* mean, const float* rstd,
-                                                            int N, int C) {
-    const int column = blockIdx.x * blockDim.x + threadIdx.x;
-    if (column >= C) return;
-    // Starting from the existing values and adding row by row follows the CPU loop's order exactly.
-    float weight_sum = dweight[column], bias_sum = dbias[column];
-    for (int row = 0; row < N; ++row) {
-        const int64_t index = int64_t(row) * C + column;
-        const float norm = (inp[index] - mean[row]) * rstd[row];
-        weight_sum += norm * dout[index];
-        bias_sum += dout[index];
+    __syncthreads(); // every warp's sums are complete
+    float* chunk_partials = partials + int64_t(blockIdx.x) * 2 * C; // (2, C)
+    for (int column = threadIdx.x; column < 2 * C; column += blockDim.x) {
+        float sum = 0.0f;
+        for (int w = 0; w < warps; ++w) sum += warp_sums[int64_t(w) * 2 * C + column];
+        chunk_partials[column] = sum;
     }
-    dweight[column] = weight_sum;
-    dbias[column] = bias_sum;
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C, cudaStream_t stream) {
     if (N == 0 || C == 0) return;
-    ENGINE_LAUNCH(layernorm_forward_kernel, ceil_div(N, rows_per_block), block_size, 0, stream, out, mean, rstd, inp,
-                  weight, bias, N, C);
+    const int blocks = ceil_div(N, forward_rows_per_block);
+    if (C % vector_width == 0 && vector_aligned(out, inp, weight, bias))
+        ENGINE_LAUNCH(layernorm_forward_kernel<vector_width>, blocks, forward_block_size, 0, stream, out, mean, rstd,
+                      inp, weight, bias, N, C);
+    else
+        ENGINE_LAUNCH(layernorm_forward_kernel<1>, blocks, forward_block_size, 0, stream, out, mean, rstd, inp, weight,
+                      bias, N, C);
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C,
+template <int width>
+static void launch_layernorm_backward(float* dinp, float* partials, const float* dout, const float* inp,
+                                      const float* weight, const float* mean, const float* rstd, int N, int C,
+                                      int chunks, int rows_per_chunk, cudaStream_t stream) {
+    const size_t shared_bytes = backward_shared_bytes(C);
+    if (shared_bytes > size_t(default_shared_bytes)) { // only for C > 6144: one warp's sums need the opt-in
+        CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&layernorm_backward_kernel<width>),
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
+    }
+    ENGINE_LAUNCH(layernorm_backward_kernel<width>, chunks, backward_warps(C) * warp_size, shared_bytes, stream, dinp,
+                  partials, dout, inp, weight, mean, rstd, N, C, rows_per_chunk);
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, float* partials_workspace, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C,
                         cudaStream_t stream) {
     if (N == 0 || C == 0) return;
-    ENGINE_LAUNCH(layernorm_backward_input_kernel, ceil_div(N, rows_per_block), block_size, 0, stream, dinp, dout, inp,
-                  weight, mean, rstd, N, C);
-    ENGINE_LAUNCH(layernorm_backward_parameters_kernel, ceil_div(C, block_size), block_size, 0, stream, dweight, dbias,
-                  dout, inp, mean, rstd, N, C);
+    ENGINE_CHECK(backward_shared_bytes(C) <= size_t(max_optin_shared_bytes),
+                 "layernorm_backward: C = " << C << " needs " << backward_shared_bytes(C)
+                                            << " bytes of shared memory per block, more than sm_90's "
+                                            << max_optin_shared_bytes);
+    int rows_per_chunk = 0;
+    const int chunks = backward_chunks(N, C, rows_per_chunk);
+    if (C % vector_width == 0 && vector_aligned(dinp, dout, inp, weight))
+        launch_layernorm_backward<vector_width>(dinp, partials_workspace, dout, inp, weight, mean, rstd, N, C, chunks,
+                                                rows_per_chunk, stream);
+    else
+        launch_layernorm_backward<1>(dinp, partials_workspace, dout, inp, weight, mean, rstd, N, C, chunks,
+                                     rows_per_chunk, stream);
+    add_column_partials(dweight, dbias, partials_workspace, chunks, C, 2 * C, stream);
 }
 
 } // namespace engine::kernels::cuda

@@ -1,7 +1,8 @@
-// CUDA vs CPU for the layer kernels: GEMM (every transpose, fp32 and TF32), layernorm and cross-entropy
-// (attention has test_attention_kernels.cpp). Outputs are poisoned with NaN. += outputs start from identical
-// small random contents, U(-0.01, 0.01): non-zero, so a kernel that overwrites fails, yet small beside the
-// gradients, so the rtol term (relative to |start + gradient|) does not hide errors in the gradient itself.
+// CUDA vs CPU for the layer kernels: GEMM (every transpose, fp32 and TF32) and cross-entropy (attention:
+// test_attention_kernels.cpp; layernorm: test_reduction_kernels.cpp). Outputs are poisoned with NaN. +=
+// outputs start from identical small random contents, U(-0.01, 0.01): non-zero, so a kernel that overwrites
+// fails, yet small beside the gradients, so the rtol term (relative to |start + gradient|) does not hide
+// errors in the gradient itself.
 #include "engine/cuda/runtime.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -65,34 +66,6 @@ TEST_F(LayerKernelTest, GemmTf32EveryTranspose) {
     for (const bool transpose_a : {false, true}) {
         for (const bool transpose_b : {false, true})
             check_gemm(*this, transpose_a, transpose_b, 0.3f, true, Tolerance{1e-2, 5e-3});
-    }
-}
-
-TEST_F(LayerKernelTest, Layernorm) {
-    for (const int C : {48, 1001}) {
-        constexpr int N = 3 * 37;
-        const auto inp = random_floats(size_t(N) * C, 2.0f, 4.0f); // a large mean exercises the centring
-        const auto weight = random_floats(C), bias = random_floats(C), dout = random_floats(size_t(N) * C);
-        std::vector<float> out(size_t(N) * C), mean(N), rstd(N);
-        auto dinp = accumulator(*this, size_t(N) * C), dweight = accumulator(*this, C), dbias = accumulator(*this, C);
-        DeviceBuffer<float> inp_device(inp), weight_device(weight), bias_device(bias), dout_device(dout);
-        DeviceBuffer<float> out_device(nan_filled(out.size())), mean_device(nan_filled(N)), rstd_device(nan_filled(N));
-        DeviceBuffer<float> dinp_device(dinp), dweight_device(dweight), dbias_device(dbias);
-        cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
-        cpu::layernorm_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(),
-                                mean.data(), rstd.data(), N, C);
-        gpu::layernorm_forward(out_device.get(), mean_device.get(), rstd_device.get(), inp_device.get(),
-                               weight_device.get(), bias_device.get(), N, C, stream);
-        gpu::layernorm_backward(dinp_device.get(), dweight_device.get(), dbias_device.get(), dout_device.get(),
-                                inp_device.get(), weight_device.get(), mean_device.get(), rstd_device.get(), N, C,
-                                stream);
-        const std::string size = " C=" + std::to_string(C);
-        EXPECT_TRUE(all_close(out_device.to_host(), out, Tolerance{1e-5, 1e-4}, "layernorm out" + size));
-        EXPECT_TRUE(all_close(mean_device.to_host(), mean, Tolerance{1e-5, 1e-5}, "layernorm mean" + size));
-        EXPECT_TRUE(all_close(rstd_device.to_host(), rstd, Tolerance{1e-5, 1e-4}, "layernorm rstd" + size));
-        EXPECT_TRUE(all_close(dinp_device.to_host(), dinp, Tolerance{1e-4, 1e-3}, "layernorm dinp" + size));
-        EXPECT_TRUE(all_close(dweight_device.to_host(), dweight, Tolerance{1e-4, 1e-4}, "layernorm dweight" + size));
-        EXPECT_TRUE(all_close(dbias_device.to_host(), dbias, Tolerance{1e-4, 1e-4}, "layernorm dbias" + size));
     }
 }
 
