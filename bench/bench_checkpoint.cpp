@@ -62,8 +62,9 @@ void run_policy(benchmark::State& state, const BenchShape& shape, const Checkpoi
             Tensor loss;
             {
                 Tensor logits = model.forward(token_tensor);
-                loss = multiply(cross_entropy(logits, target_tensor, Reduction::sum),
-                                1.0 / static_cast<double>(targets.size()));
+                const double inverse_items = 1.0 / static_cast<double>(targets.size());
+                loss = multiply(cross_entropy_in_place(logits, target_tensor, Reduction::sum, inverse_items),
+                                inverse_items);
             }
             backward(loss);
         }

@@ -124,10 +124,12 @@ MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_
                   "no-grad forward of " + block_range(segment));
         if (!offload) kept += sizes.stream; // the one activation a checkpointed segment keeps
     }
-    // ln_f saves its input, mean, rstd; the LM head saves ln_f's output; cross_entropy saves the logits and,
-    // while it reduces, holds the per-token losses and the (1) result.
+    // ln_f saves its input, mean, rstd; the LM head saves ln_f's output; cross_entropy_in_place turns the
+    // logits into their gradient and, while it reduces, holds the per-token losses and the (1) result. In
+    // backward the logits (now the gradient) live until the LM head's backward, which allocates no activation,
+    // so this moment stays the head's high-water mark.
     candidate(kept + 2 * sizes.stream + 2 * sizes.row_stat + sizes.logits + sizes.row_stat + sizes.scalar,
-              "cross_entropy at the end of forward");
+              "cross_entropy_in_place at the end of forward");
     // Backward allocates activations only to recompute: the segment's full saved set, rebuilt over what the
     // layers before it still keep, next to the loss the caller holds.
     for (size_t index = segments.size(); index-- > 0;) {
@@ -138,10 +140,12 @@ MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_
     }
     prediction.activations = peak;
 
-    // Workspace: the gradients in flight. The head holds dlogits with the per-token loss gradients, then with
-    // d(ln_f out). Inside a block the MLP's backward holds d(after-attention), d(gelu out) and d(c_fc out):
-    // 9 A; a checkpoint node also keeps its incoming gradient alive until its whole segment is done: +A.
-    size_t workspace = std::max(sizes.scalar + sizes.logits + sizes.row_stat, sizes.logits + sizes.stream);
+    // Workspace: the gradients in flight. The loss's seed and multiply's gradient for the loss sum (2 s);
+    // cross_entropy_in_place allocates none: the logits' storage, already counted as activations and freed
+    // after the LM head's backward, is their gradient. The head then adds d(ln_f out) (A). Inside a block the
+    // MLP's backward holds d(after-attention), d(gelu out) and d(c_fc out): 9 A; a checkpoint node also keeps
+    // its incoming gradient alive until its whole segment is done: +A.
+    size_t workspace = std::max(2 * sizes.scalar, sizes.stream);
     workspace = std::max(workspace, (dropout_active ? 2 : 1) * sizes.stream);
     for (const Segment& segment : segments)
         workspace = std::max(workspace, (segment.checkpointed ? 10 : 9) * sizes.stream);
@@ -180,6 +184,10 @@ std::string plan_report(const nn::GPTConfig& config, int batch, int seq_len, con
     text << "  device total <= " << mebibytes(planned.device_total_bound()) << "  ["
          << mebibytes(plain.device_total_bound()) << "]\n";
     text << "activation peak at: " << planned.activations_peak_moment << "\n";
+    const size_t logits_bytes = static_cast<size_t>(batch) * static_cast<size_t>(seq_len) *
+                                static_cast<size_t>(config.vocab_size) * dtype_size(dtype);
+    text << "loss: fused classifier, the gradient written over the logits (B,T,V) = " << mebibytes(logits_bytes)
+         << ": no second buffer of that size in workspace\n";
     return text.str();
 }
 

@@ -34,7 +34,8 @@ struct MemoryPrediction {
 };
 
 // One training step as the tests and benchmarks run it: logits = model.forward(tokens (B,T)) in train mode;
-// loss = multiply(cross_entropy(logits, targets, sum), 1 / items); logits dropped; backward(loss).
+// loss = multiply(cross_entropy_in_place(logits, targets, sum, 1 / items), 1 / items) (the trainer's fused
+// classifier: no separate (B,T,V) gradient buffer); logits dropped; backward(loss).
 // Bytes already live before the step (tokens, targets) are not included.
 MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                                 DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw);

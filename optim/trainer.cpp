@@ -156,12 +156,16 @@ Tensor Trainer::micro_batch_loss(const Tensor& logits, const nn::Batch& batch, c
         *reported = loss.item();
         return loss;
     }
+    // The built-in loss is the fused classifier: the logits die before backward (accumulate_gradients drops
+    // them), so their storage can become their gradient, and the scale multiplied in next is exactly the
+    // upstream gradient backward will bring, so no rescale pass runs.
     if (config_.loss_normalization == LossNormalization::tokens) {
-        Tensor token_sum = cross_entropy(logits, targets, Reduction::sum);
+        const double inverse_items = 1.0 / static_cast<double>(window.num_items_in_batch);
+        Tensor token_sum = cross_entropy_in_place(logits, targets, Reduction::sum, inverse_items);
         *reported = token_sum.item();
-        return multiply(token_sum, 1.0 / static_cast<double>(window.num_items_in_batch));
+        return multiply(token_sum, inverse_items);
     }
-    Tensor batch_mean = cross_entropy(logits, targets, Reduction::mean);
+    Tensor batch_mean = cross_entropy_in_place(logits, targets, Reduction::mean, 1.0 / micro_batches);
     *reported = batch_mean.item() * static_cast<double>(count_targets(batch)); // back to a token sum
     return multiply(batch_mean, 1.0 / micro_batches);
 }
