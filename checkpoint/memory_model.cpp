@@ -41,10 +41,13 @@ std::string block_range(const Segment& segment) {
     return text.str();
 }
 
-size_t parameter_count(const nn::GPTConfig& config) {
+// The parameters' element count with wte's rows counted as `vocabulary_rows`: vocab_size gives the real
+// count (what the optimizer keeps moments for), padded_vocab_size() the stored one (wte's allocation and its
+// gradient buffer hold the zero padding rows too).
+size_t parameter_count(const nn::GPTConfig& config, int vocabulary_rows) {
     const size_t width = static_cast<size_t>(config.n_embd);
     const size_t per_block = 12 * width * width + 13 * width; // ln_1, c_attn, c_proj, ln_2, c_fc, c_proj
-    return static_cast<size_t>(config.vocab_size) * width + static_cast<size_t>(config.max_seq_len) * width +
+    return static_cast<size_t>(vocabulary_rows) * width + static_cast<size_t>(config.max_seq_len) * width +
            static_cast<size_t>(config.n_layer) * per_block + 2 * width;
 }
 
@@ -84,16 +87,17 @@ MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_
     sizes.stream = rows * static_cast<size_t>(config.n_embd) * element;
     sizes.row_stat = rows * element;
     sizes.logsumexp = rows * static_cast<size_t>(config.n_head) * element;
-    sizes.logits = rows * static_cast<size_t>(config.vocab_size) * element;
+    sizes.logits = rows * static_cast<size_t>(config.padded_vocab_size()) * element; // the padded (B,T,Vp)
     sizes.scalar = element;
     const bool dropout_active = config.dropout > 0.0f;
     const bool offload = policy.enabled && policy.offload;
 
     MemoryPrediction prediction;
-    prediction.parameters = parameter_count(config) * element;
-    prediction.gradients = prediction.parameters; // one persistent buffer per parameter
-    prediction.optimizer_state = optimizer == OptimizerKind::adamw ? 2 * prediction.parameters
-                                 : optimizer == OptimizerKind::sgd ? prediction.parameters
+    prediction.parameters = parameter_count(config, config.padded_vocab_size()) * element;
+    prediction.gradients = prediction.parameters; // one persistent buffer per parameter, wte's padded too
+    const size_t real_parameters = parameter_count(config, config.vocab_size) * element;
+    prediction.optimizer_state = optimizer == OptimizerKind::adamw ? 2 * real_parameters
+                                 : optimizer == OptimizerKind::sgd ? real_parameters
                                                                    : 0;
 
     // Activations: `kept` is what earlier layers keep for backward, not counting the current layer's
@@ -185,9 +189,12 @@ std::string plan_report(const nn::GPTConfig& config, int batch, int seq_len, con
          << mebibytes(plain.device_total_bound()) << "]\n";
     text << "activation peak at: " << planned.activations_peak_moment << "\n";
     const size_t logits_bytes = static_cast<size_t>(batch) * static_cast<size_t>(seq_len) *
-                                static_cast<size_t>(config.vocab_size) * dtype_size(dtype);
-    text << "loss: fused classifier, the gradient written over the logits (B,T,V) = " << mebibytes(logits_bytes)
+                                static_cast<size_t>(config.padded_vocab_size()) * dtype_size(dtype);
+    text << "loss: fused classifier, the gradient written over the logits (B,T,Vp) = " << mebibytes(logits_bytes)
          << ": no second buffer of that size in workspace\n";
+    text << "vocabulary " << config.vocab_size << " padded to " << config.padded_vocab_size() << " rows of wte ("
+         << parameter_count(config, config.vocab_size) << " parameters, " << parameter_count(config, config.padded_vocab_size())
+         << " stored)\n";
     return text.str();
 }
 

@@ -41,8 +41,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction redu
 //   read the logits (multiply, sum, add) may share them: their gradients are added.
 //   Under NoGradGuard, or when the logits do not require grad, nothing is overwritten: the result is
 //   cross_entropy's.
+//   vocabulary: the classes, the first columns of the logits' last dimension (0: all of them). The others
+//     are padding (GPT's vocabulary padded to a multiple of 128): outside the softmax, gradient 0.
 Tensor cross_entropy_in_place(const Tensor& logits, const Tensor& targets, Reduction reduction,
-                              double expected_output_gradient = 1.0, int ignore_index = default_ignore_index);
+                              double expected_output_gradient = 1.0, int ignore_index = default_ignore_index,
+                              int vocabulary = 0);
+// (...,N) -> (...,count): a copy of the first count columns; backward adds into them, the rest get 0.
+Tensor first_columns(const Tensor& input, int64_t count);
 Tensor sum(const Tensor& input);                 // -> (1)
 Tensor multiply(const Tensor& input, double factor); // input * factor
 

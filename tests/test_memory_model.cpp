@@ -67,10 +67,13 @@ Measured measure(const Shape3& shape, const CheckpointPolicy& policy, std::mt199
     {
         Tensor loss;
         {
-            Tensor logits = model.forward(token_tensor);
             const double inverse_items = 1.0 / static_cast<double>(targets.size());
+            const int vocabulary = shape.config.vocab_size;
+            Tensor logits = loss_kind == Loss::in_place ? model.forward_padded(token_tensor) // (B,T,Vp)
+                                                        : model.forward(token_tensor);       // (B,T,V)
             const Tensor token_sum = loss_kind == Loss::in_place
-                                         ? cross_entropy_in_place(logits, target_tensor, Reduction::sum, inverse_items)
+                                         ? cross_entropy_in_place(logits, target_tensor, Reduction::sum, inverse_items,
+                                                                  default_ignore_index, vocabulary)
                                          : cross_entropy(logits, target_tensor, Reduction::sum);
             loss = multiply(token_sum, inverse_items);
         }
@@ -156,8 +159,10 @@ TEST(MemoryModel, OptimizerStateAndOffloadTerms) {
                                                   checkpoint::OptimizerKind::adamw);
     const auto sgd = checkpoint::predict_memory(config, 2, 16, CheckpointPolicy{true, 1, 1, true}, DType::f32,
                                                 checkpoint::OptimizerKind::sgd);
-    EXPECT_EQ(adamw.optimizer_state, 2 * adamw.parameters);
-    EXPECT_EQ(sgd.optimizer_state, sgd.parameters);
+    // Moments for the real parameters only: wte's padding rows (64 padded to 128) are stored, never updated.
+    const size_t padding = size_t(config.padded_vocab_size() - config.vocab_size) * config.n_embd * sizeof(float);
+    EXPECT_EQ(adamw.optimizer_state, 2 * (adamw.parameters - padding));
+    EXPECT_EQ(sgd.optimizer_state, sgd.parameters - padding);
     EXPECT_EQ(adamw.pinned_host, 6u * 2 * 16 * 32 * sizeof(float)); // six segments of (B,T,C) f32
     EXPECT_EQ(adamw.checkpointed_segments, 6);
     EXPECT_EQ(adamw.recomputed_blocks, 6);

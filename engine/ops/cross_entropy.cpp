@@ -17,12 +17,15 @@ namespace {
 struct CheckedTargets {
     Shape leading; // the logits' shape without its last dimension: (N) or (B,T)
     int rows = 0;
-    int vocabulary = 0;
+    int vocabulary = 0; // the classes: the first columns of the last dimension
+    int columns = 0;    // the last dimension, the row stride: vocabulary plus any padding
     int64_t valid_targets = 0; // targets other than ignore_index
 };
 
 // Shapes, dtypes, devices, and every label in [0,V) or ignore_index, read from the host copy of the targets.
-CheckedTargets check_targets(const char* op, const Tensor& logits, const Tensor& targets, int ignore_index) {
+// vocabulary 0: every column is a class.
+CheckedTargets check_targets(const char* op, const Tensor& logits, const Tensor& targets, int ignore_index,
+                             int vocabulary = 0) {
     ENGINE_CHECK(logits.dim() >= 2, op << ": logits " << logits.describe() << " must be (...,V)");
     CheckedTargets checked;
     checked.leading = Shape(logits.shape().begin(), logits.shape().end() - 1);
@@ -31,7 +34,11 @@ CheckedTargets check_targets(const char* op, const Tensor& logits, const Tensor&
                     << " for logits " << shape_string(logits.shape()));
     check_same_device(op, logits, targets);
     checked.rows = leading_rows(op, logits);
-    checked.vocabulary = static_cast<int>(logits.size(-1));
+    checked.columns = static_cast<int>(logits.size(-1));
+    ENGINE_CHECK(vocabulary >= 0 && vocabulary <= checked.columns,
+                 op << ": vocabulary " << vocabulary << " for logits " << logits.describe() << " with "
+                    << checked.columns << " columns");
+    checked.vocabulary = vocabulary > 0 ? vocabulary : checked.columns;
     const std::vector<int32_t> host_targets = targets.to_vector<int32_t>();
     for (size_t index = 0; index < host_targets.size(); ++index) {
         const int32_t target = host_targets[index];
@@ -120,19 +127,21 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction redu
 // per-row logsumexp and writing dout · (softmax − onehot) in backward, reads the logits twice per step
 // instead of once.
 Tensor cross_entropy_in_place(const Tensor& logits, const Tensor& targets, Reduction reduction,
-                              double expected_output_gradient, int ignore_index) {
+                              double expected_output_gradient, int ignore_index, int vocabulary) {
     constexpr const char* op = "cross_entropy_in_place";
     ENGINE_CHECK(reduction != Reduction::none,
                  op << ": reduction none has a gradient per row, not one expected scalar; use cross_entropy");
     ENGINE_CHECK(std::isfinite(expected_output_gradient) && expected_output_gradient != 0.0,
                  op << ": expected_output_gradient " << expected_output_gradient
                     << " must be finite and non-zero (backward divides by it)");
-    const CheckedTargets checked = check_targets(op, logits, targets, ignore_index);
+    const CheckedTargets checked = check_targets(op, logits, targets, ignore_index, vocabulary);
     const double scale = reduction_scale(reduction, checked.valid_targets);
     Tensor losses = Tensor::empty(checked.leading, logits.dtype(), logits.device()); // (N)
-    // Without a node to hand the gradient to, the logits stay intact: this is then plain cross_entropy.
+    // Without a node to hand the gradient to, the logits stay intact: this is then plain cross_entropy (over a
+    // copy of the real columns when padded: a rare path, evaluation goes through the model's (…,V) logits).
     if (!grad_enabled() || !logits.requires_grad()) {
-        losses_forward(op, losses, logits, targets, checked, ignore_index);
+        const Tensor classes = checked.vocabulary == checked.columns ? logits : first_columns(logits, checked.vocabulary);
+        losses_forward(op, losses, classes, targets, checked, ignore_index);
         return reduce_losses(losses, reduction, scale);
     }
     if (logits.device() == Device::cpu) {
@@ -141,7 +150,7 @@ Tensor cross_entropy_in_place(const Tensor& logits, const Tensor& targets, Reduc
             // expected the two paths give bitwise the same gradient.
             const T dloss = static_cast<T>(scale) * static_cast<T>(expected_output_gradient);
             kernels::cpu::cross_entropy_fused_forward<T>(losses.data<T>(), logits.data<T>(), targets.data<int32_t>(),
-                                                         dloss, checked.rows, checked.vocabulary, checked.vocabulary,
+                                                         dloss, checked.rows, checked.vocabulary, checked.columns,
                                                          ignore_index);
         });
     } else {
@@ -149,7 +158,7 @@ Tensor cross_entropy_in_place(const Tensor& logits, const Tensor& targets, Reduc
             const float dloss = static_cast<float>(scale) * static_cast<float>(expected_output_gradient);
             kernels::cuda::cross_entropy_fused_forward(losses.data<float>(), logits.data<float>(),
                                                        targets.data<int32_t>(), dloss, checked.rows,
-                                                       checked.vocabulary, checked.vocabulary, ignore_index,
+                                                       checked.vocabulary, checked.columns, ignore_index,
                                                        cuda::compute_stream());
         });
     }

@@ -133,6 +133,16 @@ void cross_entropy_fused_rescale(Scalar* dlogits,     // (count)
                                  const Scalar* dout,  // (1)
                                  Scalar expected_dout, int64_t count);
 
+// ---- the first `count` of `columns` columns of each of N rows (a padded vocabulary's real classes) ----
+template <typename Scalar>
+void first_columns_forward(Scalar* out,       // (N,count)
+                           const Scalar* inp, // (N,columns)
+                           int64_t N, int columns, int count);
+template <typename Scalar>
+void first_columns_backward(Scalar* dinp,       // (N,columns) += in the first count columns; the rest untouched
+                            const Scalar* dout, // (N,count)
+                            int64_t N, int columns, int count);
+
 // ---- reductions ----
 template <typename Scalar>
 void sum_forward(Scalar* out,       // (1) = scale * sum(inp)

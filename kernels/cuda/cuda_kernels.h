@@ -70,6 +70,10 @@ void cross_entropy_fused_forward(float* losses, float* logits, const int32_t* ta
 void cross_entropy_fused_rescale(float* dlogits, const float* dout, float expected_dout, int64_t count,
                                  cudaStream_t stream);
 
+// ---- the first `count` of `columns` columns of each row ----
+void first_columns_forward(float* out, const float* inp, int64_t N, int columns, int count, cudaStream_t stream);
+void first_columns_backward(float* dinp, const float* dout, int64_t N, int columns, int count, cudaStream_t stream);
+
 // ---- reductions: deterministic two-stage (per-block partials in double, then one block) ----
 // partials_workspace: reduction_workspace_count(N) doubles of device memory, overwritten; it must stay
 // untouched until the launched kernels have run.

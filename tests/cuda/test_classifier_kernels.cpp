@@ -1,7 +1,8 @@
-// CUDA vs CPU for the fused classifier (cross_entropy_fused_forward, cross_entropy_fused_rescale) and the
-// op cross_entropy_in_place on the device: a vocabulary that is no multiple of the block (1000 + 3, like
-// GPT-2's 50257), padded rows (the 128-bit path), ignored rows, and the rescale's early exit.
+// CUDA vs CPU for the fused classifier (cross_entropy_fused_forward, cross_entropy_fused_rescale), the
+// padded vocabulary's first_columns, and the ops on the device: a vocabulary that is no multiple of the
+// block (1000 + 3, like GPT-2's 50257), padded rows (the 128-bit path), ignored rows, the rescale's early exit.
 #include "engine/engine.h"
+#include "nn/gpt.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/cuda/compare.h"
@@ -108,6 +109,50 @@ TEST_F(ClassifierKernelTest, InPlaceOpOnDeviceMatchesCpu) {
         EXPECT_TRUE(all_close(dx[1], dx[0], Tolerance{1e-6, 1e-4}, "dx" + what));
         EXPECT_TRUE(all_close(dw[1], dw[0], Tolerance{1e-6, 1e-4}, "dw" + what));
     }
+}
+
+// The padded vocabulary's column copy and its backward (+= into the first count columns only).
+TEST_F(ClassifierKernelTest, FirstColumnsForwardAndBackward) {
+    constexpr int64_t N = 37;
+    constexpr int columns = 1024, count = 1003;
+    const auto input = random_floats(size_t(N) * columns), dout = random_floats(size_t(N) * count);
+    auto dinput = random_floats(size_t(N) * columns, -0.01f, 0.01f);
+    std::vector<float> out(size_t(N) * count);
+    DeviceBuffer<float> input_device(input), out_device(nan_filled(out.size())), dout_device(dout);
+    DeviceBuffer<float> dinput_device(dinput);
+    cpu::first_columns_forward(out.data(), input.data(), N, columns, count);
+    cpu::first_columns_backward(dinput.data(), dout.data(), N, columns, count);
+    gpu::first_columns_forward(out_device.get(), input_device.get(), N, columns, count, stream);
+    gpu::first_columns_backward(dinput_device.get(), dout_device.get(), N, columns, count, stream);
+    EXPECT_TRUE(all_close(out_device.to_host(), out, Tolerance{0.0, 0.0}, "first_columns out"));
+    EXPECT_TRUE(all_close(dinput_device.to_host(), dinput, Tolerance{0.0, 0.0}, "first_columns dinput"));
+}
+
+// A padded GPT on the device: the trainer's loss path (padded logits, fused loss with vocabulary V) gives the
+// CPU's gradients, and the padding rows of wte's gradient stay zero.
+TEST_F(ClassifierKernelTest, PaddedGptLossPathMatchesCpu) {
+    const nn::GPTConfig config{1003, 8, 1, 2, 16, 0.0f}; // Vp = 1024: the 128-bit path
+    const auto token_values = random_ints(2 * 8, 0, 1002);
+    auto label_values = random_ints(2 * 8, 0, 1002);
+    label_values[5] = ignore_index;
+    std::vector<std::vector<float>> gradients;
+    for (const Device device : {Device::cpu, Device::cuda}) {
+        current_tape().clear();
+        nn::GPT model(config, 21, device, DType::f32);
+        const Tensor tokens = Tensor::from_vector(token_values, {2, 8}, Device::cpu).to_keeping_host_copy(device);
+        const Tensor targets = Tensor::from_vector(label_values, {2, 8}, Device::cpu).to_keeping_host_copy(device);
+        Tensor loss;
+        {
+            const Tensor logits = model.forward_padded(tokens); // (2,8,1024)
+            loss = multiply(cross_entropy_in_place(logits, targets, Reduction::sum, 1.0 / 15.0, ignore_index, 1003),
+                            1.0 / 15.0);
+        }
+        backward(loss);
+        gradients.push_back(model.wte.padded_weight.grad().to_vector<float>());
+    }
+    const std::vector<float> padding(gradients[1].begin() + 1003 * 16, gradients[1].end());
+    EXPECT_EQ(padding, std::vector<float>(padding.size(), 0.0f));
+    EXPECT_TRUE(all_close(gradients[1], gradients[0], Tolerance{1e-6, 1e-4}, "padded wte gradient"));
 }
 
 } // namespace
