@@ -167,6 +167,10 @@ TEST_F(FusedClassifier, BadInputIsRejectedAndChangesNothing) {
                  {"cross_entropy_in_place", "reduction none"});
     expect_error([&] { cross_entropy_in_place(logits, targets, Reduction::sum, 0.0); },
                  {"cross_entropy_in_place", "expected_output_gradient 0"});
+    const Tensor single = Tensor::from_vector<float>(std::vector<float>(rows * vocabulary, 0.5f), {2, rows / 2, vocabulary},
+                                                     Device::cpu);
+    expect_error([&] { cross_entropy_in_place(single, targets, Reduction::sum, 1e-50); },
+                 {"cross_entropy_in_place", "no normal float"});
     const Tensor bad = Tensor::from_vector<int32_t>(std::vector<int32_t>(rows, vocabulary), {2, rows / 2}, Device::cpu);
     expect_error([&] { cross_entropy_in_place(logits, bad, Reduction::sum); },
                  {"cross_entropy_in_place", "label 13", "ignore_index"});

@@ -134,6 +134,9 @@ Tensor cross_entropy_in_place(const Tensor& logits, const Tensor& targets, Reduc
     ENGINE_CHECK(std::isfinite(expected_output_gradient) && expected_output_gradient != 0.0,
                  op << ": expected_output_gradient " << expected_output_gradient
                     << " must be finite and non-zero (backward divides by it)");
+    ENGINE_CHECK(logits.dtype() != DType::f32 || std::isnormal(static_cast<float>(expected_output_gradient)),
+                 op << ": expected_output_gradient " << expected_output_gradient << " is no normal float for "
+                    << logits.describe());
     const CheckedTargets checked = check_targets(op, logits, targets, ignore_index, vocabulary);
     const double scale = reduction_scale(reduction, checked.valid_targets);
     Tensor losses = Tensor::empty(checked.leading, logits.dtype(), logits.device()); // (N)
