@@ -61,9 +61,11 @@ void run_policy(benchmark::State& state, const BenchShape& shape, const Checkpoi
         {
             Tensor loss;
             {
-                Tensor logits = model.forward(token_tensor);
-                loss = multiply(cross_entropy(logits, target_tensor, Reduction::sum),
-                                1.0 / static_cast<double>(targets.size()));
+                Tensor logits = model.forward_padded(token_tensor); // (B,T,Vp), as the trainer
+                const double inverse_items = 1.0 / static_cast<double>(targets.size());
+                loss = multiply(cross_entropy_in_place(logits, target_tensor, Reduction::sum, inverse_items,
+                                                       default_ignore_index, shape.config.vocab_size),
+                                inverse_items);
             }
             backward(loss);
         }

@@ -312,6 +312,21 @@ void BM_cross_entropy_backward(benchmark::State& state) {
 }
 KERNEL_BENCHMARK(BM_cross_entropy_backward);
 
+// The fused classifier: one read and one write of the logits replace the forward's read and the backward's
+// two reads and one read-modify-write. Later iterations run over the gradient the first one wrote: the
+// same work.
+void BM_cross_entropy_fused_forward(benchmark::State& state) {
+    std::vector<float> losses(tokens), logits = values(tokens * V);
+    const std::vector<int32_t> targets = indices(tokens, V);
+    for (auto _ : state) {
+        cpu::cross_entropy_fused_forward(losses.data(), logits.data(), targets.data(), 1.0f / tokens, tokens, V, V,
+                                         -100);
+        benchmark::ClobberMemory();
+    }
+    report_bytes(state, f * (2.0 * tokens * V + tokens) + index_bytes * tokens);
+}
+KERNEL_BENCHMARK(BM_cross_entropy_fused_forward);
+
 // ---- reductions over a parameter-sized buffer ----
 
 void BM_sum_forward(benchmark::State& state) {

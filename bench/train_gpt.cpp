@@ -159,7 +159,11 @@ int run(const Options& options) {
     }
     const int64_t tokens_per_step =
         int64_t{config.per_device_train_batch_size} * config.gradient_accumulation_steps * options.seq_len;
-    std::cout << "model: " << options.model.to_string() << " (" << model.parameter_count() << " parameters)"
+    const int padded_vocabulary = options.model.padded_vocab_size();
+    const std::string padding = padded_vocabulary == options.model.vocab_size
+                                    ? ""
+                                    : "; wte stored as " + std::to_string(padded_vocabulary) + " rows, the padding zero";
+    std::cout << "model: " << options.model.to_string() << " (" << model.parameter_count() << " parameters" << padding << ")"
               << (options.init.empty() ? "" : ", from " + options.init) << "\n"
               << "data: " << (options.data.empty() ? "built-in corpus" : options.data) << ", "
               << loader->window_count() << " windows of " << options.seq_len << " tokens\n"

@@ -41,10 +41,13 @@ std::string block_range(const Segment& segment) {
     return text.str();
 }
 
-size_t parameter_count(const nn::GPTConfig& config) {
+// The parameters' element count with wte's rows counted as `vocabulary_rows`: vocab_size gives the real
+// count (what the optimizer keeps moments for), padded_vocab_size() the stored one (wte's allocation and its
+// gradient buffer hold the zero padding rows too).
+size_t parameter_count(const nn::GPTConfig& config, int vocabulary_rows) {
     const size_t width = static_cast<size_t>(config.n_embd);
     const size_t per_block = 12 * width * width + 13 * width; // ln_1, c_attn, c_proj, ln_2, c_fc, c_proj
-    return static_cast<size_t>(config.vocab_size) * width + static_cast<size_t>(config.max_seq_len) * width +
+    return static_cast<size_t>(vocabulary_rows) * width + static_cast<size_t>(config.max_seq_len) * width +
            static_cast<size_t>(config.n_layer) * per_block + 2 * width;
 }
 
@@ -84,16 +87,17 @@ MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_
     sizes.stream = rows * static_cast<size_t>(config.n_embd) * element;
     sizes.row_stat = rows * element;
     sizes.logsumexp = rows * static_cast<size_t>(config.n_head) * element;
-    sizes.logits = rows * static_cast<size_t>(config.vocab_size) * element;
+    sizes.logits = rows * static_cast<size_t>(config.padded_vocab_size()) * element; // the padded (B,T,Vp)
     sizes.scalar = element;
     const bool dropout_active = config.dropout > 0.0f;
     const bool offload = policy.enabled && policy.offload;
 
     MemoryPrediction prediction;
-    prediction.parameters = parameter_count(config) * element;
-    prediction.gradients = prediction.parameters; // one persistent buffer per parameter
-    prediction.optimizer_state = optimizer == OptimizerKind::adamw ? 2 * prediction.parameters
-                                 : optimizer == OptimizerKind::sgd ? prediction.parameters
+    prediction.parameters = parameter_count(config, config.padded_vocab_size()) * element;
+    prediction.gradients = prediction.parameters; // one persistent buffer per parameter, wte's padded too
+    const size_t real_parameters = parameter_count(config, config.vocab_size) * element;
+    prediction.optimizer_state = optimizer == OptimizerKind::adamw ? 2 * real_parameters
+                                 : optimizer == OptimizerKind::sgd ? real_parameters
                                                                    : 0;
 
     // Activations: `kept` is what earlier layers keep for backward, not counting the current layer's
@@ -124,10 +128,12 @@ MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_
                   "no-grad forward of " + block_range(segment));
         if (!offload) kept += sizes.stream; // the one activation a checkpointed segment keeps
     }
-    // ln_f saves its input, mean, rstd; the LM head saves ln_f's output; cross_entropy saves the logits and,
-    // while it reduces, holds the per-token losses and the (1) result.
+    // ln_f saves its input, mean, rstd; the LM head saves ln_f's output; cross_entropy_in_place turns the
+    // logits into their gradient and, while it reduces, holds the per-token losses and the (1) result. In
+    // backward the logits (now the gradient) live until the LM head's backward, which allocates no activation,
+    // so this moment stays the head's high-water mark.
     candidate(kept + 2 * sizes.stream + 2 * sizes.row_stat + sizes.logits + sizes.row_stat + sizes.scalar,
-              "cross_entropy at the end of forward");
+              "cross_entropy_in_place at the end of forward");
     // Backward allocates activations only to recompute: the segment's full saved set, rebuilt over what the
     // layers before it still keep, next to the loss the caller holds.
     for (size_t index = segments.size(); index-- > 0;) {
@@ -138,10 +144,12 @@ MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_
     }
     prediction.activations = peak;
 
-    // Workspace: the gradients in flight. The head holds dlogits with the per-token loss gradients, then with
-    // d(ln_f out). Inside a block the MLP's backward holds d(after-attention), d(gelu out) and d(c_fc out):
-    // 9 A; a checkpoint node also keeps its incoming gradient alive until its whole segment is done: +A.
-    size_t workspace = std::max(sizes.scalar + sizes.logits + sizes.row_stat, sizes.logits + sizes.stream);
+    // Workspace: the gradients in flight. The loss's seed and multiply's gradient for the loss sum (2 s);
+    // cross_entropy_in_place allocates none: the logits' storage, already counted as activations and freed
+    // after the LM head's backward, is their gradient. The head then adds d(ln_f out) (A). Inside a block the
+    // MLP's backward holds d(after-attention), d(gelu out) and d(c_fc out): 9 A; a checkpoint node also keeps
+    // its incoming gradient alive until its whole segment is done: +A.
+    size_t workspace = std::max(2 * sizes.scalar, sizes.stream);
     workspace = std::max(workspace, (dropout_active ? 2 : 1) * sizes.stream);
     for (const Segment& segment : segments)
         workspace = std::max(workspace, (segment.checkpointed ? 10 : 9) * sizes.stream);
@@ -180,6 +188,13 @@ std::string plan_report(const nn::GPTConfig& config, int batch, int seq_len, con
     text << "  device total <= " << mebibytes(planned.device_total_bound()) << "  ["
          << mebibytes(plain.device_total_bound()) << "]\n";
     text << "activation peak at: " << planned.activations_peak_moment << "\n";
+    const size_t logits_bytes = static_cast<size_t>(batch) * static_cast<size_t>(seq_len) *
+                                static_cast<size_t>(config.padded_vocab_size()) * dtype_size(dtype);
+    text << "loss: fused classifier, the gradient written over the logits (B,T,Vp) = " << mebibytes(logits_bytes)
+         << ": no second buffer of that size in workspace\n";
+    text << "vocabulary " << config.vocab_size << " padded to " << config.padded_vocab_size() << " rows of wte ("
+         << parameter_count(config, config.vocab_size) << " parameters, " << parameter_count(config, config.padded_vocab_size())
+         << " stored)\n";
     return text.str();
 }
 

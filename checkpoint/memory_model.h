@@ -33,8 +33,10 @@ struct MemoryPrediction {
     size_t device_total_bound() const { return parameters + gradients + optimizer_state + activations + workspace; }
 };
 
-// One training step as the tests and benchmarks run it: logits = model.forward(tokens (B,T)) in train mode;
-// loss = multiply(cross_entropy(logits, targets, sum), 1 / items); logits dropped; backward(loss).
+// One training step as the trainer runs it: logits = model.forward_padded(tokens (B,T)) (B,T,Vp) in train mode;
+// loss = multiply(cross_entropy_in_place(logits, targets, sum, 1 / items, -100, V), 1 / items) (the fused
+// classifier: no separate (B,T,Vp) gradient buffer); logits dropped; backward(loss). Parameters and gradients
+// count wte's padded rows (Vp = vocab_size rounded up to 128); the optimizer state only the real ones.
 // Bytes already live before the step (tokens, targets) are not included.
 MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                                 DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw);

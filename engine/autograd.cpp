@@ -44,6 +44,17 @@ Tensor BackwardContext::input_grad(const GradTarget& input) {
     return buffer;
 }
 
+bool BackwardContext::adopt_input_grad(const GradTarget& input, const Tensor& gradient) {
+    if (!input.requires_grad) return true;
+    ENGINE_CHECK(gradient.shape() == input.shape && gradient.dtype() == input.dtype && gradient.device() == input.device,
+                 "backward: gradient " << gradient.describe() << " handed over for an input of shape "
+                                       << shape_string(input.shape) << " " << dtype_name(input.dtype) << " "
+                                       << device_name(input.device));
+    if (input.persistent_grad.defined() || grads_.count(input.id) != 0) return false;
+    grads_.emplace(input.id, gradient);
+    return true;
+}
+
 void BackwardContext::seed(uint64_t id, Tensor gradient) {
     auto found = grads_.find(id);
     if (found == grads_.end()) {

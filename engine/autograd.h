@@ -93,6 +93,14 @@ public:
     // The buffer to accumulate an input's gradient into (+=): the persistent buffer of a leaf, else a
     // zeroed workspace tensor created on first use. Undefined if the input does not require grad.
     Tensor input_grad(const GradTarget& input);
+    // Hands `gradient` over as the input's gradient when none exists yet: for an op whose backward result
+    // already sits in a buffer it owns (cross_entropy_in_place writes it over the logits), so no zeroed
+    // buffer and no += pass are needed. The buffer then belongs to the walk (later consumers' += land in it),
+    // so the op must not touch it again. Returns false, adopting nothing, when the input already has a
+    // gradient (a leaf's persistent buffer, or one another consumer created): then the caller adds into
+    // input_grad(input), the += every other backward does. An input that does not require grad needs
+    // nothing: true.
+    bool adopt_input_grad(const GradTarget& input, const Tensor& gradient);
 
     void seed(uint64_t id, Tensor gradient);                   // adds to what is there
     Tensor take(uint64_t id);                                   // removes and returns

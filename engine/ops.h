@@ -29,6 +29,25 @@ enum class Reduction { none, sum, mean };
 // none: per-target losses (0 where ignored); sum: their sum; mean: sum / non-ignored count (0 if none).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction reduction = Reduction::mean,
                      int ignore_index = default_ignore_index);
+// The fused classifier, opt-in because it DESTROYS the logits: cross_entropy with reduction sum or mean
+// whose forward also writes d(loss)/d(logits) = reduction_scale · expected_output_gradient · (softmax −
+// onehot) over `logits` in place (0 in ignored rows), in the kernel that computes the loss. No (N,V)
+// gradient buffer is ever allocated: backward hands the logits' storage to the walk as their gradient.
+//   expected_output_gradient: the gradient the caller's graph will bring to this op's output, e.g. 1/items
+//     for multiply(loss, 1/items) → backward. Any other value still gives the exact gradient: backward
+//     multiplies by dout / expected on the device (no pass when the ratio is exactly 1). Finite, non-zero.
+//   After the call the logits hold the gradient, not logits: read nothing from them (and save them in no
+//   other op whose backward reads them, e.g. a second cross_entropy). Consumers whose backward does not
+//   read the logits (multiply, sum, add) may share them: their gradients are added.
+//   Under NoGradGuard, or when the logits do not require grad, nothing is overwritten: the result is
+//   cross_entropy's.
+//   vocabulary: the classes, the first columns of the logits' last dimension (0: all of them). The others
+//     are padding (GPT's vocabulary padded to a multiple of 128): outside the softmax, gradient 0.
+Tensor cross_entropy_in_place(const Tensor& logits, const Tensor& targets, Reduction reduction,
+                              double expected_output_gradient = 1.0, int ignore_index = default_ignore_index,
+                              int vocabulary = 0);
+// (...,N) -> (...,count): a copy of the first count columns; backward adds into them, the rest get 0.
+Tensor first_columns(const Tensor& input, int64_t count);
 Tensor sum(const Tensor& input);                 // -> (1)
 Tensor multiply(const Tensor& input, double factor); // input * factor
 

@@ -197,6 +197,35 @@ Tensor Tensor::detach() const {
     return Tensor(std::move(view));
 }
 
+Tensor Tensor::with_rows(int64_t rows) const {
+    const TensorImpl& self = impl();
+    ENGINE_CHECK(dim() >= 1 && rows >= 0, "with_rows(" << rows << ") of " << describe() << ": needs a first dimension");
+    ENGINE_CHECK(self.is_leaf || !self.requires_grad,
+                 "with_rows(" << rows << ") of " << describe() << ": an op output has no gradient buffer to share");
+    Shape new_shape = shape();
+    new_shape[0] = rows;
+    const size_t bytes = static_cast<size_t>(shape_numel(new_shape)) * dtype_size(dtype());
+    ENGINE_CHECK(bytes <= self.storage->bytes(), "with_rows(" << rows << ") of " << describe() << ": " << bytes
+                                                              << " bytes, but the storage holds " << self.storage->bytes());
+    auto view_of = [&](const TensorImpl& source) {
+        auto view = std::make_shared<TensorImpl>();
+        view->storage = source.storage;
+        view->shape = new_shape;
+        view->dtype = source.dtype;
+        view->id = next_tensor_id();
+        view->name = source.name;
+        return view;
+    };
+    auto view = view_of(self);
+    view->requires_grad = self.requires_grad;
+    if (self.grad) {
+        ENGINE_CHECK(bytes <= self.grad->storage->bytes(),
+                     "with_rows(" << rows << ") of " << describe() << ": its gradient buffer is smaller");
+        view->grad = view_of(*self.grad);
+    }
+    return Tensor(std::move(view));
+}
+
 Tensor Tensor::to(Device target, MemoryCategory category) const {
     Tensor result = empty(shape(), dtype(), target, category);
     copy_bytes(result.raw_data(), result.device(), raw_data(), device(), nbytes());

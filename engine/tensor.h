@@ -100,6 +100,11 @@ public:
     Tensor grad() const; // the persistent gradient buffer of a leaf; undefined if none
     // A new tensor sharing this one's storage but with no autograd history: saved-tensor style.
     Tensor detach() const;
+    // The same storage seen with `rows` rows in the first dimension, fewer or more, as long as the storage
+    // holds them; a leaf's gradient buffer is shared the same way. A new autograd identity: a leaf of its own
+    // whose gradient accumulates into the shared buffer. The padded vocabulary uses it: wte's (V,C) parameter
+    // and the LM head's (Vp,C) view are one allocation (nn/gpt.h).
+    Tensor with_rows(int64_t rows) const;
 
     // Copies.
     Tensor to(Device device, MemoryCategory category = current_memory_category()) const;

@@ -47,7 +47,7 @@ void GPTConfig::validate() const {
 
 GPT::GPT(const GPTConfig& config, uint64_t seed, Device device, DType dtype)
     : config_((config.validate(), config)), device_(device), dtype_(dtype),
-      wte(config.vocab_size, config.n_embd, make_init(seed, &init_stream_, device, dtype)),
+      wte(config.vocab_size, config.n_embd, make_init(seed, &init_stream_, device, dtype), config.padded_vocab_size()),
       wpe(config.max_seq_len, config.n_embd, make_init(seed, &init_stream_, device, dtype)), drop(config.dropout),
       ln_f(config.n_embd, make_init(seed, &init_stream_, device, dtype)) {
     register_module("wte", wte);
@@ -73,6 +73,11 @@ void GPT::set_checkpointing(const checkpoint::CheckpointPolicy& policy) {
 }
 
 Tensor GPT::forward(const Tensor& tokens) const {
+    const Tensor logits = forward_padded(tokens); // (B,T,Vp)
+    return config_.padded_vocab_size() == config_.vocab_size ? logits : first_columns(logits, config_.vocab_size);
+}
+
+Tensor GPT::forward_padded(const Tensor& tokens) const {
     ENGINE_CHECK(tokens.dim() == 2, "GPT::forward: tokens " << tokens.describe() << " must be (B,T)");
     ENGINE_CHECK(tokens.size(1) <= config_.max_seq_len,
                  "GPT::forward: sequence length " << tokens.size(1) << " exceeds the model maximum " << config_.max_seq_len);
@@ -92,7 +97,8 @@ Tensor GPT::forward(const Tensor& tokens) const {
         }
     }
     x = ln_f.forward(x);
-    return matmul(x, wte.weight, /*transpose_b=*/true); // (B,T,V), head tied to the token embedding
+    // (B,T,Vp), head tied to the token embedding through the padded view of its storage and gradient buffer
+    return matmul(x, wte.padded_weight, /*transpose_b=*/true);
 }
 
 } // namespace engine::nn

@@ -22,6 +22,12 @@ struct GPTConfig {
 
     // Named sizes: "tiny", "small", "gpt2-124M", "gpt2-350M", "gpt2-774M", "gpt2-1558M". Throws on others.
     static GPTConfig named(const std::string& name);
+    // The LM head's row count: vocab_size rounded up to a multiple of 128, so that the head's GEMM has an
+    // aligned leading dimension (GPT-2's 50257 becomes 50304). The rows beyond vocab_size are zero.
+    static constexpr int vocab_padding_multiple = 128;
+    int padded_vocab_size() const {
+        return (vocab_size + vocab_padding_multiple - 1) / vocab_padding_multiple * vocab_padding_multiple;
+    }
     std::string to_string() const;
     void validate() const; // throws EngineError naming the bad field
 };
@@ -36,8 +42,13 @@ class GPT : public Module {
 public:
     GPT(const GPTConfig& config, uint64_t seed, Device device = Device::cpu, DType dtype = DType::f32);
 
-    // tokens (B,T) i32 -> logits (B,T,V)
+    // tokens (B,T) i32 -> logits (B,T,V): the real vocabulary (a copy of the padded logits' first V columns
+    // when V is not a multiple of 128).
     Tensor forward(const Tensor& tokens) const;
+    // tokens (B,T) i32 -> logits (B,T,Vp), Vp = padded_vocab_size(), without the copy. Columns from V on are
+    // padding (0, from the zero rows of wte): pass V to the loss (cross_entropy_in_place's vocabulary), which
+    // keeps them out of the softmax and gives them zero gradient. The trainer's built-in loss uses this.
+    Tensor forward_padded(const Tensor& tokens) const;
     // The transformer blocks, for the checkpoint policy.
     int block_count() const { return static_cast<int>(h.size()); }
     Tensor run_blocks(const Tensor& input, int first_block, int block_count) const;
@@ -50,7 +61,7 @@ public:
     Device device() const { return device_; }
     DType dtype() const { return dtype_; }
 
-    Embedding wte, wpe;
+    Embedding wte, wpe; // wte.weight (V,C), stored in a (Vp,C) allocation: wte.padded_weight
     Dropout drop;
     std::vector<std::unique_ptr<Block>> h;
     LayerNorm ln_f;

@@ -31,8 +31,17 @@ LayerNorm::LayerNorm(int channels, const InitOptions& init) {
     bias = register_parameter("bias", initial_constant({channels}, 0.0, init));
 }
 
-Embedding::Embedding(int rows, int channels, const InitOptions& init) {
-    weight = register_parameter("weight", initial_normal({rows, channels}, init.standard_deviation, init));
+Embedding::Embedding(int rows, int channels, const InitOptions& init, int padded_rows) {
+    const Tensor initial = initial_normal({rows, channels}, init.standard_deviation, init); // the unpadded draw
+    if (padded_rows <= rows) {
+        weight = padded_weight = register_parameter("weight", initial);
+        return;
+    }
+    Tensor padded = Tensor::zeros({padded_rows, channels}, init.dtype, init.device, MemoryCategory::parameters);
+    padded.with_rows(rows).copy_from(initial);
+    padded.set_requires_grad(true); // allocates the (padded_rows, C) gradient buffer, zero
+    weight = register_parameter("weight", padded.with_rows(rows));
+    padded_weight = padded;
 }
 
 // GPT-2 scales the residual projections by 1/sqrt(2·layers): each block adds two of them to the stream.

@@ -34,8 +34,12 @@ public:
 
 class Embedding : public Module {
 public:
-    Embedding(int rows, int channels, const InitOptions& init);
-    Tensor weight; // (rows, C)
+    // padded_rows >= rows (0: none): the storage holds padded_rows rows, those beyond `rows` zero, with a
+    // gradient buffer of the same size. Only weight (rows, C) is a parameter: the optimizer, the files and
+    // the parameter count see the real rows, so the padding is never updated and stays exactly zero.
+    Embedding(int rows, int channels, const InitOptions& init, int padded_rows = 0);
+    Tensor weight;        // (rows, C)
+    Tensor padded_weight; // (padded_rows, C): the same storage and gradient buffer; weight itself if unpadded
 };
 
 class Dropout : public Module {

@@ -162,12 +162,20 @@ Tensor Trainer::micro_batch_loss(const Tensor& logits, const nn::Batch& batch, c
         window.reported_losses.emplace_back(loss.detach(), 1.0);
         return loss;
     }
+    // The built-in loss is the fused classifier: the logits die before backward (accumulate_gradients drops
+    // them), so their storage can become their gradient, and the scale multiplied in next is exactly the
+    // upstream gradient backward will bring, so no rescale pass runs. The logits are the padded (B,T,Vp) ones;
+    // the loss sees only the first V columns.
+    const int vocabulary = model_.config().vocab_size;
     if (config_.loss_normalization == LossNormalization::tokens) {
-        Tensor token_sum = cross_entropy(logits, targets, Reduction::sum);
+        const double inverse_items = 1.0 / static_cast<double>(window.num_items_in_batch);
+        Tensor token_sum =
+            cross_entropy_in_place(logits, targets, Reduction::sum, inverse_items, default_ignore_index, vocabulary);
         window.reported_losses.emplace_back(token_sum.detach(), 1.0);
-        return multiply(token_sum, 1.0 / static_cast<double>(window.num_items_in_batch));
+        return multiply(token_sum, inverse_items);
     }
-    Tensor batch_mean = cross_entropy(logits, targets, Reduction::mean);
+    Tensor batch_mean = cross_entropy_in_place(logits, targets, Reduction::mean, 1.0 / micro_batches,
+                                               default_ignore_index, vocabulary);
     window.reported_losses.emplace_back(batch_mean.detach(), static_cast<double>(count_targets(batch))); // a token sum
     return multiply(batch_mean, 1.0 / micro_batches);
 }
@@ -209,7 +217,8 @@ Accumulation Trainer::accumulate_gradients(const std::vector<nn::Batch>& batches
             {
                 // The logits go out of scope before backward so that the loss node's backward frees them
                 // (B·T·V bytes: the largest activation of a GPT-2 step).
-                const Tensor logits = model_.forward(inputs); // (B,T,V)
+                // (B,T,Vp) for the built-in loss; a custom loss gets the real (B,T,V).
+                const Tensor logits = loss_function_ ? model_.forward(inputs) : model_.forward_padded(inputs);
                 loss = micro_batch_loss(logits, batch, targets, window);
             }
             backward(loss);

@@ -37,8 +37,13 @@ struct Measured {
     size_t parameters = 0, gradients = 0, activations = 0, workspace = 0, pinned_host = 0;
 };
 
+// Which loss the measured step runs: predict_memory's (the fused classifier), or plain cross_entropy, which
+// keeps the logits and backpropagates into a separate (B,T,V) gradient buffer.
+enum class Loss { in_place, plain };
+
 // One step exactly as predict_memory describes it, measured from the allocator.
-Measured measure(const Shape3& shape, const CheckpointPolicy& policy, std::mt19937_64& generator) {
+Measured measure(const Shape3& shape, const CheckpointPolicy& policy, std::mt19937_64& generator,
+                 Loss loss_kind = Loss::in_place) {
     current_tape().clear();
     const MemoryStats empty = memory_stats(Device::cpu);
     nn::GPT model(shape.config, 7, Device::cpu, shape.dtype);
@@ -62,9 +67,15 @@ Measured measure(const Shape3& shape, const CheckpointPolicy& policy, std::mt199
     {
         Tensor loss;
         {
-            Tensor logits = model.forward(token_tensor);
-            loss = multiply(cross_entropy(logits, target_tensor, Reduction::sum),
-                            1.0 / static_cast<double>(targets.size()));
+            const double inverse_items = 1.0 / static_cast<double>(targets.size());
+            const int vocabulary = shape.config.vocab_size;
+            Tensor logits = loss_kind == Loss::in_place ? model.forward_padded(token_tensor) // (B,T,Vp)
+                                                        : model.forward(token_tensor);       // (B,T,V)
+            const Tensor token_sum = loss_kind == Loss::in_place
+                                         ? cross_entropy_in_place(logits, target_tensor, Reduction::sum, inverse_items,
+                                                                  default_ignore_index, vocabulary)
+                                         : cross_entropy(logits, target_tensor, Reduction::sum);
+            loss = multiply(token_sum, inverse_items);
         }
         backward(loss);
     }
@@ -119,14 +130,39 @@ TEST(MemoryModel, PredictsEveryCategoryWithinFivePercent) {
     }
 }
 
+// The fused classifier's saving, measured: plain cross_entropy's backward allocates a zeroed (B,T,V) dlogits
+// (plus the per-token loss gradients) in workspace; cross_entropy_in_place writes the gradient over the
+// logits, and the activations are unchanged. The workspace peak then falls to the blocks' 9-10 A.
+TEST(MemoryModel, FusedClassifierDropsTheLogitsGradientBuffer) {
+    std::mt19937_64 generator = fresh_generator();
+    const Shape3 shape{config_of(1024, 3, 4, 32, 0.1f, 8), 2, 8, DType::f32}; // logits dominate (V = 32 C)
+    const size_t logits = size_t(2) * 8 * 1024 * sizeof(float), stream = size_t(2) * 8 * 32 * sizeof(float);
+    for (const CheckpointPolicy& policy : {CheckpointPolicy{false, 1, 1, false}, CheckpointPolicy{true, 1, 1, false}}) {
+        const Measured plain = measure(shape, policy, generator, Loss::plain);
+        const Measured fused = measure(shape, policy, generator, Loss::in_place);
+        const checkpoint::MemoryPrediction predicted = checkpoint::predict_memory(
+            shape.config, shape.batch, shape.seq_len, policy, shape.dtype, checkpoint::OptimizerKind::none);
+        std::printf("  %s: workspace plain %zu B, fused %zu B (predicted %zu B); activations %zu / %zu B\n",
+                    policy.to_string().c_str(), plain.workspace, fused.workspace, predicted.workspace,
+                    plain.activations, fused.activations);
+        EXPECT_EQ(fused.workspace, predicted.workspace) << policy.to_string();
+        EXPECT_EQ(fused.activations, predicted.activations) << policy.to_string();
+        EXPECT_EQ(fused.activations, plain.activations) << policy.to_string();
+        EXPECT_EQ(plain.workspace, logits + stream) << policy.to_string(); // dlogits, then d(ln_f out)
+        EXPECT_EQ(fused.workspace, (policy.enabled ? 10 : 9) * stream) << policy.to_string();
+    }
+}
+
 TEST(MemoryModel, OptimizerStateAndOffloadTerms) {
     const nn::GPTConfig config = config_of(64, 6, 4, 32, 0.1f, 16);
     const auto adamw = checkpoint::predict_memory(config, 2, 16, CheckpointPolicy{true, 1, 1, true}, DType::f32,
                                                   checkpoint::OptimizerKind::adamw);
     const auto sgd = checkpoint::predict_memory(config, 2, 16, CheckpointPolicy{true, 1, 1, true}, DType::f32,
                                                 checkpoint::OptimizerKind::sgd);
-    EXPECT_EQ(adamw.optimizer_state, 2 * adamw.parameters);
-    EXPECT_EQ(sgd.optimizer_state, sgd.parameters);
+    // Moments for the real parameters only: wte's padding rows (64 padded to 128) are stored, never updated.
+    const size_t padding = size_t(config.padded_vocab_size() - config.vocab_size) * config.n_embd * sizeof(float);
+    EXPECT_EQ(adamw.optimizer_state, 2 * (adamw.parameters - padding));
+    EXPECT_EQ(sgd.optimizer_state, sgd.parameters - padding);
     EXPECT_EQ(adamw.pinned_host, 6u * 2 * 16 * 32 * sizeof(float)); // six segments of (B,T,C) f32
     EXPECT_EQ(adamw.checkpointed_segments, 6);
     EXPECT_EQ(adamw.recomputed_blocks, 6);

@@ -257,6 +257,24 @@ void BM_cross_entropy_backward(benchmark::State& state) {
 }
 BENCHMARK(BM_cross_entropy_backward)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
+// The fused classifier: one read and one write of the logits. padded_V = V takes the scalar path (V = 50257
+// is odd); a row stride rounded up to 128 takes the 128-bit one.
+void run_cross_entropy_fused(benchmark::State& state, int padded_V) {
+    if (!prepare(state)) return;
+    DeviceArray<float> losses(tokens), logits(int64_t(tokens) * padded_V);
+    DeviceArray<int32_t> targets(tokens);
+    run_timed(state, f * 2.0 * tokens * padded_V, 0, [&](cudaStream_t stream) {
+        gpu::cross_entropy_fused_forward(losses.get(), logits.get(), targets.get(), 1.0f / tokens, tokens, V, padded_V,
+                                         -100, stream);
+    });
+}
+void BM_cross_entropy_fused_forward(benchmark::State& state) { run_cross_entropy_fused(state, V); }
+BENCHMARK(BM_cross_entropy_fused_forward)->UseManualTime()->Unit(benchmark::kMicrosecond);
+void BM_cross_entropy_fused_forward_padded(benchmark::State& state) {
+    run_cross_entropy_fused(state, (V + 127) / 128 * 128);
+}
+BENCHMARK(BM_cross_entropy_fused_forward_padded)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
 void BM_sum_of_squares(benchmark::State& state) {
     if (!prepare(state)) return;
     DeviceArray<float> inp(parameter_count);

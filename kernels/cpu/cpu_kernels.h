@@ -116,6 +116,32 @@ void cross_entropy_backward(Scalar* dlogits,             // (N,V) +=  (softmax -
                             const Scalar* logits,        // (N,V)
                             const int32_t* targets, // (N); ignored rows get no gradient
                             int N, int V, int ignore_index);
+// The fused classifier (llm.c's): the loss AND its gradient in one pass over each row, the gradient written
+// IN PLACE over the logits, so no separate (N,V) dlogits buffer exists. Rows are padded_V apart; only the
+// first V columns are classes (padded_V == V when unpadded). The other columns, and every column of an
+// ignored row, are written 0. dloss is d(total)/d(losses[i]), the same for every row (sum or mean).
+template <typename Scalar>
+void cross_entropy_fused_forward(Scalar* losses,         // (N) as cross_entropy_forward
+                                 Scalar* logits,         // (N,padded_V) in: logits; out: (softmax - onehot) * dloss
+                                 const int32_t* targets, // (N)
+                                 Scalar dloss, int N, int V, int padded_V, int ignore_index);
+// dlogits *= dout[0] / expected_dout, unless that ratio is exactly 1: the fused gradient was written for an
+// upstream gradient of expected_dout, and this corrects it when backward brings another one. dout stays on
+// the device (no host read), and the common case writes nothing.
+template <typename Scalar>
+void cross_entropy_fused_rescale(Scalar* dlogits,     // (count)
+                                 const Scalar* dout,  // (1)
+                                 Scalar expected_dout, int64_t count);
+
+// ---- the first `count` of `columns` columns of each of N rows (a padded vocabulary's real classes) ----
+template <typename Scalar>
+void first_columns_forward(Scalar* out,       // (N,count)
+                           const Scalar* inp, // (N,columns)
+                           int64_t N, int columns, int count);
+template <typename Scalar>
+void first_columns_backward(Scalar* dinp,       // (N,columns) += in the first count columns; the rest untouched
+                            const Scalar* dout, // (N,count)
+                            int64_t N, int columns, int count);
 
 // ---- reductions ----
 template <typename Scalar>

@@ -1,9 +1,11 @@
 // Softmax cross-entropy over the last dimension, one block per row (CUDA twin of
 // kernels/cpu/cross_entropy.cpp). Max-subtraction keeps exp() in range for any logits.
 #include <cfloat>
+#include <cstdint>
 
 #include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/grid.h"
 #include "kernels/cuda/warp_reduce.cuh"
 
 namespace engine::kernels::cuda {
@@ -22,6 +24,53 @@ __device__ RowStatistics row_statistics(const float* row, int V, float* scratch)
     float local_sum = 0.0f;
     for (int i = threadIdx.x; i < V; i += blockDim.x) local_sum += expf(row[i] - row_max);
     return RowStatistics{row_max, block_sum(local_sum, scratch)};
+}
+
+// Online softmax (Milakov & Gimelshein): a running maximum and the sum of exp(value - maximum), rescaled when
+// the maximum grows, so one read of the row gives both.
+struct OnlineSoftmax {
+    float max = -FLT_MAX;
+    float sum_exp = 0.0f;
+    __device__ void add(float value) {
+        if (value > max) {
+            sum_exp = sum_exp * expf(max - value) + 1.0f;
+            max = value;
+        } else {
+            sum_exp += expf(value - max);
+        }
+    }
+};
+
+// 128-bit accesses need every row start 16-byte aligned: padded_V a multiple of 4 floats and an aligned base.
+__device__ bool rows_are_vectorizable(const float* logits, int padded_V) {
+    return padded_V % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+}
+
+// Each thread folds its own columns in a fixed order, then the block combines the threads' (max, sum) pairs:
+// the maximum first, then every partial sum rescaled to it. Deterministic for any schedule.
+__device__ RowStatistics online_row_statistics(const float* row, int V, bool vectorized, float* scratch) {
+    OnlineSoftmax local;
+    if (vectorized) {
+        const float4* row4 = reinterpret_cast<const float4*>(row);
+        for (int chunk = threadIdx.x; chunk * 4 < V; chunk += blockDim.x) {
+            const float4 values = row4[chunk];
+            const float lanes[4] = {values.x, values.y, values.z, values.w};
+            for (int lane = 0; lane < 4 && chunk * 4 + lane < V; ++lane) local.add(lanes[lane]);
+        }
+    } else {
+        for (int i = threadIdx.x; i < V; i += blockDim.x) local.add(row[i]);
+    }
+    const float row_max = block_max(local.max, scratch);
+    // A thread with no columns has sum 0, and 0 * expf(-FLT_MAX - row_max) is 0, never NaN.
+    const float row_sum = block_sum(local.sum_exp * expf(local.max - row_max), scratch);
+    return RowStatistics{row_max, row_sum};
+}
+
+__device__ float fused_gradient(float logit, int column, int V, int target, const RowStatistics& statistics,
+                                float inverse_sum, float dloss) {
+    if (column >= V) return 0.0f; // padded columns are no class: zero gradient keeps their weights at zero
+    const float probability = expf(logit - statistics.max) * inverse_sum;
+    return (probability - (column == target ? 1.0f : 0.0f)) * dloss;
 }
 } // namespace
 
@@ -56,6 +105,55 @@ static __global__ void cross_entropy_backward_kernel(float* dlogits, const float
     }
 }
 
+// One block per row. Ignored rows write zeros (the buffer becomes the gradient, so every element is written).
+static __global__ void cross_entropy_fused_forward_kernel(float* losses, float* logits, const int32_t* targets,
+                                                          float dloss, int V, int padded_V, int ignore_index) {
+    __shared__ float scratch[warp_size];
+    const int row = blockIdx.x;
+    const int target = targets[row];
+    float* x = logits + int64_t(row) * padded_V;
+    const bool vectorized = rows_are_vectorizable(logits, padded_V);
+    if (target == ignore_index) { // uniform per block, so skipping the barriers is safe
+        if (threadIdx.x == 0) losses[row] = 0.0f;
+        if (vectorized) {
+            float4* x4 = reinterpret_cast<float4*>(x);
+            for (int chunk = threadIdx.x; chunk < padded_V / 4; chunk += blockDim.x) x4[chunk] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        } else {
+            for (int i = threadIdx.x; i < padded_V; i += blockDim.x) x[i] = 0.0f;
+        }
+        return;
+    }
+    // Read before the reductions' barriers, so before any thread overwrites it.
+    const float target_logit = x[target];
+    const RowStatistics statistics = online_row_statistics(x, V, vectorized, scratch);
+    if (threadIdx.x == 0) losses[row] = logf(statistics.sum_exp) + statistics.max - target_logit;
+    const float inverse_sum = 1.0f / statistics.sum_exp;
+    // Each thread rewrites exactly the elements it alone reads, so the in-place write needs no barrier.
+    if (vectorized) {
+        float4* x4 = reinterpret_cast<float4*>(x);
+        for (int chunk = threadIdx.x; chunk < padded_V / 4; chunk += blockDim.x) {
+            const float4 values = x4[chunk];
+            const int column = chunk * 4;
+            x4[chunk] = make_float4(fused_gradient(values.x, column, V, target, statistics, inverse_sum, dloss),
+                                    fused_gradient(values.y, column + 1, V, target, statistics, inverse_sum, dloss),
+                                    fused_gradient(values.z, column + 2, V, target, statistics, inverse_sum, dloss),
+                                    fused_gradient(values.w, column + 3, V, target, statistics, inverse_sum, dloss));
+        }
+    } else {
+        for (int i = threadIdx.x; i < padded_V; i += blockDim.x)
+            x[i] = fused_gradient(x[i], i, V, target, statistics, inverse_sum, dloss);
+    }
+}
+
+// dout[0] is read on the device, so backward needs no host synchronisation to decide.
+static __global__ void cross_entropy_fused_rescale_kernel(float* dlogits, const float* dout, float expected_dout,
+                                                          int64_t count) {
+    const float ratio = dout[0] / expected_dout;
+    if (ratio == 1.0f) return;
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+        dlogits[i] *= ratio;
+}
+
 void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
                            int ignore_index, cudaStream_t stream) {
     if (N == 0) return;
@@ -67,6 +165,20 @@ void cross_entropy_backward(float* dlogits, const float* dlosses, const float* l
     if (N == 0) return;
     ENGINE_LAUNCH(cross_entropy_backward_kernel, N, block_size, 0, stream, dlogits, dlosses, logits, targets, V,
                   ignore_index);
+}
+
+void cross_entropy_fused_forward(float* losses, float* logits, const int32_t* targets, float dloss, int N, int V,
+                                 int padded_V, int ignore_index, cudaStream_t stream) {
+    if (N == 0) return;
+    ENGINE_LAUNCH(cross_entropy_fused_forward_kernel, N, block_size, 0, stream, losses, logits, targets, dloss, V,
+                  padded_V, ignore_index);
+}
+
+void cross_entropy_fused_rescale(float* dlogits, const float* dout, float expected_dout, int64_t count,
+                                 cudaStream_t stream) {
+    if (count == 0) return;
+    ENGINE_LAUNCH(cross_entropy_fused_rescale_kernel, elementwise_grid(count, block_size), block_size, 0, stream,
+                  dlogits, dout, expected_dout, count);
 }
 
 } // namespace engine::kernels::cuda

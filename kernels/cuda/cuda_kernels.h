@@ -89,6 +89,17 @@ void cross_entropy_forward(float* losses, const float* logits, const int32_t* ta
                            int ignore_index, cudaStream_t stream);
 void cross_entropy_backward(float* dlogits, const float* dlosses, const float* logits, const int32_t* targets,
                             int N, int V, int ignore_index, cudaStream_t stream);
+// The fused classifier: one block per row, one read pass (online max and sum) and one write pass of the
+// gradient over the logits; 128-bit accesses when padded_V is a multiple of 4 and logits 16-byte aligned.
+void cross_entropy_fused_forward(float* losses, float* logits, const int32_t* targets, float dloss, int N, int V,
+                                 int padded_V, int ignore_index, cudaStream_t stream);
+// Reads dout on the device; every thread returns at once when dout[0] / expected_dout is exactly 1.
+void cross_entropy_fused_rescale(float* dlogits, const float* dout, float expected_dout, int64_t count,
+                                 cudaStream_t stream);
+
+// ---- the first `count` of `columns` columns of each row ----
+void first_columns_forward(float* out, const float* inp, int64_t N, int columns, int count, cudaStream_t stream);
+void first_columns_backward(float* dinp, const float* dout, int64_t N, int columns, int count, cudaStream_t stream);
 
 // ---- reductions: deterministic two-stage (per-block partials in double, then one block) ----
 // partials_workspace: reduction_workspace_count(N) doubles of device memory, overwritten; it must stay
