@@ -1,8 +1,9 @@
 # CUDA backend selection for ENGINE_CUDA=AUTO|ON|OFF|EMULATE. Sets ENGINE_HAS_CUDA and ENGINE_CUDA_EMULATED and
 # defines engine_configure_cuda_target().
-#   AUTO/ON  kernels/cuda/*.cu through nvcc, linked against cudart and cuBLAS (AUTO: when nvcc is found)
+#   AUTO/ON  kernels/cuda/*.cu through nvcc, linked against cudart, cuBLAS and cuBLASLt (AUTO: when nvcc is found)
 #   EMULATE  the same sources compiled as host C++ against the emulated device in emulator/ (docs/CUDA.md):
-#            the toolkit's headers only, no libcudart or libcublas; Boost.Context for the thread fibers
+#            the toolkit's headers only, no libcudart, libcublas or libcublasLt (emulator/*.cpp, cublaslt.cpp
+#            among them, implement what the engine calls); Boost.Context for the thread fibers
 set(ENGINE_HAS_CUDA OFF)
 set(ENGINE_CUDA_EMULATED OFF)
 if(ENGINE_CUDA STREQUAL "EMULATE")
@@ -59,5 +60,5 @@ function(engine_configure_cuda_target target)
   set(CMAKE_CUDA_STANDARD 20)
   set_target_properties(${target} PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON
                                              CUDA_SEPARABLE_COMPILATION OFF)
-  target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublas)
+  target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt)
 endfunction()

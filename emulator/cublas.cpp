@@ -1,17 +1,21 @@
 // cuBLAS on the emulated device: handles, streams and the fp32 GEMMs, with cuBLAS's own column-major
 // semantics carried out by the CPU BLAS (CBLAS, column-major). Operand order, transposes and leading
 // dimensions are therefore exercised for real, and an operand that reaches past its allocation is
-// reported instead of read. TF32 compute rounds the operands to TF32 (10-bit mantissa) first.
+// reported instead of read. TF32 compute rounds the operands to TF32 (10-bit mantissa) first. The GEMM itself
+// (enqueue_gemm, emulator/blas.h) also serves the emulated cuBLASLt (cublaslt.cpp).
 #include <cblas.h>
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <vector>
 
-#include "emulator/device.h"
+#include "emulator/blas.h"
+#include "emulator/testing.h"
 
 struct cublasContext {
     cudaStream_t stream = nullptr;
@@ -38,95 +42,74 @@ struct Operand {
     long long stride;           // elements between batches
 };
 
-// Checks that every batch of the operand lies inside one device allocation.
-std::string check_operand(const Operand& operand, int batch_count, Allocation*& allocation) {
-    allocation = find_allocation(operand.pointer);
+// Checks that `bytes` from `pointer` lie inside one device allocation.
+std::string check_extent(const char* name, const void* pointer, size_t bytes, const std::string& shape,
+                         Allocation*& allocation) {
+    allocation = find_allocation(pointer);
     std::ostringstream problem;
     if (allocation == nullptr || allocation->pinned) {
-        problem << "operand " << operand.name << " (" << operand.pointer << ") is not device memory";
+        problem << "operand " << name << " (" << pointer << ") is not device memory";
         return problem.str();
     }
-    const long long elements = static_cast<long long>(operand.columns - 1) * operand.leading + operand.rows +
-                               static_cast<long long>(batch_count - 1) * operand.stride;
-    const auto start = reinterpret_cast<uintptr_t>(operand.pointer), base = reinterpret_cast<uintptr_t>(allocation->base);
-    const auto end = start + static_cast<uintptr_t>(elements) * sizeof(float);
+    const auto start = reinterpret_cast<uintptr_t>(pointer), base = reinterpret_cast<uintptr_t>(allocation->base);
+    const auto end = start + bytes;
     if (end > base + allocation->bytes) {
-        problem << "operand " << operand.name << " (" << operand.rows << " x " << operand.columns << ", leading dimension "
-                << operand.leading << ", " << batch_count << " batch(es)) reaches " << (end - base - allocation->bytes)
+        problem << "operand " << name << " (" << shape << ") reaches " << (end - base - allocation->bytes)
                 << " bytes past the end of its " << allocation->bytes << "-byte allocation";
         return problem.str();
     }
     return {};
 }
 
+// Checks that every batch of the operand lies inside one device allocation.
+std::string check_operand(const Operand& operand, int batch_count, Allocation*& allocation) {
+    const long long elements = static_cast<long long>(operand.columns - 1) * operand.leading + operand.rows +
+                               static_cast<long long>(batch_count - 1) * operand.stride;
+    std::ostringstream shape;
+    shape << operand.rows << " x " << operand.columns << ", leading dimension " << operand.leading << ", "
+          << batch_count << " batch(es)";
+    return check_extent(operand.name, operand.pointer, static_cast<size_t>(elements) * sizeof(float), shape.str(),
+                        allocation);
+}
+
+// Registers `allocation` as read or written, once per allocation (an operand written wins).
+void add_access(std::vector<Access>& accesses, Allocation* allocation, bool writes) {
+    auto same = std::find_if(accesses.begin(), accesses.end(), [&](const Access& access) { return access.allocation == allocation; });
+    if (same == accesses.end()) {
+        accesses.push_back(Access{allocation, writes});
+    } else {
+        same->writes = same->writes || writes;
+    }
+}
+
+void add_bias(float* c, const float* bias, int m, int n, int ldc) {
+    for (int column = 0; column < n; ++column) {
+        float* c_column = c + static_cast<long long>(column) * ldc;
+        for (int row = 0; row < m; ++row) c_column[row] += bias[row];
+    }
+}
+
+// cuBLAS's argument checks; the handle's own checks are the caller's.
 cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transpose_a, cublasOperation_t transpose_b, int m, int n,
                     int k, const float* alpha, const float* a, int lda, long long stride_a, const float* b, int ldb,
                     long long stride_b, const float* beta, float* c, int ldc, long long stride_c, int batch_count,
                     bool tf32, const char* call) {
     Lock lock(device_mutex());
     if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-    const bool valid_operations = (transpose_a == CUBLAS_OP_N || transpose_a == CUBLAS_OP_T) &&
-                                  (transpose_b == CUBLAS_OP_N || transpose_b == CUBLAS_OP_T);
-    if (!valid_operations) return CUBLAS_STATUS_INVALID_VALUE;
-    const int a_rows = transpose_a == CUBLAS_OP_N ? m : k, a_columns = transpose_a == CUBLAS_OP_N ? k : m;
-    const int b_rows = transpose_b == CUBLAS_OP_N ? k : n, b_columns = transpose_b == CUBLAS_OP_N ? n : k;
-    if (m < 0 || n < 0 || k < 0 || batch_count < 0 || lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) ||
-        ldc < std::max(1, m)) {
-        return CUBLAS_STATUS_INVALID_VALUE;
-    }
     if (handle->pointer_mode != CUBLAS_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (alpha == nullptr || beta == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
-    if (m == 0 || n == 0 || batch_count == 0) return CUBLAS_STATUS_SUCCESS;
-    if (sticky_error() != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
-    StreamState* stream = find_stream(handle->stream);
-    if (stream == nullptr) return CUBLAS_STATUS_EXECUTION_FAILED;
-
-    std::vector<Operand> operands{{"C", c, m, n, ldc, stride_c}};
-    if (k > 0) {
-        operands.push_back({"A", a, a_rows, a_columns, lda, stride_a});
-        operands.push_back({"B", b, b_rows, b_columns, ldb, stride_b});
-    }
-    std::vector<Access> accesses;
-    for (const Operand& operand : operands) {
-        Allocation* allocation = nullptr;
-        const std::string problem = check_operand(operand, batch_count, allocation);
-        if (!problem.empty()) {
-            raise_fault(cudaErrorIllegalAddress, std::string(call) + ": " + problem);
-            return CUBLAS_STATUS_EXECUTION_FAILED;
-        }
-        auto same = std::find_if(accesses.begin(), accesses.end(), [&](const Access& access) { return access.allocation == allocation; });
-        if (same == accesses.end()) {
-            accesses.push_back(Access{allocation, operand.pointer == c});
-        } else {
-            same->writes = same->writes || operand.pointer == c;
-        }
-    }
-    const float alpha_value = *alpha, beta_value = *beta; // host pointer mode: read at the call
-    auto run = [=] {
-        const auto order = CblasColMajor;
-        const auto operation_a = transpose_a == CUBLAS_OP_N ? CblasNoTrans : CblasTrans;
-        const auto operation_b = transpose_b == CUBLAS_OP_N ? CblasNoTrans : CblasTrans;
-        std::vector<float> rounded_a, rounded_b;
-        for (int batch = 0; batch < batch_count; ++batch) {
-            const float* batch_a = a + batch * stride_a;
-            const float* batch_b = b + batch * stride_b;
-            if (tf32 && k > 0) {
-                rounded_a.assign(batch_a, batch_a + static_cast<long long>(a_columns - 1) * lda + a_rows);
-                rounded_b.assign(batch_b, batch_b + static_cast<long long>(b_columns - 1) * ldb + b_rows);
-                std::transform(rounded_a.begin(), rounded_a.end(), rounded_a.begin(), round_to_tf32);
-                std::transform(rounded_b.begin(), rounded_b.end(), rounded_b.begin(), round_to_tf32);
-                batch_a = rounded_a.data();
-                batch_b = rounded_b.data();
-            }
-            cblas_sgemm(order, operation_a, operation_b, m, n, k, alpha_value, batch_a, lda, batch_b, ldb, beta_value,
-                        c + batch * stride_c, ldc);
-        }
-    };
-    std::ostringstream description;
-    description << call << " (m " << m << ", n " << n << ", k " << k << ")";
-    Operation operation{std::make_shared<const std::string>(description.str()), run, {}};
-    return enqueue(*stream, std::move(operation), accesses) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
-                                                                           : CUBLAS_STATUS_EXECUTION_FAILED;
+    GemmArguments arguments;
+    arguments.transpose_a = transpose_a;
+    arguments.transpose_b = transpose_b;
+    arguments.m = m, arguments.n = n, arguments.k = k;
+    arguments.alpha = *alpha, arguments.beta = *beta;
+    arguments.a = a, arguments.lda = lda, arguments.stride_a = stride_a;
+    arguments.b = b, arguments.ldb = ldb, arguments.stride_b = stride_b;
+    arguments.c = c, arguments.ldc = ldc, arguments.stride_c = stride_c;
+    arguments.batch_count = batch_count;
+    arguments.tf32 = tf32;
+    arguments.call = call;
+    return enqueue_gemm(handle->stream, arguments);
 }
 
 bool float_types(cudaDataType a, cudaDataType b, cudaDataType c) {
@@ -146,18 +129,111 @@ bool tf32_compute(cublasHandle_t handle, cublasComputeType_t compute, bool& supp
     return compute == CUBLAS_COMPUTE_32F_FAST_TF32 || (compute == CUBLAS_COMPUTE_32F && tf32_math(handle));
 }
 
+std::string last_refusal_message;
+
 } // namespace
+
+cublasStatus_t handle_creation_status() {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t refuse(cublasStatus_t status, const std::string& message) {
+    Lock lock(device_mutex());
+    last_refusal_message = message;
+    std::fprintf(stderr, "CUDA emulator: %s\n", message.c_str());
+    return status;
+}
+
+std::string last_refusal() {
+    Lock lock(device_mutex());
+    return last_refusal_message;
+}
+
+cublasStatus_t enqueue_gemm(cudaStream_t stream_handle, const GemmArguments& arguments) {
+    Lock lock(device_mutex());
+    const GemmArguments call = arguments; // the queued product runs later, on this copy
+    const bool valid_operations = (call.transpose_a == CUBLAS_OP_N || call.transpose_a == CUBLAS_OP_T) &&
+                                  (call.transpose_b == CUBLAS_OP_N || call.transpose_b == CUBLAS_OP_T);
+    if (!valid_operations) return CUBLAS_STATUS_INVALID_VALUE;
+    const int m = call.m, n = call.n, k = call.k;
+    const int a_rows = call.transpose_a == CUBLAS_OP_N ? m : k, a_columns = call.transpose_a == CUBLAS_OP_N ? k : m;
+    const int b_rows = call.transpose_b == CUBLAS_OP_N ? k : n, b_columns = call.transpose_b == CUBLAS_OP_N ? n : k;
+    if (m < 0 || n < 0 || k < 0 || call.batch_count < 0 || call.lda < std::max(1, a_rows) ||
+        call.ldb < std::max(1, b_rows) || call.ldc < std::max(1, m)) {
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (m == 0 || n == 0 || call.batch_count == 0) return CUBLAS_STATUS_SUCCESS;
+    if (sticky_error() != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+    StreamState* stream = find_stream(stream_handle);
+    if (stream == nullptr) return CUBLAS_STATUS_EXECUTION_FAILED;
+
+    std::vector<Operand> operands{{"C", call.c, m, n, call.ldc, call.stride_c}};
+    if (k > 0) {
+        operands.push_back({"A", call.a, a_rows, a_columns, call.lda, call.stride_a});
+        operands.push_back({"B", call.b, b_rows, b_columns, call.ldb, call.stride_b});
+    }
+    if (call.bias != nullptr) operands.push_back({"bias", call.bias, m, 1, m, 0});
+    std::vector<Access> accesses;
+    for (const Operand& operand : operands) {
+        Allocation* allocation = nullptr;
+        const std::string problem = check_operand(operand, call.batch_count, allocation);
+        if (!problem.empty()) {
+            raise_fault(cudaErrorIllegalAddress, std::string(call.call) + ": " + problem);
+            return CUBLAS_STATUS_EXECUTION_FAILED;
+        }
+        add_access(accesses, allocation, operand.pointer == call.c);
+    }
+    if (call.workspace_bytes > 0) {
+        Allocation* allocation = nullptr;
+        const std::string problem = check_extent("workspace", call.workspace, call.workspace_bytes,
+                                                 std::to_string(call.workspace_bytes) + " bytes", allocation);
+        if (!problem.empty()) {
+            raise_fault(cudaErrorIllegalAddress, std::string(call.call) + ": " + problem);
+            return CUBLAS_STATUS_EXECUTION_FAILED;
+        }
+        add_access(accesses, allocation, true);
+    }
+    auto run = [call, a_rows, a_columns, b_rows, b_columns] {
+        const auto order = CblasColMajor;
+        const auto operation_a = call.transpose_a == CUBLAS_OP_N ? CblasNoTrans : CblasTrans;
+        const auto operation_b = call.transpose_b == CUBLAS_OP_N ? CblasNoTrans : CblasTrans;
+        std::vector<float> rounded_a, rounded_b;
+        for (int batch = 0; batch < call.batch_count; ++batch) {
+            const float* batch_a = call.a + batch * call.stride_a;
+            const float* batch_b = call.b + batch * call.stride_b;
+            float* batch_c = call.c + batch * call.stride_c;
+            if (call.tf32 && call.k > 0) {
+                rounded_a.assign(batch_a, batch_a + static_cast<long long>(a_columns - 1) * call.lda + a_rows);
+                rounded_b.assign(batch_b, batch_b + static_cast<long long>(b_columns - 1) * call.ldb + b_rows);
+                std::transform(rounded_a.begin(), rounded_a.end(), rounded_a.begin(), round_to_tf32);
+                std::transform(rounded_b.begin(), rounded_b.end(), rounded_b.begin(), round_to_tf32);
+                batch_a = rounded_a.data();
+                batch_b = rounded_b.data();
+            }
+            cblas_sgemm(order, operation_a, operation_b, call.m, call.n, call.k, call.alpha, batch_a, call.lda, batch_b,
+                        call.ldb, call.beta, batch_c, call.ldc);
+            if (call.bias != nullptr) add_bias(batch_c, call.bias, call.m, call.n, call.ldc);
+        }
+    };
+    std::ostringstream description;
+    description << call.call << " (m " << m << ", n " << n << ", k " << k << ")";
+    Operation operation{std::make_shared<const std::string>(description.str()), run, {}};
+    return enqueue(*stream, std::move(operation), accesses) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
+                                                                           : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
 } // namespace engine::emulator
 
 using namespace engine::emulator;
 
 cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
     if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return CUBLAS_STATUS_NOT_INITIALIZED;
-    }
+    if (const cublasStatus_t status = handle_creation_status(); status != CUBLAS_STATUS_SUCCESS) return status;
     *handle = new cublasContext();
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -23,6 +23,7 @@
 #define __launch_bounds__(...)
 #define __grid_constant__
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

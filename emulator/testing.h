@@ -22,6 +22,10 @@ std::vector<std::string> schedules();
 // that provoked one on purpose leaves a usable device behind. Queued work was dropped by the fault.
 void clear_fault();
 
+// The message of the last call into the emulated cuBLAS/cuBLASLt that was refused because it asks for
+// something not emulated (also printed to stderr when refused); "" when none was.
+std::string last_refusal();
+
 struct EmulatorStatistics {
     uint64_t launches = 0;
     uint64_t blocks = 0;

@@ -1,6 +1,6 @@
-// Error checking for CUDA and cuBLAS calls and kernel launches: every failure becomes an
+// Error checking for CUDA, cuBLAS and cuBLASLt calls and kernel launches: every failure becomes an
 // engine::EngineError naming the call (or kernel) and its file:line, because library code never exits and
-// tests must be able to EXPECT_THROW.
+// tests must be able to EXPECT_THROW. cuBLASLt returns cublasStatus_t too, so CUBLAS_CHECK serves it.
 #pragma once
 
 #include <string>

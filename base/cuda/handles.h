@@ -1,4 +1,4 @@
-// RAII owners for CUDA streams, events and cuBLAS handles. Creation failures throw; destruction never
+// RAII owners for CUDA streams, events, cuBLAS and cuBLASLt handles. Creation failures throw; destruction never
 // throws (errors there are ignored, since a destructor may run while an exception is in flight or after
 // the CUDA runtime has begun shutting down at process exit).
 #pragma once
@@ -83,6 +83,26 @@ public:
 
 private:
     cublasHandle_t handle_ = nullptr;
+};
+
+// A cuBLASLt handle; it has no stream, each cublasLtMatmul names its own.
+class CublasLtHandle {
+public:
+    CublasLtHandle() { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+    ~CublasLtHandle() {
+        if (handle_ != nullptr) (void)cublasLtDestroy(handle_);
+    }
+    CublasLtHandle(CublasLtHandle&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+    CublasLtHandle& operator=(CublasLtHandle&& other) noexcept {
+        std::swap(handle_, other.handle_);
+        return *this;
+    }
+    CublasLtHandle(const CublasLtHandle&) = delete;
+    CublasLtHandle& operator=(const CublasLtHandle&) = delete;
+    cublasLtHandle_t get() const { return handle_; }
+
+private:
+    cublasLtHandle_t handle_ = nullptr;
 };
 
 } // namespace engine::base::cuda

@@ -89,6 +89,22 @@ void BM_gemm(benchmark::State& state) {
 }
 BENCHMARK(BM_gemm)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
+// The same GEMM with the bias in cuBLASLt's epilogue, as linear runs it: against BM_gemm, what the fused bias
+// costs (predicted: nothing measurable); the unfused bias pass it replaces would move 2·m·n floats.
+void BM_gemm_bias(benchmark::State& state) {
+    if (!prepare(state)) return;
+    const bool tf32 = state.range(0) != 0;
+    const int m = tokens, n = 4 * C, k = C;
+    DeviceArray<float> a(int64_t(m) * k), b(int64_t(n) * k), bias(n), c(int64_t(m) * n);
+    run_timed(state, 0, 2.0 * m * n * k, [&](cudaStream_t stream) {
+        gpu::gemm_bias(c.get(), a.get(), b.get(), bias.get(), m, n, k, false, true, tf32,
+                       engine::cuda::cublaslt_handle(), engine::cuda::cublaslt_workspace(),
+                       engine::cuda::cublaslt_workspace_bytes, stream);
+    });
+    state.SetLabel(tf32 ? "tf32" : "fp32");
+}
+BENCHMARK(BM_gemm_bias)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
 void BM_layernorm_forward(benchmark::State& state) {
     if (!prepare(state)) return;
     DeviceArray<float> out(tokens * C), inp(tokens * C), mean(tokens), rstd(tokens), weight(C), bias(C);

@@ -1,5 +1,5 @@
-// The CUDA device layer (engine/cuda/runtime.h): device selection, the engine's compute stream and cuBLAS
-// handle, host/device copies, and installation of the caching allocators.
+// The CUDA device layer (engine/cuda/runtime.h): device selection, the engine's compute stream, cuBLAS and
+// cuBLASLt handles and cuBLASLt's workspace, host/device copies, and installation of the caching allocators.
 #include "engine/cuda/runtime.h"
 
 #include <atomic>
@@ -10,6 +10,7 @@
 #include "base/cuda/check.h"
 #include "base/cuda/handles.h"
 #include "base/error.h"
+#include "engine/memory.h"
 
 namespace engine::cuda {
 
@@ -22,6 +23,9 @@ struct DeviceState {
     int device = 0;
     base::cuda::Stream stream;
     base::cuda::CublasHandle cublas{stream.get()};
+    base::cuda::CublasLtHandle cublaslt;
+    std::once_flag workspace_allocated;
+    void* workspace = nullptr; // cublaslt_workspace_bytes, lazily: a process that never fuses pays nothing
     base::cuda::Stream copies; // prefetch copies only; everything else is on `stream`
 };
 
@@ -78,6 +82,17 @@ void ensure_initialized() {
 cudaStream_t compute_stream() { return state().stream.get(); }
 
 cublasHandle_t cublas_handle() { return state().cublas.get(); }
+
+cublasLtHandle_t cublaslt_handle() { return state().cublaslt.get(); }
+
+void* cublaslt_workspace() {
+    DeviceState& current = state();
+    // A failed allocation (OutOfMemoryError) leaves the flag unset, so a later call tries again.
+    std::call_once(current.workspace_allocated, [&] {
+        current.workspace = allocate_bytes(Device::cuda, cublaslt_workspace_bytes, MemoryCategory::workspace);
+    });
+    return current.workspace;
+}
 
 void copy(void* destination, Device destination_device, const void* source, Device source_device, size_t bytes) {
     if (bytes == 0) return;

@@ -11,12 +11,14 @@ using cudaStream_t = CUstream_st*;
 struct CUevent_st;
 struct cublasContext;
 using cublasHandle_t = cublasContext*;
+struct cublasLtContext;
+using cublasLtHandle_t = cublasLtContext*;
 
 namespace engine::cuda {
 
 // True when the runtime finds at least one CUDA device; never throws.
 bool device_available();
-// Selects the device, creates the engine-owned compute stream and cuBLAS handle, and installs the caching
+// Selects the device, creates the engine-owned compute stream, cuBLAS and cuBLASLt handles, and installs the caching
 // device allocator and the pinned host pool into the accounting layer. Idempotent. Throws EngineError
 // "no CUDA device" when there is none.
 void ensure_initialized();
@@ -24,6 +26,13 @@ void ensure_initialized();
 cudaStream_t compute_stream();
 // The engine's cuBLAS handle, created bound to the compute stream.
 cublasHandle_t cublas_handle();
+// The engine's cuBLASLt handle (GEMMs with a fused epilogue); cublasLtMatmul takes the stream per call.
+cublasLtHandle_t cublaslt_handle();
+// cuBLASLt's workspace: cublaslt_workspace_bytes of device memory, allocated on first use through the
+// accounting allocator (counted under MemoryCategory::workspace from then on) and never freed. Only
+// compute-stream work may use it, as with every caching-allocator block.
+inline constexpr size_t cublaslt_workspace_bytes = size_t(32) << 20; // what cuBLASLt's Hopper kernels want at most
+void* cublaslt_workspace();
 // Copies between host and device on the compute stream; returns once a host destination is written.
 void copy(void* destination, Device destination_device, const void* source, Device source_device, size_t bytes);
 void zero(void* destination, size_t bytes); // cudaMemsetAsync on the compute stream

@@ -2,7 +2,8 @@
 // float only, plus a trailing stream. The CPU header's conventions hold here too; in particular every
 // backward kernel ACCUMULATES (+=) into its gradient outputs. Launchers are asynchronous on `stream` and
 // allocate no memory themselves: a launcher that needs scratch takes it as a workspace argument right
-// after its outputs, and gemm takes the cuBLAS handle, so memory and handles stay the caller's business.
+// after its outputs, gemm takes the cuBLAS handle and gemm_bias the cuBLASLt handle with its workspace, so
+// memory and handles stay the caller's business.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +36,14 @@ void embedding_backward(float* dtoken_table, float* dposition_table, const float
 // ---- gemm (cuBLAS on `handle`, which it binds to `stream`; TF32 tensor cores when `tf32`) ----
 void gemm(float* c, const float* a, const float* b, int m, int n, int k, bool transpose_a, bool transpose_b,
           float alpha, float beta, bool tf32, cublasHandle_t handle, cudaStream_t stream);
+// c(m,n) = op(a)·op(b) + bias, bias (n) added to every row: one cublasLtMatmul with CUBLASLT_EPILOGUE_BIAS,
+// so the output is written once instead of written by the GEMM and then read and written by bias_add_forward.
+// The twin of the CPU gemm (alpha 1, beta 0) followed by bias_add_forward. `workspace` (workspace_bytes of
+// device memory, may be 0) must be used by nothing else until the GEMM has run; the chosen algorithm is cached
+// per shape, flags, workspace size and operand alignment.
+void gemm_bias(float* c, const float* a, const float* b, const float* bias, int m, int n, int k, bool transpose_a,
+               bool transpose_b, bool tf32, cublasLtHandle_t handle, void* workspace, size_t workspace_bytes,
+               cudaStream_t stream);
 
 // ---- bias ----
 void bias_add_forward(float* out, const float* bias, int N, int OC, cudaStream_t stream);
