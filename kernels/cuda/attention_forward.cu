@@ -35,9 +35,14 @@ struct ForwardLayout {
     }
 };
 
+// Blocks per SM that the register budget must allow: two for TF32 at head size 64 (at most 128 registers per
+// thread), else whatever ptxas needs (one 8-warp block).
+__host__ __device__ constexpr int forward_blocks_per_sm(int max_width, bool tf32) { return tf32 && max_width <= 64 ? 2 : 1; }
+
 // max_width: the compiled maximum padded head size (64, 128, 256); the run-time one is C / NH padded.
 template <int max_width, bool tf32>
-__global__ void attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, int C, int NH,
+__global__ void __launch_bounds__(block_warps(max_width) * warp_size, forward_blocks_per_sm(max_width, tf32))
+attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, int C, int NH,
                                          bool vectorized) {
     constexpr bool hold_query = holds_query(max_width, tf32);
     constexpr int max_head_fragments = max_width / fragment_width, max_depth_steps = max_width / fragment_depth;
@@ -98,10 +103,17 @@ __global__ void attention_forward_kernel(float* out, float* logsumexp, const flo
         // follows before the next iteration's, so it may skip.
         if (warp_first_query >= T || warp_first_query + fragment_width - 1 < first_key) continue;
 
-        Accumulator score[key_fragments]; // S = Q K^T, (16, key_rows)
-        zero_accumulators(score);
-        add_transposed_product<tf32, hold_query, max_depth_steps>(score, held_query, stripe, key, depth_steps, stride);
-        store_accumulators(score_stripe, layout.score_stride, score, key_fragments);
+        // S = Q K^T, (16, key_rows), one 16-key fragment at a time: the fewest live score registers, which is
+        // what lets two blocks' worth of registers fit at head size 64 without spills.
+        ATTENTION_UNROLL
+        for (int f = 0; f < key_fragments; ++f) {
+            Accumulator score[1];
+            zero_accumulators(score);
+            const int first_column = f * fragment_width;
+            add_transposed_product<tf32, hold_query, max_depth_steps>(score, held_query, stripe,
+                                                                      key + first_column * stride, depth_steps, stride);
+            store_accumulators(score_stripe + first_column, layout.score_stride, score, 1);
+        }
         __syncwarp();
 
         float* score_row = score_stripe + softmax_row * layout.score_stride;
