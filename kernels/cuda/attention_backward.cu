@@ -21,6 +21,11 @@ __host__ __device__ constexpr bool holds_operands(int max_width, bool tf32) { re
 inline constexpr int key_pass_query_rows = 32;
 inline constexpr int query_pass_key_rows = 32;
 inline constexpr int row_dot_warps = 4;
+// 4 warps (64 rows) per backward block: at 214-246 registers per thread an 8-warp block is alone on its SM
+// and every __syncthreads idles the SM while the next tile loads; two 4-warp blocks per SM (same warps) let
+// one block compute while the other waits.
+inline constexpr int backward_warps = 4;
+inline constexpr int backward_rows = backward_warps * fragment_width;
 
 // Key/value pass: [key, value tiles: when not held] [query, dout steps] [per warp: P^T and dS^T stripes]
 // [logsumexp, D of the step] [position table]. Held keys and values are staged through the warp's stripes.
@@ -30,7 +35,7 @@ struct KeyValueLayout {
 
     __host__ __device__ KeyValueLayout(int padded_head, int max_width, bool tf32)
         : head_stride(padded_head + row_padding), score_stride(key_pass_query_rows + row_padding),
-          rows(block_rows(max_width)), separate_operands(!holds_operands(max_width, tf32)) {}
+          rows(backward_rows), separate_operands(!holds_operands(max_width, tf32)) {}
     __host__ __device__ size_t key_floats() const { return separate_operands ? size_t(rows) * head_stride : 0; }
     __host__ __device__ size_t query_floats() const { return size_t(key_pass_query_rows) * head_stride; }
     __host__ __device__ size_t stripe_floats() const { return size_t(fragment_width) * score_stride; }
@@ -48,7 +53,7 @@ struct QueryLayout {
 
     __host__ __device__ QueryLayout(int padded_head, int max_width, bool tf32)
         : head_stride(padded_head + row_padding), key_rows(query_pass_key_rows),
-          score_stride(key_rows + row_padding), rows(block_rows(max_width)),
+          score_stride(key_rows + row_padding), rows(backward_rows),
           separate_operands(!holds_operands(max_width, tf32)) {}
     __host__ __device__ size_t query_floats() const { return size_t(rows) * head_stride; }
     __host__ __device__ size_t dout_floats() const { return separate_operands ? query_floats() : 0; }
@@ -346,7 +351,7 @@ void launch_backward(float* dqkv, float* row_dot_workspace, const float* dout, c
         auto* query_kernel = attention_backward_query_kernel<max_width, tf32>;
         allow_shared_bytes(key_value_kernel, key_value.bytes());
         allow_shared_bytes(query_kernel, query.bytes());
-        const int threads = block_warps(max_width) * warp_size;
+        const int threads = backward_warps * warp_size;
         const dim3 key_value_grid((T + key_value.rows - 1) / key_value.rows, NH, B);
         const dim3 query_grid((T + query.rows - 1) / query.rows, NH, B);
         ENGINE_LAUNCH(key_value_kernel, key_value_grid, threads, key_value.bytes(), stream, dqkv, dout, qkv, logsumexp,

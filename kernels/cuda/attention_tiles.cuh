@@ -23,9 +23,9 @@
 
 namespace engine::kernels::cuda::attention_tiles {
 
-// Each warp owns 16 rows of its block's output for the whole loop (its accumulators stay in registers); 8
-// warps per block let other warps hide one warp's softmax and loads. Four at the widest heads, whose
-// per-warp stripes would not fit shared memory eight times.
+// Each warp owns 16 rows of its block's output for the whole loop (its accumulators stay in registers).
+// Forward blocks have 8 warps, so other warps hide one warp's softmax and loads; four at the widest heads,
+// whose per-warp stripes would not fit shared memory eight times. (The backward picks its own.)
 __host__ __device__ constexpr int block_warps(int max_width) { return max_width <= 128 ? 8 : 4; }
 // wmma m16n16k8 (TF32): each product works on 16 x 16 output tiles, stepping 8 along the inner dimension.
 inline constexpr int fragment_width = 16;
