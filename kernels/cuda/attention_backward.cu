@@ -21,7 +21,7 @@ __host__ __device__ constexpr bool holds_operands(int max_width, bool tf32) { re
 inline constexpr int key_pass_query_rows = 32;
 inline constexpr int query_pass_key_rows = 32;
 inline constexpr int row_dot_warps = 4;
-// 4 warps (64 rows) per backward block: at 214-246 registers per thread an 8-warp block is alone on its SM
+// 4 warps (64 rows) per backward block: at 218-246 registers per thread an 8-warp block is alone on its SM
 // and every __syncthreads idles the SM while the next tile loads; two 4-warp blocks per SM (same warps) let
 // one block compute while the other waits.
 inline constexpr int backward_warps = 4;
@@ -59,8 +59,8 @@ struct QueryLayout {
     __host__ __device__ size_t dout_floats() const { return separate_operands ? query_floats() : 0; }
     __host__ __device__ size_t key_floats() const { return size_t(key_rows) * head_stride; }
     __host__ __device__ size_t bytes() const {
-        return sizeof(float) * (query_floats() + dout_floats() + 2 * key_floats() + size_t(rows) * score_stride + 2 * size_t(rows) +
-                                position_table_floats);
+        return sizeof(float) * (query_floats() + dout_floats() + 2 * key_floats() + size_t(rows) * score_stride +
+                                2 * size_t(rows) + position_table_floats);
     }
 };
 
@@ -172,7 +172,7 @@ __global__ void attention_backward_key_value_kernel(float* dqkv, const float* do
     float* value = cursor.take(layout.key_floats());                      // (rows, head_stride), when not held
     float* query = cursor.take(layout.query_floats());                    // (query rows, head_stride)
     float* dout_step = cursor.take(layout.query_floats());                // (query rows, head_stride)
-    float* stripes = cursor.take(2 * layout.rows * size_t(layout.score_stride)); // per warp: P^T, dS^T (16, score_stride)
+    float* stripes = cursor.take(2 * layout.rows * size_t(layout.score_stride)); // per warp: P^T, dS^T
     float* row_logsumexp = cursor.take(key_pass_query_rows);              // (query rows)
     float* row_dot_step = cursor.take(key_pass_query_rows);               // (query rows)
     float* position_table = cursor.take(position_table_floats);

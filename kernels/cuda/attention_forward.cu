@@ -37,7 +37,9 @@ struct ForwardLayout {
 
 // Blocks per SM that the register budget must allow: two for TF32 at head size 64 (at most 128 registers per
 // thread), else whatever ptxas needs (one 8-warp block).
-__host__ __device__ constexpr int forward_blocks_per_sm(int max_width, bool tf32) { return tf32 && max_width <= 64 ? 2 : 1; }
+__host__ __device__ constexpr int forward_blocks_per_sm(int max_width, bool tf32) {
+    return tf32 && max_width <= 64 ? 2 : 1;
+}
 
 // max_width: the compiled maximum padded head size (64, 128, 256); the run-time one is C / NH padded.
 template <int max_width, bool tf32>

@@ -209,7 +209,9 @@ template <int count>
 __device__ void store_accumulators(float* stripe, int stride, const Accumulator (&accumulators)[count], int fragments) {
     ATTENTION_UNROLL
     for (int f = 0; f < count; ++f) {
-        if (f < fragments) wmma::store_matrix_sync(stripe + f * fragment_width, accumulators[f], stride, wmma::mem_row_major);
+        if (f < fragments) {
+            wmma::store_matrix_sync(stripe + f * fragment_width, accumulators[f], stride, wmma::mem_row_major);
+        }
     }
 }
 
