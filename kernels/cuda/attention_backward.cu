@@ -21,7 +21,7 @@ __host__ __device__ constexpr bool holds_operands(int max_width, bool tf32) { re
 inline constexpr int key_pass_query_rows = 32;
 inline constexpr int query_pass_key_rows = 32;
 inline constexpr int row_dot_warps = 4;
-// 4 warps (64 rows) per backward block: at 218-246 registers per thread an 8-warp block is alone on its SM
+// 4 warps (64 rows) per backward block: at 218-254 registers per thread an 8-warp block is alone on its SM
 // and every __syncthreads idles the SM while the next tile loads; two 4-warp blocks per SM (same warps) let
 // one block compute while the other waits.
 inline constexpr int backward_warps = 4;
@@ -156,6 +156,7 @@ __global__ void attention_backward_key_value_kernel(float* dqkv, const float* do
     constexpr bool hold = holds_operands(max_width, tf32);
     constexpr int max_head_fragments = max_width / fragment_width, max_depth_steps = max_width / fragment_depth;
     constexpr int query_fragments = key_pass_query_rows / fragment_width;
+    constexpr int pass_fragments = max_width > 128 ? max_head_fragments / 2 : max_head_fragments;
     const int head_size = C / NH, padded_head = padded_head_size(head_size);
     const int head_fragments = padded_head / fragment_width, depth_steps = padded_head / fragment_depth;
     const KeyValueLayout layout(padded_head, max_width, tf32);
@@ -178,8 +179,8 @@ __global__ void attention_backward_key_value_kernel(float* dqkv, const float* do
     float* position_table = cursor.take(position_table_floats);
     float* probability_stripe = stripes + 2 * warp * layout.stripe_floats();
     float* dscore_stripe = probability_stripe + layout.stripe_floats();
-    // Where the warp's keys and values live, and later its dK and dV pass: held ones are staged in the
-    // stripes (16 x head_stride fits in two stripes up to a padded width of 64).
+    // Where the warp's keys and values live: held ones are staged in the stripes (16 x head_stride fits in
+    // two stripes up to a padded width of 64).
     float* key_stripe = hold ? probability_stripe : key + warp * fragment_width * stride;
     float* value_stripe = hold ? probability_stripe : value + warp * fragment_width * stride;
 
@@ -199,52 +200,68 @@ __global__ void attention_backward_key_value_kernel(float* dqkv, const float* do
     }
     __syncthreads(); // the position table is complete
     const ElementPositions positions = load_positions(position_table);
-    Accumulator dkey[max_head_fragments], dvalue[max_head_fragments];
-    zero_accumulators(dkey);
-    zero_accumulators(dvalue);
-
-    // Key blocks start at multiples of the query step, so the first step starts on the diagonal.
-    for (int first_query = first_key; first_query < T; first_query += key_pass_query_rows) {
-        __syncthreads(); // every warp has finished reading the previous step's query and dout
-        load_tile(whole_block(), query, stride, views.queries, qkv_row, first_query, key_pass_query_rows, T, head_size,
-                  padded_head, vectorized);
-        load_tile(whole_block(), dout_step, stride, views.dout, C, first_query, key_pass_query_rows, T, head_size,
-                  padded_head, vectorized);
-        load_row_statistics(row_logsumexp, row_dot_step, views.logsumexp, views.row_dot, first_query,
-                            key_pass_query_rows, T);
-        __syncthreads();
-        // Causal: a warp whose keys all follow this step's queries, or lie past T, has nothing to add.
-        if (warp_first_key >= T || warp_first_key > first_query + key_pass_query_rows - 1) continue;
-
-        Accumulator score[query_fragments], dprobability[query_fragments]; // S^T = K Q^T, dP^T = V dout^T
-        zero_accumulators(score);
-        zero_accumulators(dprobability);
-        add_transposed_product<tf32, hold, max_depth_steps>(score, held_key, key_stripe, query, depth_steps, stride);
-        add_transposed_product<tf32, hold, max_depth_steps>(dprobability, held_value, value_stripe, dout_step,
-                                                            depth_steps, stride);
-        probabilities_and_score_gradients(score, dprobability, positions, true, warp_first_key, first_query, T, scale,
-                                          row_logsumexp, row_dot_step);
-        store_accumulators(probability_stripe, layout.score_stride, score, query_fragments);
-        store_accumulators(dscore_stripe, layout.score_stride, dprobability, query_fragments);
-        __syncwarp();
-        // The stripes hold P^T and dS^T (keys, queries): dV += P^T dout, dK += dS^T Q.
-        constexpr int query_steps = key_pass_query_rows / fragment_depth;
-        add_stripe_product<tf32>(dvalue, head_fragments, probability_stripe, layout.score_stride, query_steps,
-                                 dout_step, stride);
-        add_stripe_product<tf32>(dkey, head_fragments, dscore_stripe, layout.score_stride, query_steps, query, stride);
-    }
-    __syncwarp(); // the stripes' last readers are this warp's lanes
-
     float* dkeys = head_slice(dqkv, batch, 1, head, T, C, qkv_row, head_size); // (T, head_size) of (B,T,3C)
     float* dvalues = head_slice(dqkv, batch, 2, head, T, C, qkv_row, head_size);
-    store_accumulators(key_stripe, stride, dkey, head_fragments);
-    __syncwarp();
-    add_tile(own_warp(), dkeys, qkv_row, key_stripe, stride, warp_first_key, fragment_width, T, head_size, vectorized);
-    __syncwarp(); // held: dV goes where dK was read
-    store_accumulators(value_stripe, stride, dvalue, head_fragments);
-    __syncwarp();
-    add_tile(own_warp(), dvalues, qkv_row, value_stripe, stride, warp_first_key, fragment_width, T, head_size,
-             vectorized);
+
+    // dK and dV of a 256-wide head would need all 255 registers for themselves: there the warp makes two
+    // passes over the queries, each for half of the columns, recomputing P and dS (no spills, 1.5x the work).
+    for (int first_fragment = 0; first_fragment < head_fragments; first_fragment += pass_fragments) {
+        const int fragments = min(pass_fragments, head_fragments - first_fragment);
+        const int first_column = first_fragment * fragment_width;
+        Accumulator dkey[pass_fragments], dvalue[pass_fragments];
+        zero_accumulators(dkey);
+        zero_accumulators(dvalue);
+
+        // Key blocks start at multiples of the query step, so the first step starts on the diagonal.
+        for (int first_query = first_key; first_query < T; first_query += key_pass_query_rows) {
+            __syncthreads(); // every warp has finished reading the previous step's query and dout
+            load_tile(whole_block(), query, stride, views.queries, qkv_row, first_query, key_pass_query_rows, T,
+                      head_size, padded_head, vectorized);
+            load_tile(whole_block(), dout_step, stride, views.dout, C, first_query, key_pass_query_rows, T,
+                      head_size, padded_head, vectorized);
+            load_row_statistics(row_logsumexp, row_dot_step, views.logsumexp, views.row_dot, first_query,
+                                key_pass_query_rows, T);
+            __syncthreads();
+            // Causal: a warp whose keys all follow this step's queries, or lie past T, has nothing to add.
+            if (warp_first_key >= T || warp_first_key > first_query + key_pass_query_rows - 1) continue;
+
+            Accumulator score[query_fragments], dprobability[query_fragments]; // S^T = K Q^T, dP^T = V dout^T
+            zero_accumulators(score);
+            zero_accumulators(dprobability);
+            add_transposed_product<tf32, hold, max_depth_steps>(score, held_key, key_stripe, query, depth_steps,
+                                                                stride);
+            add_transposed_product<tf32, hold, max_depth_steps>(dprobability, held_value, value_stripe, dout_step,
+                                                                depth_steps, stride);
+            probabilities_and_score_gradients(score, dprobability, positions, true, warp_first_key, first_query, T,
+                                              scale, row_logsumexp, row_dot_step);
+            store_accumulators(probability_stripe, layout.score_stride, score, query_fragments);
+            store_accumulators(dscore_stripe, layout.score_stride, dprobability, query_fragments);
+            __syncwarp();
+            // The stripes hold P^T and dS^T (keys, queries): dV += P^T dout, dK += dS^T Q.
+            constexpr int query_steps = key_pass_query_rows / fragment_depth;
+            add_stripe_product<tf32>(dvalue, fragments, probability_stripe, layout.score_stride, query_steps,
+                                     dout_step + first_column, stride);
+            add_stripe_product<tf32>(dkey, fragments, dscore_stripe, layout.score_stride, query_steps,
+                                     query + first_column, stride);
+        }
+        // Out through the warp's P^T stripe, a 16 x 16 fragment at a time: the key and value stripes may still
+        // be read by the next column pass.
+        ATTENTION_UNROLL
+        for (int f = 0; f < pass_fragments; ++f) {
+            if (f >= fragments) break;
+            const int column = first_column + f * fragment_width, columns = min(fragment_width, head_size - column);
+            __syncwarp(); // the stripe's last readers are this warp's lanes
+            wmma::store_matrix_sync(probability_stripe, dkey[f], layout.score_stride, wmma::mem_row_major);
+            __syncwarp();
+            add_tile(own_warp(), dkeys + column, qkv_row, probability_stripe, layout.score_stride, warp_first_key,
+                     fragment_width, T, columns, vectorized);
+            __syncwarp();
+            wmma::store_matrix_sync(probability_stripe, dvalue[f], layout.score_stride, wmma::mem_row_major);
+            __syncwarp();
+            add_tile(own_warp(), dvalues + column, qkv_row, probability_stripe, layout.score_stride, warp_first_key,
+                     fragment_width, T, columns, vectorized);
+        }
+    }
 }
 
 // dQ_i += scale * sum_{j<=i} dS_ij k_j; each warp owns 16 queries.
