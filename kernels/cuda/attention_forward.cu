@@ -9,6 +9,9 @@ namespace engine::kernels::cuda {
 namespace {
 using namespace attention_tiles;
 
+// 8 warps (128 query rows) per block, so other warps hide one warp's softmax and loads; four at the widest
+// heads, whose per-warp stripes would not fit shared memory eight times.
+__host__ __device__ constexpr int forward_warps(int max_width) { return max_width <= 128 ? 8 : 4; }
 // Up to a padded width of 128 (64 in 3xTF32, whose split operands take twice the registers: ptxas spilled at
 // 128) each warp holds its 16 query rows as matrix_a fragments for the whole loop; wider heads reload them
 // from shared memory per key tile.
@@ -25,7 +28,7 @@ struct ForwardLayout {
 
     __host__ __device__ ForwardLayout(int padded_head, int max_width, bool tf32)
         : head_stride(padded_head + row_padding), key_rows(forward_key_rows(max_width)),
-          score_stride(key_rows + row_padding), rows(block_rows(max_width)),
+          score_stride(key_rows + row_padding), rows(forward_warps(max_width) * fragment_width),
           separate_query(!holds_query(max_width, tf32)) {}
     __host__ __device__ size_t query_floats() const { return separate_query ? size_t(rows) * head_stride : 0; }
     __host__ __device__ size_t key_floats() const { return size_t(key_rows) * head_stride; }
@@ -43,13 +46,14 @@ __host__ __device__ constexpr int forward_blocks_per_sm(int max_width, bool tf32
 
 // max_width: the compiled maximum padded head size (64, 128, 256); the run-time one is C / NH padded.
 template <int max_width, bool tf32>
-__global__ void __launch_bounds__(block_warps(max_width) * warp_size, forward_blocks_per_sm(max_width, tf32))
+__global__ void __launch_bounds__(forward_warps(max_width) * warp_size, forward_blocks_per_sm(max_width, tf32))
 attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, int C, int NH,
                                          bool vectorized) {
     constexpr bool hold_query = holds_query(max_width, tf32);
     constexpr int max_head_fragments = max_width / fragment_width, max_depth_steps = max_width / fragment_depth;
     constexpr int key_rows = forward_key_rows(max_width), key_fragments = key_rows / fragment_width;
-    static_assert(!hold_query || 2 * key_rows == block_rows(max_width), "the query is staged in the key/value tiles");
+    static_assert(!hold_query || 2 * key_rows == forward_warps(max_width) * fragment_width,
+                  "a held query is staged in the key and value tiles, which must span the block's rows");
     const int head_size = C / NH, padded_head = padded_head_size(head_size);
     const int head_fragments = padded_head / fragment_width, depth_steps = padded_head / fragment_depth;
     const ForwardLayout layout(padded_head, max_width, tf32);
@@ -172,7 +176,7 @@ void launch_forward(float* out, float* logsumexp, const float* qkv, int B, int T
         auto* forward_kernel = attention_forward_kernel<max_width, tf32>;
         allow_shared_bytes(forward_kernel, shared_bytes);
         const dim3 grid((T + layout.rows - 1) / layout.rows, NH, B);
-        ENGINE_LAUNCH(forward_kernel, grid, block_warps(max_width) * warp_size, shared_bytes, stream, out, logsumexp,
+        ENGINE_LAUNCH(forward_kernel, grid, forward_warps(max_width) * warp_size, shared_bytes, stream, out, logsumexp,
                       qkv, T, C, NH, vectorized);
     });
 }

@@ -23,10 +23,8 @@
 
 namespace engine::kernels::cuda::attention_tiles {
 
-// Each warp owns 16 rows of its block's output for the whole loop (its accumulators stay in registers).
-// Forward blocks have 8 warps, so other warps hide one warp's softmax and loads; four at the widest heads,
-// whose per-warp stripes would not fit shared memory eight times. (The backward picks its own.)
-__host__ __device__ constexpr int block_warps(int max_width) { return max_width <= 128 ? 8 : 4; }
+// Every kernel gives each warp 16 rows of its block's output for the whole loop, so that the output's
+// accumulators stay in registers; each kernel picks its own number of warps.
 // wmma m16n16k8 (TF32): each product works on 16 x 16 output tiles, stepping 8 along the inner dimension.
 inline constexpr int fragment_width = 16;
 inline constexpr int fragment_depth = 8;
@@ -49,8 +47,6 @@ __host__ __device__ constexpr int max_width_for(int head_size) {
     const int padded = padded_head_size(head_size);
     return padded <= 64 ? 64 : padded <= 128 ? 128 : 256;
 }
-// Rows of a block's output: one 16-row stripe per warp.
-__host__ __device__ constexpr int block_rows(int max_width) { return block_warps(max_width) * fragment_width; }
 
 // Hands out consecutive arrays of the block's dynamic shared memory; every size is a multiple of 8 floats,
 // so every array stays 32-byte aligned, as wmma's pointers must be.
