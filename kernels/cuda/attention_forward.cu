@@ -9,111 +9,160 @@ namespace engine::kernels::cuda {
 namespace {
 using namespace attention_tiles;
 
-// Query tile, key/value tile (keys, then values: one buffer), output accumulator, scores; running max, sum.
-__host__ __device__ SharedLayout forward_layout(int padded_head) {
-    return SharedLayout(padded_head, wide_tile_rows(padded_head), wide_tile_rows(padded_head));
-}
-constexpr int forward_query_tiles = 2, forward_key_tiles = 1, forward_score_tiles = 1, forward_statistics = 2;
+// 8 warps (128 query rows) per block, so other warps hide one warp's softmax and loads; four at the widest
+// heads, whose per-warp stripes would not fit shared memory eight times.
+__host__ __device__ constexpr int forward_warps(int max_width) { return max_width <= 128 ? 8 : 4; }
+// Up to a padded width of 128 (64 in 3xTF32, whose split operands take twice the registers: ptxas spilled at
+// 128) each warp holds its 16 query rows as matrix_a fragments for the whole loop; wider heads reload them
+// from shared memory per key tile.
+__host__ __device__ constexpr bool holds_query(int max_width, bool tf32) { return max_width <= (tf32 ? 128 : 64); }
+// Rows of a streamed key/value tile: 64, or 32 at the widest heads so that shared memory fits sm_90.
+__host__ __device__ constexpr int forward_key_rows(int max_width) { return max_width <= 128 ? 64 : 32; }
 
-// One online-softmax step for rows of the score tile: scale, causal mask, new running max, probabilities
-// written over the scores, running sum updated and the output row rescaled by exp(old max - new max). A
-// thread owns whole rows, because the wmma fragment layout is unspecified: rows are only visible in shared.
-__device__ void online_softmax_step(float* scores, float* output, float* running_max, float* running_sum,
-                                    const SharedLayout& layout, int first_query, int first_key, int padded_head,
-                                    float scale) {
-    for (int row = threadIdx.x; row < layout.query_rows; row += blockDim.x) {
-        float* score_row = scores + row * layout.score_stride;
-        const int keys = min(layout.key_rows, first_query + row - first_key + 1); // causal: keys <= query
-        float new_max = running_max[row];
-        for (int key = 0; key < keys; ++key) new_max = fmaxf(new_max, score_row[key] * scale);
-        // Every row of a visited tile has at least one key (tiles start at or before the diagonal), so
-        // new_max is finite and the correction is exp(-inf) = 0 on the first tile.
-        float sum = 0.0f;
-        for (int key = 0; key < layout.key_rows; ++key) {
-            const float probability = key < keys ? expf(score_row[key] * scale - new_max) : 0.0f;
-            score_row[key] = probability;
-            sum += probability;
-        }
-        const float correction = expf(running_max[row] - new_max);
-        running_sum[row] = running_sum[row] * correction + sum;
-        running_max[row] = new_max;
-        float* output_row = output + row * layout.head_stride;
-        for (int column = 0; column < padded_head; ++column) output_row[column] *= correction;
+// The forward's shared memory: [query tile, only when not held] [key tile] [value tile] [per-warp score
+// stripes] [position table] [per-row factors]. When the query is held it is staged through the key and
+// value tiles (together exactly the block's rows), and so is the output at the end.
+struct ForwardLayout {
+    int head_stride, key_rows, score_stride, rows;
+    bool separate_query;
+
+    __host__ __device__ ForwardLayout(int padded_head, int max_width, bool tf32)
+        : head_stride(padded_head + row_padding), key_rows(forward_key_rows(max_width)),
+          score_stride(key_rows + row_padding), rows(forward_warps(max_width) * fragment_width),
+          separate_query(!holds_query(max_width, tf32)) {}
+    __host__ __device__ size_t query_floats() const { return separate_query ? size_t(rows) * head_stride : 0; }
+    __host__ __device__ size_t key_floats() const { return size_t(key_rows) * head_stride; }
+    __host__ __device__ size_t score_floats() const { return size_t(rows) * score_stride; }
+    __host__ __device__ size_t bytes() const {
+        return sizeof(float) * (query_floats() + 2 * key_floats() + score_floats() + position_table_floats + rows);
     }
+};
+
+// Blocks per SM that the register budget must allow: two for TF32 at head size 64 (at most 128 registers per
+// thread), else whatever ptxas needs (one 8-warp block).
+__host__ __device__ constexpr int forward_blocks_per_sm(int max_width, bool tf32) {
+    return tf32 && max_width <= 64 ? 2 : 1;
 }
 
-// padded_width: the padded head size when compiled for one (64, 128), else 0 and read from C / NH.
-template <int padded_width, bool tf32>
-__global__ void attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, int C, int NH,
+// max_width: the compiled maximum padded head size (64, 128, 256); the run-time one is C / NH padded.
+template <int max_width, bool tf32>
+__global__ void __launch_bounds__(forward_warps(max_width) * warp_size, forward_blocks_per_sm(max_width, tf32))
+attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, int C, int NH,
                                          bool vectorized) {
-    const int head_size = C / NH;
-    const int padded_head = padded_width ? padded_width : padded_head_size(head_size);
-    const SharedLayout layout = forward_layout(padded_head);
+    constexpr bool hold_query = holds_query(max_width, tf32);
+    constexpr int max_head_fragments = max_width / fragment_width, max_depth_steps = max_width / fragment_depth;
+    constexpr int key_rows = forward_key_rows(max_width), key_fragments = key_rows / fragment_width;
+    static_assert(!hold_query || 2 * key_rows == forward_warps(max_width) * fragment_width,
+                  "a held query is staged in the key and value tiles, which must span the block's rows");
+    const int head_size = C / NH, padded_head = padded_head_size(head_size);
+    const int head_fragments = padded_head / fragment_width, depth_steps = padded_head / fragment_depth;
+    const ForwardLayout layout(padded_head, max_width, tf32);
+    const int stride = layout.head_stride;
     // The longest rows (most key tiles) go first, so the short ones fill the tail of the grid.
     const int query_tile = gridDim.x - 1 - blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-    const int first_query = query_tile * layout.query_rows;
+    const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    const int first_query = query_tile * layout.rows, warp_first_query = first_query + warp * fragment_width;
     const float scale = rsqrtf(static_cast<float>(head_size));
 
     ENGINE_DYNAMIC_SHARED(float, shared);
     SharedCursor cursor(shared);
-    float* query = cursor.take(layout.query_tile_floats());      // (query_rows, head_stride)
-    float* output = cursor.take(layout.query_tile_floats());     // (query_rows, head_stride), unnormalised
-    float* key_value = cursor.take(layout.key_tile_floats());    // (key_rows, head_stride): keys, then values
-    float* scores = cursor.take(layout.score_tile_floats());     // (query_rows, score_stride)
-    float* running_max = cursor.take(layout.query_rows);         // (query_rows)
-    float* running_sum = cursor.take(layout.query_rows);         // (query_rows)
+    float* query = cursor.take(layout.query_floats());        // (rows, head_stride), when not held
+    float* key = cursor.take(layout.key_floats());            // (key_rows, head_stride)
+    float* value = cursor.take(layout.key_floats());          // (key_rows, head_stride), right after key
+    float* scores = cursor.take(layout.score_floats());       // (rows, score_stride): S, then P
+    float* position_table = cursor.take(position_table_floats);
+    float* row_factor = cursor.take(layout.rows);              // (rows): per-row scale of the output
+    // This warp's 16 rows: query staging (or the query itself), finally the output.
+    float* stripe = (hold_query ? key : query) + warp * fragment_width * stride;
+    float* score_stripe = scores + warp * fragment_width * layout.score_stride;
+    float* warp_factor = row_factor + warp * fragment_width;
 
     const int qkv_row = 3 * C;
     const float* queries = head_slice(qkv, batch, 0, head, T, C, qkv_row, head_size); // (T, head_size) of (B,T,3C)
     const float* keys = head_slice(qkv, batch, 1, head, T, C, qkv_row, head_size);
     const float* values = head_slice(qkv, batch, 2, head, T, C, qkv_row, head_size);
-    load_tile(query, layout.head_stride, queries, qkv_row, first_query, layout.query_rows, T, head_size, padded_head,
-              vectorized);
-    zero_tile(output, layout.head_stride, layout.query_rows, padded_head);
-    for (int row = threadIdx.x; row < layout.query_rows; row += blockDim.x) {
-        running_max[row] = -INFINITY;
-        running_sum[row] = 0.0f;
-    }
+    fill_position_table(position_table);
+    load_tile(own_warp(), stripe, stride, queries, qkv_row, warp_first_query, fragment_width, T, head_size,
+              padded_head, vectorized);
+    __syncthreads(); // the table is complete and every warp's stripe written
+    const ElementPositions positions = load_positions(position_table);
+    RowOperand held_query[hold_query ? max_depth_steps : 1];
+    if constexpr (hold_query) load_row_operands(held_query, depth_steps, stripe, stride);
+    Accumulator output[max_head_fragments]; // (16, padded_head), unnormalised
+    zero_accumulators(output);
+
+    // Softmax: lanes 2r and 2r + 1 own row r of the warp's stripe, each every other key (2-way bank conflicts
+    // at most), and keep its running max and sum in registers.
+    const int softmax_row = lane / 2, half = lane % 2, softmax_query = warp_first_query + softmax_row;
+    float running_max = -INFINITY, running_sum = 0.0f;
 
     // Key tiles up to the diagonal; the last query row of the tile (or of the sequence) decides.
-    const int last_query = min(first_query + layout.query_rows, T) - 1;
-    for (int first_key = 0; first_key <= last_query; first_key += layout.key_rows) {
-        __syncthreads(); // the previous tile's product has finished reading the values
-        load_tile(key_value, layout.head_stride, keys, qkv_row, first_key, layout.key_rows, T, head_size, padded_head,
+    const int last_query = min(first_query + layout.rows, T) - 1;
+    for (int first_key = 0; first_key <= last_query; first_key += key_rows) {
+        __syncthreads(); // every warp has finished with the previous tiles (or its query staged in them)
+        load_tile(whole_block(), key, stride, keys, qkv_row, first_key, key_rows, T, head_size, padded_head,
+                  vectorized);
+        load_tile(whole_block(), value, stride, values, qkv_row, first_key, key_rows, T, head_size, padded_head,
                   vectorized);
         __syncthreads();
-        tile_product<tf32, wmma::row_major, wmma::col_major>(scores, layout.score_stride, query, layout.head_stride,
-                                                             key_value, layout.head_stride, layout.query_rows,
-                                                             layout.key_rows, padded_head, false); // Q K^T
-        __syncthreads();
-        online_softmax_step(scores, output, running_max, running_sum, layout, first_query, first_key, padded_head,
-                            scale);
-        load_tile(key_value, layout.head_stride, values, qkv_row, first_key, layout.key_rows, T, head_size,
-                  padded_head, vectorized);
-        __syncthreads();
-        tile_product<tf32, wmma::row_major, wmma::row_major>(output, layout.head_stride, scores, layout.score_stride,
-                                                             key_value, layout.head_stride, layout.query_rows,
-                                                             padded_head, layout.key_rows, true); // O += P V
-    }
-    __syncthreads();
+        // A warp whose rows all precede this tile (causal) or lie past T has nothing to add; no block barrier
+        // follows before the next iteration's, so it may skip.
+        if (warp_first_query >= T || warp_first_query + fragment_width - 1 < first_key) continue;
 
-    float* out_head = out + int64_t(batch) * T * C + int64_t(head) * head_size; // (T, head_size) of (B,T,C)
-    for_each_group(layout.query_rows, head_size, vectorized ? 4 : 1, [&](int row, int column) {
-        if (first_query + row >= T) return;
-        const float inverse_sum = 1.0f / running_sum[row];
-        const float* from = output + row * layout.head_stride + column;
-        float* to = out_head + int64_t(first_query + row) * C + column;
-        if (vectorized) {
-            *reinterpret_cast<float4*>(to) =
-                make_float4(from[0] * inverse_sum, from[1] * inverse_sum, from[2] * inverse_sum, from[3] * inverse_sum);
-        } else {
-            *to = *from * inverse_sum;
+        // S = Q K^T, (16, key_rows), one 16-key fragment at a time: the fewest live score registers, which is
+        // what lets two blocks' worth of registers fit at head size 64 without spills.
+        ATTENTION_UNROLL
+        for (int f = 0; f < key_fragments; ++f) {
+            Accumulator score[1];
+            zero_accumulators(score);
+            const int first_column = f * fragment_width;
+            add_transposed_product<tf32, hold_query, max_depth_steps>(score, held_query, stripe,
+                                                                      key + first_column * stride, depth_steps, stride);
+            store_accumulators(score_stripe + first_column, layout.score_stride, score, 1);
         }
+        __syncwarp();
+
+        float* score_row = score_stripe + softmax_row * layout.score_stride;
+        // Causal: keys <= query. A row before this tile has none here but had key 0 in the first tile, so
+        // running_max is finite by now and the correction below is never exp(-inf + inf).
+        const int visible = min(key_rows, softmax_query - first_key + 1);
+        float tile_max = -INFINITY;
+        for (int column = half; column < visible; column += 2) tile_max = fmaxf(tile_max, score_row[column] * scale);
+        const float new_max = fmaxf(running_max, fmaxf(tile_max, __shfl_xor_sync(full_warp_mask, tile_max, 1)));
+        float sum = 0.0f;
+        for (int column = half; column < key_rows; column += 2) {
+            const float probability = column < visible ? expf(score_row[column] * scale - new_max) : 0.0f;
+            score_row[column] = probability;
+            sum += probability;
+        }
+        sum += __shfl_xor_sync(full_warp_mask, sum, 1);
+        const float correction = expf(running_max - new_max); // 0 on the first tile: exp(-inf)
+        running_sum = running_sum * correction + sum;
+        running_max = new_max;
+        if (half == 0) warp_factor[softmax_row] = correction;
+        __syncwarp();
+        scale_rows(output, head_fragments, positions, warp_factor);
+
+        add_stripe_product<tf32>(output, head_fragments, score_stripe, layout.score_stride, key_rows / fragment_depth,
+                                 value, stride); // O += P V
+    }
+    __syncthreads(); // the key/value tiles are free: the output may be staged in them
+
+    if (half == 0) warp_factor[softmax_row] = running_sum > 0.0f ? 1.0f / running_sum : 0.0f; // 0: rows past T
+    __syncwarp();
+    scale_rows(output, head_fragments, positions, warp_factor);
+    store_accumulators(stripe, stride, output, head_fragments);
+    __syncwarp();
+    float* out_head = out + int64_t(batch) * T * C + int64_t(head) * head_size; // (T, head_size) of (B,T,C)
+    for_each_group(own_warp(), fragment_width, head_size, vectorized ? 4 : 1, [&](int row, int column) {
+        if (warp_first_query + row >= T) return;
+        const float* from = stripe + row * stride + column;
+        float* to = out_head + int64_t(warp_first_query + row) * C + column;
+        if (vectorized) *reinterpret_cast<float4*>(to) = *reinterpret_cast<const float4*>(from);
+        else *to = *from;
     });
     float* logsumexp_head = logsumexp + (int64_t(batch) * NH + head) * T; // (T) of (B,NH,T)
-    for (int row = threadIdx.x; row < layout.query_rows && first_query + row < T; row += blockDim.x) {
-        logsumexp_head[first_query + row] = running_max[row] + logf(running_sum[row]);
-    }
+    if (half == 0 && softmax_query < T) logsumexp_head[softmax_query] = running_max + logf(running_sum);
 }
 
 template <bool tf32>
@@ -121,22 +170,23 @@ void launch_forward(float* out, float* logsumexp, const float* qkv, int B, int T
                     cudaStream_t stream) {
     const int head_size = C / NH;
     const bool vectorized = float4_aligned(C, NH, {out, qkv});
-    dispatch_head_size(head_size, [&]<int padded_width>() {
-        const SharedLayout layout = forward_layout(padded_head_size(head_size));
-        const size_t shared_bytes =
-            layout.bytes(forward_query_tiles, forward_key_tiles, forward_score_tiles, forward_statistics);
-        auto* forward_kernel = attention_forward_kernel<padded_width, tf32>;
+    dispatch_head_size(head_size, [&]<int max_width>() {
+        const ForwardLayout layout(padded_head_size(head_size), max_width, tf32);
+        const size_t shared_bytes = layout.bytes();
+        auto* forward_kernel = attention_forward_kernel<max_width, tf32>;
         allow_shared_bytes(forward_kernel, shared_bytes);
-        const dim3 grid((T + layout.query_rows - 1) / layout.query_rows, NH, B);
-        ENGINE_LAUNCH(forward_kernel, grid, threads_per_block, shared_bytes, stream, out, logsumexp, qkv, T, C, NH,
-                      vectorized);
+        const dim3 grid((T + layout.rows - 1) / layout.rows, NH, B);
+        ENGINE_LAUNCH(forward_kernel, grid, forward_warps(max_width) * warp_size, shared_bytes, stream, out, logsumexp,
+                      qkv, T, C, NH, vectorized);
     });
 }
 } // namespace
 
 size_t attention_forward_shared_bytes(int head_size) {
-    return forward_layout(padded_head_size(head_size))
-        .bytes(forward_query_tiles, forward_key_tiles, forward_score_tiles, forward_statistics);
+    const int padded_head = padded_head_size(head_size), max_width = max_width_for(head_size);
+    const size_t tf32_bytes = ForwardLayout(padded_head, max_width, true).bytes();
+    const size_t fp32_bytes = ForwardLayout(padded_head, max_width, false).bytes();
+    return tf32_bytes > fp32_bytes ? tf32_bytes : fp32_bytes;
 }
 
 void attention_forward(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH, bool tf32,

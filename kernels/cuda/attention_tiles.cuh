@@ -13,15 +13,23 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/warp_reduce.cuh"
 
+// Loops over a warp's register fragments must be unrolled, or nvcc places the arrays in local memory; the
+// host compiler of the emulated build knows no such pragma.
+#if defined(__CUDACC__)
+#define ATTENTION_UNROLL _Pragma("unroll")
+#else
+#define ATTENTION_UNROLL
+#endif
+
 namespace engine::kernels::cuda::attention_tiles {
 
-inline constexpr int warps_per_block = 4;
-inline constexpr int threads_per_block = warps_per_block * warp_size;
+// Every kernel gives each warp 16 rows of its block's output for the whole loop, so that the output's
+// accumulators stay in registers; each kernel picks its own number of warps.
 // wmma m16n16k8 (TF32): each product works on 16 x 16 output tiles, stepping 8 along the inner dimension.
 inline constexpr int fragment_width = 16;
 inline constexpr int fragment_depth = 8;
 // Floats added to every shared row. wmma needs strides that are multiples of 4 floats; 4 extra floats move
-// consecutive rows to different banks (a thread per row then meets 4-way, not 32-way, bank conflicts).
+// consecutive rows to different banks.
 inline constexpr int row_padding = 4;
 // sm_90: dynamic shared memory a block may use after cudaFuncSetAttribute, and the limit without it.
 inline constexpr size_t max_shared_bytes = 227 * 1024;
@@ -32,34 +40,16 @@ inline constexpr size_t default_shared_bytes = 48 * 1024;
 __host__ __device__ constexpr int padded_head_size(int head_size) {
     return (head_size + fragment_width - 1) / fragment_width * fragment_width;
 }
-// Rows of a tile of the wide operand (64, or 32 above a padded head of 128 so that the largest kernel,
-// the key/value backward, stays within max_shared_bytes at head size 256).
-__host__ __device__ constexpr int wide_tile_rows(int padded_head) { return padded_head <= 128 ? 64 : 32; }
-// Query rows per step of the key/value backward kernel: it holds six head-wide tiles, so its query tiles
-// are half as tall as its key tiles.
-inline constexpr int backward_query_rows = 32;
+// Kernels are compiled for a maximum padded width (64, 128, 256): register arrays need a size known at
+// compile time. Loops over fragments are unrolled to that maximum and skip the ones past the run-time width,
+// so the arrays stay in registers and head sizes such as 80 pay for 80, not 128.
+__host__ __device__ constexpr int max_width_for(int head_size) {
+    const int padded = padded_head_size(head_size);
+    return padded <= 64 ? 64 : padded <= 128 ? 128 : 256;
+}
 
-// Where each array of a kernel's dynamic shared memory starts. Every kernel holds `head_tiles` tiles of
-// (query_rows or key_rows, head_stride) floats, `score_tiles` tiles of (query_rows, score_stride) and
-// `row_statistics` arrays of query_rows floats, in that order. Tile sizes are multiples of 16 rows times a
-// multiple of 4 floats, so every tile starts 256-byte aligned, as wmma's pointers must be (32 bytes).
-struct SharedLayout {
-    int query_rows, key_rows, head_stride, score_stride;
-
-    __host__ __device__ SharedLayout(int padded_head, int query_tile_rows, int key_tile_rows)
-        : query_rows(query_tile_rows), key_rows(key_tile_rows), head_stride(padded_head + row_padding),
-          score_stride(key_tile_rows + row_padding) {}
-
-    __host__ __device__ size_t query_tile_floats() const { return size_t(query_rows) * head_stride; }
-    __host__ __device__ size_t key_tile_floats() const { return size_t(key_rows) * head_stride; }
-    __host__ __device__ size_t score_tile_floats() const { return size_t(query_rows) * score_stride; }
-    __host__ __device__ size_t bytes(int query_tiles, int key_tiles, int score_tiles, int row_statistics) const {
-        return sizeof(float) * (query_tiles * query_tile_floats() + key_tiles * key_tile_floats() +
-                                score_tiles * score_tile_floats() + size_t(row_statistics) * query_rows);
-    }
-};
-
-// Hands out consecutive arrays of the block's dynamic shared memory.
+// Hands out consecutive arrays of the block's dynamic shared memory; every size is a multiple of 8 floats,
+// so every array stays 32-byte aligned, as wmma's pointers must be.
 class SharedCursor {
 public:
     __device__ explicit SharedCursor(float* start) : next_(start) {}
@@ -81,12 +71,19 @@ __device__ Pointer head_slice(Pointer buffer, int batch, int part, int head, int
     return buffer + int64_t(batch) * T * row_length + int64_t(part) * C + int64_t(head) * head_size;
 }
 
+// The threads that share a copy: the whole block, or one warp for its own stripe.
+struct Workers {
+    int index, count;
+};
+__device__ inline Workers whole_block() { return Workers{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)}; }
+__device__ inline Workers own_warp() { return Workers{static_cast<int>(threadIdx.x % warp_size), warp_size}; }
+
 // Calls visit(row, column) once for every group of `width` consecutive columns (4 when float4s move, else 1)
-// of a (rows, columns) tile, the groups spread over the block's threads.
+// of a (rows, columns) tile, the groups spread over the workers.
 template <typename Visit>
-__device__ void for_each_group(int rows, int columns, int width, Visit&& visit) {
+__device__ void for_each_group(Workers workers, int rows, int columns, int width, Visit&& visit) {
     const int groups_per_row = columns / width;
-    for (int index = threadIdx.x; index < rows * groups_per_row; index += blockDim.x) {
+    for (int index = workers.index; index < rows * groups_per_row; index += workers.count) {
         visit(index / groups_per_row, index % groups_per_row * width);
     }
 }
@@ -94,9 +91,9 @@ __device__ void for_each_group(int rows, int columns, int width, Visit&& visit) 
 // tile (rows, stride) = rows first_row.. of `source` (row_length floats apart), head_size columns; rows at or
 // beyond T and the padding columns up to padded_head become zero. `vectorized`: head_size, the row length
 // and source are multiples of 4 floats, so each thread moves float4s.
-__device__ inline void load_tile(float* tile, int stride, const float* source, int row_length, int first_row,
-                                 int rows, int T, int head_size, int padded_head, bool vectorized) {
-    for_each_group(rows, padded_head, vectorized ? 4 : 1, [&](int row, int column) {
+__device__ inline void load_tile(Workers workers, float* tile, int stride, const float* source, int row_length,
+                                 int first_row, int rows, int T, int head_size, int padded_head, bool vectorized) {
+    for_each_group(workers, rows, padded_head, vectorized ? 4 : 1, [&](int row, int column) {
         const bool inside = first_row + row < T && column < head_size;
         const float* from = source + int64_t(first_row + row) * row_length + column;
         float* to = tile + row * stride + column;
@@ -109,9 +106,9 @@ __device__ inline void load_tile(float* tile, int stride, const float* source, i
 }
 
 // destination rows first_row.. (below T, head_size columns) += tile; the backward kernels' gradients.
-__device__ inline void add_tile(float* destination, int row_length, const float* tile, int stride, int first_row,
-                                int rows, int T, int head_size, bool vectorized) {
-    for_each_group(rows, head_size, vectorized ? 4 : 1, [&](int row, int column) {
+__device__ inline void add_tile(Workers workers, float* destination, int row_length, const float* tile, int stride,
+                                int first_row, int rows, int T, int head_size, bool vectorized) {
+    for_each_group(workers, rows, head_size, vectorized ? 4 : 1, [&](int row, int column) {
         if (first_row + row >= T) return;
         float* to = destination + int64_t(first_row + row) * row_length + column;
         const float* from = tile + row * stride + column;
@@ -125,67 +122,137 @@ __device__ inline void add_tile(float* destination, int row_length, const float*
     });
 }
 
-// Sets `rows * columns` floats of a (rows, stride) tile to zero.
-__device__ inline void zero_tile(float* tile, int stride, int rows, int columns) {
-    for (int index = threadIdx.x; index < rows * columns; index += blockDim.x) {
-        tile[index / columns * stride + index % columns] = 0.0f;
-    }
-}
-
 namespace wmma = nvcuda::wmma;
 template <typename Use, typename Layout>
 using Operand = wmma::fragment<Use, fragment_width, fragment_width, fragment_depth, wmma::precision::tf32, Layout>;
+using RowOperand = Operand<wmma::matrix_a, wmma::row_major>;
 using Accumulator = wmma::fragment<wmma::accumulator, fragment_width, fragment_width, fragment_depth, float>;
 
-// Splits the float operand in `high` into TF32 parts: high = tf32(x) and, for 3xTF32, low = tf32(x - high),
-// so that x = high + low up to 2^-22 relative. Elementwise work on x[] is what the wmma API allows.
-template <bool tf32, typename Fragment>
-__device__ void split_operand(Fragment& high, Fragment& low) {
-    for (int i = 0; i < high.num_elements; ++i) {
-        const float value = high.x[i];
-        high.x[i] = wmma::__float_to_tf32(value);
-        if constexpr (!tf32) low.x[i] = wmma::__float_to_tf32(value - high.x[i]);
+// sum += a . b, one 16 x 16 x 8 step. tf32: one TF32 mma. Otherwise 3xTF32: each operand is split into
+// high = tf32(x) and low = tf32(x - high), and a.b ~ a_low.b_high + a_high.b_low + a_high.b_high, the small
+// terms first so they are not lost against the large one (the dropped a_low.b_low is 2^-22 relative).
+// The operands come by value: held fragments stay unrounded, so each use splits its own copy.
+template <bool tf32, typename A, typename B>
+__device__ void multiply_add(Accumulator& sum, A a, B b) {
+    A a_low;
+    B b_low;
+    for (int i = 0; i < a.num_elements; ++i) {
+        const float value = a.x[i];
+        a.x[i] = wmma::__float_to_tf32(value);
+        if constexpr (!tf32) a_low.x[i] = wmma::__float_to_tf32(value - a.x[i]);
+    }
+    for (int i = 0; i < b.num_elements; ++i) {
+        const float value = b.x[i];
+        b.x[i] = wmma::__float_to_tf32(value);
+        if constexpr (!tf32) b_low.x[i] = wmma::__float_to_tf32(value - b.x[i]);
+    }
+    if constexpr (!tf32) {
+        wmma::mma_sync(sum, a_low, b, sum);
+        wmma::mma_sync(sum, a, b_low, sum);
+    }
+    wmma::mma_sync(sum, a, b, sum);
+}
+
+// The row and the column of every element of an accumulator fragment, as fragments themselves. Legal
+// although the layout is unspecified: every accumulator fragment of one type uses the same element ->
+// (row, column) mapping for load, store and mma, so a fragment loaded from a table whose element (r, c) is r
+// holds, in x[i], the row of x[i] in every other accumulator of the warp. (The emulator's mapping is
+// scrambled but fixed per lane and element, so it must and does hold there too.) The same table loaded as
+// column-major reads (r, c) from table[c][r] = c: the column. It lets a warp scale rows of an accumulator in
+// registers and mask elements by position without a round trip through shared memory.
+struct ElementPositions {
+    Accumulator row, column;
+};
+inline constexpr int position_table_floats = fragment_width * fragment_width;
+// Fills the (16, 16) table with table[r][c] = r; the caller synchronises before the first load.
+__device__ inline void fill_position_table(float* table) {
+    for (int index = threadIdx.x; index < position_table_floats; index += blockDim.x) {
+        table[index] = static_cast<float>(index / fragment_width);
     }
 }
-
-// Element (row, column) of a row-major (rows, leading) array, or of the transpose of one (col_major).
-template <typename Layout>
-__device__ const float* operand_tile(const float* matrix, int leading, int row, int column) {
-    if constexpr (std::is_same_v<Layout, wmma::row_major>) return matrix + int64_t(row) * leading + column;
-    else return matrix + int64_t(column) * leading + row;
+__device__ inline ElementPositions load_positions(const float* table) {
+    ElementPositions positions;
+    wmma::load_matrix_sync(positions.row, table, fragment_width, wmma::mem_row_major);
+    wmma::load_matrix_sync(positions.column, table, fragment_width, wmma::mem_col_major);
+    return positions;
 }
 
-// c (m, n) = (accumulate ? c : 0) + a (m, k) . b (k, n), all in shared memory, c row-major with stride ldc.
-// a and b are row-major with strides lda and ldb, or col_major: then the stored array is the transpose.
-// m and n are multiples of 16 and k of 8; each warp takes 16 x 16 output tiles in turn. tf32: one TF32 mma
-// per step. Otherwise 3xTF32: a.b ~ a_high.b_high + a_high.b_low + a_low.b_high, fp32-accurate (the dropped
-// a_low.b_low is 2^-22 relative), the small terms first so they are not lost against the large one.
-template <bool tf32, typename LayoutA, typename LayoutB>
-__device__ void tile_product(float* c, int ldc, const float* a, int lda, const float* b, int ldb, int m, int n, int k,
-                             bool accumulate) {
-    const int warp = threadIdx.x / warp_size, warps = blockDim.x / warp_size;
-    const int tiles_across = n / fragment_width;
-    for (int tile = warp; tile < (m / fragment_width) * tiles_across; tile += warps) {
-        const int row = tile / tiles_across * fragment_width, column = tile % tiles_across * fragment_width;
-        float* c_tile = c + int64_t(row) * ldc + column;
-        Accumulator sum;
-        if (accumulate) wmma::load_matrix_sync(sum, c_tile, ldc, wmma::mem_row_major);
-        else wmma::fill_fragment(sum, 0.0f);
-        for (int inner = 0; inner < k; inner += fragment_depth) {
-            Operand<wmma::matrix_a, LayoutA> a_high, a_low;
-            Operand<wmma::matrix_b, LayoutB> b_high, b_low;
-            wmma::load_matrix_sync(a_high, operand_tile<LayoutA>(a, lda, row, inner), lda);
-            wmma::load_matrix_sync(b_high, operand_tile<LayoutB>(b, ldb, inner, column), ldb);
-            split_operand<tf32>(a_high, a_low);
-            split_operand<tf32>(b_high, b_low);
-            if constexpr (!tf32) {
-                wmma::mma_sync(sum, a_low, b_high, sum);
-                wmma::mma_sync(sum, a_high, b_low, sum);
-            }
-            wmma::mma_sync(sum, a_high, b_high, sum);
+// Multiplies row r of each of `fragments` accumulators by factor[r], r in 0..15.
+template <int count>
+__device__ void scale_rows(Accumulator (&accumulators)[count], int fragments, const ElementPositions& positions,
+                           const float* factor) {
+    ATTENTION_UNROLL
+    for (int f = 0; f < count; ++f) {
+        if (f >= fragments) break;
+        for (int i = 0; i < accumulators[f].num_elements; ++i) {
+            accumulators[f].x[i] *= factor[static_cast<int>(positions.row.x[i])];
         }
-        wmma::store_matrix_sync(c_tile, sum, ldc, wmma::mem_row_major);
     }
+}
+
+// Loads the 16-row operand stripe at `stripe` (row-major, `stride`) as `fragments` matrix_a fragments of 8
+// columns each, to be held across a loop.
+template <int count>
+__device__ void load_row_operands(RowOperand (&operands)[count], int fragments, const float* stripe, int stride) {
+    ATTENTION_UNROLL
+    for (int f = 0; f < count; ++f) {
+        if (f < fragments) wmma::load_matrix_sync(operands[f], stripe + f * fragment_depth, stride);
+    }
+}
+
+// Stores `fragments` accumulators side by side into a 16-row stripe (row-major, `stride`).
+template <int count>
+__device__ void store_accumulators(float* stripe, int stride, const Accumulator (&accumulators)[count], int fragments) {
+    ATTENTION_UNROLL
+    for (int f = 0; f < count; ++f) {
+        if (f < fragments) {
+            wmma::store_matrix_sync(stripe + f * fragment_width, accumulators[f], stride, wmma::mem_row_major);
+        }
+    }
+}
+
+// sums[f] += A . B_f^T: A the warp's 16 rows (held fragments, or reloaded per step from a_stripe when not
+// held), B_f the f-th 16 rows of a row-major shared tile, read column-major as B^T. S = Q K^T and its kin.
+template <bool tf32, bool hold, int max_steps, int held_count, int count>
+__device__ void add_transposed_product(Accumulator (&sums)[count], const RowOperand (&held)[held_count],
+                                       const float* a_stripe, const float* b_tile, int depth_steps, int stride) {
+    ATTENTION_UNROLL
+    for (int step = 0; step < max_steps; ++step) {
+        if (step >= depth_steps) break;
+        RowOperand a;
+        if constexpr (hold) a = held[step];
+        else wmma::load_matrix_sync(a, a_stripe + step * fragment_depth, stride);
+        ATTENTION_UNROLL
+        for (int f = 0; f < count; ++f) {
+            Operand<wmma::matrix_b, wmma::col_major> b;
+            wmma::load_matrix_sync(b, b_tile + f * fragment_width * stride + step * fragment_depth, stride);
+            multiply_add<tf32>(sums[f], a, b);
+        }
+    }
+}
+
+// sums[f] += A . B[:, 16f..]: A a warp's (16, 8 * steps) stripe (P or dS), B a row-major shared tile of
+// 8 * steps rows; each A fragment is loaded once and used for every output fragment. O += P V and its kin.
+template <bool tf32, int count>
+__device__ void add_stripe_product(Accumulator (&sums)[count], int fragments, const float* a_stripe, int a_stride,
+                                   int steps, const float* b_tile, int b_stride) {
+    for (int step = 0; step < steps; ++step) {
+        RowOperand a;
+        wmma::load_matrix_sync(a, a_stripe + step * fragment_depth, a_stride);
+        ATTENTION_UNROLL
+        for (int f = 0; f < count; ++f) {
+            if (f >= fragments) break;
+            Operand<wmma::matrix_b, wmma::row_major> b;
+            wmma::load_matrix_sync(b, b_tile + step * fragment_depth * b_stride + f * fragment_width, b_stride);
+            multiply_add<tf32>(sums[f], a, b);
+        }
+    }
+}
+
+template <int count>
+__device__ void zero_accumulators(Accumulator (&accumulators)[count]) {
+    ATTENTION_UNROLL
+    for (int f = 0; f < count; ++f) wmma::fill_fragment(accumulators[f], 0.0f);
 }
 
 // Raises a kernel's dynamic shared-memory limit when a launch needs more than the default 48 KiB.
@@ -199,14 +266,13 @@ void allow_shared_bytes(Kernel* kernel, size_t bytes) {
     }
 }
 
-// Head sizes whose kernels are compiled for a fixed padded width (loops unrolled); others take width 0,
-// the generic instantiation that reads it at run time.
+// Calls launch.operator()<max_width>() with the compiled maximum width for this head size.
 template <typename Launch>
 void dispatch_head_size(int head_size, Launch&& launch) {
-    switch (padded_head_size(head_size)) {
+    switch (max_width_for(head_size)) {
     case 64: launch.template operator()<64>(); break;
     case 128: launch.template operator()<128>(); break;
-    default: launch.template operator()<0>(); break;
+    default: launch.template operator()<256>(); break;
     }
 }
 
