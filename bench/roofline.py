@@ -25,10 +25,11 @@ EFFICIENCY = {
     "memory": 0.75,          # streaming kernels with 128-bit accesses: 75% of HBM bandwidth
     "reduction": 0.50,       # two-pass partial sums: the second pass and the tails cost a quarter more
 }
-# Attention is bound by shared-memory traffic in the wmma kernels, not by HBM or the tensor cores: its
-# predicted rates come from the kernels' own analysis (docs/PERF.md, "Tensor-core attention"), in
-# FLOP/s of the conventional count (forward 4·T²/2·d per head, backward 2.5x that).
-ATTENTION_RATE = {"tf32": {"forward": 30e12, "backward": 12e12}, "fp32": {"forward": 22e12, "backward": 9e12}}
+# Attention is bound by shared-memory traffic and mma issue in the wmma kernels, not by HBM or the tensor
+# cores' peak: its predicted rates come from the kernels' own analysis (docs/PERF.md, "Tensor-core attention:
+# second round"), in FLOP/s of the conventional count (forward 4·T²/2·d per head, backward 2.5x that);
+# 3xTF32 (fp32-accurate) runs three mmas per step, about half the rate.
+ATTENTION_RATE = {"tf32": {"forward": 75e12, "backward": 30e12}, "fp32": {"forward": 37e12, "backward": 15e12}}
 
 F32 = 4
 
@@ -199,7 +200,11 @@ def benchmark_predictions():
         put(f"BM_attention_forward/{arg}", forward, math)
         put(f"BM_attention_backward/{arg}", backward, math)
         out[f"BM_attention_forward_backward/{arg}"] = (forward.predicted_s(math) + backward.predicted_s(math)) * 1e6
-    put("BM_cross_entropy_forward", stream("", n * v, 3))
+    put("BM_cross_entropy_forward", stream("", n * v, 1))  # the plain loss: one read of the logits
+    put("BM_cross_entropy_backward", stream("", n * v, 3))  # logits read, dlogits read and written
+    # the fused classifier: logits read (online max and sum), then read and written with the gradient
+    put("BM_cross_entropy_fused_forward", stream("", n * v, 3))
+    put("BM_cross_entropy_fused_forward_padded", stream("", n * ((v + 127) // 128 * 128), 3))
     put("BM_sum_of_squares", stream("", parameters, 1, kind="reduction"))
     put("BM_adamw_update", stream("", parameters, 7))
     return out
