@@ -181,6 +181,7 @@ Accumulation Trainer::accumulate_gradients(const std::vector<nn::Batch>& batches
     reset_peak(device);
     if (device != Device::cpu) reset_peak(Device::cpu); // the pinned host tier is accounted on the host
     window_start_ = std::chrono::steady_clock::now();
+    if (communicator_ != nullptr) window_counters_ = communicator_->counters();
 
     ENGINE_CHECK(!batches.empty(), "trainer: an accumulation window needs at least one micro-batch");
     ENGINE_CHECK(static_cast<int>(batches.size()) <= config_.gradient_accumulation_steps,
@@ -195,6 +196,9 @@ Accumulation Trainer::accumulate_gradients(const std::vector<nn::Batch>& batches
         window.num_items_in_batch += count_targets(batches[index]);
         window.tokens += batches[index].inputs.numel();
     }
+    // The window's one count reduction, before its first backward: every rank divides by the global count,
+    // so a rank with more padding does not weigh more (Hugging Face's average_tokens_across_devices).
+    if (communicator_ != nullptr) window.num_items_in_batch = communicator_->all_reduce_count(window.num_items_in_batch);
     ENGINE_CHECK(loss_function_ || window.num_items_in_batch > 0,
                  "trainer: the " << batches.size() << " micro-batches of this step hold no valid target (all -100)");
 
@@ -230,12 +234,30 @@ static std::string first_nonfinite_gradient(const nn::GPT& model) {
     return "none (the gradients are finite; the loss is not)";
 }
 
+double Trainer::rank_gradient_scale() const {
+    if (communicator_ == nullptr) return 1.0;
+    const bool divided_by_global_count = loss_function_ ? loss_is_scaled_for_ga_
+                                                        : config_.loss_normalization == LossNormalization::tokens;
+    return divided_by_global_count ? 1.0 : 1.0 / static_cast<double>(communicator_->world_size());
+}
+
 StepResult Trainer::apply_update(const Accumulation& window) {
     StepResult result;
     result.learning_rate = schedule_.at(step());
-    result.grad_norm = global_grad_norm(parameters_);
-    const double loss_sum = window.loss_sum(); // after the norm's read: the device is idle, nothing waits
-    result.loss = loss_function_ ? loss_sum : loss_sum / static_cast<double>(window.num_items_in_batch);
+    if (communicator_ != nullptr) {
+        // The window's one gradient reduction: after its last backward, before the norm, so that the norm, the
+        // clip and the update are the same on every rank.
+        std::vector<Tensor> gradients;
+        gradients.reserve(parameters_.size());
+        for (const Tensor& parameter : parameters_) gradients.push_back(parameter.grad());
+        communicator_->all_reduce_gradients(gradients);
+    }
+    const double gradient_scale = rank_gradient_scale(); // folded into the norm and the update kernel
+    result.grad_norm = global_grad_norm(parameters_) * gradient_scale;
+    double loss_sum = window.loss_sum(); // after the norm's read: the device is idle, nothing waits
+    if (communicator_ != nullptr) loss_sum = communicator_->all_reduce_value(loss_sum); // the step's third call
+    // The built-in losses report token sums, so the global token mean is their sum over the global count.
+    result.loss = loss_function_ ? loss_sum * gradient_scale : loss_sum / static_cast<double>(window.num_items_in_batch);
     // Caught before the optimizer runs: a NaN or Inf must never reach the weights or the moments.
     if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
         const std::string parameter = first_nonfinite_gradient(model_);
@@ -249,7 +271,7 @@ StepResult Trainer::apply_update(const Accumulation& window) {
         result.skipped = true;
     } else {
         optimizer_->set_learning_rate(result.learning_rate);
-        optimizer_->step(clip_coefficient(result.grad_norm, config_.max_grad_norm)); // the one clip of this step
+        optimizer_->step(clip_coefficient(result.grad_norm, config_.max_grad_norm) * gradient_scale); // the one clip
         optimizer_->zero_grad();
     }
 
@@ -260,6 +282,7 @@ StepResult Trainer::apply_update(const Accumulation& window) {
     result.num_items_in_batch = window.num_items_in_batch;
     result.micro_batches = window.micro_batches;
     result.tokens_per_second = result.seconds > 0.0 ? static_cast<double>(window.tokens) / result.seconds : 0.0;
+    if (communicator_ != nullptr) result.communication = communicator_->counters() - window_counters_;
     result.memory = memory_stats(model_.device());
     if (model_.device() != Device::cpu) {
         // Offloaded inputs live in pinned host memory, which the host's account holds: report them here too.

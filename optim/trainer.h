@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/distributed/communicator.h"
 #include "nn/gpt.h"
 #include "nn/io/batch.h"
 #include "optim/optimizer.h"
@@ -71,6 +72,9 @@ struct StepResult {
     double tokens_per_second = 0.0;
     MemoryStats memory;              // the model device's statistics; peaks cover this step only
     bool skipped = false;            // non-finite loss or gradients with skip_nonfinite: no update was made
+    // What the communicator did during this step (zero without one): one count, one gradient and one loss
+    // all-reduce per step with data parallelism, whatever the number of micro-batches.
+    distributed::CommunicatorCounters communication;
 };
 
 // A custom loss. It returns a scalar whose backward is the micro-batch's contribution. With
@@ -112,6 +116,13 @@ public:
     void set_loss_function(LossFunction loss_function, bool loss_is_scaled_for_ga,
                            TargetCounting counting = TargetCounting::causal_shifted);
 
+    // Data parallelism (docs/DISTRIBUTED.md): each window's token count is summed over the ranks before its
+    // first backward, the gradient buffers once after its last, and the loss sum once for the report, so
+    // every rank takes the same step. Not owned; nullptr (the default) is one process. Every rank must make
+    // the same calls: a rank that throws leaves the others waiting, so launch with mpirun, which ends them.
+    void set_communicator(distributed::Communicator* communicator) { communicator_ = communicator; }
+    distributed::Communicator* communicator() const { return communicator_; }
+
     // The shifted causal-LM targets of a batch (B,T) i32 on the host: shift_labels if supplied, else
     // target[b,t] = labels[b,t+1] for t < T-1 and -100 at t = T-1.
     static Tensor shift_targets(const nn::Batch& batch);
@@ -138,6 +149,12 @@ private:
     LossFunction loss_function_;
     bool loss_is_scaled_for_ga_ = false;
     TargetCounting counting_ = TargetCounting::causal_shifted;
+    // The factor that turns the ranks' summed gradients into this step's: 1 when each rank's loss is divided
+    // by the global token count, 1/world_size for per-rank means (DDP's average).
+    double rank_gradient_scale() const;
+
+    distributed::Communicator* communicator_ = nullptr;
+    distributed::CommunicatorCounters window_counters_; // the communicator's counters when the window began
     std::chrono::steady_clock::time_point window_start_;
     int64_t skipped_steps_ = 0;
 };

@@ -21,6 +21,12 @@ nlohmann::json parse_object(const std::string& text, const std::string& what) {
     return parsed;
 }
 
+int world_size_of(const Trainer& trainer) {
+    return trainer.communicator() != nullptr ? trainer.communicator()->world_size() : 1;
+}
+
+int rank_of(const Trainer& trainer) { return trainer.communicator() != nullptr ? trainer.communicator()->rank() : 0; }
+
 } // namespace
 
 io::TrainingState capture_training_state(Trainer& trainer, const nn::DataLoader* loader,
@@ -34,7 +40,19 @@ io::TrainingState capture_training_state(Trainer& trainer, const nn::DataLoader*
         {"rng", {{"seed", rng.seed}, {"offset", rng.offset}}},
         {"config", parse_object(config_json, "training config")},
     };
-    if (loader != nullptr) metadata["loader"] = parse_object(loader->cursor().to_json(), "loader cursor");
+    metadata["world_size"] = world_size_of(trainer);
+    if (loader != nullptr) {
+        metadata["loader"] = parse_object(loader->cursor().to_json(), "loader cursor");
+        // Every rank's cursor. The ranks move through the same global batches, so each is the writer's with its
+        // own rank: one file (rank 0 writes it) restores them all.
+        nlohmann::json ranks = nlohmann::json::array();
+        for (int rank = 0; rank < world_size_of(trainer); ++rank) {
+            nn::LoaderCursor cursor = loader->cursor();
+            cursor.rank = rank;
+            ranks.push_back(parse_object(cursor.to_json(), "loader cursor"));
+        }
+        metadata["loader_ranks"] = ranks;
+    }
     state.metadata_json = metadata.dump();
     for (const auto& [name, parameter] : trainer.model().named_parameters())
         state.add_tensor(model_prefix + name, parameter);
@@ -73,9 +91,22 @@ void restore_training_state(const io::TrainingState& state, Trainer& trainer, nn
                      "training state tensor " << name << " is " << shape_string(stored->shape) << " "
                                               << dtype_name(stored->dtype) << ", this run has " << tensor.describe());
     }
+    // States from before data parallelism have no world size: they were one process.
+    const int saved_world = metadata.contains("world_size") && metadata["world_size"].is_number_integer()
+                                ? metadata["world_size"].get<int>()
+                                : 1;
+    ENGINE_CHECK(saved_world == world_size_of(trainer),
+                 "training state was saved by a run of " << saved_world << " data-parallel ranks and this run has "
+                     << world_size_of(trainer) << "; resume with the same world size (mpirun -np " << saved_world
+                     << "): each rank's data cursor and share of every batch depend on it");
     std::optional<nn::LoaderCursor> cursor;
     if (loader != nullptr) {
-        cursor = nn::LoaderCursor::from_json(field("loader").dump());
+        const bool per_rank = metadata.contains("loader_ranks");
+        ENGINE_CHECK(!per_rank || (metadata["loader_ranks"].is_array() &&
+                                   metadata["loader_ranks"].size() == static_cast<size_t>(saved_world)),
+                     "training state: loader_ranks must hold one cursor per rank (" << saved_world << ")");
+        cursor = nn::LoaderCursor::from_json(
+            (per_rank ? metadata["loader_ranks"][static_cast<size_t>(rank_of(trainer))] : field("loader")).dump());
         loader->restore(*cursor); // throws, changing nothing, when the cursor does not fit this data
     }
 
