@@ -106,6 +106,7 @@ nlohmann::json step_record(const optim::StepResult& result) {
             {"grad_norm", result.grad_norm},
             {"tokens", result.tokens},
             {"num_items_in_batch", result.num_items_in_batch},
+            {"rank_num_items_in_batch", result.rank_num_items_in_batch},
             {"micro_batches", result.micro_batches},
             {"seconds", result.seconds},
             {"tokens_per_second", result.tokens_per_second},

@@ -198,6 +198,7 @@ Accumulation Trainer::accumulate_gradients(const std::vector<nn::Batch>& batches
     }
     // The window's one count reduction, before its first backward: every rank divides by the global count,
     // so a rank with more padding does not weigh more (Hugging Face's average_tokens_across_devices).
+    window.rank_num_items_in_batch = window.num_items_in_batch;
     if (communicator_ != nullptr) window.num_items_in_batch = communicator_->all_reduce_count(window.num_items_in_batch);
     ENGINE_CHECK(loss_function_ || window.num_items_in_batch > 0,
                  "trainer: the " << batches.size() << " micro-batches of this step hold no valid target (all -100)");
@@ -280,6 +281,7 @@ StepResult Trainer::apply_update(const Accumulation& window) {
     result.step = step();
     result.tokens = window.tokens;
     result.num_items_in_batch = window.num_items_in_batch;
+    result.rank_num_items_in_batch = window.rank_num_items_in_batch;
     result.micro_batches = window.micro_batches;
     result.tokens_per_second = result.seconds > 0.0 ? static_cast<double>(window.tokens) / result.seconds : 0.0;
     if (communicator_ != nullptr) result.communication = communicator_->counters() - window_counters_;

@@ -66,7 +66,8 @@ struct StepResult {
     double learning_rate = 0.0;      // the rate this step used
     double grad_norm = 0.0;          // global norm of the accumulated gradients, before clipping
     int64_t tokens = 0;              // input positions processed (sum of B·T over the micro-batches)
-    int64_t num_items_in_batch = 0;  // valid targets over the whole window
+    int64_t num_items_in_batch = 0;  // valid targets over the whole window, every rank's
+    int64_t rank_num_items_in_batch = 0; // this rank's part of them
     int micro_batches = 0;           // N, or k < N for a last partial window
     double seconds = 0.0;
     double tokens_per_second = 0.0;
@@ -86,7 +87,8 @@ enum class TargetCounting { causal_shifted, all_labels };
 
 // The state of one accumulation window, between accumulate_gradients and apply_update.
 struct Accumulation {
-    int64_t num_items_in_batch = 0;
+    int64_t num_items_in_batch = 0;       // over every rank's micro-batches of the window
+    int64_t rank_num_items_in_batch = 0;  // this rank's part of it (all of it in one process)
     int micro_batches = 0;
     int64_t tokens = 0;
     // Each micro-batch's reported loss as (one-value tensor, factor): value·factor is its token-loss sum. They
