@@ -75,6 +75,19 @@ void check(distributed::Backend backend) {
     communicator->broadcast(shared, world - 1);
     expect(shared.to(Device::cpu).to_vector<float>() == std::vector<float>{static_cast<float>(world - 1), 7.0f},
            "broadcast from the last rank", rank);
+    // ZeRO-1's pair: part r of the flat buffer summed onto rank r, then every part gathered back.
+    std::vector<float> flat_values(static_cast<size_t>(3 * world));
+    for (size_t i = 0; i < flat_values.size(); ++i) flat_values[i] = static_cast<float>((rank + 1) * (i + 1)) * 0.5f;
+    const Tensor flat = Tensor::from_vector<float>(flat_values, {3 * world}, device);
+    const Tensor part = Tensor::zeros({3}, DType::f32, device);
+    communicator->reduce_scatter(flat, part);
+    const std::vector<float> summed = part.to(Device::cpu).to_vector<float>();
+    for (size_t i = 0; i < 3; ++i)
+        expect(summed[i] == static_cast<float>((3 * rank + i + 1) * 0.5 * ranks_sum), "reduce_scatter element " + std::to_string(i), rank);
+    communicator->all_gather(part, flat);
+    const std::vector<float> gathered = flat.to(Device::cpu).to_vector<float>();
+    for (size_t i = 0; i < gathered.size(); ++i)
+        expect(gathered[i] == static_cast<float>((i + 1) * 0.5 * ranks_sum), "all_gather element " + std::to_string(i), rank);
     communicator->barrier();
     bool refused = false;
     try {

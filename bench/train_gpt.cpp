@@ -77,7 +77,9 @@ uint64_t replica_hash(optim::Trainer& trainer) {
         for (size_t index = 0; index < host.nbytes(); ++index) hash = (hash ^ bytes[index]) * 0x100000001b3ull;
     };
     for (const auto& [name, parameter] : trainer.model().named_parameters()) add(parameter);
-    for (const auto& [name, state] : trainer.optimizer().named_state()) add(state);
+    // Sharded (ZeRO-1) optimizer state differs between ranks by design: then the weights alone.
+    if (!trainer.optimizer().sharded())
+        for (const auto& [name, state] : trainer.optimizer().named_state()) add(state);
     return hash;
 }
 
@@ -114,6 +116,8 @@ nlohmann::json step_record(const optim::StepResult& result) {
             {"peak_total_mib", mebibytes(result.memory.peak_bytes)},
             {"skipped", result.skipped},
             {"communication", {{"gradient_all_reduces", calls.gradient_all_reduces},
+                               {"reduce_scatters", calls.reduce_scatters},
+                               {"all_gathers", calls.all_gathers},
                                {"count_all_reduces", calls.count_all_reduces},
                                {"value_all_reduces", calls.value_all_reduces},
                                {"broadcasts", calls.broadcasts},
@@ -156,7 +160,8 @@ std::string run_config_json(const Options& options) {
                           {"max_steps", trainer.max_steps},
                           {"seed", trainer.seed},
                           {"optimizer", optim::optimizer_kind_name(trainer.optimizer)},
-                          {"gradient_checkpointing", trainer.gradient_checkpointing}}
+                          {"gradient_checkpointing", trainer.gradient_checkpointing},
+                          {"zero_stage", trainer.zero_stage}}
         .dump();
 }
 
@@ -165,8 +170,12 @@ int run(const Options& options) {
     if (options.plan) {
         const auto kind = config.optimizer == optim::OptimizerKind::sgd ? checkpoint::OptimizerKind::sgd
                                                                         : checkpoint::OptimizerKind::adamw;
-        std::cout << checkpoint::plan_report(options.model, config.per_device_train_batch_size, options.seq_len,
-                                             config.checkpoint_policy(), DType::f32, kind);
+        // Per rank: ZeRO-1 over the launcher's ranks (mpirun -np N train_gpt --plan --zero-stage 1), printed once.
+        const distributed::LaunchEnvironment launch = distributed::launch_environment();
+        if (launch.rank == 0)
+            std::cout << checkpoint::plan_report(options.model, config.per_device_train_batch_size, options.seq_len,
+                                                 config.checkpoint_policy(), DType::f32, kind,
+                                                 config.zero_stage == 1 ? launch.world_size : 1);
         return 0;
     }
 
@@ -191,8 +200,7 @@ int run(const Options& options) {
             throw train_gpt::flag_error("--init", error);
         }
     }
-    optim::Trainer trainer(model, config);
-    if (world_size > 1) trainer.set_communicator(communicator.get());
+    optim::Trainer trainer(model, config, world_size > 1 ? communicator.get() : nullptr);
     if (!options.resume.empty()) {
         optim::ResumedRun resumed;
         try {

@@ -35,13 +35,17 @@ struct MemoryPrediction {
 
 // One training step as the tests and benchmarks run it: logits = model.forward(tokens (B,T)) in train mode;
 // loss = multiply(cross_entropy(logits, targets, sum), 1 / items); logits dropped; backward(loss).
-// Bytes already live before the step (tokens, targets) are not included.
+// Bytes already live before the step (tokens, targets) are not included. optimizer_shards > 1 is ZeRO stage 1
+// over that many ranks (optim/zero.h): the optimizer state of one rank's part (the parameters padded to equal
+// parts), and the flat gradient/parameter buffer and the part in the workspace.
 MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
-                                DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw);
+                                DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw,
+                                int optimizer_shards = 1);
 
 // A human-readable plan for `train_gpt --plan`: the segment layout, the recompute cost and the predicted
 // peak per category, next to the same prediction without checkpointing.
 std::string plan_report(const nn::GPTConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
-                        DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw);
+                        DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw,
+                        int optimizer_shards = 1);
 
 } // namespace engine::checkpoint

@@ -45,6 +45,7 @@ void TrainerConfig::validate() const {
     ENGINE_CHECK(std::isfinite(sgd_momentum) && sgd_momentum >= 0.0, "sgd_momentum must be >= 0, got " << sgd_momentum);
     ENGINE_CHECK(every_n_layers >= 1, "every_n_layers must be >= 1, got " << every_n_layers);
     ENGINE_CHECK(segment_size >= 0, "segment_size must be >= 0 (0 = sqrt), got " << segment_size);
+    ENGINE_CHECK(zero_stage == 0 || zero_stage == 1, "zero_stage must be 0 or 1, got " << zero_stage);
 }
 
 namespace {
@@ -60,13 +61,15 @@ ScheduleConfig schedule_config(const TrainerConfig& config) {
     return schedule;
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const nn::GPT& model, const TrainerConfig& config) {
+std::unique_ptr<Optimizer> make_optimizer(const nn::GPT& model, const TrainerConfig& config, ShardRange shard) {
     if (config.optimizer == OptimizerKind::sgd)
         return std::make_unique<SGD>(model.named_parameters(),
-                                     SGDOptions{config.learning_rate, config.sgd_momentum, config.weight_decay});
+                                     SGDOptions{config.learning_rate, config.sgd_momentum, config.weight_decay},
+                                     decay_matrices_only, shard);
     return std::make_unique<AdamW>(model.named_parameters(),
                                    AdamWOptions{config.learning_rate, config.adam_beta1, config.adam_beta2,
-                                                config.adam_epsilon, config.weight_decay});
+                                                config.adam_epsilon, config.weight_decay},
+                                   decay_matrices_only, shard);
 }
 
 void synchronize_device(Device device) {
@@ -83,12 +86,21 @@ checkpoint::CheckpointPolicy TrainerConfig::checkpoint_policy() const {
     return checkpoint::CheckpointPolicy{gradient_checkpointing, every_n_layers, segment_size, offload, prefetch};
 }
 
-Trainer::Trainer(nn::GPT& model, const TrainerConfig& config)
-    : model_(model), config_(config), schedule_(schedule_config(config)) {
+Trainer::Trainer(nn::GPT& model, const TrainerConfig& config, distributed::Communicator* communicator)
+    : model_(model), config_(config), schedule_(schedule_config(config)), communicator_(communicator) {
     model_.set_checkpointing(config.checkpoint_policy());
     parameters_ = model_.parameters();
-    optimizer_ = make_optimizer(model_, config_);
+    if (config_.zero_stage == 1 && communicator_ != nullptr)
+        zero_ = std::make_unique<ZeroShards>(parameters_, *communicator_);
+    optimizer_ = make_optimizer(model_, config_, zero_ ? zero_->range() : ShardRange{});
     manual_seed(config_.seed);
+}
+
+void Trainer::set_communicator(distributed::Communicator* communicator) {
+    ENGINE_CHECK(!zero_ || communicator == communicator_,
+                 "trainer: with zero_stage 1 the optimizer state is sharded over the constructor's communicator; "
+                 "it cannot change");
+    communicator_ = communicator;
 }
 
 void Trainer::set_loss_function(LossFunction loss_function, bool loss_is_scaled_for_ga, TargetCounting counting) {
@@ -245,7 +257,9 @@ double Trainer::rank_gradient_scale() const {
 StepResult Trainer::apply_update(const Accumulation& window) {
     StepResult result;
     result.learning_rate = schedule_.at(step());
-    if (communicator_ != nullptr) {
+    if (zero_) {
+        zero_->reduce_scatter_gradients(); // ZeRO-1: each rank gets the summed gradients of its own part
+    } else if (communicator_ != nullptr) {
         // The window's one gradient reduction: after its last backward, before the norm, so that the norm, the
         // clip and the update are the same on every rank.
         std::vector<Tensor> gradients;
@@ -254,9 +268,10 @@ StepResult Trainer::apply_update(const Accumulation& window) {
         communicator_->all_reduce_gradients(gradients);
     }
     const double gradient_scale = rank_gradient_scale(); // folded into the norm and the update kernel
-    result.grad_norm = global_grad_norm(parameters_) * gradient_scale;
+    result.grad_norm =
+        (zero_ ? std::sqrt(zero_->gradient_sum_of_squares()) : global_grad_norm(parameters_)) * gradient_scale;
     double loss_sum = window.loss_sum(); // after the norm's read: the device is idle, nothing waits
-    if (communicator_ != nullptr) loss_sum = communicator_->all_reduce_value(loss_sum); // the step's third call
+    if (communicator_ != nullptr) loss_sum = communicator_->all_reduce_value(loss_sum); // the loss sum's one reduction
     // The built-in losses report token sums, so the global token mean is their sum over the global count.
     result.loss = loss_function_ ? loss_sum * gradient_scale : loss_sum / static_cast<double>(window.num_items_in_batch);
     // Caught before the optimizer runs: a NaN or Inf must never reach the weights or the moments.
@@ -273,6 +288,7 @@ StepResult Trainer::apply_update(const Accumulation& window) {
     } else {
         optimizer_->set_learning_rate(result.learning_rate);
         optimizer_->step(clip_coefficient(result.grad_norm, config_.max_grad_norm) * gradient_scale); // the one clip
+        if (zero_) zero_->all_gather_parameters(); // every rank's updated part, to every replica
         optimizer_->zero_grad();
     }
 

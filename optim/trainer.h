@@ -17,6 +17,7 @@
 #include "nn/io/batch.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "optim/zero.h"
 
 namespace engine::optim {
 
@@ -53,6 +54,9 @@ struct TrainerConfig {
     bool offload = false;
     bool skip_nonfinite = false; // a NaN/Inf loss or gradient norm skips the update instead of throwing
     bool prefetch = false; // with offload: copy the next segment's input host→device ahead, on a copy stream
+    // 1: ZeRO stage 1 over the constructor's communicator, each rank keeping the optimizer state of 1/N of
+    // the parameters (optim/zero.h); 0: every rank keeps all of it.
+    int zero_stage = 0;
 
     checkpoint::CheckpointPolicy checkpoint_policy() const;
 
@@ -101,8 +105,10 @@ struct Accumulation {
 class Trainer {
 public:
     // Applies the checkpoint policy to the model, seeds the engine RNG, and creates the optimizer (its
-    // state is allocated now) and the schedule. The model must outlive the trainer.
-    Trainer(nn::GPT& model, const TrainerConfig& config);
+    // state is allocated now) and the schedule. The model must outlive the trainer. With a communicator the
+    // trainer is data-parallel from the start (see set_communicator), and zero_stage 1 shards the optimizer
+    // state over its ranks.
+    Trainer(nn::GPT& model, const TrainerConfig& config, distributed::Communicator* communicator = nullptr);
 
     // One optimizer step over up to N micro-batches from `source`. Returns nullopt, changing nothing, when
     // the source has no batch left. If any micro-batch is bad or throws, no weight changes and the gradient
@@ -122,7 +128,8 @@ public:
     // first backward, the gradient buffers once after its last, and the loss sum once for the report, so
     // every rank takes the same step. Not owned; nullptr (the default) is one process. Every rank must make
     // the same calls: a rank that throws leaves the others waiting, so launch with mpirun, which ends them.
-    void set_communicator(distributed::Communicator* communicator) { communicator_ = communicator; }
+    // With zero_stage 1 the communicator must be the constructor's, which sharded the optimizer state.
+    void set_communicator(distributed::Communicator* communicator);
     distributed::Communicator* communicator() const { return communicator_; }
 
     // The shifted causal-LM targets of a batch (B,T) i32 on the host: shift_labels if supplied, else
@@ -156,6 +163,7 @@ private:
     double rank_gradient_scale() const;
 
     distributed::Communicator* communicator_ = nullptr;
+    std::unique_ptr<ZeroShards> zero_; // zero_stage 1 with a communicator
     distributed::CommunicatorCounters window_counters_; // the communicator's counters when the window began
     std::chrono::steady_clock::time_point window_start_;
     int64_t skipped_steps_ = 0;

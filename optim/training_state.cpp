@@ -31,6 +31,9 @@ int rank_of(const Trainer& trainer) { return trainer.communicator() != nullptr ?
 
 io::TrainingState capture_training_state(Trainer& trainer, const nn::DataLoader* loader,
                                          const std::string& config_json) {
+    ENGINE_CHECK(!trainer.optimizer().sharded(),
+                 "training state: this run's optimizer state is sharded over its ranks (ZeRO stage 1), and saving "
+                 "sharded state is not implemented; train with zero_stage 0 to save and resume");
     io::TrainingState state;
     const RngState rng = rng_state();
     nlohmann::json metadata = {

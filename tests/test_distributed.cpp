@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/memory_model.h"
 #include "engine/distributed/communicator.h"
 #include "expect_error.h"
 #include "nn/io/token_data.h"
@@ -166,6 +167,70 @@ TEST(Communicator, TrainerReducesOncePerStepAndWorldSizeOneChangesNothing) {
         }
         EXPECT_EQ(weights[0], weights[1]) << accumulation << " micro-batches";
     }
+}
+
+// ZeRO-1's optimizer: two optimizers over complementary element ranges, stepping on the same gradients,
+// update every element exactly as one unsharded optimizer does, each with about half the state.
+TEST(ZeroStage1, ShardedOptimizersTogetherEqualTheWholeOne) {
+    for (const bool adamw : {true, false}) {
+        nn::GPT whole_model({16, 8, 1, 2, 8, 0.0f}, 3, Device::cpu, DType::f32);
+        nn::GPT sharded_model({16, 8, 1, 2, 8, 0.0f}, 3, Device::cpu, DType::f32);
+        int64_t total = 0;
+        for (const Tensor& parameter : whole_model.parameters()) total += parameter.numel();
+        const int64_t middle = total / 2 + 5; // inside a parameter, not at a boundary
+        auto make = [&](nn::GPT& model, optim::ShardRange range) -> std::unique_ptr<optim::Optimizer> {
+            if (adamw) return std::make_unique<optim::AdamW>(model.named_parameters(), optim::AdamWOptions{},
+                                                              optim::decay_matrices_only, range);
+            return std::make_unique<optim::SGD>(model.named_parameters(), optim::SGDOptions{}, optim::decay_matrices_only, range);
+        };
+        const auto whole = make(whole_model, {});
+        const auto first = make(sharded_model, {0, middle});
+        const auto second = make(sharded_model, {middle, total});
+        EXPECT_FALSE(whole->sharded());
+        EXPECT_TRUE(first->sharded());
+        int64_t state_elements[2] = {0, 0};
+        for (int part = 0; part < 2; ++part)
+            for (const auto& [name, state] : (part ? second : first)->named_state()) state_elements[part] += state.numel();
+        const int64_t per_parameter = adamw ? 2 : 1;
+        EXPECT_EQ(state_elements[0], per_parameter * middle);
+        EXPECT_EQ(state_elements[1], per_parameter * (total - middle));
+        for (int step = 0; step < 3; ++step) {
+            for (nn::GPT* model : {&whole_model, &sharded_model}) {
+                int index = 0;
+                for (const Tensor& parameter : model->parameters()) {
+                    std::vector<float> gradient(static_cast<size_t>(parameter.numel()));
+                    for (size_t i = 0; i < gradient.size(); ++i)
+                        gradient[i] = 0.01f * static_cast<float>((i * 7 + static_cast<size_t>(index + step)) % 13) - 0.05f;
+                    parameter.grad().copy_from(Tensor::from_vector<float>(gradient, parameter.shape(), Device::cpu));
+                    ++index;
+                }
+            }
+            whole->step(0.5);
+            first->step(0.5);
+            second->step(0.5);
+        }
+        const auto whole_parameters = whole_model.parameters();
+        const auto sharded_parameters = sharded_model.parameters();
+        for (size_t index = 0; index < whole_parameters.size(); ++index)
+            EXPECT_EQ(whole_parameters[index].to_vector<float>(), sharded_parameters[index].to_vector<float>())
+                << (adamw ? "adamw" : "sgd") << " parameter " << index;
+    }
+    expect_error([] { nn::GPT model({16, 8, 1, 2, 8, 0.0f}, 3, Device::cpu, DType::f32);
+                      optim::AdamW(model.named_parameters(), optim::AdamWOptions{}, optim::decay_matrices_only, {5, 2}); },
+                 {"shard [5, 2)"});
+}
+
+TEST(ZeroStage1, MemoryModelHalvesTheOptimizerStatePerRank) {
+    const nn::GPTConfig config = nn::GPTConfig::named("tiny");
+    const auto whole = checkpoint::predict_memory(config, 2, 16, checkpoint::CheckpointPolicy{});
+    const auto sharded = checkpoint::predict_memory(config, 2, 16, checkpoint::CheckpointPolicy{}, DType::f32,
+                                                    checkpoint::OptimizerKind::adamw, 2);
+    EXPECT_NEAR(static_cast<double>(sharded.optimizer_state), whole.optimizer_state / 2.0, 8.0);
+    EXPECT_GT(sharded.workspace, whole.workspace); // the flat buffers
+    EXPECT_NE(checkpoint::plan_report(config, 2, 16, checkpoint::CheckpointPolicy{}, DType::f32,
+                                      checkpoint::OptimizerKind::adamw, 2)
+                  .find("ZeRO stage 1 over 2 ranks"),
+              std::string::npos);
 }
 
 } // namespace

@@ -33,6 +33,8 @@ struct Session {
 void sum_in_place(void* data, int64_t count, Element element, const std::string& where);
 void broadcast_bytes(void* data, size_t bytes, int root, const std::string& where);
 void barrier(const std::string& where);
+void reduce_scatter(const void* flat, void* shard, int64_t count, Element element, const std::string& where);
+void all_gather(const void* shard, void* flat, int64_t count, Element element, const std::string& where);
 } // namespace mpi
 #endif
 

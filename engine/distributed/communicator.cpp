@@ -46,6 +46,8 @@ CommunicatorCounters CommunicatorCounters::operator-(const CommunicatorCounters&
     difference.gradient_all_reduces = gradient_all_reduces - earlier.gradient_all_reduces;
     difference.count_all_reduces = count_all_reduces - earlier.count_all_reduces;
     difference.value_all_reduces = value_all_reduces - earlier.value_all_reduces;
+    difference.reduce_scatters = reduce_scatters - earlier.reduce_scatters;
+    difference.all_gathers = all_gathers - earlier.all_gathers;
     difference.broadcasts = broadcasts - earlier.broadcasts;
     difference.barriers = barriers - earlier.barriers;
     difference.backend_calls = backend_calls - earlier.backend_calls;
@@ -140,6 +142,30 @@ void Communicator::broadcast(const Tensor& tensor, int root) {
     broadcast_bytes(tensor.raw_data(), tensor.nbytes(), tensor.device(), root);
 }
 
+void Communicator::check_parts(const Tensor& flat, const Tensor& shard, const char* call) const {
+    ENGINE_CHECK(flat.defined() && shard.defined() && flat.device() == shard.device() && flat.dtype() == shard.dtype() &&
+                     flat.numel() == shard.numel() * world_size_,
+                 where(call) << ": the flat buffer " << (flat.defined() ? flat.describe() : std::string("none"))
+                             << " must be " << world_size_ << " parts the size, device and dtype of the shard "
+                             << (shard.defined() ? shard.describe() : std::string("none")));
+    element_of(flat.dtype());
+}
+
+void Communicator::reduce_scatter(const Tensor& flat, const Tensor& shard) {
+    check_parts(flat, shard, "reduce_scatter");
+    ++counters_.reduce_scatters;
+    ++counters_.backend_calls;
+    counters_.bytes_reduced += static_cast<int64_t>(flat.nbytes());
+    reduce_scatter_parts(flat.raw_data(), shard.raw_data(), shard.numel(), shard.dtype(), shard.device());
+}
+
+void Communicator::all_gather(const Tensor& shard, const Tensor& flat) {
+    check_parts(flat, shard, "all_gather");
+    ++counters_.all_gathers;
+    ++counters_.backend_calls;
+    all_gather_parts(shard.raw_data(), flat.raw_data(), shard.numel(), shard.dtype(), shard.device());
+}
+
 void Communicator::barrier() {
     ++counters_.barriers;
     ++counters_.backend_calls;
@@ -157,6 +183,12 @@ protected:
     void sum_in_place(void*, int64_t, DType, Device, const char*) override {}
     void sum_host(void*, Element, const char*) override {}
     void broadcast_bytes(void*, size_t, Device, int) override {}
+    void reduce_scatter_parts(const void* flat, void* shard, int64_t count, DType dtype, Device device) override {
+        if (flat != shard) copy_bytes(shard, device, flat, device, static_cast<size_t>(count) * dtype_size(dtype));
+    }
+    void all_gather_parts(const void* shard, void* flat, int64_t count, DType dtype, Device device) override {
+        if (flat != shard) copy_bytes(flat, device, shard, device, static_cast<size_t>(count) * dtype_size(dtype));
+    }
     void barrier_now() override {}
 };
 

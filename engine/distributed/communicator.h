@@ -23,6 +23,8 @@ struct CommunicatorCounters {
     int64_t gradient_all_reduces = 0; // all_reduce_gradients calls (each covers every buffer given)
     int64_t count_all_reduces = 0;    // all_reduce_count calls
     int64_t value_all_reduces = 0;    // all_reduce_value calls (the step's loss sum, replica checks)
+    int64_t reduce_scatters = 0;      // ZeRO-1: the gradients, one per step
+    int64_t all_gathers = 0;          // ZeRO-1: the parameters, one per step
     int64_t broadcasts = 0;
     int64_t barriers = 0;
     int64_t backend_calls = 0;  // MPI/NCCL collectives issued (buckets of a gradient reduction count one each)
@@ -53,6 +55,11 @@ public:
     double all_reduce_value(double value);     // the sum of `value` over the ranks (host, in double)
     // Every rank's `tensor` takes root's values (any device the backend handles).
     void broadcast(const Tensor& tensor, int root = 0);
+    // ZeRO-1's pair over a flat buffer of world_size equal parts (1-D, same device and dtype as `shard`):
+    // reduce_scatter leaves in `shard` the sum over the ranks of part rank() of `flat`; all_gather fills part r
+    // of `flat` with rank r's `shard`.
+    void reduce_scatter(const Tensor& flat, const Tensor& shard);
+    void all_gather(const Tensor& shard, const Tensor& flat);
     void barrier();
 
     static constexpr size_t bucket_bytes = size_t{32} << 20;
@@ -63,11 +70,14 @@ protected:
     virtual void sum_in_place(void* data, int64_t count, DType dtype, Device device, const char* call) = 0;
     virtual void sum_host(void* value, Element element, const char* call) = 0; // one host scalar
     virtual void broadcast_bytes(void* data, size_t bytes, Device device, int root) = 0;
+    virtual void reduce_scatter_parts(const void* flat, void* shard, int64_t count, DType dtype, Device device) = 0;
+    virtual void all_gather_parts(const void* shard, void* flat, int64_t count, DType dtype, Device device) = 0;
     virtual void barrier_now() = 0;
     std::string where(const char* call) const; // "rank R of N, CALL" for error messages
 
 private:
     void sum_scalar(void* value, Element element, const char* call); // counts it, then sum_host
+    void check_parts(const Tensor& flat, const Tensor& shard, const char* call) const;
     Backend backend_;
     int rank_ = 0;
     int world_size_ = 1;

@@ -92,6 +92,19 @@ void broadcast_bytes(void* data, size_t bytes, int root, const std::string& wher
 
 void barrier(const std::string& where) { check(MPI_Barrier(MPI_COMM_WORLD), where, "MPI_Barrier"); }
 
+void reduce_scatter(const void* flat, void* shard, int64_t count, Element element, const std::string& where) {
+    ENGINE_CHECK(count >= 0 && count <= INT32_MAX, where << ": a shard of " << count << " elements exceeds one MPI call");
+    check(MPI_Reduce_scatter_block(flat, shard, static_cast<int>(count), datatype(element), MPI_SUM, MPI_COMM_WORLD),
+          where, "MPI_Reduce_scatter_block");
+}
+
+void all_gather(const void* shard, void* flat, int64_t count, Element element, const std::string& where) {
+    ENGINE_CHECK(count >= 0 && count <= INT32_MAX, where << ": a shard of " << count << " elements exceeds one MPI call");
+    check(MPI_Allgather(shard, static_cast<int>(count), datatype(element), flat, static_cast<int>(count),
+                        datatype(element), MPI_COMM_WORLD),
+          where, "MPI_Allgather");
+}
+
 } // namespace mpi
 
 namespace {
@@ -104,21 +117,31 @@ public:
 
 protected:
     void sum_in_place(void* data, int64_t count, DType dtype, Device device, const char* call) override {
-        ENGINE_CHECK(device == Device::cpu, where(call) << ": the mpi backend reduces host tensors; this one is on "
-                                                        << device_name(device) << " (use the nccl backend)");
+        require_host(device, call);
         mpi::sum_in_place(data, count, element_of(dtype), where(call));
     }
     void sum_host(void* value, Element element, const char* call) override {
         mpi::sum_in_place(value, 1, element, where(call));
     }
     void broadcast_bytes(void* data, size_t bytes, Device device, int root) override {
-        ENGINE_CHECK(device == Device::cpu, where("broadcast") << ": the mpi backend broadcasts host tensors; this one is on "
-                                                               << device_name(device));
+        require_host(device, "broadcast");
         mpi::broadcast_bytes(data, bytes, root, where("broadcast"));
+    }
+    void reduce_scatter_parts(const void* flat, void* shard, int64_t count, DType dtype, Device device) override {
+        require_host(device, "reduce_scatter");
+        mpi::reduce_scatter(flat, shard, count, element_of(dtype), where("reduce_scatter"));
+    }
+    void all_gather_parts(const void* shard, void* flat, int64_t count, DType dtype, Device device) override {
+        require_host(device, "all_gather");
+        mpi::all_gather(shard, flat, count, element_of(dtype), where("all_gather"));
     }
     void barrier_now() override { mpi::barrier(where("barrier")); }
 
 private:
+    void require_host(Device device, const char* call) const {
+        ENGINE_CHECK(device == Device::cpu, where(call) << ": the mpi backend moves host tensors; this one is on "
+                                                        << device_name(device) << " (use the nccl backend)");
+    }
     std::unique_ptr<mpi::Session> session_;
 };
 

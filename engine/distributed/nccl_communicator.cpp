@@ -66,6 +66,17 @@ protected:
         check_nccl(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, cuda::compute_stream()), where("broadcast"),
                    "ncclBroadcast");
     }
+    void reduce_scatter_parts(const void* flat, void* shard, int64_t count, DType dtype, Device device) override {
+        if (device == Device::cpu) return mpi::reduce_scatter(flat, shard, count, element_of(dtype), where("reduce_scatter"));
+        check_nccl(ncclReduceScatter(flat, shard, static_cast<size_t>(count), nccl_type(dtype), ncclSum, comm_,
+                                     cuda::compute_stream()),
+                   where("reduce_scatter"), "ncclReduceScatter");
+    }
+    void all_gather_parts(const void* shard, void* flat, int64_t count, DType dtype, Device device) override {
+        if (device == Device::cpu) return mpi::all_gather(shard, flat, count, element_of(dtype), where("all_gather"));
+        check_nccl(ncclAllGather(shard, flat, static_cast<size_t>(count), nccl_type(dtype), comm_, cuda::compute_stream()),
+                   where("all_gather"), "ncclAllGather");
+    }
     void barrier_now() override {
         cuda::synchronize(); // what this rank queued is done before the others pass
         mpi::barrier(where("barrier"));

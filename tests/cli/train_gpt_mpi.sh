@@ -3,7 +3,7 @@
 # between ranks. Token mode: 2 ranks x batch 2 equal 1 process x batch 4 (per-step losses, final weights);
 # mean mode must differ; replicas are bitwise equal after every step; each step makes one count, one gradient
 # and one loss all-reduce whatever the accumulation; a 2-rank resume is bitwise; a resume with another world
-# size is refused. usage: train_gpt_mpi.sh TRAIN_GPT CHECK_COMMUNICATOR MPIEXEC WORK_DIR
+# size is refused; ZeRO stage 1 gives the same training with half the optimizer state per rank. usage: train_gpt_mpi.sh TRAIN_GPT CHECK_COMMUNICATOR MPIEXEC WORK_DIR
 set -u
 train_gpt=$1
 check_communicator=$2
@@ -168,6 +168,41 @@ check "2-rank resume: final weights bitwise" $? "the saved weights differ"
 status=$?
 [ "$status" -ne 0 ] && grep -q "saved by a run of 2 data-parallel ranks and this run has 1" "$work/wrong_world.out"
 check "a resume with another world size is refused clearly" $? "exit $status: $(tail -2 "$work/wrong_world.out")"
+
+# 5. ZeRO stage 1: the same runs with each rank keeping the optimizer state of half the parameters. AdamW
+#    against the unsharded 2-rank run (same sums, so the same weights), SGD against one process; the
+#    optimizer-state peak per rank halves; one reduce-scatter and one all-gather per step.
+for optimizer in adamw sgd; do
+  mpirun2 "$train_gpt" "${common[@]}" --zero-stage 1 --optimizer $optimizer --per-device-train-batch-size 2 \
+    --gradient-accumulation-steps 2 --max-steps 4 --check-replicas --log "$work/zero_$optimizer.jsonl" \
+    --save "$work/zero_$optimizer.safetensors" >"$work/zero_$optimizer.out" 2>&1
+  check "2-rank ZeRO-1 run ($optimizer)" $? "$(tail -5 "$work/zero_$optimizer.out")"
+done
+"$python" "$work/compare.py" "$work/zero_adamw.jsonl" "$work/ranks2.jsonl" "$work/zero_adamw.safetensors" \
+  "$work/ranks2.safetensors" equal
+check "ZeRO-1 AdamW equals the unsharded 2-rank run within 1e-6" $? "see above"
+"$python" "$work/compare.py" "$work/zero_sgd.jsonl" "$work/sgd1.jsonl" "$work/zero_sgd.safetensors" \
+  "$work/sgd1.safetensors" equal
+check "ZeRO-1 SGD equals one process within 1e-6" $? "see above"
+"$python" - "$work/zero_adamw.jsonl" "$work/ranks2.jsonl" <<'PY'
+import json, sys
+zero = [json.loads(l) for l in open(sys.argv[1])]
+whole = [json.loads(l) for l in open(sys.argv[2])]
+ratio = max(z["peak_mib"]["optimizer_state"] / w["peak_mib"]["optimizer_state"] for z, w in zip(zero, whole))
+assert 0.49 <= ratio <= 0.51, f"optimizer state per rank is {ratio:.4f} of the unsharded run's"
+for line in zero:
+    calls = line["communication"]
+    assert line["replicas_identical"], f"step {line['step']}: replicas differ"
+    assert (calls["count_all_reduces"], calls["reduce_scatters"], calls["all_gathers"], calls["gradient_all_reduces"]) \
+        == (1, 1, 1, 0), f"step {line['step']}: {calls}"
+print(f"ZeRO-1 optimizer state per rank {zero[0]['peak_mib']['optimizer_state']:.4f} MiB against "
+      f"{whole[0]['peak_mib']['optimizer_state']:.4f} MiB unsharded ({ratio:.4f}); per step {zero[0]['communication']}")
+PY
+check "ZeRO-1: half the optimizer state per rank, one reduce-scatter and one all-gather per step" $? "see above"
+"$train_gpt" --zero-stage 1 --out "$work/zero_state" >"$work/zero_out.out" 2>&1
+status=$?
+[ "$status" -eq 2 ] && grep -q -- "--zero-stage: 1 shards the optimizer state" "$work/zero_out.out"
+check "ZeRO-1 with --out is refused naming the flag" $? "exit $status: $(tail -2 "$work/zero_out.out")"
 
 echo "$((total - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]
