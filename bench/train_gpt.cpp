@@ -182,6 +182,10 @@ int run(const Options& options) {
     // First, so that an NCCL rank binds its GPU before anything touches the device.
     const std::unique_ptr<distributed::Communicator> communicator = distributed::make_communicator(choose_backend(options));
     const bool lead = communicator->rank() == 0; // only rank 0 prints, logs and writes files
+    if (communicator->world_size() == 1 && distributed::launch_environment().world_size > 1)
+        std::cerr << "train_gpt: warning: launched as one of " << distributed::launch_environment().world_size
+                  << " ranks with --communicator " << options.communicator
+                  << ": each process trains alone on the same data and writes the same files\n";
     const int world_size = communicator->world_size();
     std::unique_ptr<nn::DataLoader> loader;
     try {
