@@ -299,6 +299,12 @@ check_nccl() {
     fi
     run_step nccl_allreduce 60 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
         mpirun --oversubscribe -np 1 "${runner[@]}" "$checker" nccl
+    if grep -q "built without" "$out/nccl_allreduce.log"; then
+        # The carried binaries leave MPI and NCCL out (scripts/prepare_gpu_carry.sh), as may a source build
+        # on a machine without them: nothing to check, not a failure.
+        notes+=("nccl_allreduce: skipped, $(grep -o 'built without [A-Z]*' "$out/nccl_allreduce.log" | head -1)")
+        return
+    fi
     require_ok nccl_allreduce
 }
 
