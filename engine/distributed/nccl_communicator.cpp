@@ -29,6 +29,8 @@ public:
         : Communicator(Backend::nccl, session->rank, session->world_size, session->local_rank, session->local_size),
           session_(std::move(session)) {
         const int devices = cuda::device_count();
+        ENGINE_CHECK(devices > 0, where("startup") << ": no visible CUDA device on this host; the nccl backend needs "
+                                                       "one GPU per rank (the mpi backend reduces host tensors)");
         ENGINE_CHECK(local_size() <= devices,
                      where("startup") << ": " << local_size() << " ranks on this host but " << devices
                                       << " visible CUDA devices; launch at most one rank per GPU (mpirun -np "
