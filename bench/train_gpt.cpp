@@ -274,10 +274,12 @@ int run(const Options& options) {
             std::cout << step_line(*result, config.max_steps) << std::endl;
             if (log) log << record.dump() << "\n" << std::flush;
         }
-        if (lead && !options.out.empty() &&
+        if (!options.out.empty() &&
             ((options.save_every > 0 && step % options.save_every == 0) || step == config.max_steps)) {
-            const std::string path = optim::save_training_state(options.out, trainer, loader.get(), run_config_json(options));
-            std::cout << "saved training state " << path << std::endl;
+            // Every rank captures (ZeRO-1 gathers the optimizer state); rank 0 writes.
+            const std::string path =
+                optim::save_training_state(options.out, trainer, loader.get(), run_config_json(options), lead);
+            if (lead) std::cout << "saved training state " << path << std::endl;
         }
     }
     if (!lead) return 0;

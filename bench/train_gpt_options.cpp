@@ -117,8 +117,7 @@ data:
 data parallelism (mpirun -np N train_gpt ...; docs/DISTRIBUTED.md):
   --communicator auto|none|mpi|nccl   auto: nccl on CUDA, mpi on the CPU when launched with several ranks
   --check-replicas[=true|false]  after every step, check every rank holds bitwise the same weights and moments
-  --zero-stage 0|1               1: each rank keeps the optimizer state of 1/N of the parameters (ZeRO-1;
-                                 not with --out or --resume)
+  --zero-stage 0|1               1: each rank keeps the optimizer state of 1/N of the parameters (ZeRO-1)
 training (Hugging Face names):
   --per-device-train-batch-size N   sequences per micro-batch (default 8)
   --gradient-accumulation-steps N   micro-batches per optimizer step (default 2)
@@ -243,9 +242,6 @@ Options parse_options(const std::vector<std::string>& arguments) {
     }
     if (options.help) return options;
     require(options.save_every == 0 || !options.out.empty(), "--save-every", "needs --out DIR");
-    require(trainer.zero_stage == 0 || (options.out.empty() && options.resume.empty()), "--zero-stage",
-            "1 shards the optimizer state over the ranks, and saving or resuming sharded state (--out, --resume) "
-            "is not implemented; use --zero-stage 0");
 
     options.model = as_flag("--model", [&] { return engine::nn::GPTConfig::named(options.model_name); });
     for (const auto& [flag, apply] : overrides) apply(options.model);

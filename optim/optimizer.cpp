@@ -61,6 +61,20 @@ void Optimizer::set_step_count(int64_t step_count) {
     step_count_ = step_count;
 }
 
+std::vector<Optimizer::StateShard> Optimizer::state_shards() const {
+    const NamedTensors named = named_state();
+    std::vector<StateShard> shards;
+    size_t index = 0;
+    for (const Slot& slot : slots_)
+        for (const Tensor& state : slot.state) {
+            // named_state() lists each slot's state tensors in slot order; check that it still does.
+            ENGINE_CHECK(index < named.size() && named[index].second.raw_data() == state.raw_data(),
+                         "optimizer: named_state() does not list the state of '" << slot.name << "' in slot order");
+            shards.push_back({named[index++].first, state, slot.parameter, slot.shard_begin});
+        }
+    return shards;
+}
+
 std::vector<std::string> Optimizer::parameter_names() const {
     std::vector<std::string> names;
     for (const Slot& slot : slots_) names.push_back(slot.name);

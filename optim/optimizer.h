@@ -58,6 +58,15 @@ public:
     // this shard's part of the parameter, possibly none).
     virtual NamedTensors named_state() const = 0;
     bool sharded() const { return sharded_; }
+    // Each live state tensor with its parameter and the parameter's first element it covers (0 unsharded), in
+    // named_state()'s order: what a sharded state is gathered from and restored into.
+    struct StateShard {
+        std::string name; // as in named_state()
+        Tensor state;
+        Tensor parameter;
+        int64_t first = 0;
+    };
+    std::vector<StateShard> state_shards() const;
     std::vector<std::string> parameter_names() const;
     bool decays(const std::string& parameter_name) const; // throws for an unknown name
 

@@ -141,6 +141,9 @@ public:
     int64_t skipped_steps() const { return skipped_steps_; }  // windows skipped for non-finite values
     double current_learning_rate() const { return schedule_.at(step()); }
     Optimizer& optimizer() { return *optimizer_; }
+    // The optimizer state as whole tensors named as named_state() unsharded: the live tensors, or under ZeRO-1
+    // gathered from every rank (a collective every rank calls).
+    NamedTensors whole_optimizer_state() { return zero_ ? zero_->gather_state(*optimizer_) : optimizer_->named_state(); }
     const LearningRateSchedule& schedule() const { return schedule_; }
     const TrainerConfig& config() const { return config_; }
     nn::GPT& model() { return model_; }

@@ -75,4 +75,36 @@ void ZeroShards::all_gather_parameters() {
     });
 }
 
+NamedTensors ZeroShards::gather_state(const Optimizer& optimizer) {
+    const Device device = flat_.device();
+    // The kinds of state ("exp_avg", "exp_avg_sq"), in order: the name's part before the parameter's.
+    std::vector<std::string> kinds;
+    const std::vector<Optimizer::StateShard> shards = optimizer.state_shards();
+    for (const Optimizer::StateShard& shard : shards) {
+        const std::string kind = shard.name.substr(0, shard.name.find('.'));
+        if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
+    }
+    const std::vector<std::string> names = optimizer.parameter_names();
+    std::vector<NamedTensors> gathered(kinds.size());
+    for (size_t kind = 0; kind < kinds.size(); ++kind) {
+        // This rank's shards of one kind lie in slot order, end to end: exactly its part of the flat layout.
+        int64_t filled = 0;
+        for (const Optimizer::StateShard& shard : shards) {
+            if (shard.name.compare(0, kinds[kind].size() + 1, kinds[kind] + ".") != 0) continue;
+            copy_bytes(at(part_, filled), device, shard.state.raw_data(), device, shard.state.nbytes());
+            filled += shard.state.numel();
+        }
+        communicator_.all_gather(part_, flat_);
+        for_each_overlap(parameters_, 0, flat_.numel(), [&](const Tensor& parameter, int64_t, int64_t flat, int64_t) {
+            Tensor whole = Tensor::zeros(parameter.shape(), parameter.dtype(), device, MemoryCategory::workspace);
+            copy_bytes(whole.raw_data(), device, at(flat_, flat), device, whole.nbytes());
+            gathered[kind].emplace_back(kinds[kind] + "." + names[gathered[kind].size()], whole);
+        });
+    }
+    NamedTensors state; // per parameter, every kind: the unsharded order
+    for (size_t parameter = 0; parameter < names.size(); ++parameter)
+        for (const NamedTensors& kind : gathered) state.push_back(kind[parameter]);
+    return state;
+}
+
 } // namespace engine::optim

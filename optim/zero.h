@@ -26,6 +26,10 @@ public:
     double gradient_sum_of_squares();
     // Every rank's updated part into every rank's parameters.
     void all_gather_parameters();
+    // The optimizer's sharded state gathered from every rank into whole tensors, named and ordered as an
+    // unsharded optimizer's named_state() (one all-gather per kind of state): what a training state saves.
+    // A collective: every rank calls it.
+    NamedTensors gather_state(const Optimizer& optimizer);
 
 private:
     std::vector<Tensor> parameters_;

@@ -48,7 +48,6 @@ expect --data-layout --data-layout ragged
 expect --eot-token --eot-token 256
 expect --communicator --communicator gloo
 expect --zero-stage --zero-stage 2
-expect --zero-stage --zero-stage 1 --out "$work/zero_state"
 expect --loss-normalization --loss-normalization median
 # A data file whose token ids exceed the vocabulary is refused naming the file and the offset.
 printf '\xff' >"$work/high_byte.txt"
