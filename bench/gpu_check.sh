@@ -8,8 +8,9 @@
 # Either way: the GPU and driver first; engine_cuda_tests run directly (and engine_cuda_no_device_tests, when
 # built, with CUDA_VISIBLE_DEVICES= so that it sees no device); compute-sanitizer memcheck over the CUDA tests;
 # the kernel and train-step benchmarks; train_gpt under checkpointing with and without offload (and prefetch,
-# once train_gpt has the flag); a throughput table; and last a summary: passed / failed / skipped per test
-# binary, the sanitizer's verdict, and the overall verdict. A skipped CUDA test is a failure (an old driver
+# once train_gpt has the flag); one rank's NCCL all-reduce against MPI's (skipped without mpirun); a throughput
+# table; and last a summary: passed / failed / skipped per test binary, the sanitizer's verdict, and the
+# overall verdict. A skipped CUDA test is a failure (an old driver
 # makes every one of them skip with "no CUDA device"), as is any failed, crashed, timed-out or unrun step.
 # Exit status 0 only when the verdict is PASS. Whole run bounded by an 8-minute budget; logs go to $OUT (or
 # /tmp/gpu_check), the summary also to $OUT/summary.txt.
@@ -282,6 +283,31 @@ measure_offload() {
     fi
 }
 
+# The NCCL backend, which only a GPU machine can run: one rank's NCCL all-reduce, broadcast and bootstrap over
+# MPI, its sums compared bitwise with MPI's (bench/check_communicator.cpp). Needs mpirun on this machine.
+check_nccl() {
+    local checker=$build/bench/check_communicator
+    if ! command -v mpirun >/dev/null 2>&1; then
+        notes+=("nccl_allreduce: skipped, mpirun is not installed on this machine (apt-get install openmpi-bin)")
+        status_lines+=("nccl_allreduce: skipped (no mpirun)")
+        return
+    fi
+    if [ ! -x "$checker" ]; then
+        notes+=("nccl_allreduce: skipped, check_communicator not built (a build without MPI or NCCL)")
+        status_lines+=("nccl_allreduce: skipped (check_communicator not built)")
+        return
+    fi
+    run_step nccl_allreduce 60 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        mpirun --oversubscribe -np 1 "${runner[@]}" "$checker" nccl
+    if grep -q "built without" "$out/nccl_allreduce.log"; then
+        # The carried binaries leave MPI and NCCL out (scripts/prepare_gpu_carry.sh), as may a source build
+        # on a machine without them: nothing to check, not a failure.
+        notes+=("nccl_allreduce: skipped, $(grep -o 'built without [A-Z]*' "$out/nccl_allreduce.log" | head -1)")
+        return
+    fi
+    require_ok nccl_allreduce
+}
+
 if [ "$mode" = source ]; then
     install_source googletest "$third/googletest" -DBUILD_GMOCK=OFF -DINSTALL_GTEST=ON
     install_source benchmark "$third/benchmark" -DBENCHMARK_ENABLE_TESTING=OFF -DBENCHMARK_ENABLE_GTEST_TESTS=OFF \
@@ -311,6 +337,7 @@ if [ "$mode" = carried ] ||
         fi
     done
     measure_offload
+    check_nccl
 else
     failures+=("configure or build failed (rc=$step_rc); see $out/configure.log and $out/build.log")
 fi

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "checkpoint/memory_model.h"
+#include "engine/distributed/communicator.h"
 #include "nn/gpt.h"
 #include "nn/io/safetensors.h"
 #include "nn/io/token_data.h"
@@ -40,10 +41,14 @@ std::vector<int32_t> load_training_tokens(const Options& options) {
     return tokens;
 }
 
-// Micro-batches of per_device_train_batch_size windows of seq_len tokens, shuffled with the seed, cycling
-// over epochs; max_steps bounds the run.
-std::unique_ptr<nn::DataLoader> make_loader(const Options& options) {
+// Micro-batches of per_device_train_batch_size windows of seq_len tokens (or documents, padded), shuffled
+// with the seed, cycling over epochs; max_steps bounds the run. Each rank reads its part of every global batch.
+std::unique_ptr<nn::DataLoader> make_loader(const Options& options, const distributed::Communicator& communicator) {
     nn::DataLoaderOptions loader;
+    loader.layout = options.data_layout;
+    loader.end_of_text = options.eot_token;
+    loader.rank = communicator.rank();
+    loader.world_size = communicator.world_size();
     loader.batch_size = options.trainer.per_device_train_batch_size;
     loader.sequence_length = options.seq_len;
     loader.seed = options.trainer.seed;
@@ -53,22 +58,72 @@ std::unique_ptr<nn::DataLoader> make_loader(const Options& options) {
     return std::make_unique<nn::DataLoader>(load_training_tokens(options), loader);
 }
 
+// Which backend this run uses: --communicator, or under a launcher with several ranks NCCL for CUDA tensors
+// and MPI for host ones.
+distributed::Backend choose_backend(const Options& options) {
+    if (options.communicator != "auto") return distributed::parse_backend(options.communicator);
+    const distributed::LaunchEnvironment launch = distributed::launch_environment();
+    if (!launch.launched || launch.world_size == 1) return distributed::Backend::none;
+    return options.resolved_device == Device::cuda ? distributed::Backend::nccl : distributed::Backend::mpi;
+}
+
+// FNV-1a over the bytes of every parameter and optimizer state: equal on two ranks only if (up to a 2^-64
+// chance) their replicas are bitwise equal.
+uint64_t replica_hash(optim::Trainer& trainer) {
+    uint64_t hash = 0xcbf29ce484222325ull;
+    auto add = [&](const Tensor& tensor) {
+        const Tensor host = tensor.to(Device::cpu);
+        const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
+        for (size_t index = 0; index < host.nbytes(); ++index) hash = (hash ^ bytes[index]) * 0x100000001b3ull;
+    };
+    for (const auto& [name, parameter] : trainer.model().named_parameters()) add(parameter);
+    // Sharded (ZeRO-1) optimizer state differs between ranks by design: then the weights alone.
+    if (!trainer.optimizer().sharded())
+        for (const auto& [name, state] : trainer.optimizer().named_state()) add(state);
+    return hash;
+}
+
+// Throws on every rank when some rank's replica differs from rank 0's (a broadcast and a count reduction,
+// outside any step's counters).
+void check_replicas(distributed::Communicator& communicator, uint64_t hash, int64_t step) {
+    const uint64_t own = hash;
+    const Tensor root = Tensor::from_vector<int32_t>({static_cast<int32_t>(hash & 0xFFFFFFFFu), static_cast<int32_t>(hash >> 32)},
+                                                     {2}, Device::cpu);
+    communicator.broadcast(root, 0);
+    const std::vector<int32_t> halves = root.to_vector<int32_t>();
+    const uint64_t root_hash = static_cast<uint32_t>(halves[0]) | uint64_t{static_cast<uint32_t>(halves[1])} << 32;
+    const int64_t differing = communicator.all_reduce_count(own != root_hash ? 1 : 0);
+    ENGINE_CHECK(differing == 0, "after step " << step << ", " << differing << " of " << communicator.world_size()
+                                               << " ranks hold weights or optimizer state that differ from rank 0's");
+}
+
 nlohmann::json step_record(const optim::StepResult& result) {
     nlohmann::json peak_mib;
     for (int index = 0; index < memory_category_count; ++index)
         peak_mib[memory_category_name(static_cast<MemoryCategory>(index))] = mebibytes(result.memory.peak_by_category[index]);
+    const distributed::CommunicatorCounters& calls = result.communication;
     return {{"step", result.step},
             {"loss", result.loss},
             {"lr", result.learning_rate},
             {"grad_norm", result.grad_norm},
             {"tokens", result.tokens},
             {"num_items_in_batch", result.num_items_in_batch},
+            {"rank_num_items_in_batch", result.rank_num_items_in_batch},
             {"micro_batches", result.micro_batches},
             {"seconds", result.seconds},
             {"tokens_per_second", result.tokens_per_second},
             {"peak_mib", peak_mib},
             {"peak_total_mib", mebibytes(result.memory.peak_bytes)},
-            {"skipped", result.skipped}};
+            {"skipped", result.skipped},
+            {"communication", {{"gradient_all_reduces", calls.gradient_all_reduces},
+                               {"reduce_scatters", calls.reduce_scatters},
+                               {"all_gathers", calls.all_gathers},
+                               {"count_all_reduces", calls.count_all_reduces},
+                               {"value_all_reduces", calls.value_all_reduces},
+                               {"broadcasts", calls.broadcasts},
+                               {"barriers", calls.barriers},
+                               {"backend_calls", calls.backend_calls},
+                               {"bytes_reduced", calls.bytes_reduced}}}};
 }
 
 std::string step_line(const optim::StepResult& result, int64_t max_steps) {
@@ -97,6 +152,7 @@ std::string run_config_json(const Options& options) {
                           {"model_config", options.model.to_string()},
                           {"seq_len", options.seq_len},
                           {"data", options.data.empty() ? "built-in corpus" : options.data},
+                          {"data_layout", nn::data_layout_name(options.data_layout)},
                           {"per_device_train_batch_size", trainer.per_device_train_batch_size},
                           {"gradient_accumulation_steps", trainer.gradient_accumulation_steps},
                           {"learning_rate", trainer.learning_rate},
@@ -104,7 +160,8 @@ std::string run_config_json(const Options& options) {
                           {"max_steps", trainer.max_steps},
                           {"seed", trainer.seed},
                           {"optimizer", optim::optimizer_kind_name(trainer.optimizer)},
-                          {"gradient_checkpointing", trainer.gradient_checkpointing}}
+                          {"gradient_checkpointing", trainer.gradient_checkpointing},
+                          {"zero_stage", trainer.zero_stage}}
         .dump();
 }
 
@@ -113,14 +170,26 @@ int run(const Options& options) {
     if (options.plan) {
         const auto kind = config.optimizer == optim::OptimizerKind::sgd ? checkpoint::OptimizerKind::sgd
                                                                         : checkpoint::OptimizerKind::adamw;
-        std::cout << checkpoint::plan_report(options.model, config.per_device_train_batch_size, options.seq_len,
-                                             config.checkpoint_policy(), DType::f32, kind);
+        // Per rank: ZeRO-1 over the launcher's ranks (mpirun -np N train_gpt --plan --zero-stage 1), printed once.
+        const distributed::LaunchEnvironment launch = distributed::launch_environment();
+        if (launch.rank == 0)
+            std::cout << checkpoint::plan_report(options.model, config.per_device_train_batch_size, options.seq_len,
+                                                 config.checkpoint_policy(), DType::f32, kind,
+                                                 config.zero_stage == 1 ? launch.world_size : 1);
         return 0;
     }
 
+    // First, so that an NCCL rank binds its GPU before anything touches the device.
+    const std::unique_ptr<distributed::Communicator> communicator = distributed::make_communicator(choose_backend(options));
+    const bool lead = communicator->rank() == 0; // only rank 0 prints, logs and writes files
+    if (communicator->world_size() == 1 && distributed::launch_environment().world_size > 1)
+        std::cerr << "train_gpt: warning: launched as one of " << distributed::launch_environment().world_size
+                  << " ranks with --communicator " << options.communicator
+                  << ": each process trains alone on the same data and writes the same files\n";
+    const int world_size = communicator->world_size();
     std::unique_ptr<nn::DataLoader> loader;
     try {
-        loader = make_loader(options);
+        loader = make_loader(options, *communicator);
     } catch (const EngineError& error) {
         throw train_gpt::flag_error(options.data.empty() ? "--vocab-size" : "--data", error);
     }
@@ -135,7 +204,7 @@ int run(const Options& options) {
             throw train_gpt::flag_error("--init", error);
         }
     }
-    optim::Trainer trainer(model, config);
+    optim::Trainer trainer(model, config, world_size > 1 ? communicator.get() : nullptr);
     if (!options.resume.empty()) {
         optim::ResumedRun resumed;
         try {
@@ -143,37 +212,46 @@ int run(const Options& options) {
         } catch (const EngineError& error) {
             throw train_gpt::flag_error("--resume", error);
         }
-        std::cout << "resumed from " << resumed.path << " at step " << resumed.step << "\n";
-        if (!resumed.refused_reason.empty()) std::cerr << "train_gpt: warning: " << resumed.refused_reason << "\n";
+        if (lead) std::cout << "resumed from " << resumed.path << " at step " << resumed.step << "\n";
+        if (lead && !resumed.refused_reason.empty()) std::cerr << "train_gpt: warning: " << resumed.refused_reason << "\n";
         // Allowed (e.g. more --max-steps), but the run then no longer equals one uninterrupted run.
-        if (resumed.config_json != run_config_json(options))
+        if (lead && resumed.config_json != run_config_json(options))
             std::cerr << "train_gpt: warning: flags differ from the saved run: saved " << resumed.config_json
                       << ", now " << run_config_json(options) << "\n";
     }
 
+    // Rank 0's weights everywhere: every rank starts from the same replica whatever each one loaded.
+    if (world_size > 1)
+        for (const Tensor& parameter : model.parameters()) communicator->broadcast(parameter, 0);
+
     std::ofstream log;
-    if (!options.log.empty()) {
+    if (lead && !options.log.empty()) {
         // A resumed run continues its log rather than erasing the steps before the saved state.
         log.open(options.log, options.resume.empty() ? std::ios::trunc : std::ios::app);
         if (!log) throw train_gpt::UsageError("--log", "cannot write '" + options.log + "'");
     }
     const int64_t tokens_per_step =
-        int64_t{config.per_device_train_batch_size} * config.gradient_accumulation_steps * options.seq_len;
+        int64_t{config.per_device_train_batch_size} * config.gradient_accumulation_steps * world_size * options.seq_len;
     const int padded_vocabulary = options.model.padded_vocab_size();
     const std::string padding = padded_vocabulary == options.model.vocab_size
                                     ? ""
                                     : "; wte stored as " + std::to_string(padded_vocabulary) + " rows, the padding zero";
-    std::cout << "model: " << options.model.to_string() << " (" << model.parameter_count() << " parameters" << padding << ")"
-              << (options.init.empty() ? "" : ", from " + options.init) << "\n"
-              << "data: " << (options.data.empty() ? "built-in corpus" : options.data) << ", "
-              << loader->window_count() << " windows of " << options.seq_len << " tokens\n"
-              << "device: " << device_name(options.resolved_device)
-              << (options.resolved_device == Device::cpu ? "" : options.tf32.value_or(true) ? " (tf32)" : " (fp32)")
-              << " | batch " << config.per_device_train_batch_size
-              << " x " << config.gradient_accumulation_steps << " micro-batches = " << tokens_per_step
-              << " tokens per step | loss normalization " << optim::loss_normalization_name(config.loss_normalization)
-              << " | optimizer " << optim::optimizer_kind_name(config.optimizer) << " | checkpointing "
-              << config.checkpoint_policy().to_string() << "\n";
+    if (lead) {
+        std::cout << "model: " << options.model.to_string() << " (" << model.parameter_count() << " parameters" << padding << ")"
+                  << (options.init.empty() ? "" : ", from " + options.init) << "\n"
+                  << "data: " << (options.data.empty() ? "built-in corpus" : options.data) << ", "
+                  << loader->window_count()
+                  << (options.data_layout == nn::DataLayout::padded ? " documents padded to " : " windows of ")
+                  << options.seq_len << " tokens\n"
+                  << "device: " << device_name(options.resolved_device)
+                  << (options.resolved_device == Device::cpu ? "" : options.tf32.value_or(true) ? " (tf32)" : " (fp32)")
+                  << " | batch " << config.per_device_train_batch_size << " x " << config.gradient_accumulation_steps
+                  << " micro-batches x " << world_size << " ranks (" << distributed::backend_name(communicator->backend())
+                  << ") = " << tokens_per_step << " token positions per step | "
+                  << nn::data_layout_name(options.data_layout) << " data | loss normalization " << optim::loss_normalization_name(config.loss_normalization)
+                  << " | optimizer " << optim::optimizer_kind_name(config.optimizer) << " | checkpointing "
+                  << config.checkpoint_policy().to_string() << "\n";
+    }
 
     const nn::BatchSource source = loader->source();
     double first_loss = 0.0, last_loss = 0.0, seconds = 0.0;
@@ -187,16 +265,28 @@ int run(const Options& options) {
             last_loss = result->loss;
         }
         seconds += result->seconds;
-        if (step % config.logging_steps == 0 || step == 1 || step == config.max_steps) {
+        nlohmann::json record = step_record(*result);
+        if (options.check_replicas) {
+            const uint64_t hash = replica_hash(trainer);
+            if (world_size > 1) check_replicas(*communicator, hash, step);
+            char text[17];
+            std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
+            record["replica_hash"] = text;
+            record["replicas_identical"] = true; // check_replicas threw otherwise
+        }
+        if (lead && (step % config.logging_steps == 0 || step == 1 || step == config.max_steps)) {
             std::cout << step_line(*result, config.max_steps) << std::endl;
-            if (log) log << step_record(*result).dump() << "\n" << std::flush;
+            if (log) log << record.dump() << "\n" << std::flush;
         }
         if (!options.out.empty() &&
             ((options.save_every > 0 && step % options.save_every == 0) || step == config.max_steps)) {
-            const std::string path = optim::save_training_state(options.out, trainer, loader.get(), run_config_json(options));
-            std::cout << "saved training state " << path << std::endl;
+            // Every rank captures (ZeRO-1 gathers the optimizer state); rank 0 writes.
+            const std::string path =
+                optim::save_training_state(options.out, trainer, loader.get(), run_config_json(options), lead);
+            if (lead) std::cout << "saved training state " << path << std::endl;
         }
     }
+    if (!lead) return 0;
     if (first_logged_step == 0) {
         std::printf("no step was trained (already at step %lld of %lld)\n", static_cast<long long>(trainer.step()),
                     static_cast<long long>(config.max_steps));

@@ -111,6 +111,13 @@ model:
   --save FILE.safetensors        write the trained weights
 data:
   --data FILE                    llm.c token shard or any file as bytes (default: built-in corpus)
+  --data-layout packed|padded    packed: windows of --seq-len tokens (default); padded: one document per
+                                 sequence, split at --eot-token, truncated or padded (labels -100)
+  --eot-token N                  end of text for padded (default 50256 if the vocabulary has it, else 10, '\n')
+data parallelism (mpirun -np N train_gpt ...; docs/DISTRIBUTED.md):
+  --communicator auto|none|mpi|nccl   auto: nccl on CUDA, mpi on the CPU when launched with several ranks
+  --check-replicas[=true|false]  after every step, check every rank holds bitwise the same weights and moments
+  --zero-stage 0|1               1: each rank keeps the optimizer state of 1/N of the parameters (ZeRO-1)
 training (Hugging Face names):
   --per-device-train-batch-size N   sequences per micro-batch (default 8)
   --gradient-accumulation-steps N   micro-batches per optimizer step (default 2)
@@ -192,6 +199,12 @@ Options parse_options(const std::vector<std::string>& arguments) {
              require(std::filesystem::is_directory(v, error), f, "no such directory '" + v + "'");
              options.resume = v; }},
         {"--tf32", [&](auto& f, auto& v) { options.tf32 = parse_bool(f, v); }},
+        {"--zero-stage", [&](auto& f, auto& v) { trainer.zero_stage = parse_int(f, v); require(trainer.zero_stage == 0 || trainer.zero_stage == 1, f, "must be 0 or 1"); }},
+        {"--data-layout", [&](auto& f, auto& v) { options.data_layout = as_flag(f, [&] { return engine::nn::parse_data_layout(v); }); }},
+        {"--eot-token", [&](auto& f, auto& v) { options.eot_token = parse_int(f, v); require(options.eot_token >= 0, f, "must be >= 0"); }},
+        {"--communicator", [&](auto& f, auto& v) {
+             require(v == "auto" || v == "none" || v == "mpi" || v == "nccl", f, "'" + v + "' is not auto, none, mpi or nccl");
+             options.communicator = v; }},
         {"--device", [&](auto& f, auto& v) { require(v == "auto" || v == "cpu" || v == "cuda", f, "'" + v + "' is not auto, cpu or cuda"); options.device = v; }},
     };
     const std::map<std::string, bool*> switches = {
@@ -200,6 +213,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--prefetch", &trainer.prefetch},
         {"--skip-nonfinite", &trainer.skip_nonfinite},
         {"--plan", &options.plan},
+        {"--check-replicas", &options.check_replicas},
         {"--help", &options.help},
     };
 
@@ -241,6 +255,9 @@ Options parse_options(const std::vector<std::string>& arguments) {
             std::to_string(model.n_head) + " heads do not divide the width " + std::to_string(model.n_embd));
     require(model.dropout >= 0.0f && model.dropout < 1.0f, "--dropout", "must be in [0,1)");
     if (options.seq_len == 0) options.seq_len = model.max_seq_len;
+    if (options.eot_token < 0) options.eot_token = model.vocab_size > 50256 ? 50256 : '\n';
+    require(options.eot_token < model.vocab_size, "--eot-token",
+            std::to_string(options.eot_token) + " is outside the vocabulary of " + std::to_string(model.vocab_size));
     require(options.seq_len <= model.max_seq_len, "--seq-len",
             std::to_string(options.seq_len) + " exceeds the model's max sequence length " +
                 std::to_string(model.max_seq_len));

@@ -9,6 +9,7 @@
 
 #include "engine/dtype.h"
 #include "nn/gpt.h"
+#include "nn/io/token_data.h"
 #include "optim/trainer.h"
 
 namespace train_gpt {
@@ -30,6 +31,12 @@ struct Options {
     int seq_len = 0; // 0: the model's max_seq_len
     engine::optim::TrainerConfig trainer;
     std::string data;      // empty: the built-in corpus
+    engine::nn::DataLayout data_layout = engine::nn::DataLayout::packed;
+    int eot_token = -1;    // padded layout's end of text; -1: 50256 when the vocabulary has it, else '\n' (bytes)
+    // Data parallelism (docs/DISTRIBUTED.md): auto is nccl on CUDA and mpi on the CPU when a launcher (mpirun)
+    // started several ranks, else none.
+    std::string communicator = "auto";
+    bool check_replicas = false; // after every step, compare a hash of each rank's weights and optimizer state
     std::string init;      // safetensors to load before training
     std::string save;      // safetensors to write after training
     std::string log;       // JSON lines

@@ -74,8 +74,9 @@ size_t MemoryPrediction::of(MemoryCategory category) const {
 }
 
 MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
-                                DType dtype, OptimizerKind optimizer) {
+                                DType dtype, OptimizerKind optimizer, int optimizer_shards) {
     config.validate();
+    ENGINE_CHECK(optimizer_shards >= 1, "predict_memory: optimizer_shards " << optimizer_shards << " must be >= 1");
     ENGINE_CHECK(batch > 0 && seq_len > 0,
                  "predict_memory: batch " << batch << " and seq_len " << seq_len << " must be positive");
     ENGINE_CHECK(seq_len <= config.max_seq_len,
@@ -95,10 +96,12 @@ MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_
     MemoryPrediction prediction;
     prediction.parameters = parameter_count(config, config.padded_vocab_size()) * element;
     prediction.gradients = prediction.parameters; // one persistent buffer per parameter, wte's padded too
-    const size_t real_parameters = parameter_count(config, config.vocab_size) * element;
-    prediction.optimizer_state = optimizer == OptimizerKind::adamw ? 2 * real_parameters
-                                 : optimizer == OptimizerKind::sgd ? real_parameters
-                                                                   : 0;
+    // The optimizer sees only the real rows. ZeRO-1: one rank's part of them laid end to end, padded to equal parts.
+    const size_t real_count = parameter_count(config, config.vocab_size);
+    const size_t shards = static_cast<size_t>(optimizer_shards);
+    const size_t part = (real_count + shards - 1) / shards * element;
+    const size_t state_per_element = optimizer == OptimizerKind::adamw ? 2 : optimizer == OptimizerKind::sgd ? 1 : 0;
+    prediction.optimizer_state = state_per_element * (shards > 1 ? part : real_count * element);
 
     // Activations: `kept` is what earlier layers keep for backward, not counting the current layer's
     // input. Each moment that can be the high-water mark is a candidate.
@@ -153,7 +156,8 @@ MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_
     workspace = std::max(workspace, (dropout_active ? 2 : 1) * sizes.stream);
     for (const Segment& segment : segments)
         workspace = std::max(workspace, (segment.checkpointed ? 10 : 9) * sizes.stream);
-    prediction.workspace = workspace;
+    // ZeRO-1's flat buffer and part live from the first step on, beside the step's temporaries.
+    prediction.workspace = workspace + (shards > 1 ? (shards + 1) * part : 0);
 
     // Pinned host: every offloaded segment input is alive at the end of forward.
     prediction.pinned_host = offload ? static_cast<size_t>(prediction.checkpointed_segments) * sizes.stream : 0;
@@ -161,14 +165,21 @@ MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_
 }
 
 std::string plan_report(const nn::GPTConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
-                        DType dtype, OptimizerKind optimizer) {
-    const MemoryPrediction planned = predict_memory(config, batch, seq_len, policy, dtype, optimizer);
-    const MemoryPrediction plain = predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer);
+                        DType dtype, OptimizerKind optimizer, int optimizer_shards) {
+    const MemoryPrediction planned = predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards);
+    const MemoryPrediction plain =
+        predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer, optimizer_shards);
     std::ostringstream text;
     text << "model: " << config.to_string() << "\n";
     text << "micro-batch " << batch << " x " << seq_len << " tokens, " << dtype_name(dtype) << ", optimizer "
          << (optimizer == OptimizerKind::adamw ? "adamw" : optimizer == OptimizerKind::sgd ? "sgd" : "none") << "\n";
     text << "gradient checkpointing: " << policy.to_string() << "\n";
+    if (optimizer_shards > 1) {
+        const MemoryPrediction whole = predict_memory(config, batch, seq_len, policy, dtype, optimizer);
+        text << "ZeRO stage 1 over " << optimizer_shards << " ranks: optimizer_state per rank "
+             << mebibytes(planned.optimizer_state) << " instead of " << mebibytes(whole.optimizer_state) << ", for "
+             << mebibytes(planned.workspace - whole.workspace) << " of flat buffers in workspace\n";
+    }
     if (policy.enabled) {
         text << "segments:";
         for (const Segment& segment : plan_segments(config.n_layer, policy))

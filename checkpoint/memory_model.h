@@ -37,13 +37,17 @@ struct MemoryPrediction {
 // loss = multiply(cross_entropy_in_place(logits, targets, sum, 1 / items, -100, V), 1 / items) (the fused
 // classifier: no separate (B,T,Vp) gradient buffer); logits dropped; backward(loss). Parameters and gradients
 // count wte's padded rows (Vp = vocab_size rounded up to 128); the optimizer state only the real ones.
-// Bytes already live before the step (tokens, targets) are not included.
+// Bytes already live before the step (tokens, targets) are not included. optimizer_shards > 1 is ZeRO stage 1
+// over that many ranks (optim/zero.h): the optimizer state of one rank's part (the parameters padded to equal
+// parts), and the flat gradient/parameter buffer and the part in the workspace.
 MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
-                                DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw);
+                                DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw,
+                                int optimizer_shards = 1);
 
 // A human-readable plan for `train_gpt --plan`: the segment layout, the recompute cost and the predicted
 // peak per category, next to the same prediction without checkpointing.
 std::string plan_report(const nn::GPTConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
-                        DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw);
+                        DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw,
+                        int optimizer_shards = 1);
 
 } // namespace engine::checkpoint

@@ -1,6 +1,7 @@
 // SGD and AdamW: state allocation, decay grouping and the per-parameter dispatch to the update kernels.
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/dispatch.h"
@@ -11,8 +12,10 @@ using namespace engine::detail;
 bool decay_matrices_only(const std::string&, const Tensor& parameter) { return parameter.dim() >= 2; }
 
 Optimizer::Optimizer(const NamedTensors& named_parameters, double learning_rate, double weight_decay,
-                     const DecayRule& decays, int state_tensors_per_parameter)
+                     const DecayRule& decays, int state_tensors_per_parameter, ShardRange shard)
     : learning_rate_(learning_rate), weight_decay_(weight_decay) {
+    ENGINE_CHECK(shard.begin >= 0 && shard.begin <= shard.end,
+                 "optimizer: shard [" << shard.begin << ", " << shard.end << ") is not a range of elements");
     ENGINE_CHECK(std::isfinite(learning_rate) && learning_rate >= 0.0,
                  "optimizer: learning rate must be finite and >= 0, got " << learning_rate);
     ENGINE_CHECK(std::isfinite(weight_decay) && weight_decay >= 0.0,
@@ -24,14 +27,21 @@ Optimizer::Optimizer(const NamedTensors& named_parameters, double learning_rate,
         ENGINE_CHECK(parameter.dtype() != DType::i32, "optimizer: parameter '" << name << "' is an integer tensor");
     }
     // Allocate after every check so that a bad parameter list leaves no state behind.
+    int64_t offset = 0; // of this parameter among all of them laid end to end
     for (const auto& [name, parameter] : named_parameters) {
         Slot slot;
         slot.name = name;
         slot.parameter = parameter;
         slot.decays = decays ? decays(name, parameter) : false;
-        for (int index = 0; index < state_tensors_per_parameter; ++index)
-            slot.state.push_back(Tensor::zeros(parameter.shape(), parameter.dtype(), parameter.device(),
-                                               MemoryCategory::optimizer_state));
+        const int64_t first = std::max(offset, shard.begin), last = std::min(offset + parameter.numel(), shard.end);
+        slot.shard_begin = first - offset;
+        slot.shard_count = std::max<int64_t>(0, last - first);
+        const bool whole = slot.shard_count == parameter.numel();
+        sharded_ = sharded_ || !whole;
+        offset += parameter.numel();
+        for (int index = 0; index < state_tensors_per_parameter && slot.shard_count > 0; ++index)
+            slot.state.push_back(Tensor::zeros(whole ? parameter.shape() : Shape{slot.shard_count}, parameter.dtype(),
+                                               parameter.device(), MemoryCategory::optimizer_state));
         slots_.push_back(std::move(slot));
     }
 }
@@ -51,6 +61,20 @@ void Optimizer::set_step_count(int64_t step_count) {
     step_count_ = step_count;
 }
 
+std::vector<Optimizer::StateShard> Optimizer::state_shards() const {
+    const NamedTensors named = named_state();
+    std::vector<StateShard> shards;
+    size_t index = 0;
+    for (const Slot& slot : slots_)
+        for (const Tensor& state : slot.state) {
+            // named_state() lists each slot's state tensors in slot order; check that it still does.
+            ENGINE_CHECK(index < named.size() && named[index].second.raw_data() == state.raw_data(),
+                         "optimizer: named_state() does not list the state of '" << slot.name << "' in slot order");
+            shards.push_back({named[index++].first, state, slot.parameter, slot.shard_begin});
+        }
+    return shards;
+}
+
 std::vector<std::string> Optimizer::parameter_names() const {
     std::vector<std::string> names;
     for (const Slot& slot : slots_) names.push_back(slot.name);
@@ -65,8 +89,9 @@ bool Optimizer::decays(const std::string& parameter_name) const {
 
 // ---- SGD ----
 
-SGD::SGD(const NamedTensors& named_parameters, const SGDOptions& options, const DecayRule& decays)
-    : Optimizer(named_parameters, options.learning_rate, options.weight_decay, decays, 1), momentum_(options.momentum) {
+SGD::SGD(const NamedTensors& named_parameters, const SGDOptions& options, const DecayRule& decays, ShardRange shard)
+    : Optimizer(named_parameters, options.learning_rate, options.weight_decay, decays, 1, shard),
+      momentum_(options.momentum) {
     ENGINE_CHECK(std::isfinite(options.momentum) && options.momentum >= 0.0,
                  "SGD: momentum must be finite and >= 0, got " << options.momentum);
 }
@@ -76,18 +101,21 @@ void SGD::step(double grad_scale) {
     const float momentum = static_cast<float>(momentum_);
     const float scale = static_cast<float>(grad_scale);
     for (const Slot& slot : slots_) {
+        if (slot.shard_count == 0) continue; // another rank's parameter
         const float decay = slot.decays ? static_cast<float>(weight_decay_) : 0.0f;
         const Tensor gradient = slot.parameter.grad();
         const Tensor& buffer = slot.state[0];
         if (slot.parameter.device() == Device::cpu) {
             dispatch_floating("sgd", slot.parameter.dtype(), [&]<typename T>() {
-                kernels::cpu::sgd_update<T>(slot.parameter.data<T>(), gradient.data<T>(), buffer.data<T>(),
-                                            slot.parameter.numel(), lr, momentum, decay, scale);
+                kernels::cpu::sgd_update<T>(slot.parameter.data<T>() + slot.shard_begin,
+                                            gradient.data<T>() + slot.shard_begin, buffer.data<T>(),
+                                            slot.shard_count, lr, momentum, decay, scale);
             });
         } else {
             ENGINE_ON_CUDA("sgd", slot.parameter.dtype(),
-                           kernels::cuda::sgd_update(slot.parameter.data<float>(), gradient.data<float>(),
-                                                     buffer.data<float>(), slot.parameter.numel(), lr, momentum,
+                           kernels::cuda::sgd_update(slot.parameter.data<float>() + slot.shard_begin,
+                                                     gradient.data<float>() + slot.shard_begin,
+                                                     buffer.data<float>(), slot.shard_count, lr, momentum,
                                                      decay, scale, cuda::compute_stream()));
         }
     }
@@ -96,14 +124,16 @@ void SGD::step(double grad_scale) {
 
 NamedTensors SGD::named_state() const {
     NamedTensors state;
-    for (const Slot& slot : slots_) state.emplace_back("momentum_buffer." + slot.name, slot.state[0]);
+    for (const Slot& slot : slots_)
+        if (!slot.state.empty()) state.emplace_back("momentum_buffer." + slot.name, slot.state[0]);
     return state;
 }
 
 // ---- AdamW ----
 
-AdamW::AdamW(const NamedTensors& named_parameters, const AdamWOptions& options, const DecayRule& decays)
-    : Optimizer(named_parameters, options.learning_rate, options.weight_decay, decays, 2), options_(options) {
+AdamW::AdamW(const NamedTensors& named_parameters, const AdamWOptions& options, const DecayRule& decays,
+             ShardRange shard)
+    : Optimizer(named_parameters, options.learning_rate, options.weight_decay, decays, 2, shard), options_(options) {
     ENGINE_CHECK(options.beta1 >= 0.0 && options.beta1 < 1.0, "AdamW: beta1 must be in [0,1), got " << options.beta1);
     ENGINE_CHECK(options.beta2 >= 0.0 && options.beta2 < 1.0, "AdamW: beta2 must be in [0,1), got " << options.beta2);
     ENGINE_CHECK(std::isfinite(options.epsilon) && options.epsilon > 0.0,
@@ -121,21 +151,24 @@ void AdamW::step(double grad_scale) {
     const float epsilon = static_cast<float>(options_.epsilon);
     const float scale = static_cast<float>(grad_scale);
     for (const Slot& slot : slots_) {
+        if (slot.shard_count == 0) continue; // another rank's parameter
         const float decay = slot.decays ? static_cast<float>(weight_decay_) : 0.0f;
         const Tensor gradient = slot.parameter.grad();
         const Tensor& exp_avg = slot.state[0];
         const Tensor& exp_avg_sq = slot.state[1];
         if (slot.parameter.device() == Device::cpu) {
             dispatch_floating("adamw", slot.parameter.dtype(), [&]<typename T>() {
-                kernels::cpu::adamw_update<T>(slot.parameter.data<T>(), gradient.data<T>(), exp_avg.data<T>(),
-                                              exp_avg_sq.data<T>(), slot.parameter.numel(), lr, beta1, beta2, epsilon,
+                kernels::cpu::adamw_update<T>(slot.parameter.data<T>() + slot.shard_begin,
+                                              gradient.data<T>() + slot.shard_begin, exp_avg.data<T>(),
+                                              exp_avg_sq.data<T>(), slot.shard_count, lr, beta1, beta2, epsilon,
                                               decay, bias_correction1, bias_correction2, scale);
             });
         } else {
             ENGINE_ON_CUDA("adamw", slot.parameter.dtype(),
-                           kernels::cuda::adamw_update(slot.parameter.data<float>(), gradient.data<float>(),
+                           kernels::cuda::adamw_update(slot.parameter.data<float>() + slot.shard_begin,
+                                                     gradient.data<float>() + slot.shard_begin,
                                                        exp_avg.data<float>(), exp_avg_sq.data<float>(),
-                                                       slot.parameter.numel(), lr, beta1, beta2, epsilon, decay,
+                                                       slot.shard_count, lr, beta1, beta2, epsilon, decay,
                                                        bias_correction1, bias_correction2, scale,
                                                        cuda::compute_stream()));
         }
@@ -146,6 +179,7 @@ void AdamW::step(double grad_scale) {
 NamedTensors AdamW::named_state() const {
     NamedTensors state;
     for (const Slot& slot : slots_) {
+        if (slot.state.empty()) continue; // another rank's parameter
         state.emplace_back("exp_avg." + slot.name, slot.state[0]);
         state.emplace_back("exp_avg_sq." + slot.name, slot.state[1]);
     }

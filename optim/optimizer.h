@@ -20,6 +20,14 @@ namespace engine::optim {
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 using DecayRule = std::function<bool(const std::string& name, const Tensor& parameter)>;
 
+// ZeRO stage 1: the elements [begin, end) of the parameters laid end to end in order are the only ones this
+// optimizer keeps state for and updates; the others are another rank's (docs/DISTRIBUTED.md). The default is
+// every element.
+struct ShardRange {
+    int64_t begin = 0;
+    int64_t end = INT64_MAX;
+};
+
 // The default rule: decay tensors of rank >= 2 only.
 bool decay_matrices_only(const std::string& name, const Tensor& parameter);
 
@@ -28,7 +36,7 @@ public:
     // Every parameter must be a leaf with a gradient buffer. State is allocated here, once, in
     // MemoryCategory::optimizer_state, on each parameter's device and dtype.
     Optimizer(const NamedTensors& named_parameters, double learning_rate, double weight_decay,
-              const DecayRule& decays, int state_tensors_per_parameter);
+              const DecayRule& decays, int state_tensors_per_parameter, ShardRange shard = {});
     virtual ~Optimizer() = default;
     Optimizer(const Optimizer&) = delete;
     Optimizer& operator=(const Optimizer&) = delete;
@@ -46,8 +54,19 @@ public:
     void set_step_count(int64_t step_count);
 
     // The live state tensors, named "<state>.<parameter>" ("exp_avg.h.0.attn.c_attn.weight"). A restorer
-    // copies saved values into them (Tensor::copy_from); their shapes equal the parameters'.
+    // copies saved values into them (Tensor::copy_from); their shapes equal the parameters' (sharded: 1-D,
+    // this shard's part of the parameter, possibly none).
     virtual NamedTensors named_state() const = 0;
+    bool sharded() const { return sharded_; }
+    // Each live state tensor with its parameter and the parameter's first element it covers (0 unsharded), in
+    // named_state()'s order: what a sharded state is gathered from and restored into.
+    struct StateShard {
+        std::string name; // as in named_state()
+        Tensor state;
+        Tensor parameter;
+        int64_t first = 0;
+    };
+    std::vector<StateShard> state_shards() const;
     std::vector<std::string> parameter_names() const;
     bool decays(const std::string& parameter_name) const; // throws for an unknown name
 
@@ -56,9 +75,12 @@ protected:
         std::string name;
         Tensor parameter;
         bool decays = false;
-        std::vector<Tensor> state; // zero-initialised, same shape as the parameter
+        std::vector<Tensor> state; // zero-initialised, same shape as the parameter (sharded: shard_count long)
+        int64_t shard_begin = 0;   // the part of the parameter this optimizer updates
+        int64_t shard_count = 0;
     };
     std::vector<Slot> slots_;
+    bool sharded_ = false;
     double learning_rate_;
     double weight_decay_;
     int64_t step_count_ = 0;
@@ -73,7 +95,8 @@ struct SGDOptions {
 // torch.optim.SGD without dampening or Nesterov: g = s·grad + wd·p; buf = momentum·buf + g; p -= lr·buf.
 class SGD : public Optimizer {
 public:
-    SGD(const NamedTensors& named_parameters, const SGDOptions& options, const DecayRule& decays = decay_matrices_only);
+    SGD(const NamedTensors& named_parameters, const SGDOptions& options, const DecayRule& decays = decay_matrices_only,
+        ShardRange shard = {});
     void step(double grad_scale = 1.0) override;
     NamedTensors named_state() const override; // "momentum_buffer.<name>"
     double momentum() const { return momentum_; }
@@ -95,7 +118,7 @@ struct AdamWOptions {
 class AdamW : public Optimizer {
 public:
     AdamW(const NamedTensors& named_parameters, const AdamWOptions& options,
-          const DecayRule& decays = decay_matrices_only);
+          const DecayRule& decays = decay_matrices_only, ShardRange shard = {});
     void step(double grad_scale = 1.0) override;
     NamedTensors named_state() const override; // "exp_avg.<name>", "exp_avg_sq.<name>"
     const AdamWOptions& options() const { return options_; }

@@ -45,6 +45,7 @@ void TrainerConfig::validate() const {
     ENGINE_CHECK(std::isfinite(sgd_momentum) && sgd_momentum >= 0.0, "sgd_momentum must be >= 0, got " << sgd_momentum);
     ENGINE_CHECK(every_n_layers >= 1, "every_n_layers must be >= 1, got " << every_n_layers);
     ENGINE_CHECK(segment_size >= 0, "segment_size must be >= 0 (0 = sqrt), got " << segment_size);
+    ENGINE_CHECK(zero_stage == 0 || zero_stage == 1, "zero_stage must be 0 or 1, got " << zero_stage);
 }
 
 namespace {
@@ -60,13 +61,15 @@ ScheduleConfig schedule_config(const TrainerConfig& config) {
     return schedule;
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const nn::GPT& model, const TrainerConfig& config) {
+std::unique_ptr<Optimizer> make_optimizer(const nn::GPT& model, const TrainerConfig& config, ShardRange shard) {
     if (config.optimizer == OptimizerKind::sgd)
         return std::make_unique<SGD>(model.named_parameters(),
-                                     SGDOptions{config.learning_rate, config.sgd_momentum, config.weight_decay});
+                                     SGDOptions{config.learning_rate, config.sgd_momentum, config.weight_decay},
+                                     decay_matrices_only, shard);
     return std::make_unique<AdamW>(model.named_parameters(),
                                    AdamWOptions{config.learning_rate, config.adam_beta1, config.adam_beta2,
-                                                config.adam_epsilon, config.weight_decay});
+                                                config.adam_epsilon, config.weight_decay},
+                                   decay_matrices_only, shard);
 }
 
 void synchronize_device(Device device) {
@@ -83,12 +86,21 @@ checkpoint::CheckpointPolicy TrainerConfig::checkpoint_policy() const {
     return checkpoint::CheckpointPolicy{gradient_checkpointing, every_n_layers, segment_size, offload, prefetch};
 }
 
-Trainer::Trainer(nn::GPT& model, const TrainerConfig& config)
-    : model_(model), config_(config), schedule_(schedule_config(config)) {
+Trainer::Trainer(nn::GPT& model, const TrainerConfig& config, distributed::Communicator* communicator)
+    : model_(model), config_(config), schedule_(schedule_config(config)), communicator_(communicator) {
     model_.set_checkpointing(config.checkpoint_policy());
     parameters_ = model_.parameters();
-    optimizer_ = make_optimizer(model_, config_);
+    if (config_.zero_stage == 1 && communicator_ != nullptr)
+        zero_ = std::make_unique<ZeroShards>(parameters_, *communicator_);
+    optimizer_ = make_optimizer(model_, config_, zero_ ? zero_->range() : ShardRange{});
     manual_seed(config_.seed);
+}
+
+void Trainer::set_communicator(distributed::Communicator* communicator) {
+    ENGINE_CHECK(!zero_ || communicator == communicator_,
+                 "trainer: with zero_stage 1 the optimizer state is sharded over the constructor's communicator; "
+                 "it cannot change");
+    communicator_ = communicator;
 }
 
 void Trainer::set_loss_function(LossFunction loss_function, bool loss_is_scaled_for_ga, TargetCounting counting) {
@@ -189,6 +201,7 @@ Accumulation Trainer::accumulate_gradients(const std::vector<nn::Batch>& batches
     reset_peak(device);
     if (device != Device::cpu) reset_peak(Device::cpu); // the pinned host tier is accounted on the host
     window_start_ = std::chrono::steady_clock::now();
+    if (communicator_ != nullptr) window_counters_ = communicator_->counters();
 
     ENGINE_CHECK(!batches.empty(), "trainer: an accumulation window needs at least one micro-batch");
     ENGINE_CHECK(static_cast<int>(batches.size()) <= config_.gradient_accumulation_steps,
@@ -203,6 +216,10 @@ Accumulation Trainer::accumulate_gradients(const std::vector<nn::Batch>& batches
         window.num_items_in_batch += count_targets(batches[index]);
         window.tokens += batches[index].inputs.numel();
     }
+    // The window's one count reduction, before its first backward: every rank divides by the global count,
+    // so a rank with more padding does not weigh more (Hugging Face's average_tokens_across_devices).
+    window.rank_num_items_in_batch = window.num_items_in_batch;
+    if (communicator_ != nullptr) window.num_items_in_batch = communicator_->all_reduce_count(window.num_items_in_batch);
     ENGINE_CHECK(loss_function_ || window.num_items_in_batch > 0,
                  "trainer: the " << batches.size() << " micro-batches of this step hold no valid target (all -100)");
 
@@ -239,12 +256,33 @@ static std::string first_nonfinite_gradient(const nn::GPT& model) {
     return "none (the gradients are finite; the loss is not)";
 }
 
+double Trainer::rank_gradient_scale() const {
+    if (communicator_ == nullptr) return 1.0;
+    const bool divided_by_global_count = loss_function_ ? loss_is_scaled_for_ga_
+                                                        : config_.loss_normalization == LossNormalization::tokens;
+    return divided_by_global_count ? 1.0 : 1.0 / static_cast<double>(communicator_->world_size());
+}
+
 StepResult Trainer::apply_update(const Accumulation& window) {
     StepResult result;
     result.learning_rate = schedule_.at(step());
-    result.grad_norm = global_grad_norm(parameters_);
-    const double loss_sum = window.loss_sum(); // after the norm's read: the device is idle, nothing waits
-    result.loss = loss_function_ ? loss_sum : loss_sum / static_cast<double>(window.num_items_in_batch);
+    if (zero_) {
+        zero_->reduce_scatter_gradients(); // ZeRO-1: each rank gets the summed gradients of its own part
+    } else if (communicator_ != nullptr) {
+        // The window's one gradient reduction: after its last backward, before the norm, so that the norm, the
+        // clip and the update are the same on every rank.
+        std::vector<Tensor> gradients;
+        gradients.reserve(parameters_.size());
+        for (const Tensor& parameter : parameters_) gradients.push_back(parameter.grad());
+        communicator_->all_reduce_gradients(gradients);
+    }
+    const double gradient_scale = rank_gradient_scale(); // folded into the norm and the update kernel
+    result.grad_norm =
+        (zero_ ? std::sqrt(zero_->gradient_sum_of_squares()) : global_grad_norm(parameters_)) * gradient_scale;
+    double loss_sum = window.loss_sum(); // after the norm's read: the device is idle, nothing waits
+    if (communicator_ != nullptr) loss_sum = communicator_->all_reduce_value(loss_sum); // the loss sum's one reduction
+    // The built-in losses report token sums, so the global token mean is their sum over the global count.
+    result.loss = loss_function_ ? loss_sum * gradient_scale : loss_sum / static_cast<double>(window.num_items_in_batch);
     // Caught before the optimizer runs: a NaN or Inf must never reach the weights or the moments.
     if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
         const std::string parameter = first_nonfinite_gradient(model_);
@@ -258,7 +296,8 @@ StepResult Trainer::apply_update(const Accumulation& window) {
         result.skipped = true;
     } else {
         optimizer_->set_learning_rate(result.learning_rate);
-        optimizer_->step(clip_coefficient(result.grad_norm, config_.max_grad_norm)); // the one clip of this step
+        optimizer_->step(clip_coefficient(result.grad_norm, config_.max_grad_norm) * gradient_scale); // the one clip
+        if (zero_) zero_->all_gather_parameters(); // every rank's updated part, to every replica
         optimizer_->zero_grad();
     }
 
@@ -267,8 +306,10 @@ StepResult Trainer::apply_update(const Accumulation& window) {
     result.step = step();
     result.tokens = window.tokens;
     result.num_items_in_batch = window.num_items_in_batch;
+    result.rank_num_items_in_batch = window.rank_num_items_in_batch;
     result.micro_batches = window.micro_batches;
     result.tokens_per_second = result.seconds > 0.0 ? static_cast<double>(window.tokens) / result.seconds : 0.0;
+    if (communicator_ != nullptr) result.communication = communicator_->counters() - window_counters_;
     result.memory = memory_stats(model_.device());
     if (model_.device() != Device::cpu) {
         // Offloaded inputs live in pinned host memory, which the host's account holds: report them here too.

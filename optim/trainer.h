@@ -12,10 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "engine/distributed/communicator.h"
 #include "nn/gpt.h"
 #include "nn/io/batch.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "optim/zero.h"
 
 namespace engine::optim {
 
@@ -52,6 +54,9 @@ struct TrainerConfig {
     bool offload = false;
     bool skip_nonfinite = false; // a NaN/Inf loss or gradient norm skips the update instead of throwing
     bool prefetch = false; // with offload: copy the next segment's input host→device ahead, on a copy stream
+    // 1: ZeRO stage 1 over the constructor's communicator, each rank keeping the optimizer state of 1/N of
+    // the parameters (optim/zero.h); 0: every rank keeps all of it.
+    int zero_stage = 0;
 
     checkpoint::CheckpointPolicy checkpoint_policy() const;
 
@@ -65,12 +70,16 @@ struct StepResult {
     double learning_rate = 0.0;      // the rate this step used
     double grad_norm = 0.0;          // global norm of the accumulated gradients, before clipping
     int64_t tokens = 0;              // input positions processed (sum of B·T over the micro-batches)
-    int64_t num_items_in_batch = 0;  // valid targets over the whole window
+    int64_t num_items_in_batch = 0;  // valid targets over the whole window, every rank's
+    int64_t rank_num_items_in_batch = 0; // this rank's part of them
     int micro_batches = 0;           // N, or k < N for a last partial window
     double seconds = 0.0;
     double tokens_per_second = 0.0;
     MemoryStats memory;              // the model device's statistics; peaks cover this step only
     bool skipped = false;            // non-finite loss or gradients with skip_nonfinite: no update was made
+    // What the communicator did during this step (zero without one): one count, one gradient and one loss
+    // all-reduce per step with data parallelism, whatever the number of micro-batches.
+    distributed::CommunicatorCounters communication;
 };
 
 // A custom loss. It returns a scalar whose backward is the micro-batch's contribution. With
@@ -82,7 +91,8 @@ enum class TargetCounting { causal_shifted, all_labels };
 
 // The state of one accumulation window, between accumulate_gradients and apply_update.
 struct Accumulation {
-    int64_t num_items_in_batch = 0;
+    int64_t num_items_in_batch = 0;       // over every rank's micro-batches of the window
+    int64_t rank_num_items_in_batch = 0;  // this rank's part of it (all of it in one process)
     int micro_batches = 0;
     int64_t tokens = 0;
     // Each micro-batch's reported loss as (one-value tensor, factor): value·factor is its token-loss sum. They
@@ -95,8 +105,10 @@ struct Accumulation {
 class Trainer {
 public:
     // Applies the checkpoint policy to the model, seeds the engine RNG, and creates the optimizer (its
-    // state is allocated now) and the schedule. The model must outlive the trainer.
-    Trainer(nn::GPT& model, const TrainerConfig& config);
+    // state is allocated now) and the schedule. The model must outlive the trainer. With a communicator the
+    // trainer is data-parallel from the start (see set_communicator), and zero_stage 1 shards the optimizer
+    // state over its ranks.
+    Trainer(nn::GPT& model, const TrainerConfig& config, distributed::Communicator* communicator = nullptr);
 
     // One optimizer step over up to N micro-batches from `source`. Returns nullopt, changing nothing, when
     // the source has no batch left. If any micro-batch is bad or throws, no weight changes and the gradient
@@ -112,6 +124,14 @@ public:
     void set_loss_function(LossFunction loss_function, bool loss_is_scaled_for_ga,
                            TargetCounting counting = TargetCounting::causal_shifted);
 
+    // Data parallelism (docs/DISTRIBUTED.md): each window's token count is summed over the ranks before its
+    // first backward, the gradient buffers once after its last, and the loss sum once for the report, so
+    // every rank takes the same step. Not owned; nullptr (the default) is one process. Every rank must make
+    // the same calls: a rank that throws leaves the others waiting, so launch with mpirun, which ends them.
+    // With zero_stage 1 the communicator must be the constructor's, which sharded the optimizer state.
+    void set_communicator(distributed::Communicator* communicator);
+    distributed::Communicator* communicator() const { return communicator_; }
+
     // The shifted causal-LM targets of a batch (B,T) i32 on the host: shift_labels if supplied, else
     // target[b,t] = labels[b,t+1] for t < T-1 and -100 at t = T-1.
     static Tensor shift_targets(const nn::Batch& batch);
@@ -121,6 +141,9 @@ public:
     int64_t skipped_steps() const { return skipped_steps_; }  // windows skipped for non-finite values
     double current_learning_rate() const { return schedule_.at(step()); }
     Optimizer& optimizer() { return *optimizer_; }
+    // The optimizer state as whole tensors named as named_state() unsharded: the live tensors, or under ZeRO-1
+    // gathered from every rank (a collective every rank calls).
+    NamedTensors whole_optimizer_state() { return zero_ ? zero_->gather_state(*optimizer_) : optimizer_->named_state(); }
     const LearningRateSchedule& schedule() const { return schedule_; }
     const TrainerConfig& config() const { return config_; }
     nn::GPT& model() { return model_; }
@@ -138,6 +161,13 @@ private:
     LossFunction loss_function_;
     bool loss_is_scaled_for_ga_ = false;
     TargetCounting counting_ = TargetCounting::causal_shifted;
+    // The factor that turns the ranks' summed gradients into this step's: 1 when each rank's loss is divided
+    // by the global token count, 1/world_size for per-rank means (DDP's average).
+    double rank_gradient_scale() const;
+
+    distributed::Communicator* communicator_ = nullptr;
+    std::unique_ptr<ZeroShards> zero_; // zero_stage 1 with a communicator
+    distributed::CommunicatorCounters window_counters_; // the communicator's counters when the window began
     std::chrono::steady_clock::time_point window_start_;
     int64_t skipped_steps_ = 0;
 };

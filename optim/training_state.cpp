@@ -21,6 +21,12 @@ nlohmann::json parse_object(const std::string& text, const std::string& what) {
     return parsed;
 }
 
+int world_size_of(const Trainer& trainer) {
+    return trainer.communicator() != nullptr ? trainer.communicator()->world_size() : 1;
+}
+
+int rank_of(const Trainer& trainer) { return trainer.communicator() != nullptr ? trainer.communicator()->rank() : 0; }
+
 } // namespace
 
 io::TrainingState capture_training_state(Trainer& trainer, const nn::DataLoader* loader,
@@ -34,11 +40,24 @@ io::TrainingState capture_training_state(Trainer& trainer, const nn::DataLoader*
         {"rng", {{"seed", rng.seed}, {"offset", rng.offset}}},
         {"config", parse_object(config_json, "training config")},
     };
-    if (loader != nullptr) metadata["loader"] = parse_object(loader->cursor().to_json(), "loader cursor");
+    metadata["world_size"] = world_size_of(trainer);
+    if (loader != nullptr) {
+        metadata["loader"] = parse_object(loader->cursor().to_json(), "loader cursor");
+        // Every rank's cursor. The ranks move through the same global batches, so each is the writer's with its
+        // own rank: one file (rank 0 writes it) restores them all.
+        nlohmann::json ranks = nlohmann::json::array();
+        for (int rank = 0; rank < world_size_of(trainer); ++rank) {
+            nn::LoaderCursor cursor = loader->cursor();
+            cursor.rank = rank;
+            ranks.push_back(parse_object(cursor.to_json(), "loader cursor"));
+        }
+        metadata["loader_ranks"] = ranks;
+    }
     state.metadata_json = metadata.dump();
     for (const auto& [name, parameter] : trainer.model().named_parameters())
         state.add_tensor(model_prefix + name, parameter);
-    for (const auto& [name, tensor] : trainer.optimizer().named_state()) state.add_tensor(optimizer_prefix + name, tensor);
+    // Whole tensors, gathered from the ranks under ZeRO-1: the file is the same as an unsharded run's.
+    for (const auto& [name, tensor] : trainer.whole_optimizer_state()) state.add_tensor(optimizer_prefix + name, tensor);
     return state;
 }
 
@@ -60,34 +79,72 @@ void restore_training_state(const io::TrainingState& state, Trainer& trainer, nn
                      rng.contains("offset") && rng["offset"].is_number_unsigned(),
                  "training state: rng must be {\"seed\":uint,\"offset\":uint}");
 
-    // Validate every destination before the first write, so that a mismatch leaves the run untouched.
-    std::vector<std::pair<std::string, Tensor>> targets;
-    for (const auto& [name, parameter] : trainer.model().named_parameters()) targets.emplace_back(model_prefix + name, parameter);
-    for (const auto& [name, tensor] : trainer.optimizer().named_state()) targets.emplace_back(optimizer_prefix + name, tensor);
-    ENGINE_CHECK(targets.size() == state.tensors.size(), "training state holds " << state.tensors.size()
-                                                         << " tensors, this model and optimizer have " << targets.size());
-    for (const auto& [name, tensor] : targets) {
-        const io::StateTensor* stored = state.find(name);
-        ENGINE_CHECK(stored != nullptr, "training state has no tensor " << name);
-        ENGINE_CHECK(stored->dtype == tensor.dtype() && stored->shape == tensor.shape(),
-                     "training state tensor " << name << " is " << shape_string(stored->shape) << " "
-                                              << dtype_name(stored->dtype) << ", this run has " << tensor.describe());
+    // Validate every destination before the first write, so that a mismatch leaves the run untouched. The file
+    // holds whole tensors; a sharded (ZeRO-1) optimizer state takes its part, from element `first` on.
+    struct Target {
+        std::string name;
+        Tensor destination;
+        Tensor whole; // the shape stored: the destination, or for a shard its parameter
+        int64_t first = 0;
+    };
+    std::vector<Target> targets;
+    for (const auto& [name, parameter] : trainer.model().named_parameters())
+        targets.push_back({model_prefix + name, parameter, parameter, 0});
+    for (const Optimizer::StateShard& shard : trainer.optimizer().state_shards())
+        targets.push_back({optimizer_prefix + shard.name, shard.state,
+                           trainer.optimizer().sharded() ? shard.parameter : shard.state, shard.first});
+    const size_t parameters = trainer.model().named_parameters().size();
+    const size_t expected = parameters * (trainer.config().optimizer == OptimizerKind::adamw ? 3 : 2);
+    ENGINE_CHECK(expected == state.tensors.size(), "training state holds " << state.tensors.size()
+                                                   << " tensors, this model and optimizer have " << expected);
+    for (const Target& target : targets) {
+        const io::StateTensor* stored = state.find(target.name);
+        ENGINE_CHECK(stored != nullptr, "training state has no tensor " << target.name);
+        ENGINE_CHECK(stored->dtype == target.whole.dtype() && stored->shape == target.whole.shape(),
+                     "training state tensor " << target.name << " is " << shape_string(stored->shape) << " "
+                                              << dtype_name(stored->dtype) << ", this run has " << target.whole.describe());
     }
+    // States from before data parallelism have no world size: they were one process.
+    const int saved_world = metadata.contains("world_size") && metadata["world_size"].is_number_integer()
+                                ? metadata["world_size"].get<int>()
+                                : 1;
+    ENGINE_CHECK(saved_world == world_size_of(trainer),
+                 "training state was saved by a run of " << saved_world << " data-parallel ranks and this run has "
+                     << world_size_of(trainer) << "; resume with the same world size (mpirun -np " << saved_world
+                     << "): each rank's data cursor and share of every batch depend on it");
     std::optional<nn::LoaderCursor> cursor;
     if (loader != nullptr) {
-        cursor = nn::LoaderCursor::from_json(field("loader").dump());
+        const bool per_rank = metadata.contains("loader_ranks");
+        ENGINE_CHECK(!per_rank || (metadata["loader_ranks"].is_array() &&
+                                   metadata["loader_ranks"].size() == static_cast<size_t>(saved_world)),
+                     "training state: loader_ranks must hold one cursor per rank (" << saved_world << ")");
+        cursor = nn::LoaderCursor::from_json(
+            (per_rank ? metadata["loader_ranks"][static_cast<size_t>(rank_of(trainer))] : field("loader")).dump());
         loader->restore(*cursor); // throws, changing nothing, when the cursor does not fit this data
     }
 
-    for (auto& [name, tensor] : targets) state.copy_into(name, tensor);
+    for (Target& target : targets) {
+        if (target.whole.raw_data() == target.destination.raw_data()) {
+            state.copy_into(target.name, target.destination);
+            continue;
+        }
+        Tensor whole = Tensor::zeros(target.whole.shape(), target.whole.dtype(), target.whole.device(),
+                                     MemoryCategory::workspace);
+        state.copy_into(target.name, whole);
+        const Device device = whole.device();
+        copy_bytes(target.destination.raw_data(), device,
+                   static_cast<const char*>(whole.raw_data()) + target.first * static_cast<int64_t>(dtype_size(whole.dtype())),
+                   device, target.destination.nbytes());
+    }
     trainer.optimizer().set_step_count(field("step").get<int64_t>());
     rng_state() = RngState{rng["seed"].get<uint64_t>(), rng["offset"].get<uint64_t>()};
 }
 
 std::string save_training_state(const std::string& directory, Trainer& trainer, const nn::DataLoader* loader,
-                                const std::string& config_json) {
-    return io::save_state_rotating(directory, static_cast<uint64_t>(trainer.step()),
-                                   capture_training_state(trainer, loader, config_json));
+                                const std::string& config_json, bool write) {
+    io::TrainingState state = capture_training_state(trainer, loader, config_json);
+    if (!write) return "";
+    return io::save_state_rotating(directory, static_cast<uint64_t>(trainer.step()), std::move(state));
 }
 
 ResumedRun resume_training_state(const std::string& directory, Trainer& trainer, nn::DataLoader* loader) {

@@ -12,7 +12,9 @@
 
 namespace engine::optim {
 
-// Tensor names inside the file: "model.<parameter>" and "optimizer.<state>" (optimizer.h's names).
+// Tensor names inside the file: "model.<parameter>" and "optimizer.<state>" (optimizer.h's names), whole
+// tensors even when the optimizer state is sharded over data-parallel ranks (ZeRO-1): then capturing gathers
+// them, a collective every rank calls, and restoring takes each rank's part.
 io::TrainingState capture_training_state(Trainer& trainer, const nn::DataLoader* loader,
                                          const std::string& config_json = "{}");
 
@@ -21,8 +23,10 @@ io::TrainingState capture_training_state(Trainer& trainer, const nn::DataLoader*
 void restore_training_state(const io::TrainingState& state, Trainer& trainer, nn::DataLoader* loader);
 
 // save_state_rotating(directory, trainer.step(), capture_training_state(...)); returns the path written.
+// With data parallelism every rank calls it (capturing may gather) and only the writer (rank 0) passes
+// write = true; the others get "".
 std::string save_training_state(const std::string& directory, Trainer& trainer, const nn::DataLoader* loader,
-                                const std::string& config_json = "{}");
+                                const std::string& config_json = "{}", bool write = true);
 
 struct ResumedRun {
     int64_t step = 0;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs what libengine builds with, when missing: idempotent and quiet. Needs root (apt-get) on Debian.
+# Installs what libengine builds with, when missing (Open MPI for data parallelism included): idempotent and
+# quiet. Needs root (apt-get) on Debian.
 set -euo pipefail
 packages=(cmake ninja-build g++ libopenblas-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
-          libboost-context-dev)
+          libboost-context-dev libopenmpi-dev openmpi-bin)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -13,7 +13,11 @@
 # The object tree stays in build_gpu_carry/ (ignored) for incremental rebuilds; only gpu_carry/ travels:
 #   run(command="bash bench/gpu_check.sh", carry=["gpu_carry"], timeout_s=540)     (docs/CUDA.md)
 # Usage: scripts/prepare_gpu_carry.sh   (JOBS=N for the build's parallelism, default 2;
-#                                        GPU_CARRY_LIMIT_MIB to change the 40 MiB size limit)
+#                                        GPU_CARRY_LIMIT_MIB to change the 40 MiB size limit;
+#                                        GPU_CARRY_MPI=AUTO to link MPI and NCCL, see below)
+# MPI is left out by default (ENGINE_MPI=OFF, so no NCCL either): with it every binary would need the GPU
+# machine's libnccl.so.2 (208 MiB, never carried, since it lies in the toolkit's directory here) and Open MPI's
+# libraries, and that machine may have neither. gpu_check's NCCL step then notes that it was skipped.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 objects=${GPU_CARRY_OBJECTS:-$root/build_gpu_carry}
@@ -43,7 +47,7 @@ fi
 
 # BLA_VENDOR=Generic makes FindBLAS look only for the reference "blas"; BLAS_blas_LIBRARY (its cache entry)
 # pins it to the netlib file, also over a cache left by an earlier configure against OpenBLAS.
-cmake -S "$root" -B "$objects" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENGINE_CUDA=ON \
+cmake -S "$root" -B "$objects" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENGINE_CUDA=ON -DENGINE_MPI="${GPU_CARRY_MPI:-OFF}" \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DENGINE_BUILD_TESTS=ON -DENGINE_BUILD_BENCH=ON \
     -DBLA_VENDOR=Generic -DBLAS_blas_LIBRARY="$blas_library" >/dev/null
 cmake --build "$objects" -j "${JOBS:-2}"

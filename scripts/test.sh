@@ -4,7 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 build_dir=${ENGINE_BUILD_DIR:-build}
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENGINE_CUDA="${ENGINE_CUDA:-AUTO}" >/dev/null
+# ENGINE_MPI=ON: the data-parallel tests (label mpi) need Open MPI, which install_deps.sh installs.
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENGINE_CUDA="${ENGINE_CUDA:-AUTO}" \
+  -DENGINE_MPI="${ENGINE_MPI:-ON}" >/dev/null
 cmake --build "$build_dir" -j "$(nproc)"
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" --timeout 900
 # Then the stages after the main suite, each of which a quick local run can leave out:

@@ -34,6 +34,7 @@ std::mutex initialization_mutex;
 // static destructors would have run. Published once fully built, so readers need no lock.
 std::atomic<DeviceState*> device_state{nullptr};
 std::atomic<bool> tf32{true}; // TF32 tensor cores unless a caller asks for full fp32
+std::atomic<int> selected_device{0}; // select_device's choice, bound by ensure_initialized
 
 DeviceState& state() {
     DeviceState* current = device_state.load(std::memory_order_acquire);
@@ -59,6 +60,26 @@ bool device_available() {
     return count > 0;
 }
 
+int device_count() {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
+void select_device(int device) {
+    std::lock_guard<std::mutex> lock(initialization_mutex);
+    const int count = device_count();
+    ENGINE_CHECK(device >= 0 && device < count,
+                 "select_device: device " << device << " is not one of the " << count << " visible CUDA devices");
+    DeviceState* current = device_state.load(std::memory_order_acquire);
+    ENGINE_CHECK(current == nullptr || current->device == device,
+                 "select_device: the engine already runs on device " << current->device << ", cannot move to " << device);
+    selected_device.store(device);
+}
+
 void ensure_initialized() {
     if (device_state.load(std::memory_order_acquire) != nullptr) return;
     std::lock_guard<std::mutex> lock(initialization_mutex);
@@ -70,8 +91,9 @@ void ensure_initialized() {
         ENGINE_FAIL("no CUDA device (cudaGetDeviceCount: "
                     << (status == cudaSuccess ? "0 devices" : cudaGetErrorString(status)) << ")");
     }
-    // Device 0 of those visible: CUDA_VISIBLE_DEVICES chooses among physical devices.
-    constexpr int device = 0;
+    // Device 0 of those visible unless select_device chose another: CUDA_VISIBLE_DEVICES chooses among
+    // physical devices.
+    const int device = selected_device.load();
     CUDA_CHECK(cudaSetDevice(device));
     auto built = std::make_unique<DeviceState>();
     built->device = device;

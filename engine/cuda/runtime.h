@@ -18,6 +18,11 @@ namespace engine::cuda {
 
 // True when the runtime finds at least one CUDA device; never throws.
 bool device_available();
+// The number of visible devices, 0 when there is no driver or device; never throws.
+int device_count();
+// Which visible device ensure_initialized binds (default 0; a data-parallel rank takes its host-local index).
+// Throws EngineError when the index is not a visible device, or when the layer is already bound to another.
+void select_device(int device);
 // Selects the device, creates the engine-owned compute stream, cuBLAS and cuBLASLt handles, and installs the caching
 // device allocator and the pinned host pool into the accounting layer. Idempotent. Throws EngineError
 // "no CUDA device" when there is none.

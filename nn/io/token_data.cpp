@@ -205,8 +205,17 @@ Batch make_padded_batch(const std::vector<std::vector<int32_t>>& sequences, int 
 
 // ---- the loader ----
 
+DataLayout parse_data_layout(const std::string& name) {
+    if (name == "packed") return DataLayout::packed;
+    if (name == "padded") return DataLayout::padded;
+    ENGINE_FAIL("data layout: unknown layout '" << name << "' (known: packed, padded)");
+}
+
+const char* data_layout_name(DataLayout layout) { return layout == DataLayout::padded ? "padded" : "packed"; }
+
 std::string LoaderCursor::to_json() const {
-    return nlohmann::json{{"seed", seed}, {"epoch", epoch}, {"position", position}}.dump();
+    return nlohmann::json{{"seed", seed}, {"epoch", epoch}, {"position", position}, {"rank", rank}, {"world_size", world_size}}
+        .dump();
 }
 
 LoaderCursor LoaderCursor::from_json(const std::string& text) {
@@ -219,6 +228,11 @@ LoaderCursor LoaderCursor::from_json(const std::string& text) {
     cursor.seed = json["seed"].get<uint64_t>();
     cursor.epoch = json["epoch"].get<int64_t>();
     cursor.position = json["position"].get<int64_t>();
+    for (const auto& [key, field] : {std::pair{"rank", &cursor.rank}, std::pair{"world_size", &cursor.world_size}}) {
+        if (!json.contains(key)) continue; // a cursor from before data parallelism: rank 0 of 1
+        ENGINE_CHECK(json[key].is_number_integer(), "loader cursor: '" << key << "' must be an integer, got '" << text << "'");
+        *field = json[key].get<int>();
+    }
     return cursor;
 }
 
@@ -231,16 +245,39 @@ DataLoader::DataLoader(std::vector<int32_t> tokens, const DataLoaderOptions& opt
                  "DataLoader: min_valid_length " << options.min_valid_length << " must be in [0,"
                                                  << options.sequence_length << "]");
     ENGINE_CHECK(options.max_epochs >= 0, "DataLoader: max_epochs " << options.max_epochs << " is negative");
+    ENGINE_CHECK(options.world_size >= 1 && options.rank >= 0 && options.rank < options.world_size,
+                 "DataLoader: rank " << options.rank << " is not in a world of " << options.world_size);
+    ENGINE_CHECK(options.world_size == 1 || options.drop_last,
+                 "DataLoader: " << options.world_size << " ranks need drop_last, so that every rank gets a full part");
+    ENGINE_CHECK(options.layout == DataLayout::packed || options.min_valid_length == 0,
+                 "DataLoader: min_valid_length applies to the packed layout; padded documents have their own lengths");
     if (options.vocab_size > 0) validate_tokens(tokens_, options.vocab_size, "DataLoader tokens");
-    window_count_ = static_cast<int64_t>(tokens_.size()) / options.sequence_length;
+    if (options.layout == DataLayout::padded) {
+        int64_t first = 0;
+        const auto count = static_cast<int64_t>(tokens_.size());
+        for (int64_t index = 0; index < count; ++index) {
+            if (tokens_[static_cast<size_t>(index)] != options.end_of_text) continue;
+            documents_.emplace_back(first, index + 1 - first);
+            first = index + 1;
+        }
+        if (first < count) documents_.emplace_back(first, count - first); // text after the last end-of-text
+        window_count_ = static_cast<int64_t>(documents_.size());
+    } else {
+        window_count_ = static_cast<int64_t>(tokens_.size()) / options.sequence_length;
+    }
     ENGINE_CHECK(batches_per_epoch() > 0, "DataLoader: " << tokens_.size() << " tokens make " << window_count_
-                                                         << " windows of " << options.sequence_length
-                                                         << ", too few for one batch of " << options.batch_size);
+                                                         << (options.layout == DataLayout::padded ? " documents (end of text "
+                                                                 + std::to_string(options.end_of_text) + ")" : " windows of "
+                                                                 + std::to_string(options.sequence_length))
+                                                         << ", too few for one batch of " << options.batch_size << " on each of "
+                                                         << options.world_size << " ranks");
     cursor_.seed = options.seed;
+    cursor_.rank = options.rank;
+    cursor_.world_size = options.world_size;
 }
 
 int64_t DataLoader::batches_per_epoch() const {
-    const int64_t B = options_.batch_size;
+    const int64_t B = int64_t{options_.batch_size} * options_.world_size;
     return options_.drop_last ? window_count_ / B : (window_count_ + B - 1) / B;
 }
 
@@ -262,7 +299,7 @@ int DataLoader::valid_length(int64_t epoch, int64_t window) const {
 }
 
 std::optional<Batch> DataLoader::next() {
-    const int64_t B = options_.batch_size;
+    const int64_t B = int64_t{options_.batch_size} * options_.world_size; // the global batch
     while (true) {
         if (options_.max_epochs > 0 && cursor_.epoch >= options_.max_epochs) return std::nullopt;
         const int64_t rows = std::min(B, window_count_ - cursor_.position);
@@ -278,8 +315,17 @@ std::optional<Batch> DataLoader::next() {
         }
         const int T = options_.sequence_length;
         std::vector<std::vector<int32_t>> sequences;
-        for (int64_t row = 0; row < rows; ++row) {
+        // This rank's rows of the global batch (all of it in one process; drop_last keeps every part full).
+        const int64_t first_row = int64_t{options_.rank} * options_.batch_size;
+        const int64_t end_row = options_.world_size == 1 ? rows : first_row + options_.batch_size;
+        for (int64_t row = first_row; row < end_row; ++row) {
             const int64_t window = order_[static_cast<size_t>(cursor_.position + row)];
+            if (options_.layout == DataLayout::padded) {
+                const auto [start, length] = documents_[static_cast<size_t>(window)];
+                const auto first = tokens_.begin() + static_cast<std::ptrdiff_t>(start);
+                sequences.emplace_back(first, first + std::min<int64_t>(length, T)); // longer documents are truncated
+                continue;
+            }
             const auto first = tokens_.begin() + static_cast<std::ptrdiff_t>(window * T);
             sequences.emplace_back(first, first + valid_length(cursor_.epoch, window));
         }
@@ -296,6 +342,12 @@ void DataLoader::restore(const LoaderCursor& cursor) {
     ENGINE_CHECK(cursor.epoch >= 0 && cursor.position >= 0 && cursor.position <= window_count_,
                  "DataLoader::restore: cursor " << cursor.to_json() << " is outside the data (" << window_count_
                                                 << " windows per epoch)");
+    ENGINE_CHECK(cursor.world_size == options_.world_size,
+                 "DataLoader::restore: the cursor was saved by a run of " << cursor.world_size
+                     << " ranks and this run has " << options_.world_size
+                     << "; each rank's part of a batch depends on the world size, so resume with the same number of ranks");
+    ENGINE_CHECK(cursor.rank == options_.rank,
+                 "DataLoader::restore: the cursor is rank " << cursor.rank << "'s, this loader is rank " << options_.rank);
     cursor_ = cursor;
 }
 

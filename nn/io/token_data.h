@@ -52,6 +52,14 @@ Batch make_padded_batch(const std::vector<std::vector<int32_t>>& sequences, int 
 // bit-for-bit by the standard, so shuffles built on it would differ between standard libraries.
 uint64_t uniform_below(std::mt19937_64& generator, uint64_t bound);
 
+// How the token stream becomes sequences. packed: consecutive windows of T tokens, every position a target.
+// padded: documents split at an end-of-text token (kept as the document's last token), each truncated or
+// padded to T with labels -100 at the padding, as Hugging Face's collators do: token counts then differ
+// between sequences, micro-batches and ranks.
+enum class DataLayout { packed, padded };
+DataLayout parse_data_layout(const std::string& name); // "packed" | "padded"
+const char* data_layout_name(DataLayout layout);
+
 struct DataLoaderOptions {
     int batch_size = 4;      // B
     int sequence_length = 64; // T
@@ -64,13 +72,23 @@ struct DataLoaderOptions {
     int min_valid_length = 0;
     int vocab_size = 0;      // when > 0, every token is validated against it at construction
     Device device = Device::cpu;
+    DataLayout layout = DataLayout::packed;
+    int32_t end_of_text = 50256; // padded: the token that ends a document (GPT-2's <|endoftext|>)
+    // Data parallelism: each global batch holds world_size·batch_size windows and this rank takes rows
+    // rank·batch_size .. rank·batch_size+batch_size-1 of it, so the ranks' parts are disjoint and together
+    // are the batch one process with batch world_size·batch_size reads. Needs drop_last when world_size > 1.
+    int rank = 0;
+    int world_size = 1;
 };
 
-// Where the loader stands: the next batch is rows position.. of epoch `epoch`'s permutation under `seed`.
+// Where the loader stands: the next global batch is rows position.. of epoch `epoch`'s permutation under
+// `seed`, and this rank's part of it is given by (rank, world_size).
 struct LoaderCursor {
     uint64_t seed = 0;
     int64_t epoch = 0;
     int64_t position = 0; // index of the next window within the epoch's order
+    int rank = 0;         // absent in cursors saved before data parallelism: rank 0 of 1
+    int world_size = 1;
     bool operator==(const LoaderCursor&) const = default;
     std::string to_json() const;
     static LoaderCursor from_json(const std::string& text); // throws EngineError on malformed text
@@ -87,11 +105,12 @@ public:
     BatchSource source(); // the trainer's adapter; the loader must outlive it
 
     LoaderCursor cursor() const { return cursor_; }
-    // Throws EngineError (and changes nothing) if the position is outside the epoch.
+    // Throws EngineError (and changes nothing) if the position is outside the epoch, or the cursor is another
+    // rank's or was saved with another world size (each rank's part of a batch depends on it).
     void restore(const LoaderCursor& cursor);
 
     int64_t window_count() const { return window_count_; }
-    int64_t batches_per_epoch() const;
+    int64_t batches_per_epoch() const; // global batches, each world_size·batch_size windows
     const DataLoaderOptions& options() const { return options_; }
     // The window order of one epoch (a permutation of 0..window_count-1), for inspection and tests.
     std::vector<int64_t> epoch_order(uint64_t seed, int64_t epoch) const;
@@ -100,6 +119,8 @@ private:
     int valid_length(int64_t epoch, int64_t window) const;
 
     std::vector<int32_t> tokens_;
+    // padded: each document's (first token, length); window w is document w
+    std::vector<std::pair<int64_t, int64_t>> documents_;
     DataLoaderOptions options_;
     int64_t window_count_ = 0;
     LoaderCursor cursor_;

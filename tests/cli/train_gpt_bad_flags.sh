@@ -44,6 +44,10 @@ expect --save-every --save-every 2
 expect --resume --resume "$work/no_such_directory"
 expect --no-such-flag --no-such-flag
 expect --dropout --dropout 1.5
+expect --data-layout --data-layout ragged
+expect --eot-token --eot-token 256
+expect --communicator --communicator gloo
+expect --zero-stage --zero-stage 2
 expect --loss-normalization --loss-normalization median
 # A data file whose token ids exceed the vocabulary is refused naming the file and the offset.
 printf '\xff' >"$work/high_byte.txt"

@@ -1,0 +1,42 @@
+// ZeRO stage 1 (docs/DISTRIBUTED.md): the parameters laid end to end are cut into world_size equal parts, and
+// each rank keeps the optimizer state of its part and updates only it. Per step: one reduce-scatter of the
+// gradients (each rank receives the sum of its part), the norm from the parts' sums of squares, the local
+// update, and one all-gather of the parameters, after which every replica is bitwise the same again.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/distributed/communicator.h"
+#include "optim/optimizer.h"
+
+namespace engine::optim {
+
+class ZeroShards {
+public:
+    // The parameters in the optimizer's order, all on one device with one dtype. Allocates the flat buffer
+    // (all the parameters' elements, padded to world_size equal parts) and this rank's part (workspace).
+    ZeroShards(std::vector<Tensor> parameters, distributed::Communicator& communicator);
+
+    ShardRange range() const { return {begin_, end_}; } // this rank's elements, for the optimizer
+    // Sums every rank's gradients, keeping this rank's part: written back into its parameters' gradient
+    // buffers (where the optimizer reads them); the other parts of the buffers are left as they were.
+    void reduce_scatter_gradients();
+    // The sum of squares of the summed gradients over all parts (one value all-reduce).
+    double gradient_sum_of_squares();
+    // Every rank's updated part into every rank's parameters.
+    void all_gather_parameters();
+    // The optimizer's sharded state gathered from every rank into whole tensors, named and ordered as an
+    // unsharded optimizer's named_state() (one all-gather per kind of state): what a training state saves.
+    // A collective: every rank calls it.
+    NamedTensors gather_state(const Optimizer& optimizer);
+
+private:
+    std::vector<Tensor> parameters_;
+    distributed::Communicator& communicator_;
+    int64_t begin_ = 0, end_ = 0; // this rank's elements among all of them
+    Tensor flat_;                  // (world_size · part) elements
+    Tensor part_;                  // (part) elements
+};
+
+} // namespace engine::optim
