@@ -34,7 +34,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction redu
 // onehot) over `logits` in place (0 in ignored rows), in the kernel that computes the loss. No (N,V)
 // gradient buffer is ever allocated: backward hands the logits' storage to the walk as their gradient.
 //   expected_output_gradient: the gradient the caller's graph will bring to this op's output, e.g. 1/items
-//     for multiply(loss, 1/items) → backward. Any other value still gives the exact gradient: backward
+//     for multiply(loss, 1/items) → backward. Any other value still gives the right gradient (up to one more rounding): backward
 //     multiplies by dout / expected on the device (no pass when the ratio is exactly 1). Finite, non-zero.
 //   After the call the logits hold the gradient, not logits: read nothing from them (and save them in no
 //   other op whose backward reads them, e.g. a second cross_entropy). Consumers whose backward does not

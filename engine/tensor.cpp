@@ -146,7 +146,10 @@ template <typename T>
 std::vector<T> Tensor::to_vector() const {
     ENGINE_CHECK(dtype_of<T>() == dtype(), "to_vector<" << dtype_name(dtype_of<T>()) << ">() on " << describe());
     if constexpr (std::is_same_v<T, int32_t>) {
-        if (const std::vector<int32_t>* host = impl().storage->host_copy()) return *host;
+        // A view (reshape, with_rows) shares the storage and its copy: its values are the copy's first numel().
+        const std::vector<int32_t>* host = impl().storage->host_copy();
+        if (host != nullptr && host->size() >= static_cast<size_t>(numel()))
+            return std::vector<int32_t>(host->begin(), host->begin() + numel());
     }
     std::vector<T> values(static_cast<size_t>(numel()));
     copy_bytes(values.data(), Device::cpu, raw_data(), device(), nbytes());
@@ -240,7 +243,7 @@ Tensor Tensor::to_keeping_host_copy(Device target, MemoryCategory category) cons
     Tensor result = empty(shape(), dtype(), target, category);
     if (const std::vector<int32_t>* host = impl().storage->host_copy(); host != nullptr && device() == target) {
         copy_bytes(result.raw_data(), target, raw_data(), target, nbytes()); // device to device; the values are known
-        result.impl().storage->set_host_copy(std::make_shared<const std::vector<int32_t>>(*host));
+        result.impl().storage->set_host_copy(std::make_shared<const std::vector<int32_t>>(to_vector<int32_t>()));
         return result;
     }
     upload_ids(result, std::make_shared<const std::vector<int32_t>>(to_vector<int32_t>()));

@@ -90,6 +90,7 @@ Trainer::Trainer(nn::GPT& model, const TrainerConfig& config, distributed::Commu
     : model_(model), config_(config), schedule_(schedule_config(config)), communicator_(communicator) {
     model_.set_checkpointing(config.checkpoint_policy());
     parameters_ = model_.parameters();
+    // Without a communicator there is one process, whose one part is the whole: zero_stage 1 changes nothing.
     if (config_.zero_stage == 1 && communicator_ != nullptr)
         zero_ = std::make_unique<ZeroShards>(parameters_, *communicator_);
     optimizer_ = make_optimizer(model_, config_, zero_ ? zero_->range() : ShardRange{});
@@ -100,6 +101,9 @@ void Trainer::set_communicator(distributed::Communicator* communicator) {
     ENGINE_CHECK(!zero_ || communicator == communicator_,
                  "trainer: with zero_stage 1 the optimizer state is sharded over the constructor's communicator; "
                  "it cannot change");
+    // Sharding is decided at construction: a communicator given later would silently train unsharded.
+    ENGINE_CHECK(zero_ || config_.zero_stage != 1 || communicator == nullptr || communicator->world_size() == 1,
+                 "trainer: zero_stage 1 needs its communicator at construction (Trainer(model, config, communicator))");
     communicator_ = communicator;
 }
 
@@ -266,21 +270,29 @@ double Trainer::rank_gradient_scale() const {
 StepResult Trainer::apply_update(const Accumulation& window) {
     StepResult result;
     result.learning_rate = schedule_.at(step());
-    if (zero_) {
-        zero_->reduce_scatter_gradients(); // ZeRO-1: each rank gets the summed gradients of its own part
-    } else if (communicator_ != nullptr) {
-        // The window's one gradient reduction: after its last backward, before the norm, so that the norm, the
-        // clip and the update are the same on every rank.
-        std::vector<Tensor> gradients;
-        gradients.reserve(parameters_.size());
-        for (const Tensor& parameter : parameters_) gradients.push_back(parameter.grad());
-        communicator_->all_reduce_gradients(gradients);
-    }
     const double gradient_scale = rank_gradient_scale(); // folded into the norm and the update kernel
-    result.grad_norm =
-        (zero_ ? std::sqrt(zero_->gradient_sum_of_squares()) : global_grad_norm(parameters_)) * gradient_scale;
-    double loss_sum = window.loss_sum(); // after the norm's read: the device is idle, nothing waits
-    if (communicator_ != nullptr) loss_sum = communicator_->all_reduce_value(loss_sum); // the loss sum's one reduction
+    double loss_sum = 0.0;
+    try {
+        if (zero_) {
+            zero_->reduce_scatter_gradients(); // ZeRO-1: each rank gets the summed gradients of its own part
+        } else if (communicator_ != nullptr) {
+            // The window's one gradient reduction: after its last backward, before the norm, so that the norm,
+            // the clip and the update are the same on every rank.
+            std::vector<Tensor> gradients;
+            gradients.reserve(parameters_.size());
+            for (const Tensor& parameter : parameters_) gradients.push_back(parameter.grad());
+            communicator_->all_reduce_gradients(gradients);
+        }
+        result.grad_norm =
+            (zero_ ? std::sqrt(zero_->gradient_sum_of_squares()) : global_grad_norm(parameters_)) * gradient_scale;
+        loss_sum = window.loss_sum(); // after the norm's read: the device is idle, nothing waits
+        if (communicator_ != nullptr) loss_sum = communicator_->all_reduce_value(loss_sum); // the loss sum's reduction
+    } catch (...) {
+        // Partly reduced gradients must not be stepped on or added to by a retry. (A failed collective usually
+        // leaves the ranks out of step for good; see docs/DISTRIBUTED.md.)
+        optimizer_->zero_grad();
+        throw;
+    }
     // The built-in losses report token sums, so the global token mean is their sum over the global count.
     result.loss = loss_function_ ? loss_sum * gradient_scale : loss_sum / static_cast<double>(window.num_items_in_batch);
     // Caught before the optimizer runs: a NaN or Inf must never reach the weights or the moments.

@@ -128,13 +128,12 @@ void restore_training_state(const io::TrainingState& state, Trainer& trainer, nn
             state.copy_into(target.name, target.destination);
             continue;
         }
-        Tensor whole = Tensor::zeros(target.whole.shape(), target.whole.dtype(), target.whole.device(),
-                                     MemoryCategory::workspace);
-        state.copy_into(target.name, whole);
-        const Device device = whole.device();
-        copy_bytes(target.destination.raw_data(), device,
-                   static_cast<const char*>(whole.raw_data()) + target.first * static_cast<int64_t>(dtype_size(whole.dtype())),
-                   device, target.destination.nbytes());
+        // A shard: its slice straight from the stored bytes (validated above), so nothing is allocated here and
+        // no failure can leave the restore half done.
+        const io::StateTensor* stored = state.find(target.name);
+        const size_t offset = static_cast<size_t>(target.first) * dtype_size(target.whole.dtype());
+        copy_bytes(target.destination.raw_data(), target.destination.device(), stored->data.data() + offset, Device::cpu,
+                   target.destination.nbytes());
     }
     trainer.optimizer().set_step_count(field("step").get<int64_t>());
     rng_state() = RngState{rng["seed"].get<uint64_t>(), rng["offset"].get<uint64_t>()};

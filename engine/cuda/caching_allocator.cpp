@@ -1,5 +1,6 @@
 // The CUDA build's raw allocators: a caching device allocator and a pinned host pool. Both keep freed blocks
 // in per-size free lists so that steady-state training makes no cudaMalloc/cudaHostAlloc calls.
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <new>
@@ -139,8 +140,12 @@ private:
 };
 
 // Host staging memory from cudaHostAlloc. A freed block may still be the source of an asynchronous copy on
-// the compute stream, so each free records an event and reuse waits for it (normally long complete). A block
-// whose event cannot be recorded is never reused or freed (leaked): nothing would say when its copies end.
+// the compute stream, so each free records an event and reuse waits for it. The host writes these blocks, so
+// the wait is the host's: to keep it rare, reuse takes a block whose event has already completed, and else
+// the block freed longest ago (the most recently freed one was released after everything the host has
+// queued, so waiting for it would wait for the whole queue: e.g. an upload's staging block, freed just
+// before the next upload asks for one). A block whose event cannot be recorded is never reused or freed
+// (leaked): nothing would say when its copies end.
 class PinnedHostPool final : public RawAllocator {
 public:
     void* allocate(size_t bytes, bool* reached_system) override {
@@ -150,8 +155,15 @@ public:
             std::lock_guard<std::mutex> lock(mutex_);
             auto cached = free_lists_.find(rounded);
             if (cached != free_lists_.end() && !cached->second.empty()) {
-                block.emplace(std::move(cached->second.back()));
-                cached->second.pop_back();
+                std::vector<FreeBlock>& blocks = cached->second; // in the order they were freed
+                auto chosen = std::find_if(blocks.begin(), blocks.end(), [](const FreeBlock& candidate) {
+                    const cudaError_t status = cudaEventQuery(candidate.released.get());
+                    if (status != cudaSuccess && status != cudaErrorNotReady) (void)cudaGetLastError();
+                    return status == cudaSuccess;
+                });
+                if (chosen == blocks.end()) chosen = blocks.begin();
+                block.emplace(std::move(*chosen));
+                blocks.erase(chosen);
                 cached_bytes_ -= rounded;
             }
         }

@@ -139,6 +139,12 @@ Tensor cross_entropy_in_place(const Tensor& logits, const Tensor& targets, Reduc
                     << logits.describe());
     const CheckedTargets checked = check_targets(op, logits, targets, ignore_index, vocabulary);
     const double scale = reduction_scale(reduction, checked.valid_targets);
+    // The factor the kernel writes with must itself be a normal float, or the gradient loses its precision for
+    // good (a later rescale cannot bring it back). Zero is fine: a mean over no target has a zero gradient.
+    ENGINE_CHECK(scale == 0.0 || logits.dtype() != DType::f32 ||
+                     std::isnormal(static_cast<float>(scale) * static_cast<float>(expected_output_gradient)),
+                 op << ": the gradient factor " << scale << " x " << expected_output_gradient
+                    << " underflows float for " << logits.describe());
     Tensor losses = Tensor::empty(checked.leading, logits.dtype(), logits.device()); // (N)
     // Without a node to hand the gradient to, the logits stay intact: this is then plain cross_entropy (over a
     // copy of the real columns when padded: a rare path, evaluation goes through the model's (…,V) logits).

@@ -104,6 +104,7 @@ TEST_F(DeviceLayerTest, IdsUploadedWithHostCopyAreReadWithoutTheDevice) {
     CUDA_CHECK(cudaStreamSynchronize(stream));
     EXPECT_EQ(device_ids.to_vector<int32_t>(), ids);
     EXPECT_EQ(device_ids.reshape({6}).to_vector<int32_t>(), ids); // reshape shares the storage and its copy
+    EXPECT_EQ(device_ids.with_rows(1).to_vector<int32_t>(), std::vector<int32_t>(ids.begin(), ids.begin() + 3));
 
     device_ids.copy_from(Tensor::from_vector<int32_t>(other, {2, 3}, Device::cpu));
     EXPECT_EQ(device_ids.impl().storage->host_copy(), nullptr);
