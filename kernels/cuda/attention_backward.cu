@@ -1,5 +1,5 @@
-// Causal attention backward on tensor cores, FlashAttention-2 style (twin of kernels/cpu/attention.cpp's
-// backward). Three kernels, deterministic without atomics: D_i = rowsum(dout_i * out_i); then one block per
+// Causal attention backward on tensor cores, FlashAttention-2 style (twin of kernels/cpu/attention_backward.cpp).
+// Three kernels, deterministic without atomics: D_i = rowsum(dout_i * out_i); then one block per
 // key tile accumulates dK and dV over the query tiles at and after the diagonal; then one block per query
 // tile accumulates dQ over the key tiles up to the diagonal. Both recompute P from q, k and the logsumexp.
 #include <algorithm>

@@ -1,5 +1,5 @@
-// Causal attention forward on tensor cores, FlashAttention-2 style (twin of kernels/cpu/attention.cpp's
-// forward): one block per (query tile, head, batch) streams key/value tiles through shared memory with an
+// Causal attention forward on tensor cores, FlashAttention-2 style (twin of kernels/cpu/attention_forward.cpp):
+// one block per (query tile, head, batch) streams key/value tiles through shared memory with an
 // online softmax, so no T x T matrix exists anywhere; it saves the per-row logsumexp for the backward.
 #include <cmath>
 

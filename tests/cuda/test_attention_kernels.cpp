@@ -1,5 +1,5 @@
 // CUDA vs CPU for the tensor-core attention kernels (kernels/cuda/attention_*.cu against
-// kernels/cpu/attention.cpp): forward out and logsumexp, backward dqkv accumulated onto non-zero contents,
+// kernels/cpu/attention_{forward,backward}.cpp): forward out and logsumexp, backward dqkv accumulated onto non-zero contents,
 // in 3xTF32 (fp32-accurate) and TF32 mode, at sequence lengths and head sizes chosen to break tile
 // assumptions: T = 1, 17 and 1000 (not multiples of the 128-row blocks or the 64- and 32-row tiles), head
 // sizes 64, 128 and 256 (each a compiled maximum width; 256 also the 4-warp blocks and 32-row key tiles),
