@@ -222,7 +222,10 @@ int run(const Options& options) {
 
     // Rank 0's weights everywhere: every rank starts from the same replica whatever each one loaded.
     if (world_size > 1)
+    {
         for (const Tensor& parameter : model.parameters()) communicator->broadcast(parameter, 0);
+        model.refresh_working_copies();
+    }
 
     std::ofstream log;
     if (lead && !options.log.empty()) {

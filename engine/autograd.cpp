@@ -36,12 +36,35 @@ Tensor BackwardContext::output_grad(uint64_t output_id) const {
 
 Tensor BackwardContext::input_grad(const GradTarget& input) {
     if (!input.requires_grad) return Tensor();
-    if (input.persistent_grad.defined()) return input.persistent_grad;
+    if (input.persistent_grad.defined()) {
+        if (input.persistent_grad.dtype() == input.dtype) return input.persistent_grad;
+        Tensor buffer = Tensor::zeros(input.shape, input.dtype, input.device, MemoryCategory::workspace);
+        pending_conversions_.emplace_back(input.persistent_grad, buffer);
+        return buffer;
+    }
     auto found = grads_.find(input.id);
     if (found != grads_.end()) return found->second;
     Tensor buffer = Tensor::zeros(input.shape, input.dtype, input.device, MemoryCategory::workspace);
     grads_.emplace(input.id, buffer);
     return buffer;
+}
+
+Tensor BackwardContext::parameter_grad(const GradTarget& input) {
+    if (!input.requires_grad) return Tensor();
+    const DType wide = compute_dtype(input.dtype);
+    if (input.persistent_grad.defined() && input.persistent_grad.dtype() == wide) return input.persistent_grad;
+    if (wide == input.dtype) return input_grad(input);
+    Tensor destination = input_grad(input);
+    Tensor buffer = Tensor::zeros(input.shape, wide, input.device, MemoryCategory::workspace);
+    pending_conversions_.emplace_back(destination, buffer);
+    return buffer;
+}
+
+void BackwardContext::finish_node() {
+    // Taken first: a failed addition must not leave them for the next node.
+    std::vector<std::pair<Tensor, Tensor>> conversions = std::move(pending_conversions_);
+    pending_conversions_.clear();
+    for (const auto& [destination, source] : conversions) accumulate_into(destination, source);
 }
 
 bool BackwardContext::adopt_input_grad(const GradTarget& input, const Tensor& gradient) {
@@ -81,7 +104,10 @@ void run_backward(Tape& tape, BackwardContext& context, const std::function<void
             nodes.pop_back();
             bool any_output_grad = false;
             for (uint64_t id : node.output_ids) any_output_grad = any_output_grad || context.has(id);
-            if (any_output_grad) node.backward(context);
+            if (any_output_grad) {
+                node.backward(context);
+                context.finish_node();
+            }
             // Outputs are consumed by nodes later on the tape, which have all run: their gradients are done.
             for (uint64_t id : node.output_ids) context.erase(id);
             node.backward = nullptr; // frees the saved tensors now, not at the end of the walk

@@ -90,9 +90,20 @@ public:
     // The gradient arriving at an op output; undefined if nothing downstream used it.
     Tensor output_grad(uint64_t output_id) const;
     Tensor output_grad(const Tensor& output) const { return output_grad(output.id()); }
-    // The buffer to accumulate an input's gradient into (+=): the persistent buffer of a leaf, else a
-    // zeroed workspace tensor created on first use. Undefined if the input does not require grad.
+    // The buffer to accumulate an input's gradient into (+=), in the input's dtype: the persistent buffer of a
+    // leaf, else a zeroed workspace tensor created on first use. Undefined if the input does not require grad.
+    // A bf16 leaf's persistent buffer is f32 (mixed precision): it gets a bf16 workspace that finish_node
+    // adds into the f32 buffer once the node's backward has run.
     Tensor input_grad(const GradTarget& input);
+    // The same in compute_dtype(input dtype), for the gradients a kernel accumulates in full precision (the
+    // parameters' of linear, layernorm, embedding): a bf16 leaf's f32 persistent buffer itself, so weight
+    // gradients of every micro-batch add up in f32 with no rounding to bf16 between them. For an input that
+    // is not such a leaf, an f32 workspace that finish_node rounds once into input_grad(input). For f32 and
+    // f64 inputs it is input_grad(input).
+    Tensor parameter_grad(const GradTarget& input);
+    // Adds the buffers handed out above in another dtype into their destinations; run_backward calls it after
+    // every node.
+    void finish_node();
     // Hands `gradient` over as the input's gradient when none exists yet: for an op whose backward result
     // already sits in a buffer it owns (cross_entropy_in_place writes it over the logits), so no zeroed
     // buffer and no += pass are needed. The buffer then belongs to the walk (later consumers' += land in it),
@@ -109,6 +120,7 @@ public:
 
 private:
     std::unordered_map<uint64_t, Tensor> grads_;
+    std::vector<std::pair<Tensor, Tensor>> pending_conversions_; // (destination, source) for finish_node
 };
 
 // Walks `tape` in reverse with the gradients already seeded in `context`, then leaves the tape empty.

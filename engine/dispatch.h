@@ -1,4 +1,5 @@
-// One switch per op entry point: CPU kernels by element type, CUDA kernels (f32) on the compute stream.
+// One switch per op entry point: CPU kernels by storage type (f32, f64, bf16), CUDA kernels (f32, bf16) on the
+// compute stream.
 #pragma once
 
 #include "engine/tensor.h"
@@ -10,19 +11,45 @@
 
 namespace engine::detail {
 
-// Calls fn.template operator()<T>() with T = float or double.
+// Calls fn.template operator()<T>() with T = float or double: the kernels that have no bf16 form.
 template <typename Function>
 void dispatch_floating(const char* op, DType dtype, Function&& function) {
     switch (dtype) {
     case DType::f32: function.template operator()<float>(); return;
     case DType::f64: function.template operator()<double>(); return;
+    case DType::bf16: ENGINE_FAIL(op << ": has no bf16 kernel; cast the input to f32 first");
+    case DType::i32: break;
+    }
+    ENGINE_FAIL(op << ": expected a floating-point tensor, got " << dtype_name(dtype));
+}
+
+// Calls fn.template operator()<T>() with T = float, double or bfloat16: a CPU kernel in every storage type.
+template <typename Function>
+void dispatch_cpu(const char* op, DType dtype, Function&& function) {
+    switch (dtype) {
+    case DType::f32: function.template operator()<float>(); return;
+    case DType::f64: function.template operator()<double>(); return;
+    case DType::bf16: function.template operator()<bfloat16>(); return;
     case DType::i32: break;
     }
     ENGINE_FAIL(op << ": expected a floating-point tensor, got " << dtype_name(dtype));
 }
 
 inline void require_cuda_f32(const char* op, DType dtype) {
-    ENGINE_CHECK(dtype == DType::f32, op << ": CUDA kernels take f32, got " << dtype_name(dtype));
+    ENGINE_CHECK(dtype == DType::f32, op << ": this CUDA kernel takes f32, got " << dtype_name(dtype));
+}
+
+// Calls fn.template operator()<T>() with T = float or bfloat16: the CUDA kernels' storage types (f64 is the
+// CPU's gradient-check type only).
+template <typename Function>
+void dispatch_cuda(const char* op, DType dtype, Function&& function) {
+    switch (dtype) {
+    case DType::f32: function.template operator()<float>(); return;
+    case DType::bf16: function.template operator()<bfloat16>(); return;
+    case DType::f64:
+    case DType::i32: break;
+    }
+    ENGINE_FAIL(op << ": CUDA kernels take f32 or bf16, got " << dtype_name(dtype));
 }
 
 [[noreturn]] inline void fail_without_cuda(const char* op) {
@@ -65,6 +92,10 @@ T* grad_pointer(const Tensor& gradient) {
         ::engine::detail::require_cuda_f32(op, dtype);                                                   \
         __VA_ARGS__;                                                                                     \
     } while (0)
+// ENGINE_DISPATCH_CUDA(op, dtype, [&]<typename T>() { kernels::cuda::...(x.data<T>(), ...); }): dispatch_cuda,
+// or the "built without CUDA" error in a CPU-only build, where the lambda (naming CUDA kernels) is not compiled.
+#define ENGINE_DISPATCH_CUDA(op, dtype, ...) ::engine::detail::dispatch_cuda(op, dtype, __VA_ARGS__)
 #else
 #define ENGINE_ON_CUDA(op, dtype, ...) ::engine::detail::fail_without_cuda(op)
+#define ENGINE_DISPATCH_CUDA(op, dtype, ...) ::engine::detail::fail_without_cuda(op)
 #endif

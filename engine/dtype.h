@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/bfloat16.h"
+
 namespace engine {
 
-enum class DType { f32, f64, i32 };
+enum class DType { f32, f64, i32, bf16 };
 enum class Device { cpu, cuda };
 
 constexpr size_t dtype_size(DType dtype) {
@@ -15,6 +17,7 @@ constexpr size_t dtype_size(DType dtype) {
     case DType::f32: return 4;
     case DType::f64: return 8;
     case DType::i32: return 4;
+    case DType::bf16: return 2;
     }
     return 0;
 }
@@ -24,6 +27,7 @@ inline const char* dtype_name(DType dtype) {
     case DType::f32: return "f32";
     case DType::f64: return "f64";
     case DType::i32: return "i32";
+    case DType::bf16: return "bf16";
     }
     return "?";
 }
@@ -34,5 +38,11 @@ template <typename T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<double>() { return DType::f64; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
+template <> constexpr DType dtype_of<bfloat16>() { return DType::bf16; }
+
+constexpr bool is_floating(DType dtype) { return dtype != DType::i32; }
+// The dtype kernels compute in and parameter gradients accumulate in: f32 for bf16 storage (mixed
+// precision), the dtype itself otherwise. A bf16 leaf's persistent gradient buffer has this dtype.
+constexpr DType compute_dtype(DType dtype) { return dtype == DType::bf16 ? DType::f32 : dtype; }
 
 } // namespace engine

@@ -50,5 +50,10 @@ Tensor cross_entropy_in_place(const Tensor& logits, const Tensor& targets, Reduc
 Tensor first_columns(const Tensor& input, int64_t count);
 Tensor sum(const Tensor& input);                 // -> (1)
 Tensor multiply(const Tensor& input, double factor); // input * factor
+// input in another floating dtype (f32, f64, bf16; to bf16: round to nearest even). Differentiable: the
+// gradient converts back.
+Tensor cast(const Tensor& input, DType dtype);
+// Non-differentiable: writes input, converted, into out (same element count and device).
+void convert_into(const Tensor& out, const Tensor& input);
 
 } // namespace engine

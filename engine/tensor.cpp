@@ -98,6 +98,11 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
     case DType::f32: for (int64_t i = 0; i < count; ++i) host.data<float>()[i] = static_cast<float>(value); break;
     case DType::f64: for (int64_t i = 0; i < count; ++i) host.data<double>()[i] = value; break;
     case DType::i32: for (int64_t i = 0; i < count; ++i) host.data<int32_t>()[i] = static_cast<int32_t>(value); break;
+    case DType::bf16: {
+        const bfloat16 rounded = to_bfloat16(static_cast<float>(value));
+        for (int64_t i = 0; i < count; ++i) host.data<bfloat16>()[i] = rounded;
+        break;
+    }
     }
     return device == Device::cpu ? host : host.to(device, category);
 }
@@ -141,6 +146,7 @@ Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Dev
 template Tensor Tensor::from_vector<float>(const std::vector<float>&, const Shape&, Device, MemoryCategory);
 template Tensor Tensor::from_vector<double>(const std::vector<double>&, const Shape&, Device, MemoryCategory);
 template Tensor Tensor::from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, Device, MemoryCategory);
+template Tensor Tensor::from_vector<bfloat16>(const std::vector<bfloat16>&, const Shape&, Device, MemoryCategory);
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
@@ -158,6 +164,7 @@ std::vector<T> Tensor::to_vector() const {
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<bfloat16> Tensor::to_vector<bfloat16>() const;
 
 int64_t Tensor::size(int64_t axis) const {
     const int64_t rank = dim();
@@ -172,6 +179,7 @@ double Tensor::item() const {
     case DType::f32: return to_vector<float>()[0];
     case DType::f64: return to_vector<double>()[0];
     case DType::i32: return to_vector<int32_t>()[0];
+    case DType::bf16: return to_float(to_vector<bfloat16>()[0]);
     }
     return 0.0;
 }
@@ -180,9 +188,10 @@ void Tensor::set_requires_grad(bool requires_grad) {
     TensorImpl& self = impl();
     ENGINE_CHECK(self.is_leaf, "set_requires_grad on " << describe() << ", which is an op output, not a leaf");
     ENGINE_CHECK(!requires_grad || dtype() != DType::i32, "set_requires_grad on integer tensor " << describe());
-    // Allocate first: if it fails, the tensor must not claim a gradient it has no buffer for.
+    // Allocate first: if it fails, the tensor must not claim a gradient it has no buffer for. A bf16 leaf
+    // accumulates its gradient in f32 (compute_dtype): summed over micro-batches in bf16 the small ones vanish.
     if (requires_grad && !self.grad) {
-        Tensor buffer = zeros(shape(), dtype(), device(), MemoryCategory::gradients);
+        Tensor buffer = zeros(shape(), compute_dtype(dtype()), device(), MemoryCategory::gradients);
         self.grad = buffer.impl_ptr();
     }
     self.requires_grad = requires_grad;

@@ -97,7 +97,7 @@ public:
     bool is_leaf() const { return impl().is_leaf; }
     // On a leaf: turns gradient tracking on and allocates its persistent gradient buffer once.
     void set_requires_grad(bool requires_grad);
-    Tensor grad() const; // the persistent gradient buffer of a leaf; undefined if none
+    Tensor grad() const; // the persistent gradient buffer of a leaf (dtype compute_dtype(dtype())); undefined if none
     // A new tensor sharing this one's storage but with no autograd history: saved-tensor style.
     Tensor detach() const;
     // The same storage seen with `rows` rows in the first dimension, fewer or more, as long as the storage

@@ -8,6 +8,7 @@ namespace {
 
 InitOptions make_init(uint64_t seed, uint64_t* stream, Device device, DType dtype) {
     InitOptions init;
+    dtype = compute_dtype(dtype); // bf16: f32 masters
     init.seed = seed;
     init.next_stream = stream;
     init.device = device;
@@ -59,6 +60,7 @@ GPT::GPT(const GPTConfig& config, uint64_t seed, Device device, DType dtype)
         register_module("h." + std::to_string(layer), *h.back());
     }
     register_module("ln_f", ln_f);
+    if (dtype != engine::compute_dtype(dtype)) set_compute_dtype(dtype);
 }
 
 Tensor GPT::run_blocks(const Tensor& input, int first_block, int count) const {
@@ -81,7 +83,7 @@ Tensor GPT::forward_padded(const Tensor& tokens) const {
     ENGINE_CHECK(tokens.dim() == 2, "GPT::forward: tokens " << tokens.describe() << " must be (B,T)");
     ENGINE_CHECK(tokens.size(1) <= config_.max_seq_len,
                  "GPT::forward: sequence length " << tokens.size(1) << " exceeds the model maximum " << config_.max_seq_len);
-    Tensor x = drop.forward(embedding(tokens, wte.weight, wpe.weight)); // (B,T,C)
+    Tensor x = drop.forward(embedding(tokens, wte.working(wte.weight), wpe.working(wpe.weight))); // (B,T,C)
     if (!policy_.enabled) {
         x = run_blocks(x, 0, block_count());
     } else {
@@ -98,7 +100,7 @@ Tensor GPT::forward_padded(const Tensor& tokens) const {
     }
     x = ln_f.forward(x);
     // (B,T,Vp), head tied to the token embedding through the padded view of its storage and gradient buffer
-    return matmul(x, wte.padded_weight, /*transpose_b=*/true);
+    return matmul(x, wte.working(wte.padded_weight), /*transpose_b=*/true);
 }
 
 } // namespace engine::nn

@@ -40,6 +40,9 @@ class GPT : public Module {
     uint64_t init_stream_ = 0;
 
 public:
+    // dtype: f32 or f64 parameters and activations; bf16 is mixed precision: f32 parameters (the masters,
+    // initialised exactly as with f32) with bf16 working copies that the forward reads, so activations and
+    // logits are bf16 (Module::set_compute_dtype).
     GPT(const GPTConfig& config, uint64_t seed, Device device = Device::cpu, DType dtype = DType::f32);
 
     // tokens (B,T) i32 -> logits (B,T,V): the real vocabulary (a copy of the padded logits' first V columns
@@ -59,7 +62,7 @@ public:
 
     const GPTConfig& config() const { return config_; }
     Device device() const { return device_; }
-    DType dtype() const { return dtype_; }
+    DType dtype() const { return dtype_; } // what the forward computes in: the activations' dtype
 
     Embedding wte, wpe; // wte.weight (V,C), stored in a (Vp,C) allocation: wte.padded_weight
     Dropout drop;

@@ -21,14 +21,14 @@ class Linear : public Module {
 public:
     // weight (in,out) ~ N(0, std²); bias (out) = 0
     Linear(int in_features, int out_features, const InitOptions& init, double weight_std);
-    Tensor forward(const Tensor& input) const { return linear(input, weight, bias); }
+    Tensor forward(const Tensor& input) const { return linear(input, working(weight), working(bias)); }
     Tensor weight, bias;
 };
 
 class LayerNorm : public Module {
 public:
     LayerNorm(int channels, const InitOptions& init); // weight 1, bias 0
-    Tensor forward(const Tensor& input) const { return layernorm(input, weight, bias); }
+    Tensor forward(const Tensor& input) const { return layernorm(input, working(weight), working(bias)); }
     Tensor weight, bias;
 };
 

@@ -40,6 +40,61 @@ size_t Module::parameter_count() const {
     return count;
 }
 
+namespace {
+// The rows a parameter's storage holds: more than its shape says for a with_rows view (the padded table).
+int64_t stored_rows(const Tensor& parameter) {
+    if (parameter.dim() == 0 || parameter.numel() == 0) return parameter.dim() == 0 ? 0 : parameter.size(0);
+    const size_t row_bytes = parameter.nbytes() / static_cast<size_t>(parameter.size(0));
+    return static_cast<int64_t>(parameter.impl().storage->bytes() / row_bytes);
+}
+} // namespace
+
+void Module::set_compute_dtype(DType dtype) {
+    ENGINE_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,
+                 "set_compute_dtype: " << dtype_name(dtype) << " is not a compute dtype (f32, f64 or bf16)");
+    set_compute_dtype_here(dtype);
+    for (auto& [name, child] : children_) child->set_compute_dtype(dtype);
+}
+
+void Module::set_compute_dtype_here(DType dtype) {
+    std::vector<WorkingCopy> copies;
+    for (const auto& [name, master] : parameters_) {
+        if (dtype == master.dtype()) break; // no copies
+        ENGINE_CHECK(master.dtype() == DType::f32 && dtype == DType::bf16,
+                     "set_compute_dtype: parameter '" << name << "' is " << dtype_name(master.dtype())
+                                                      << "; working copies are bf16 over f32 masters");
+        WorkingCopy copy;
+        copy.master_storage = master.dim() >= 1 ? master.with_rows(stored_rows(master)) : master;
+        Tensor working_storage =
+            Tensor::empty(copy.master_storage.shape(), dtype, master.device(), MemoryCategory::parameters);
+        working_storage.set_name(name);
+        // A leaf that requires grad and whose gradient buffer is the master's (f32, compute_dtype(bf16)).
+        working_storage.impl().requires_grad = true;
+        working_storage.impl().grad = copy.master_storage.impl().grad;
+        copy.working_storage = working_storage;
+        copy.working = master.dim() >= 1 ? working_storage.with_rows(master.size(0)) : working_storage;
+        convert_into(copy.working_storage, copy.master_storage);
+        copies.push_back(std::move(copy));
+    }
+    working_copies_ = std::move(copies); // all or nothing: an allocation failure above keeps the old ones
+    compute_dtype_ = dtype;
+}
+
+void Module::refresh_working_copies() {
+    for (const WorkingCopy& copy : working_copies_) convert_into(copy.working_storage, copy.master_storage);
+    for (auto& [name, child] : children_) child->refresh_working_copies();
+}
+
+const Tensor& Module::working(const Tensor& parameter) const {
+    for (size_t index = 0; index < working_copies_.size(); ++index) {
+        const WorkingCopy& copy = working_copies_[index];
+        if (copy.master_storage.impl().storage != parameter.impl().storage) continue;
+        if (parameter.shape() == copy.working.shape()) return copy.working;
+        if (parameter.shape() == copy.working_storage.shape()) return copy.working_storage;
+    }
+    return parameter;
+}
+
 void Module::train(bool training) {
     training_ = training;
     for (auto& [name, child] : children_) child->train(training);

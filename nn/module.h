@@ -26,14 +26,37 @@ public:
     void train(bool training = true);
     bool training() const { return training_; }
 
+    // Mixed precision (docs/TRAINING.md, "bf16"), for the whole tree. The parameters stay what they are: the
+    // f32 masters that named_parameters() lists, the optimizer updates and files save. With bf16 each also
+    // gets a working copy in bf16 (category parameters) that the forward reads; the copy's gradient buffer
+    // is the master's own (f32), so weight gradients accumulate in f32 across micro-batches. f32 (or the
+    // parameters' own dtype) removes the copies. The copies are made now from the masters' values.
+    void set_compute_dtype(DType dtype);
+    DType compute_dtype() const { return compute_dtype_; }
+    // Rounds the masters into the working copies again: after anything writes the masters (the optimizer
+    // step, a load, a broadcast). The trainer and the library's loaders call it; code that writes parameters
+    // itself must too. Nothing without copies.
+    void refresh_working_copies();
+    // What the forward reads for one of this module's parameters (or a with_rows view of one, as the padded
+    // token table): its working copy with the same shape when there is one, else the parameter itself.
+    const Tensor& working(const Tensor& parameter) const;
+
 protected:
     // Creates a leaf parameter (category parameters) with its gradient buffer allocated once.
     Tensor register_parameter(const std::string& name, const Tensor& initial);
     void register_module(const std::string& name, Module& child);
 
 private:
+    struct WorkingCopy {
+        Tensor master_storage;  // the master seen over all the rows its storage holds
+        Tensor working_storage; // (same shape, compute dtype) a leaf whose gradient is the master's
+        Tensor working;         // working_storage with the master's own rows
+    };
     void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
+    void set_compute_dtype_here(DType dtype);
     std::vector<std::pair<std::string, Tensor>> parameters_;
+    std::vector<WorkingCopy> working_copies_; // empty, or one per parameters_ entry
+    DType compute_dtype_ = DType::f32;
     std::vector<std::pair<std::string, Module*>> children_;
     bool training_ = true;
 };

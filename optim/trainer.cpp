@@ -310,6 +310,7 @@ StepResult Trainer::apply_update(const Accumulation& window) {
         optimizer_->set_learning_rate(result.learning_rate);
         optimizer_->step(clip_coefficient(result.grad_norm, config_.max_grad_norm) * gradient_scale); // the one clip
         if (zero_) zero_->all_gather_parameters(); // every rank's updated part, to every replica
+        model_.refresh_working_copies();           // bf16: the forward's copies of the new masters
         optimizer_->zero_grad();
     }
 

@@ -135,6 +135,7 @@ void restore_training_state(const io::TrainingState& state, Trainer& trainer, nn
         copy_bytes(target.destination.raw_data(), target.destination.device(), stored->data.data() + offset, Device::cpu,
                    target.destination.nbytes());
     }
+    trainer.model().refresh_working_copies();
     trainer.optimizer().set_step_count(field("step").get<int64_t>());
     rng_state() = RngState{rng["seed"].get<uint64_t>(), rng["offset"].get<uint64_t>()};
 }

@@ -35,6 +35,7 @@ uint32_t dtype_code(DType dtype) {
     case DType::f32: return 1;
     case DType::f64: return 2;
     case DType::i32: return 3;
+    case DType::bf16: return 4;
     }
     return 0;
 }
@@ -44,6 +45,7 @@ bool dtype_from_code(uint32_t code, DType* dtype) {
     case 1: *dtype = DType::f32; return true;
     case 2: *dtype = DType::f64; return true;
     case 3: *dtype = DType::i32; return true;
+    case 4: *dtype = DType::bf16; return true;
     default: return false;
     }
 }

@@ -8,10 +8,15 @@
 //   micro-batches and tensors used twice (the residual stream) both come out right with no special case.
 // - Kernels know no tensor, no tape and no error policy beyond their preconditions: shape and range checks
 //   happen in the engine's op layer before a kernel runs, so a kernel never sees bad input.
-// - Templated on the element type: float for training, double for float64 gradient checks.
+// - Templated on the storage type: float for training, double for float64 gradient checks, bfloat16 for mixed
+//   precision. A bf16 kernel computes in Compute<Scalar> (float) and rounds once on each store (widen/narrow,
+//   engine/bfloat16.h); its statistics (mean, rstd, logsumexp, losses) and its parameter gradients are
+//   Compute<Scalar>, which is Scalar itself for float and double.
 #pragma once
 
 #include <cstdint>
+
+#include "engine/bfloat16.h"
 
 namespace engine::kernels::cpu {
 
@@ -164,8 +169,15 @@ template <typename Scalar>
 void fill(Scalar* x, Scalar value, int64_t N);
 template <typename Scalar>
 void scale(Scalar* x, Scalar alpha, int64_t N); // x *= alpha
-template <typename Scalar>
-void axpy(Scalar* y, const Scalar* x, Scalar alpha, int64_t N); // y += alpha * x
+// y += alpha * x, also across storage types (a bf16 gradient into an f32 buffer and back), computed in float
+// when either side is bf16 and rounded once on store.
+template <typename Scalar, typename Source = Scalar>
+void axpy(Scalar* y, const Source* x, Compute<Scalar> alpha, int64_t N);
+
+// ---- cast ----
+// out = inp converted to To; to bf16 rounds to nearest even (from double through float).
+template <typename To, typename From>
+void convert(To* out, const From* inp, int64_t N);
 
 // ---- optimizer updates ----
 // AdamW with PyTorch semantics; grad is multiplied by grad_scale first (global-norm clipping).

@@ -13,9 +13,9 @@ void scale(T* x, T alpha, int64_t N) {
     for (int64_t i = 0; i < N; ++i) x[i] *= alpha;
 }
 
-template <typename T>
-void axpy(T* y, const T* x, T alpha, int64_t N) {
-    for (int64_t i = 0; i < N; ++i) y[i] += alpha * x[i];
+template <typename T, typename Source>
+void axpy(T* y, const Source* x, Compute<T> alpha, int64_t N) {
+    for (int64_t i = 0; i < N; ++i) y[i] = narrow<T>(widen(y[i]) + alpha * static_cast<Compute<T>>(widen(x[i])));
 }
 
 template void fill<float>(float*, float, int64_t);
@@ -24,5 +24,8 @@ template void scale<float>(float*, float, int64_t);
 template void scale<double>(double*, double, int64_t);
 template void axpy<float>(float*, const float*, float, int64_t);
 template void axpy<double>(double*, const double*, double, int64_t);
+template void axpy<bfloat16>(bfloat16*, const bfloat16*, float, int64_t);
+template void axpy<float, bfloat16>(float*, const bfloat16*, float, int64_t);
+template void axpy<bfloat16, float>(bfloat16*, const float*, float, int64_t);
 
 } // namespace engine::kernels::cpu

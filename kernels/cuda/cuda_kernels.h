@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/cuda/headers.h"
+#include "engine/bfloat16.h"
 
 namespace engine::kernels::cuda {
 
@@ -136,7 +137,14 @@ void sum_of_squares_list(double* out, double* partials_workspace, const float* c
 // pointer is 16-byte aligned, else scalar ones; the per-element arithmetic is the same either way) ----
 void fill(float* x, float value, int64_t N, cudaStream_t stream);
 void scale(float* x, float alpha, int64_t N, cudaStream_t stream);
+// y += alpha * x; the typed form also across f32 and bf16 (float arithmetic, one rounding on store).
 void axpy(float* y, const float* x, float alpha, int64_t N, cudaStream_t stream);
+template <typename Scalar, typename Source>
+void axpy(Scalar* y, const Source* x, float alpha, int64_t N, cudaStream_t stream);
+
+// ---- cast ----
+template <typename To, typename From>
+void convert(To* out, const From* inp, int64_t N, cudaStream_t stream);
 
 // ---- optimizer updates ----
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t N, float lr, float beta1,

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "base/cuda/headers.h"
+#include "engine/bfloat16.h"
 #include "base/cuda/launch.h"
 #include "kernels/cuda/grid.h"
 
@@ -41,6 +42,35 @@ __device__ __forceinline__ void store_pack(float* destination, const Pack<width>
     } else {
         static_assert(width == 1, "packs are 1 or 4 floats");
         *destination = pack[0];
+    }
+}
+
+// bf16 packs: 4 values in one 64-bit access, widened to float on load and rounded (to nearest even) on store,
+// so a kernel written over Pack<width> serves both storage types.
+template <int width>
+__device__ __forceinline__ Pack<width> load_pack(const bfloat16* source) {
+    Pack<width> pack;
+    if constexpr (width == vector_width) {
+        const uint2 vector = *reinterpret_cast<const uint2*>(source);
+        pack[0] = float_from_bits(vector.x << 16), pack[1] = float_from_bits(vector.x & 0xffff0000u);
+        pack[2] = float_from_bits(vector.y << 16), pack[3] = float_from_bits(vector.y & 0xffff0000u);
+    } else {
+        static_assert(width == 1, "packs are 1 or 4 values");
+        pack[0] = to_float(*source);
+    }
+    return pack;
+}
+
+template <int width>
+__device__ __forceinline__ void store_pack(bfloat16* destination, const Pack<width>& pack) {
+    if constexpr (width == vector_width) {
+        uint2 vector;
+        vector.x = uint32_t(to_bfloat16(pack[0]).bits) | (uint32_t(to_bfloat16(pack[1]).bits) << 16);
+        vector.y = uint32_t(to_bfloat16(pack[2]).bits) | (uint32_t(to_bfloat16(pack[3]).bits) << 16);
+        *reinterpret_cast<uint2*>(destination) = vector;
+    } else {
+        static_assert(width == 1, "packs are 1 or 4 values");
+        *destination = to_bfloat16(pack[0]);
     }
 }
 
@@ -84,4 +114,15 @@ inline bool vector_aligned(Pointers... pointers) {
             ENGINE_LAUNCH(kernel<vector_width>, elementwise_grid(N, block_size, vector_width), block_size, 0, \
                           stream, __VA_ARGS__);                                                              \
         else ENGINE_LAUNCH(kernel<1>, elementwise_grid(N, block_size), block_size, 0, stream, __VA_ARGS__);  \
+    } while (0)
+
+// ENGINE_LAUNCH_PACKED for a kernel templated on its storage type first: `kernel<T, width>`.
+#define ENGINE_LAUNCH_PACKED_TYPED(kernel, T, vectorized, N, block_size, stream, ...)                          \
+    do {                                                                                                     \
+        using ::engine::kernels::cuda::elementwise_grid;                                                     \
+        using ::engine::kernels::cuda::vector_width;                                                         \
+        if (vectorized)                                                                                      \
+            ENGINE_LAUNCH((kernel<T, vector_width>), elementwise_grid(N, block_size, vector_width), block_size, \
+                          0, stream, __VA_ARGS__);                                                           \
+        else ENGINE_LAUNCH((kernel<T, 1>), elementwise_grid(N, block_size), block_size, 0, stream, __VA_ARGS__); \
     } while (0)

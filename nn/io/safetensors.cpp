@@ -261,6 +261,7 @@ void load_safetensors_into(Module& module, const std::string& path) {
                                      << "' differs from wte.weight; this model's LM head is tied to wte");
     }
     for (auto& [name, parameter] : parameters) parameter.copy_from(staged.at(name));
+    module.refresh_working_copies();
 }
 
 } // namespace engine::nn
