@@ -161,7 +161,8 @@ std::string run_config_json(const Options& options) {
                           {"seed", trainer.seed},
                           {"optimizer", optim::optimizer_kind_name(trainer.optimizer)},
                           {"gradient_checkpointing", trainer.gradient_checkpointing},
-                          {"zero_stage", trainer.zero_stage}}
+                          {"zero_stage", trainer.zero_stage},
+                          {"precision", trainer.bf16 ? "bf16" : "fp32"}}
         .dump();
 }
 
@@ -174,7 +175,7 @@ int run(const Options& options) {
         const distributed::LaunchEnvironment launch = distributed::launch_environment();
         if (launch.rank == 0)
             std::cout << checkpoint::plan_report(options.model, config.per_device_train_batch_size, options.seq_len,
-                                                 config.checkpoint_policy(), DType::f32, kind,
+                                                 config.checkpoint_policy(), config.bf16 ? DType::bf16 : DType::f32, kind,
                                                  config.zero_stage == 1 ? launch.world_size : 1);
         return 0;
     }
@@ -247,7 +248,8 @@ int run(const Options& options) {
                   << (options.data_layout == nn::DataLayout::padded ? " documents padded to " : " windows of ")
                   << options.seq_len << " tokens\n"
                   << "device: " << device_name(options.resolved_device)
-                  << (options.resolved_device == Device::cpu ? "" : options.tf32.value_or(true) ? " (tf32)" : " (fp32)")
+                  << (config.bf16 ? " (bf16 mixed precision)"
+                      : options.resolved_device == Device::cpu ? "" : options.tf32.value_or(true) ? " (tf32)" : " (fp32)")
                   << " | batch " << config.per_device_train_batch_size << " x " << config.gradient_accumulation_steps
                   << " micro-batches x " << world_size << " ranks (" << distributed::backend_name(communicator->backend())
                   << ") = " << tokens_per_step << " token positions per step | "
@@ -301,7 +303,7 @@ int run(const Options& options) {
     if (trainer.skipped_steps() > 0)
         std::printf("skipped %lld steps with non-finite loss or gradients\n", static_cast<long long>(trainer.skipped_steps()));
     if (!options.save.empty()) {
-        nn::save_safetensors(model, options.save);
+        nn::save_safetensors(model, options.save, options.save_dtype);
         std::cout << "saved " << options.save << "\n";
     }
     return 0;

@@ -108,7 +108,8 @@ model:
   --vocab-size N --max-seq-len N --n-layer N --n-head N --n-embd N --dropout P   override the named size
   --seq-len N                    tokens per sequence (default: the model's max)
   --init FILE.safetensors        start from these weights (Hugging Face GPT-2 names)
-  --save FILE.safetensors        write the trained weights
+  --save FILE.safetensors        write the trained weights (the f32 masters; see --save-dtype)
+  --save-dtype fp32|bf16         the dtype --save writes (default fp32; bf16 rounds to nearest even)
 data:
   --data FILE                    llm.c token shard or any file as bytes (default: built-in corpus)
   --data-layout packed|padded    packed: windows of --seq-len tokens (default); padded: one document per
@@ -135,6 +136,8 @@ memory:
   --device auto|cpu|cuda         (auto: cuda when a device is present)
   --tf32 true|false              CUDA GEMMs and attention on TF32 tensor cores (default true on CUDA; false:
                                  full fp32, to compare with the CPU)
+  --precision fp32|bf16          bf16: mixed precision (Hugging Face's bf16): bf16 activations and working copy of
+                                 the weights, f32 master weights and gradient buffers (default fp32)
 output:
   --log FILE                     JSON lines, one per logged step, same fields as the printed line
   --out DIR --save-every K       training state (weights, optimizer, RNG, data cursor, config) every K steps
@@ -199,6 +202,12 @@ Options parse_options(const std::vector<std::string>& arguments) {
              require(std::filesystem::is_directory(v, error), f, "no such directory '" + v + "'");
              options.resume = v; }},
         {"--tf32", [&](auto& f, auto& v) { options.tf32 = parse_bool(f, v); }},
+        {"--precision", [&](auto& f, auto& v) {
+             require(v == "fp32" || v == "bf16", f, "'" + v + "' is not fp32 or bf16");
+             trainer.bf16 = v == "bf16"; }},
+        {"--save-dtype", [&](auto& f, auto& v) {
+             require(v == "fp32" || v == "bf16", f, "'" + v + "' is not fp32 or bf16");
+             options.save_dtype = v == "bf16" ? engine::DType::bf16 : engine::DType::f32; }},
         {"--zero-stage", [&](auto& f, auto& v) { trainer.zero_stage = parse_int(f, v); require(trainer.zero_stage == 0 || trainer.zero_stage == 1, f, "must be 0 or 1"); }},
         {"--data-layout", [&](auto& f, auto& v) { options.data_layout = as_flag(f, [&] { return engine::nn::parse_data_layout(v); }); }},
         {"--eot-token", [&](auto& f, auto& v) { options.eot_token = parse_int(f, v); require(options.eot_token >= 0, f, "must be >= 0"); }},
@@ -242,6 +251,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
     }
     if (options.help) return options;
     require(options.save_every == 0 || !options.out.empty(), "--save-every", "needs --out DIR");
+    require(!options.save_dtype || !options.save.empty(), "--save-dtype", "needs --save FILE");
 
     options.model = as_flag("--model", [&] { return engine::nn::GPTConfig::named(options.model_name); });
     for (const auto& [flag, apply] : overrides) apply(options.model);

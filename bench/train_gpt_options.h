@@ -48,6 +48,9 @@ struct Options {
     // CUDA GEMM and attention math: TF32 tensor cores (true) or full fp32 (false). Unset: TF32 on CUDA (the
     // engine's default). Hugging Face's `tf32`.
     std::optional<bool> tf32;
+    // --precision bf16 sets trainer.bf16 (mixed precision); --save-dtype: what --save writes (default the
+    // parameters' dtype: the f32 masters).
+    std::optional<engine::DType> save_dtype;
     bool plan = false;     // print the memory plan and exit
     bool help = false;
 };

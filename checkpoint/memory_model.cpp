@@ -82,26 +82,33 @@ MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_
     ENGINE_CHECK(seq_len <= config.max_seq_len,
                  "predict_memory: seq_len " << seq_len << " exceeds the model maximum " << config.max_seq_len);
     const std::vector<Segment> segments = plan_segments(config.n_layer, policy);
+    // bf16 (mixed precision): activations and their gradients are bf16; the statistics (layernorm mean and
+    // rstd, attention's logsumexp, the losses), the f32 masters, their gradients and the optimizer state are
+    // compute_dtype(bf16) = f32, and the bf16 working copies come on top of the masters.
     const size_t element = dtype_size(dtype);
+    const size_t wide = dtype_size(compute_dtype(dtype));
     const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
     Sizes sizes;
     sizes.stream = rows * static_cast<size_t>(config.n_embd) * element;
-    sizes.row_stat = rows * element;
-    sizes.logsumexp = rows * static_cast<size_t>(config.n_head) * element;
+    sizes.row_stat = rows * wide;
+    sizes.logsumexp = rows * static_cast<size_t>(config.n_head) * wide;
     sizes.logits = rows * static_cast<size_t>(config.padded_vocab_size()) * element; // the padded (B,T,Vp)
-    sizes.scalar = element;
+    sizes.scalar = wide;
     const bool dropout_active = config.dropout > 0.0f;
     const bool offload = policy.enabled && policy.offload;
 
     MemoryPrediction prediction;
-    prediction.parameters = parameter_count(config, config.padded_vocab_size()) * element;
-    prediction.gradients = prediction.parameters; // one persistent buffer per parameter, wte's padded too
+    const size_t stored_count = parameter_count(config, config.padded_vocab_size());
+    prediction.master_parameters = stored_count * wide;
+    prediction.working_copies = element == wide ? 0 : stored_count * element; // each over its storage's rows
+    prediction.parameters = prediction.master_parameters + prediction.working_copies;
+    prediction.gradients = stored_count * wide; // one persistent buffer per parameter, wte's padded too
     // The optimizer sees only the real rows. ZeRO-1: one rank's part of them laid end to end, padded to equal parts.
     const size_t real_count = parameter_count(config, config.vocab_size);
     const size_t shards = static_cast<size_t>(optimizer_shards);
-    const size_t part = (real_count + shards - 1) / shards * element;
+    const size_t part = (real_count + shards - 1) / shards * wide;
     const size_t state_per_element = optimizer == OptimizerKind::adamw ? 2 : optimizer == OptimizerKind::sgd ? 1 : 0;
-    prediction.optimizer_state = state_per_element * (shards > 1 ? part : real_count * element);
+    prediction.optimizer_state = state_per_element * (shards > 1 ? part : real_count * wide);
 
     // Activations: `kept` is what earlier layers keep for backward, not counting the current layer's
     // input. Each moment that can be the high-water mark is a candidate.
@@ -171,7 +178,8 @@ std::string plan_report(const nn::GPTConfig& config, int batch, int seq_len, con
         predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer, optimizer_shards);
     std::ostringstream text;
     text << "model: " << config.to_string() << "\n";
-    text << "micro-batch " << batch << " x " << seq_len << " tokens, " << dtype_name(dtype) << ", optimizer "
+    text << "micro-batch " << batch << " x " << seq_len << " tokens, "
+         << (dtype == DType::bf16 ? "bf16 mixed precision" : dtype_name(dtype)) << ", optimizer "
          << (optimizer == OptimizerKind::adamw ? "adamw" : optimizer == OptimizerKind::sgd ? "sgd" : "none") << "\n";
     text << "gradient checkpointing: " << policy.to_string() << "\n";
     if (optimizer_shards > 1) {
@@ -198,6 +206,12 @@ std::string plan_report(const nn::GPTConfig& config, int batch, int seq_len, con
     }
     text << "  device total <= " << mebibytes(planned.device_total_bound()) << "  ["
          << mebibytes(plain.device_total_bound()) << "]\n";
+    if (planned.working_copies > 0)
+        text << "parameters: f32 masters " << mebibytes(planned.master_parameters) << " + bf16 working copies "
+             << mebibytes(planned.working_copies) << "; gradients accumulate in f32; activations bf16 ("
+             << mebibytes(predict_memory(config, batch, seq_len, policy, compute_dtype(dtype), optimizer,
+                                         optimizer_shards).activations)
+             << " in f32)\n";
     text << "activation peak at: " << planned.activations_peak_moment << "\n";
     const size_t logits_bytes = static_cast<size_t>(batch) * static_cast<size_t>(seq_len) *
                                 static_cast<size_t>(config.padded_vocab_size()) * dtype_size(dtype);

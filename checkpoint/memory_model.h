@@ -16,7 +16,9 @@ enum class OptimizerKind { none, sgd, adamw };
 struct MemoryPrediction {
     // Peak bytes of each category over one step. Parameters, gradients and optimizer state are constant;
     // activations, workspace and pinned_host are high-water marks reached at different moments.
-    size_t parameters = 0;
+    size_t parameters = 0; // master_parameters + working_copies
+    size_t master_parameters = 0; // what the optimizer updates (f32 under bf16 mixed precision)
+    size_t working_copies = 0;    // bf16 mixed precision: the bf16 copies the forward reads; 0 otherwise
     size_t gradients = 0;
     size_t optimizer_state = 0;
     size_t activations = 0;

@@ -47,7 +47,7 @@ void GPTConfig::validate() const {
 }
 
 GPT::GPT(const GPTConfig& config, uint64_t seed, Device device, DType dtype)
-    : config_((config.validate(), config)), device_(device), dtype_(dtype),
+    : config_((config.validate(), config)), device_(device),
       wte(config.vocab_size, config.n_embd, make_init(seed, &init_stream_, device, dtype), config.padded_vocab_size()),
       wpe(config.max_seq_len, config.n_embd, make_init(seed, &init_stream_, device, dtype)), drop(config.dropout),
       ln_f(config.n_embd, make_init(seed, &init_stream_, device, dtype)) {
@@ -60,7 +60,7 @@ GPT::GPT(const GPTConfig& config, uint64_t seed, Device device, DType dtype)
         register_module("h." + std::to_string(layer), *h.back());
     }
     register_module("ln_f", ln_f);
-    if (dtype != engine::compute_dtype(dtype)) set_compute_dtype(dtype);
+    set_compute_dtype(dtype); // bf16: working copies of the f32 masters; f32, f64: none
 }
 
 Tensor GPT::run_blocks(const Tensor& input, int first_block, int count) const {

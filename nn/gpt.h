@@ -36,7 +36,6 @@ class GPT : public Module {
     // Declared first: the parameter members below are initialised from these.
     GPTConfig config_;
     Device device_;
-    DType dtype_;
     uint64_t init_stream_ = 0;
 
 public:
@@ -62,7 +61,7 @@ public:
 
     const GPTConfig& config() const { return config_; }
     Device device() const { return device_; }
-    DType dtype() const { return dtype_; } // what the forward computes in: the activations' dtype
+    DType dtype() const { return compute_dtype(); } // what the forward computes in: the activations' dtype
 
     Embedding wte, wpe; // wte.weight (V,C), stored in a (Vp,C) allocation: wte.padded_weight
     Dropout drop;

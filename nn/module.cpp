@@ -52,17 +52,23 @@ int64_t stored_rows(const Tensor& parameter) {
 void Module::set_compute_dtype(DType dtype) {
     ENGINE_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,
                  "set_compute_dtype: " << dtype_name(dtype) << " is not a compute dtype (f32, f64 or bf16)");
-    set_compute_dtype_here(dtype);
-    for (auto& [name, child] : children_) child->set_compute_dtype(dtype);
+    for (const auto& [name, master] : named_parameters())
+        ENGINE_CHECK(dtype == master.dtype() || (master.dtype() == DType::f32 && dtype == DType::bf16),
+                     "set_compute_dtype: parameter '" << name << "' is " << dtype_name(master.dtype())
+                                                      << "; working copies are bf16 over f32 masters");
+    // Every module's copies are made before any module takes them: an allocation failure changes nothing.
+    std::vector<std::pair<Module*, std::vector<WorkingCopy>>> made;
+    make_working_copies(dtype, made);
+    for (auto& [module, copies] : made) {
+        module->working_copies_ = std::move(copies);
+        module->compute_dtype_ = dtype;
+    }
 }
 
-void Module::set_compute_dtype_here(DType dtype) {
+void Module::make_working_copies(DType dtype, std::vector<std::pair<Module*, std::vector<WorkingCopy>>>& made) {
     std::vector<WorkingCopy> copies;
     for (const auto& [name, master] : parameters_) {
         if (dtype == master.dtype()) break; // no copies
-        ENGINE_CHECK(master.dtype() == DType::f32 && dtype == DType::bf16,
-                     "set_compute_dtype: parameter '" << name << "' is " << dtype_name(master.dtype())
-                                                      << "; working copies are bf16 over f32 masters");
         WorkingCopy copy;
         copy.master_storage = master.dim() >= 1 ? master.with_rows(stored_rows(master)) : master;
         Tensor working_storage =
@@ -76,8 +82,8 @@ void Module::set_compute_dtype_here(DType dtype) {
         convert_into(copy.working_storage, copy.master_storage);
         copies.push_back(std::move(copy));
     }
-    working_copies_ = std::move(copies); // all or nothing: an allocation failure above keeps the old ones
-    compute_dtype_ = dtype;
+    made.emplace_back(this, std::move(copies));
+    for (auto& [name, child] : children_) child->make_working_copies(dtype, made);
 }
 
 void Module::refresh_working_copies() {

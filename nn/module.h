@@ -53,7 +53,7 @@ private:
         Tensor working;         // working_storage with the master's own rows
     };
     void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
-    void set_compute_dtype_here(DType dtype);
+    void make_working_copies(DType dtype, std::vector<std::pair<Module*, std::vector<WorkingCopy>>>& made);
     std::vector<std::pair<std::string, Tensor>> parameters_;
     std::vector<WorkingCopy> working_copies_; // empty, or one per parameters_ entry
     DType compute_dtype_ = DType::f32;

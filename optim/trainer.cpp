@@ -88,6 +88,7 @@ checkpoint::CheckpointPolicy TrainerConfig::checkpoint_policy() const {
 
 Trainer::Trainer(nn::GPT& model, const TrainerConfig& config, distributed::Communicator* communicator)
     : model_(model), config_(config), schedule_(schedule_config(config)), communicator_(communicator) {
+    if (config_.bf16) model_.set_compute_dtype(DType::bf16); // before anything sizes itself on the activations
     model_.set_checkpointing(config.checkpoint_policy());
     parameters_ = model_.parameters();
     // Without a communicator there is one process, whose one part is the whole: zero_stage 1 changes nothing.

@@ -57,6 +57,11 @@ struct TrainerConfig {
     // 1: ZeRO stage 1 over the constructor's communicator, each rank keeping the optimizer state of 1/N of
     // the parameters (optim/zero.h); 0: every rank keeps all of it.
     int zero_stage = 0;
+    // Mixed precision, Hugging Face's `bf16`: the trainer gives the model bf16 working copies of its f32
+    // parameters (Module::set_compute_dtype), so activations, saved tensors and offloaded inputs are bf16
+    // while the optimizer updates the f32 masters from f32 gradient buffers (docs/TRAINING.md, "bf16").
+    // false leaves the model's own dtype (a GPT built with DType::bf16 is mixed precision already).
+    bool bf16 = false;
 
     checkpoint::CheckpointPolicy checkpoint_policy() const;
 

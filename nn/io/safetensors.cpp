@@ -74,6 +74,8 @@ Tensor convert_on_host(const Tensor& source, DType dtype, MemoryCategory categor
         for (int64_t i = 0; i < count; ++i) out.data<double>()[i] = source.data<float>()[i];
     } else if (source.dtype() == DType::f64 && dtype == DType::f32) {
         for (int64_t i = 0; i < count; ++i) out.data<float>()[i] = static_cast<float>(source.data<double>()[i]);
+    } else if (is_floating(source.dtype()) && is_floating(dtype)) {
+        convert_into(out, source);
     } else {
         ENGINE_FAIL("convert " << source.describe() << " to " << dtype_name(dtype) << ": unsupported");
     }
@@ -175,18 +177,28 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
     return tensors;
 }
 
-void save_safetensors(const Module& module, const std::string& path) {
+void save_safetensors(const Module& module, const std::string& path, std::optional<DType> file_dtype) {
+    ENGINE_CHECK(!file_dtype || *file_dtype == DType::f32 || *file_dtype == DType::f64 || *file_dtype == DType::bf16,
+                 "save_safetensors '" << path << "': cannot write " << dtype_name(*file_dtype)
+                                      << " (F32, F64 or BF16 only)");
     nlohmann::ordered_json json;
     json["__metadata__"] = {{"format", "pt"}};
     std::vector<std::vector<char>> payloads;
     int64_t offset = 0;
     for (const auto& [name, parameter] : module.named_parameters()) {
-        ENGINE_CHECK(parameter.dtype() == DType::f32 || parameter.dtype() == DType::f64,
+        ENGINE_CHECK(parameter.dtype() == DType::f32 || parameter.dtype() == DType::f64 || parameter.dtype() == DType::bf16,
                      "save_safetensors '" << path << "': parameter " << parameter.describe() << " is not a float");
-        std::vector<char> bytes(parameter.nbytes());
-        copy_bytes(bytes.data(), Device::cpu, parameter.raw_data(), parameter.device(), bytes.size());
+        const DType dtype = file_dtype.value_or(parameter.dtype());
+        Tensor host = parameter.to(Device::cpu, MemoryCategory::workspace);
+        if (dtype != parameter.dtype()) { // rounded on the host: no device memory for the file's copy
+            Tensor converted = Tensor::empty(parameter.shape(), dtype, Device::cpu, MemoryCategory::workspace);
+            convert_into(converted, host);
+            host = converted;
+        }
+        std::vector<char> bytes(host.nbytes());
+        std::memcpy(bytes.data(), host.raw_data(), bytes.size());
         const int64_t size = static_cast<int64_t>(bytes.size());
-        json[name] = {{"dtype", parameter.dtype() == DType::f32 ? "F32" : "F64"},
+        json[name] = {{"dtype", dtype == DType::f32 ? "F32" : dtype == DType::f64 ? "F64" : "BF16"},
                       {"shape", parameter.shape()},
                       {"data_offsets", {offset, offset + size}}};
         offset += size;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,9 +39,10 @@ Tensor read_safetensors_tensor(const SafetensorsHeader& header, const Safetensor
 std::map<std::string, Tensor> read_safetensors(const std::string& path);
 
 // Writes every parameter under its module name (GPT: HF GPT-2 names without the `transformer.` prefix,
-// Conv1D weights (in,out) as stored) in its own dtype (f32 -> F32, f64 -> F64), with
-// __metadata__ {"format":"pt"}. Atomic: temporary file + rename.
-void save_safetensors(const Module& module, const std::string& path);
+// Conv1D weights (in,out) as stored) in its own dtype (f32 -> F32, f64 -> F64), or in `file_dtype` when given
+// (bf16 -> BF16, rounded to nearest even), with __metadata__ {"format":"pt"}. Under mixed precision the
+// parameters are the f32 masters, so the default keeps them exact. Atomic: temporary file + rename.
+void save_safetensors(const Module& module, const std::string& path, std::optional<DType> file_dtype = std::nullopt);
 
 // Loads a file into `module`'s parameters (converted to each parameter's dtype and device).
 // - A `transformer.` prefix on names is accepted.
