@@ -3,7 +3,7 @@
 # quiet. Needs root (apt-get) on Debian.
 set -euo pipefail
 packages=(cmake ninja-build g++ libopenblas-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
-          libboost-context-dev libopenmpi-dev openmpi-bin)
+          libboost-context-dev libopenmpi-dev openmpi-bin python3-matplotlib)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
