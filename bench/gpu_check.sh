@@ -281,6 +281,15 @@ measure_offload() {
     else
         status_lines+=("offload_prefetch: skipped (train_gpt has no --prefetch flag yet)")
     fi
+    # bf16 mixed precision at the same flags (bf16 tensor cores, half the activation and offload bytes).
+    if "${runner[@]}" "$train_gpt" --help 2>&1 | grep -q -- '--precision'; then
+        run_step offload_bf16 60 "${runner[@]}" "$train_gpt" "${common[@]}" --precision bf16 \
+            --log "$out/offload_bf16.jsonl"
+        require_ok offload_bf16
+        run_step offload_bf16_offload 60 "${runner[@]}" "$train_gpt" "${common[@]}" --precision bf16 --offload \
+            --log "$out/offload_bf16_offload.jsonl"
+        require_ok offload_bf16_offload
+    fi
 }
 
 # The NCCL backend, which only a GPU machine can run: one rank's NCCL all-reduce, broadcast and bootstrap over

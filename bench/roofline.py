@@ -4,7 +4,12 @@ launches, with its FLOPs and the bytes it moves, its lower bound (max of FLOPs /
 and a predicted time (the bound divided by the efficiency this kernel class is expected to reach). Written
 before any GPU run; bench/gpu_check.sh prints its benchmark predictions beside what the GPU measures.
 
-  roofline.py step [--batch 16] [--seq 1024] [--math tf32|fp32] [--recompute 0|1] [--markdown]
+  roofline.py step [--batch 16] [--seq 1024] [--math tf32|fp32|bf16] [--recompute 0|1] [--markdown]
+
+bf16 is mixed precision (--precision bf16): bf16 tensor cores for the GEMMs and attention, bf16 activations
+(half the bytes of every activation stream), f32 weight gradients out of the weight GEMMs, and the f32
+masters, moments and gradients in the optimizer's streams, plus one pass rounding the masters into the
+working copies after the update.
   roofline.py benchmarks   JSON: benchmark name -> predicted microseconds, for bench_kernels_cuda's shapes
 """
 import argparse
@@ -29,9 +34,17 @@ EFFICIENCY = {
 # cores' peak: its predicted rates come from the kernels' own analysis (docs/PERF.md, "Tensor-core attention:
 # second round"), in FLOP/s of the conventional count (forward 4·T²/2·d per head, backward 2.5x that);
 # 3xTF32 (fp32-accurate) runs three mmas per step, about half the rate.
-ATTENTION_RATE = {"tf32": {"forward": 75e12, "backward": 30e12}, "fp32": {"forward": 37e12, "backward": 15e12}}
+# bf16 wmma (m16n16k16): twice the k per mma of tf32's m16n16k8 and half the shared-memory bytes per element,
+# so the same kernels are predicted at 1.6x the tf32 rates (the softmax work per tile is unchanged).
+ATTENTION_RATE = {"tf32": {"forward": 75e12, "backward": 30e12}, "fp32": {"forward": 37e12, "backward": 15e12},
+                  "bf16": {"forward": 120e12, "backward": 48e12}}
 
 F32 = 4
+BF16 = 2
+
+
+def activation_bytes(math):
+    return BF16 if math == "bf16" else F32
 
 
 class Kernel:
@@ -46,30 +59,32 @@ class Kernel:
         if self.rate is not None:  # attention: its own predicted rate
             return max(self.flops / self.rate, self.bytes / (EFFICIENCY["memory"] * BANDWIDTH))
         if self.kind == "gemm":
-            efficiency = EFFICIENCY["gemm"] if math != "fp32" else EFFICIENCY["gemm_fp32"]
+            efficiency = EFFICIENCY["gemm"] if math != "fp32" else EFFICIENCY["gemm_fp32"]  # bf16 as tf32: 60%
             return max(self.flops / (efficiency * PEAK[math]), self.bytes / (EFFICIENCY["memory"] * BANDWIDTH))
         return self.bound_s(math) / EFFICIENCY[self.kind]
 
 
-def gemm(name, m, n, k, count=1, accumulate=False):
+def gemm(name, m, n, k, count=1, accumulate=False, element=F32, output_element=None):
     # Each operand read once and the result written once (read too when it accumulates, beta = 1).
-    bytes_moved = F32 * (m * k + k * n + m * n * (2 if accumulate else 1))
+    output_element = element if output_element is None else output_element
+    bytes_moved = element * (m * k + k * n) + output_element * m * n * (2 if accumulate else 1)
     return Kernel(name, 2.0 * m * n * k, bytes_moved, "gemm", count)
 
 
-def stream(name, elements, passes, count=1, kind="memory"):
-    return Kernel(name, 0.0, F32 * elements * passes, kind, count)
+def stream(name, elements, passes, count=1, kind="memory", element=F32):
+    return Kernel(name, 0.0, element * elements * passes, kind, count)
 
 
 def attention(batch, seq, heads, head_size, math, count):
+    element = activation_bytes(math)  # qkv, out and their gradients
     forward_flops = 4.0 * batch * heads * (seq * (seq + 1) / 2) * head_size
     qkv = 3 * batch * seq * heads * head_size
     out = batch * seq * heads * head_size
     rates = ATTENTION_RATE[math]
     return [
-        Kernel("attention forward", forward_flops, F32 * (qkv + out), "attention", count, rates["forward"]),
+        Kernel("attention forward", forward_flops, element * (qkv + out), "attention", count, rates["forward"]),
         # reads qkv, out, dout, logsumexp; dqkv += (read and written)
-        Kernel("attention backward", 2.5 * forward_flops, F32 * (qkv + 2 * out + 2 * qkv), "attention", count,
+        Kernel("attention backward", 2.5 * forward_flops, element * (qkv + 2 * out + 2 * qkv), "attention", count,
                rates["backward"]),
     ]
 
@@ -80,6 +95,15 @@ def step_kernels(batch, seq, math, recompute, layers=12, width=768, heads=12, vo
     c = width
     forwards = 1 + recompute  # a checkpointed block runs its forward twice
     L = layers
+    a = activation_bytes(math)
+    w = F32  # the weight gradients' element: f32 also under bf16 (they accumulate there)
+
+    def gemm(name, m, n, k, count=1, accumulate=False, weight_gradient=False):
+        return globals()["gemm"](name, m, n, k, count, accumulate, a, w if weight_gradient else a)
+
+    def stream(name, elements, passes, count=1, kind="memory"):
+        return globals()["stream"](name, elements, passes, count, kind, a)
+
     kernels = [
         stream("embedding forward", n * c, 3),  # token row + position row read, out written
         stream("embedding backward", n * c, 3, kind="reduction"),  # dout read, table rows += (read, written)
@@ -102,12 +126,12 @@ def step_kernels(batch, seq, math, recompute, layers=12, width=768, heads=12, vo
                 # dx (+=): dout, x read, dx read and written; dγ/dβ partials fused in the same pass
                 stream("layernorm backward", n * c, 4, 2 * count, kind="reduction"),
                 # each linear: dinput = dout·Wᵀ (+=) and dW += xᵀ·dout
-                gemm("qkv gemm dinput", n, c, 3 * c, count, True), gemm("qkv gemm dweight", c, 3 * c, n, count, True),
+                gemm("qkv gemm dinput", n, c, 3 * c, count, True), gemm("qkv gemm dweight", c, 3 * c, n, count, True, weight_gradient=True),
                 gemm("attention projection gemm dinput", n, c, c, count, True),
-                gemm("attention projection gemm dweight", c, c, n, count, True),
-                gemm("fc gemm dinput", n, c, 4 * c, count, True), gemm("fc gemm dweight", c, 4 * c, n, count, True),
+                gemm("attention projection gemm dweight", c, c, n, count, True, weight_gradient=True),
+                gemm("fc gemm dinput", n, c, 4 * c, count, True), gemm("fc gemm dweight", c, 4 * c, n, count, True, weight_gradient=True),
                 gemm("fc projection gemm dinput", n, 4 * c, c, count, True),
-                gemm("fc projection gemm dweight", 4 * c, c, n, count, True),
+                gemm("fc projection gemm dweight", 4 * c, c, n, count, True, weight_gradient=True),
                 stream("bias backward (all four)", n * 9 * c, 1, count, kind="reduction"),
                 stream("gelu backward", n * 4 * c, 4, count),  # dout, x read; dx read and written
                 stream("residual backward", n * c, 5, 2 * count),  # dout read; da, db read and written
@@ -119,14 +143,17 @@ def step_kernels(batch, seq, math, recompute, layers=12, width=768, heads=12, vo
         # the fused classifier: logits read twice (max/sum, then the gradient) and written once, in place
         stream("fused classifier", n * padded_vocabulary, 3),
         gemm("lm head gemm dinput", n, c, padded_vocabulary, 1, True),
-        gemm("lm head gemm dweight", padded_vocabulary, c, n, 1, True),
+        gemm("lm head gemm dweight", padded_vocabulary, c, n, 1, True, weight_gradient=True),
     ]
     parameters = 12 * L * c * c + 13 * L * c + (padded_vocabulary + 1024) * c + 2 * c
+    optimizer_stream = globals()["stream"]  # masters, gradients and moments are f32 in every mode
     kernels += [
-        stream("gradient norm (sum of squares)", parameters, 1, kind="reduction"),
-        stream("adamw update", parameters, 7),  # param, grad, m, v read; param, m, v written
-        stream("zero gradients (memset)", parameters, 1),
+        optimizer_stream("gradient norm (sum of squares)", parameters, 1, kind="reduction"),
+        optimizer_stream("adamw update", parameters, 7),  # param, grad, m, v read; param, m, v written
+        optimizer_stream("zero gradients (memset)", parameters, 1),
     ]
+    if math == "bf16":  # masters (f32) read, working copies (bf16) written
+        kernels.append(Kernel("working copy refresh", 0.0, (F32 + BF16) * parameters, "memory"))
     return kernels
 
 
@@ -215,7 +242,7 @@ def main():
     parser.add_argument("what", choices=["step", "benchmarks"])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=1024)
-    parser.add_argument("--math", choices=["tf32", "fp32"], default="tf32")
+    parser.add_argument("--math", choices=["tf32", "fp32", "bf16"], default="tf32")
     parser.add_argument("--recompute", type=int, choices=[0, 1], default=0)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
