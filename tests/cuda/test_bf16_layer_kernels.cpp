@@ -6,7 +6,9 @@
 #include <cmath>
 #include <string>
 
+#include "engine/autograd.h"
 #include "engine/bfloat16.h"
+#include "engine/ops.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/cuda/compare.h"
@@ -302,6 +304,39 @@ TEST_F(Bf16KernelTest, LayernormWithinOneUlpPlusTheStatisticsBound) {
         EXPECT_TRUE(within_bounds(dweight_d.to_host(), dweight, dweight_bound, "layernorm dweight" + shape));
         EXPECT_TRUE(within_bounds(dbias_d.to_host(), dbias, dbias_bound, "layernorm dbias" + shape));
     }
+}
+
+// The ops dispatch bf16 to the CUDA kernels: embedding -> layernorm -> gelu -> add -> sum on the device gives
+// the CPU's dtypes and, the kernels being held to the CPU's above, values within those kernels' bounds; here
+// (a few rounding flips of layernorm's output at most, each <= 1 ulp, propagated through a sum of 32 terms of
+// size ~1) the f32 loss within 32 ulp_bf16(1) and the f32 parameter gradients within 0.1.
+TEST_F(Bf16KernelTest, OpsRunBf16OnTheDevice) {
+    const int B = 2, T = 2, C = 8, V = 5;
+    const auto tok = random_bf16(size_t(V) * C), pos = random_bf16(size_t(T) * C), w = random_bf16(C, 0.5f, 1.5f);
+    const auto b = random_bf16(C);
+    auto run = [&](Device device) {
+        current_tape().clear();
+        Tensor token_table = Tensor::from_vector<bfloat16>(tok, {V, C}, device);
+        Tensor position_table = Tensor::from_vector<bfloat16>(pos, {T, C}, device);
+        Tensor weight = Tensor::from_vector<bfloat16>(w, {C}, device), bias = Tensor::from_vector<bfloat16>(b, {C}, device);
+        for (Tensor* leaf : {&token_table, &position_table, &weight, &bias}) leaf->set_requires_grad(true);
+        Tensor tokens = Tensor::from_vector<int32_t>({0, 3, 3, 1}, {B, T}, device);
+        Tensor h = embedding(tokens, token_table, position_table);
+        Tensor loss = sum(add(h, gelu(layernorm(h, weight, bias))));
+        EXPECT_EQ(h.dtype(), DType::bf16);
+        EXPECT_EQ(loss.dtype(), DType::f32);
+        backward(loss);
+        std::vector<std::vector<float>> results{loss.to(Device::cpu).to_vector<float>()};
+        for (Tensor* leaf : {&token_table, &position_table, &weight, &bias}) {
+            EXPECT_EQ(leaf->grad().dtype(), DType::f32);
+            results.push_back(leaf->grad().to(Device::cpu).to_vector<float>());
+        }
+        return results;
+    };
+    const auto on_device = run(Device::cuda), on_host = run(Device::cpu);
+    EXPECT_LE(std::fabs(on_device[0][0] - on_host[0][0]), 32 * bfloat16_ulp(1.0));
+    for (size_t i = 1; i < on_host.size(); ++i)
+        EXPECT_TRUE(all_close(on_device[i], on_host[i], Tolerance{0.1, 0.0}, "parameter gradient " + std::to_string(i)));
 }
 
 } // namespace
