@@ -48,8 +48,10 @@ Tensor cross_entropy_in_place(const Tensor& logits, const Tensor& targets, Reduc
                               int vocabulary = 0);
 // (...,N) -> (...,count): a copy of the first count columns; backward adds into them, the rest get 0.
 Tensor first_columns(const Tensor& input, int64_t count);
-Tensor sum(const Tensor& input);                 // -> (1)
-Tensor multiply(const Tensor& input, double factor); // input * factor
+// -> (1), accumulated in double. In compute_dtype(input): the sum of a bf16 tensor is f32 (a loss-like scalar
+// keeps its bits; the bf16 input's gradient is rounded once per element).
+Tensor sum(const Tensor& input);
+Tensor multiply(const Tensor& input, double factor); // input * factor, in input's dtype (bf16: rounded once)
 // input in another floating dtype (f32, f64, bf16; to bf16: round to nearest even). Differentiable: the
 // gradient converts back.
 Tensor cast(const Tensor& input, DType dtype);

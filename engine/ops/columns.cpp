@@ -18,28 +18,29 @@ Tensor first_columns(const Tensor& input, int64_t count) {
     const int64_t rows = columns == 0 ? 0 : input.numel() / columns;
     Tensor out = Tensor::empty(shape, input.dtype(), input.device()); // (...,count)
     if (input.device() == Device::cpu) {
-        dispatch_floating(op, input.dtype(), [&]<typename T>() {
+        dispatch_cpu(op, input.dtype(), [&]<typename T>() {
             kernels::cpu::first_columns_forward<T>(out.data<T>(), input.data<T>(), rows, columns, static_cast<int>(count));
         });
     } else {
-        ENGINE_ON_CUDA(op, input.dtype(),
-                       kernels::cuda::first_columns_forward(out.data<float>(), input.data<float>(), rows, columns,
-                                                            static_cast<int>(count), cuda::compute_stream()));
+        ENGINE_DISPATCH_CUDA(op, input.dtype(), [&]<typename T>() {
+            kernels::cuda::first_columns_forward(out.data<T>(), input.data<T>(), rows, columns, static_cast<int>(count),
+                                                 cuda::compute_stream());
+        });
     }
     GradTarget input_target(input);
     record_node(op, {&input}, {&out}, [=, output_id = out.id()](BackwardContext& context) {
         const Tensor dout = context.output_grad(output_id);
         const Tensor dinput = context.input_grad(input_target); // zeroed: the other columns get no gradient
         if (dout.device() == Device::cpu) {
-            dispatch_floating(op, dout.dtype(), [&]<typename T>() {
+            dispatch_cpu(op, dout.dtype(), [&]<typename T>() {
                 kernels::cpu::first_columns_backward<T>(dinput.data<T>(), dout.data<T>(), rows, columns,
                                                         static_cast<int>(count));
             });
         } else {
-            ENGINE_ON_CUDA(op, dout.dtype(),
-                           kernels::cuda::first_columns_backward(dinput.data<float>(), dout.data<float>(), rows,
-                                                                 columns, static_cast<int>(count),
-                                                                 cuda::compute_stream()));
+            ENGINE_DISPATCH_CUDA(op, dout.dtype(), [&]<typename T>() {
+                kernels::cuda::first_columns_backward(dinput.data<T>(), dout.data<T>(), rows, columns,
+                                                      static_cast<int>(count), cuda::compute_stream());
+            });
         }
     });
     return out;

@@ -18,26 +18,28 @@ Tensor dropout(const Tensor& input, float p, bool training) {
     const uint64_t offset = advance_rng(static_cast<uint64_t>(count));
     Tensor out = Tensor::empty(input.shape(), input.dtype(), input.device());
     if (input.device() == Device::cpu) {
-        dispatch_floating(op, input.dtype(), [&]<typename T>() {
+        dispatch_cpu(op, input.dtype(), [&]<typename T>() {
             kernels::cpu::dropout_forward<T>(out.data<T>(), input.data<T>(), p, seed, offset, count);
         });
     } else {
-        ENGINE_ON_CUDA(op, input.dtype(),
-                       kernels::cuda::dropout_forward(out.data<float>(), input.data<float>(), p, seed, offset, count,
-                                                      cuda::compute_stream()));
+        ENGINE_DISPATCH_CUDA(op, input.dtype(), [&]<typename T>() {
+            kernels::cuda::dropout_forward(out.data<T>(), input.data<T>(), p, seed, offset, count,
+                                           cuda::compute_stream());
+        });
     }
     GradTarget input_target(input);
     record_node(op, {&input}, {&out}, [=, output_id = out.id()](BackwardContext& context) {
         Tensor dout = context.output_grad(output_id);
         Tensor dinput = context.input_grad(input_target);
         if (dout.device() == Device::cpu) {
-            dispatch_floating(op, dout.dtype(), [&]<typename T>() {
+            dispatch_cpu(op, dout.dtype(), [&]<typename T>() {
                 kernels::cpu::dropout_backward<T>(dinput.data<T>(), dout.data<T>(), p, seed, offset, count);
             });
         } else {
-            ENGINE_ON_CUDA(op, dout.dtype(),
-                           kernels::cuda::dropout_backward(dinput.data<float>(), dout.data<float>(), p, seed, offset,
-                                                           count, cuda::compute_stream()));
+            ENGINE_DISPATCH_CUDA(op, dout.dtype(), [&]<typename T>() {
+                kernels::cuda::dropout_backward(dinput.data<T>(), dout.data<T>(), p, seed, offset, count,
+                                                cuda::compute_stream());
+            });
         }
     });
     return out;

@@ -34,40 +34,43 @@ Tensor embedding(const Tensor& tokens, const Tensor& token_table, const Tensor& 
 
     Tensor out = Tensor::empty({batch, time, channels}, token_table.dtype(), tokens.device()); // (B,T,C)
     if (out.device() == Device::cpu) {
-        dispatch_floating(op, out.dtype(), [&]<typename T>() {
+        dispatch_cpu(op, out.dtype(), [&]<typename T>() {
             kernels::cpu::embedding_forward<T>(out.data<T>(), tokens.data<int32_t>(), token_table.data<T>(),
                                                position_table.data<T>(), batch, time, channels);
         });
     } else {
-        ENGINE_ON_CUDA(op, out.dtype(),
-                       kernels::cuda::embedding_forward(out.data<float>(), tokens.data<int32_t>(),
-                                                        token_table.data<float>(), position_table.data<float>(),
-                                                        batch, time, channels, cuda::compute_stream()));
+        ENGINE_DISPATCH_CUDA(op, out.dtype(), [&]<typename T>() {
+            kernels::cuda::embedding_forward(out.data<T>(), tokens.data<int32_t>(), token_table.data<T>(),
+                                             position_table.data<T>(), batch, time, channels, cuda::compute_stream());
+        });
     }
 
     GradTarget token_target(token_table), position_target(position_table);
     record_node(op, {&token_table, &position_table}, {&out},
                 [=, saved_tokens = tokens, output_id = out.id()](BackwardContext& context) {
                     Tensor dout = context.output_grad(output_id);
-                    Tensor dtoken = context.input_grad(token_target);
-                    Tensor dposition = context.input_grad(position_target);
-                    // The kernel writes both tables; a table that needs no gradient gets scratch.
+                    // Parameter gradients: in compute_dtype (f32 for bf16 tables), so micro-batches add up
+                    // unrounded. The kernel writes both tables; a table that needs no gradient gets scratch.
+                    const DType grad_dtype = compute_dtype(dout.dtype());
+                    Tensor dtoken = context.parameter_grad(token_target);
+                    Tensor dposition = context.parameter_grad(position_target);
                     if (!dtoken.defined())
-                        dtoken = Tensor::zeros(token_target.shape, dout.dtype(), dout.device(), MemoryCategory::workspace);
+                        dtoken = Tensor::zeros(token_target.shape, grad_dtype, dout.device(), MemoryCategory::workspace);
                     if (!dposition.defined())
-                        dposition = Tensor::zeros(position_target.shape, dout.dtype(), dout.device(),
+                        dposition = Tensor::zeros(position_target.shape, grad_dtype, dout.device(),
                                                   MemoryCategory::workspace);
                     if (dout.device() == Device::cpu) {
-                        dispatch_floating(op, dout.dtype(), [&]<typename T>() {
-                            kernels::cpu::embedding_backward<T>(dtoken.data<T>(), dposition.data<T>(), dout.data<T>(),
-                                                                saved_tokens.data<int32_t>(), batch, time, channels);
+                        dispatch_cpu(op, dout.dtype(), [&]<typename T>() {
+                            kernels::cpu::embedding_backward<T>(dtoken.data<Compute<T>>(), dposition.data<Compute<T>>(),
+                                                                dout.data<T>(), saved_tokens.data<int32_t>(), batch,
+                                                                time, channels);
                         });
                     } else {
                         // The kernel wants the positions grouped by token. Built here, in backward, its one
                         // consumer: forward (and no-grad forwards) pay nothing, and the upload is workspace that
                         // lives only while the kernels run. Ids the trainer uploaded carry their host copy, so
                         // to_vector reads no device memory; other token tensors cost one device read here.
-                        ENGINE_ON_CUDA(op, dout.dtype(), {
+                        ENGINE_DISPATCH_CUDA(op, dout.dtype(), [&]<typename T>() {
                             const std::vector<int32_t> host_tokens = saved_tokens.to_vector<int32_t>();
                             const kernels::cuda::TokenGroups groups =
                                 kernels::cuda::group_positions_by_token(host_tokens.data(), batch * time);
@@ -75,7 +78,7 @@ Tensor embedding(const Tensor& tokens, const Tensor& token_table, const Tensor& 
                             cuda::copy(device_groups.get(), Device::cuda, groups.packed.data(), Device::cpu,
                                        groups.packed.size() * sizeof(int32_t));
                             kernels::cuda::embedding_backward(dtoken.data<float>(), dposition.data<float>(),
-                                                              dout.data<float>(), device_groups.get(), groups.distinct,
+                                                              dout.data<T>(), device_groups.get(), groups.distinct,
                                                               batch, time, channels, cuda::compute_stream());
                         });
                     }

@@ -11,25 +11,27 @@ Tensor gelu(const Tensor& input) {
     Tensor out = Tensor::empty(input.shape(), input.dtype(), input.device());
     const int64_t count = input.numel();
     if (input.device() == Device::cpu) {
-        dispatch_floating(op, input.dtype(), [&]<typename T>() {
+        dispatch_cpu(op, input.dtype(), [&]<typename T>() {
             kernels::cpu::gelu_forward<T>(out.data<T>(), input.data<T>(), count);
         });
     } else {
-        ENGINE_ON_CUDA(op, input.dtype(),
-                       kernels::cuda::gelu_forward(out.data<float>(), input.data<float>(), count, cuda::compute_stream()));
+        ENGINE_DISPATCH_CUDA(op, input.dtype(), [&]<typename T>() {
+            kernels::cuda::gelu_forward(out.data<T>(), input.data<T>(), count, cuda::compute_stream());
+        });
     }
     GradTarget input_target(input);
     record_node(op, {&input}, {&out}, [=, saved_input = input, output_id = out.id()](BackwardContext& context) {
         Tensor dout = context.output_grad(output_id);
         Tensor dinput = context.input_grad(input_target);
         if (dout.device() == Device::cpu) {
-            dispatch_floating(op, dout.dtype(), [&]<typename T>() {
+            dispatch_cpu(op, dout.dtype(), [&]<typename T>() {
                 kernels::cpu::gelu_backward<T>(dinput.data<T>(), dout.data<T>(), saved_input.data<T>(), count);
             });
         } else {
-            ENGINE_ON_CUDA(op, dout.dtype(),
-                           kernels::cuda::gelu_backward(dinput.data<float>(), dout.data<float>(),
-                                                        saved_input.data<float>(), count, cuda::compute_stream()));
+            ENGINE_DISPATCH_CUDA(op, dout.dtype(), [&]<typename T>() {
+                kernels::cuda::gelu_backward(dinput.data<T>(), dout.data<T>(), saved_input.data<T>(), count,
+                                             cuda::compute_stream());
+            });
         }
     });
     return out;

@@ -12,35 +12,45 @@
 namespace engine {
 using namespace detail;
 
+// Dispatched on the input's (storage) dtype; the scalar side is Compute<T>.
 void sum_tensors(const Tensor& out, const Tensor& input, double scale) {
+    ENGINE_CHECK(out.dtype() == compute_dtype(input.dtype()),
+                 "sum: output " << out.describe() << " for " << input.describe() << " must be "
+                                << dtype_name(compute_dtype(input.dtype())));
     if (out.device() == Device::cpu) {
-        dispatch_floating("sum", out.dtype(), [&]<typename T>() {
-            kernels::cpu::sum_forward<T>(out.data<T>(), input.data<T>(), input.numel(), static_cast<T>(scale));
+        dispatch_cpu("sum", input.dtype(), [&]<typename T>() {
+            kernels::cpu::sum_forward<T>(out.data<Compute<T>>(), input.data<T>(), input.numel(),
+                                         static_cast<Compute<T>>(scale));
         });
     } else {
-        ENGINE_ON_CUDA("sum", out.dtype(), {
+        ENGINE_DISPATCH_CUDA("sum", input.dtype(), [&]<typename T>() {
             const cuda::Scratch<double> partials(kernels::cuda::reduction_workspace_count(input.numel()),
                                                  cuda::compute_stream());
-            kernels::cuda::sum_forward(out.data<float>(), partials.get(), input.data<float>(), input.numel(),
+            kernels::cuda::sum_forward(out.data<float>(), partials.get(), input.data<T>(), input.numel(),
                                        static_cast<float>(scale), cuda::compute_stream());
         });
     }
 }
 
 void sum_backward_tensors(const Tensor& dinput, const Tensor& dout, double scale) {
+    ENGINE_CHECK(dout.dtype() == compute_dtype(dinput.dtype()),
+                 "sum: gradient " << dout.describe() << " for " << dinput.describe() << " must be "
+                                  << dtype_name(compute_dtype(dinput.dtype())));
     if (dinput.device() == Device::cpu) {
-        dispatch_floating("sum", dinput.dtype(), [&]<typename T>() {
-            kernels::cpu::sum_backward<T>(dinput.data<T>(), dout.data<T>(), dinput.numel(), static_cast<T>(scale));
+        dispatch_cpu("sum", dinput.dtype(), [&]<typename T>() {
+            kernels::cpu::sum_backward<T>(dinput.data<T>(), dout.data<Compute<T>>(), dinput.numel(),
+                                          static_cast<Compute<T>>(scale));
         });
     } else {
-        ENGINE_ON_CUDA("sum", dinput.dtype(),
-                       kernels::cuda::sum_backward(dinput.data<float>(), dout.data<float>(), dinput.numel(),
-                                                   static_cast<float>(scale), cuda::compute_stream()));
+        ENGINE_DISPATCH_CUDA("sum", dinput.dtype(), [&]<typename T>() {
+            kernels::cuda::sum_backward(dinput.data<T>(), dout.data<float>(), dinput.numel(), static_cast<float>(scale),
+                                        cuda::compute_stream());
+        });
     }
 }
 
 Tensor sum(const Tensor& input) {
-    Tensor out = Tensor::empty({1}, input.dtype(), input.device());
+    Tensor out = Tensor::empty({1}, compute_dtype(input.dtype()), input.device()); // (1)
     sum_tensors(out, input, 1.0);
     GradTarget input_target(input);
     record_node("sum", {&input}, {&out}, [=, output_id = out.id()](BackwardContext& context) {

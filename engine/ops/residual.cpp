@@ -15,13 +15,13 @@ Tensor add(const Tensor& a, const Tensor& b) {
     const int64_t count = a.numel();
     Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
     if (a.device() == Device::cpu) {
-        dispatch_floating(op, a.dtype(), [&]<typename T>() {
+        dispatch_cpu(op, a.dtype(), [&]<typename T>() {
             kernels::cpu::residual_forward<T>(out.data<T>(), a.data<T>(), b.data<T>(), count);
         });
     } else {
-        ENGINE_ON_CUDA(op, a.dtype(),
-                       kernels::cuda::residual_forward(out.data<float>(), a.data<float>(), b.data<float>(), count,
-                                                       cuda::compute_stream()));
+        ENGINE_DISPATCH_CUDA(op, a.dtype(), [&]<typename T>() {
+            kernels::cuda::residual_forward(out.data<T>(), a.data<T>(), b.data<T>(), count, cuda::compute_stream());
+        });
     }
     GradTarget a_target(a), b_target(b);
     record_node(op, {&a, &b}, {&out}, [=, output_id = out.id()](BackwardContext& context) {
@@ -30,13 +30,14 @@ Tensor add(const Tensor& a, const Tensor& b) {
         // x + x: both contributions land in one buffer, so ask for it once and let the kernel add twice.
         Tensor db = context.input_grad(b_target);
         if (dout.device() == Device::cpu) {
-            dispatch_floating(op, dout.dtype(), [&]<typename T>() {
+            dispatch_cpu(op, dout.dtype(), [&]<typename T>() {
                 kernels::cpu::residual_backward<T>(grad_pointer<T>(da), grad_pointer<T>(db), dout.data<T>(), count);
             });
         } else {
-            ENGINE_ON_CUDA(op, dout.dtype(),
-                           kernels::cuda::residual_backward(grad_pointer<float>(da), grad_pointer<float>(db),
-                                                            dout.data<float>(), count, cuda::compute_stream()));
+            ENGINE_DISPATCH_CUDA(op, dout.dtype(), [&]<typename T>() {
+                kernels::cuda::residual_backward(grad_pointer<T>(da), grad_pointer<T>(db), dout.data<T>(), count,
+                                                 cuda::compute_stream());
+            });
         }
     });
     return out;

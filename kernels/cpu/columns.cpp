@@ -13,12 +13,15 @@ void first_columns_forward(T* out, const T* inp, int64_t N, int columns, int cou
 template <typename T>
 void first_columns_backward(T* dinp, const T* dout, int64_t N, int columns, int count) {
     for (int64_t n = 0; n < N; ++n)
-        for (int c = 0; c < count; ++c) dinp[n * columns + c] += dout[n * count + c];
+        for (int c = 0; c < count; ++c)
+            dinp[n * columns + c] = narrow<T>(widen(dinp[n * columns + c]) + widen(dout[n * count + c]));
 }
 
 template void first_columns_forward<float>(float*, const float*, int64_t, int, int);
 template void first_columns_forward<double>(double*, const double*, int64_t, int, int);
 template void first_columns_backward<float>(float*, const float*, int64_t, int, int);
 template void first_columns_backward<double>(double*, const double*, int64_t, int, int);
+template void first_columns_forward<bfloat16>(bfloat16*, const bfloat16*, int64_t, int, int);
+template void first_columns_backward<bfloat16>(bfloat16*, const bfloat16*, int64_t, int, int);
 
 } // namespace engine::kernels::cpu

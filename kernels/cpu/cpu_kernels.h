@@ -28,10 +28,11 @@ void embedding_forward(Scalar* out,                  // (B,T,C)
                        const Scalar* token_table,    // (V,C)
                        const Scalar* position_table, // (max_T,C), max_T >= T
                        int B, int T, int C);
+// The table gradients are Compute<Scalar> (parameter gradients: f32 for bf16 tables); dout is Scalar.
 template <typename Scalar>
-void embedding_backward(Scalar* dtoken_table,    // (V,C) +=
-                        Scalar* dposition_table, // (max_T,C) +=
-                        const Scalar* dout,      // (B,T,C)
+void embedding_backward(Compute<Scalar>* dtoken_table,    // (V,C) +=
+                        Compute<Scalar>* dposition_table, // (max_T,C) +=
+                        const Scalar* dout,               // (B,T,C)
                         const int32_t* tokens, int B, int T, int C);
 
 // ---- gemm through BLAS, row-major ----
@@ -47,26 +48,27 @@ void bias_add_forward(Scalar* out,        // (N,OC) +=  bias broadcast over rows
                       const Scalar* bias, // (OC)
                       int N, int OC);
 template <typename Scalar>
-void bias_backward(Scalar* dbias,      // (OC) +=  column sums of dout
-                   const Scalar* dout, // (N,OC)
+void bias_backward(Compute<Scalar>* dbias, // (OC) +=  column sums of dout, each summed in double
+                   const Scalar* dout,     // (N,OC)
                    int N, int OC);
 
 // ---- layernorm over the last dimension, eps = 1e-5 ----
 inline constexpr double layernorm_eps = 1e-5;
+// Statistics in double, stored as Compute<Scalar> (f32 for bf16); out rounds once per element.
 template <typename Scalar>
-void layernorm_forward(Scalar* out,          // (N,C)
-                       Scalar* mean,         // (N)
-                       Scalar* rstd,         // (N)  1/sqrt(var + eps), biased variance
+void layernorm_forward(Scalar* out,           // (N,C)
+                       Compute<Scalar>* mean, // (N)
+                       Compute<Scalar>* rstd, // (N)  1/sqrt(var + eps), biased variance
                        const Scalar* inp,    // (N,C)
                        const Scalar* weight, // (C)
                        const Scalar* bias,   // (C)
                        int N, int C);
 template <typename Scalar>
-void layernorm_backward(Scalar* dinp,    // (N,C) +=
-                        Scalar* dweight, // (C) +=
-                        Scalar* dbias,   // (C) +=
-                        const Scalar* dout, const Scalar* inp, const Scalar* weight, const Scalar* mean, const Scalar* rstd, int N,
-                        int C);
+void layernorm_backward(Scalar* dinp,             // (N,C) +=
+                        Compute<Scalar>* dweight, // (C) +=
+                        Compute<Scalar>* dbias,   // (C) +=
+                        const Scalar* dout, const Scalar* inp, const Scalar* weight, const Compute<Scalar>* mean,
+                        const Compute<Scalar>* rstd, int N, int C);
 
 // ---- GELU, tanh approximation (GPT-2) ----
 template <typename Scalar>
@@ -149,14 +151,16 @@ void first_columns_backward(Scalar* dinp,       // (N,columns) += in the first c
                             int64_t N, int columns, int count);
 
 // ---- reductions ----
+// The sum of a bf16 tensor is f32 (Compute<Scalar>): it is accumulated in double, and a loss-like scalar
+// has no reason to lose 16 bits on store. Its gradient dout is therefore Compute<Scalar> too.
 template <typename Scalar>
-void sum_forward(Scalar* out,       // (1) = scale * sum(inp)
-                 const Scalar* inp, // (N)
-                 int64_t N, Scalar scale);
+void sum_forward(Compute<Scalar>* out, // (1) = scale * sum(inp)
+                 const Scalar* inp,    // (N)
+                 int64_t N, Compute<Scalar> scale);
 template <typename Scalar>
-void sum_backward(Scalar* dinp,      // (N) += scale * dout[0]
-                  const Scalar* dout, // (1)
-                  int64_t N, Scalar scale);
+void sum_backward(Scalar* dinp,                // (N) += scale * dout[0]
+                  const Compute<Scalar>* dout, // (1)
+                  int64_t N, Compute<Scalar> scale);
 // out[0] = sum(inp^2), accumulated in double.
 template <typename Scalar>
 void sum_of_squares(double* out, const Scalar* inp, int64_t N);

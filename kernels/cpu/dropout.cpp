@@ -12,23 +12,24 @@ void dropout_forward(T* out, const T* inp, float p, uint64_t seed, uint64_t offs
         for (int64_t i = 0; i < N; ++i) out[i] = inp[i];
         return;
     }
-    const T keep_scale = T(1) / (T(1) - T(p));
+    // In Compute<T>: for bf16 the float scale the CUDA twin's host computes, 1/(1-p).
+    const Compute<T> keep_scale = Compute<T>(1) / (Compute<T>(1) - Compute<T>(p));
     for (int64_t i = 0; i < N; ++i) {
         const bool keep = philox_uniform(seed, offset, static_cast<uint64_t>(i)) >= p;
-        out[i] = keep ? inp[i] * keep_scale : T(0);
+        out[i] = keep ? narrow<T>(widen(inp[i]) * keep_scale) : narrow<T>(0);
     }
 }
 
 template <typename T>
 void dropout_backward(T* dinp, const T* dout, float p, uint64_t seed, uint64_t offset, int64_t N) {
     if (p == 0.0f) {
-        for (int64_t i = 0; i < N; ++i) dinp[i] += dout[i];
+        for (int64_t i = 0; i < N; ++i) dinp[i] = narrow<T>(widen(dinp[i]) + widen(dout[i]));
         return;
     }
-    const T keep_scale = T(1) / (T(1) - T(p));
+    const Compute<T> keep_scale = Compute<T>(1) / (Compute<T>(1) - Compute<T>(p));
     for (int64_t i = 0; i < N; ++i) {
         const bool keep = philox_uniform(seed, offset, static_cast<uint64_t>(i)) >= p;
-        if (keep) dinp[i] += dout[i] * keep_scale;
+        if (keep) dinp[i] = narrow<T>(widen(dinp[i]) + widen(dout[i]) * keep_scale);
     }
 }
 
@@ -36,5 +37,7 @@ template void dropout_forward<float>(float*, const float*, float, uint64_t, uint
 template void dropout_forward<double>(double*, const double*, float, uint64_t, uint64_t, int64_t);
 template void dropout_backward<float>(float*, const float*, float, uint64_t, uint64_t, int64_t);
 template void dropout_backward<double>(double*, const double*, float, uint64_t, uint64_t, int64_t);
+template void dropout_forward<bfloat16>(bfloat16*, const bfloat16*, float, uint64_t, uint64_t, int64_t);
+template void dropout_backward<bfloat16>(bfloat16*, const bfloat16*, float, uint64_t, uint64_t, int64_t);
 
 } // namespace engine::kernels::cpu

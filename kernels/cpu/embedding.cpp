@@ -12,25 +12,25 @@ void embedding_forward(Scalar* out, const int32_t* tokens, const Scalar* token_t
             Scalar* out_row = out + row * C;
             const Scalar* token_row = token_table + static_cast<int64_t>(tokens[row]) * C;
             const Scalar* position_row = position_table + static_cast<int64_t>(t) * C;
-            for (int c = 0; c < C; ++c) out_row[c] = token_row[c] + position_row[c];
+            for (int c = 0; c < C; ++c) out_row[c] = narrow<Scalar>(widen(token_row[c]) + widen(position_row[c]));
         }
     }
 }
 
 template <typename Scalar>
-void embedding_backward(Scalar* dtoken_table, Scalar* dposition_table, const Scalar* dout, const int32_t* tokens,
-                        int B, int T, int C) {
+void embedding_backward(Compute<Scalar>* dtoken_table, Compute<Scalar>* dposition_table, const Scalar* dout,
+                        const int32_t* tokens, int B, int T, int C) {
     // Serial loop: a token repeated in the batch scatters into the same table row, which is only race-free
-    // because rows are visited one at a time.
+    // because rows are visited one at a time. The tables are Compute<Scalar>, so no rounding to bf16 here.
     for (int b = 0; b < B; ++b) {
         for (int t = 0; t < T; ++t) {
             const int64_t row = static_cast<int64_t>(b) * T + t;
             const Scalar* dout_row = dout + row * C;
-            Scalar* dtoken_row = dtoken_table + static_cast<int64_t>(tokens[row]) * C;
-            Scalar* dposition_row = dposition_table + static_cast<int64_t>(t) * C;
+            Compute<Scalar>* dtoken_row = dtoken_table + static_cast<int64_t>(tokens[row]) * C;
+            Compute<Scalar>* dposition_row = dposition_table + static_cast<int64_t>(t) * C;
             for (int c = 0; c < C; ++c) {
-                dtoken_row[c] += dout_row[c];
-                dposition_row[c] += dout_row[c];
+                dtoken_row[c] += widen(dout_row[c]);
+                dposition_row[c] += widen(dout_row[c]);
             }
         }
     }
@@ -38,7 +38,9 @@ void embedding_backward(Scalar* dtoken_table, Scalar* dposition_table, const Sca
 
 template void embedding_forward<float>(float*, const int32_t*, const float*, const float*, int, int, int);
 template void embedding_forward<double>(double*, const int32_t*, const double*, const double*, int, int, int);
+template void embedding_forward<bfloat16>(bfloat16*, const int32_t*, const bfloat16*, const bfloat16*, int, int, int);
 template void embedding_backward<float>(float*, float*, const float*, const int32_t*, int, int, int);
 template void embedding_backward<double>(double*, double*, const double*, const int32_t*, int, int, int);
+template void embedding_backward<bfloat16>(float*, float*, const bfloat16*, const int32_t*, int, int, int);
 
 } // namespace engine::kernels::cpu

@@ -5,26 +5,30 @@
 
 namespace engine::kernels::cpu {
 
+// T is the storage type, C_ its compute type (float for bf16): every element is widened on load and the
+// outputs round once on store; mean, rstd and the parameter gradients stay in C_.
 template <typename T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int N, int C) {
+void layernorm_forward(T* out, Compute<T>* mean, Compute<T>* rstd, const T* inp, const T* weight, const T* bias,
+                       int N, int C) {
+    using C_ = Compute<T>;
     for (int n = 0; n < N; ++n) {
         const T* x = inp + static_cast<int64_t>(n) * C;
         T* y = out + static_cast<int64_t>(n) * C;
         double sum = 0.0;
-        for (int c = 0; c < C; ++c) sum += static_cast<double>(x[c]);
+        for (int c = 0; c < C; ++c) sum += static_cast<double>(widen(x[c]));
         const double row_mean = sum / C;
         // Two passes (centre, then square) rather than E[x^2] - E[x]^2, which cancels badly when the mean is large.
         double squares = 0.0;
         for (int c = 0; c < C; ++c) {
-            const double centred = static_cast<double>(x[c]) - row_mean;
+            const double centred = static_cast<double>(widen(x[c])) - row_mean;
             squares += centred * centred;
         }
         const double variance = squares / C; // biased, as in PyTorch's LayerNorm
-        const T row_rstd = static_cast<T>(1.0 / std::sqrt(variance + layernorm_eps));
-        const T row_mean_t = static_cast<T>(row_mean);
+        const C_ row_rstd = static_cast<C_>(1.0 / std::sqrt(variance + layernorm_eps));
+        const C_ row_mean_t = static_cast<C_>(row_mean);
         for (int c = 0; c < C; ++c) {
-            const T norm = (x[c] - row_mean_t) * row_rstd;
-            y[c] = norm * weight[c] + bias[c];
+            const C_ norm = (widen(x[c]) - row_mean_t) * row_rstd;
+            y[c] = narrow<T>(norm * widen(weight[c]) + widen(bias[c]));
         }
         mean[n] = row_mean_t;
         rstd[n] = row_rstd;
@@ -32,33 +36,35 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
 }
 
 template <typename T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
-                        const T* rstd, int N, int C) {
+void layernorm_backward(T* dinp, Compute<T>* dweight, Compute<T>* dbias, const T* dout, const T* inp, const T* weight,
+                        const Compute<T>* mean, const Compute<T>* rstd, int N, int C) {
+    using C_ = Compute<T>;
     for (int n = 0; n < N; ++n) {
         const T* x = inp + static_cast<int64_t>(n) * C;
         const T* dy = dout + static_cast<int64_t>(n) * C;
         T* dx = dinp + static_cast<int64_t>(n) * C;
-        const T row_mean = mean[n];
-        const T row_rstd = rstd[n];
+        const C_ row_mean = mean[n];
+        const C_ row_rstd = rstd[n];
 
         // The two row means the input gradient needs: mean(dnorm) and mean(dnorm * norm).
         double dnorm_sum = 0.0;
         double dnorm_norm_sum = 0.0;
         for (int c = 0; c < C; ++c) {
-            const T norm = (x[c] - row_mean) * row_rstd;
-            const T dnorm = weight[c] * dy[c];
+            const C_ norm = (widen(x[c]) - row_mean) * row_rstd;
+            const C_ dnorm = widen(weight[c]) * widen(dy[c]);
             dnorm_sum += static_cast<double>(dnorm);
             dnorm_norm_sum += static_cast<double>(dnorm) * static_cast<double>(norm);
         }
-        const T dnorm_mean = static_cast<T>(dnorm_sum / C);
-        const T dnorm_norm_mean = static_cast<T>(dnorm_norm_sum / C);
+        const C_ dnorm_mean = static_cast<C_>(dnorm_sum / C);
+        const C_ dnorm_norm_mean = static_cast<C_>(dnorm_norm_sum / C);
 
         for (int c = 0; c < C; ++c) {
-            const T norm = (x[c] - row_mean) * row_rstd;
-            const T dnorm = weight[c] * dy[c];
-            dbias[c] += dy[c];
-            dweight[c] += norm * dy[c];
-            dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * row_rstd;
+            const C_ norm = (widen(x[c]) - row_mean) * row_rstd;
+            const C_ gradient = widen(dy[c]);
+            const C_ dnorm = widen(weight[c]) * gradient;
+            dbias[c] += gradient;
+            dweight[c] += norm * gradient;
+            dx[c] = narrow<T>(widen(dx[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * row_rstd);
         }
     }
 }
@@ -66,9 +72,13 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 template void layernorm_forward<float>(float*, float*, float*, const float*, const float*, const float*, int, int);
 template void layernorm_forward<double>(double*, double*, double*, const double*, const double*, const double*, int,
                                         int);
+template void layernorm_forward<bfloat16>(bfloat16*, float*, float*, const bfloat16*, const bfloat16*, const bfloat16*,
+                                          int, int);
 template void layernorm_backward<float>(float*, float*, float*, const float*, const float*, const float*,
                                         const float*, const float*, int, int);
 template void layernorm_backward<double>(double*, double*, double*, const double*, const double*, const double*,
                                          const double*, const double*, int, int);
+template void layernorm_backward<bfloat16>(bfloat16*, float*, float*, const bfloat16*, const bfloat16*,
+                                           const bfloat16*, const float*, const float*, int, int);
 
 } // namespace engine::kernels::cpu

@@ -4,17 +4,17 @@
 namespace engine::kernels::cpu {
 
 template <typename T>
-void sum_forward(T* out, const T* inp, int64_t N, T scale) {
+void sum_forward(Compute<T>* out, const T* inp, int64_t N, Compute<T> scale) {
     // Double accumulation: a float running sum over millions of elements stops absorbing small terms.
     double sum = 0.0;
-    for (int64_t i = 0; i < N; ++i) sum += static_cast<double>(inp[i]);
-    out[0] = static_cast<T>(static_cast<double>(scale) * sum);
+    for (int64_t i = 0; i < N; ++i) sum += static_cast<double>(widen(inp[i]));
+    out[0] = static_cast<Compute<T>>(static_cast<double>(scale) * sum);
 }
 
 template <typename T>
-void sum_backward(T* dinp, const T* dout, int64_t N, T scale) {
-    const T gradient = scale * dout[0];
-    for (int64_t i = 0; i < N; ++i) dinp[i] += gradient;
+void sum_backward(T* dinp, const Compute<T>* dout, int64_t N, Compute<T> scale) {
+    const Compute<T> gradient = scale * dout[0];
+    for (int64_t i = 0; i < N; ++i) dinp[i] = narrow<T>(widen(dinp[i]) + gradient);
 }
 
 template <typename T>
@@ -42,6 +42,8 @@ template void sum_forward<float>(float*, const float*, int64_t, float);
 template void sum_forward<double>(double*, const double*, int64_t, double);
 template void sum_backward<float>(float*, const float*, int64_t, float);
 template void sum_backward<double>(double*, const double*, int64_t, double);
+template void sum_forward<bfloat16>(float*, const bfloat16*, int64_t, float);
+template void sum_backward<bfloat16>(bfloat16*, const float*, int64_t, float);
 template void sum_of_squares<float>(double*, const float*, int64_t);
 template void sum_of_squares<double>(double*, const double*, int64_t);
 template void sum_of_squares_list<float>(double*, const float* const*, const int64_t*, int);

@@ -5,17 +5,17 @@ namespace engine::kernels::cpu {
 
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t N) {
-    for (int64_t i = 0; i < N; ++i) out[i] = a[i] + b[i];
+    for (int64_t i = 0; i < N; ++i) out[i] = narrow<T>(widen(a[i]) + widen(b[i]));
 }
 
 template <typename T>
 void residual_backward(T* da, T* db, const T* dout, int64_t N) {
     // A null gradient means that input does not require grad; the other still gets its share.
     if (da != nullptr) {
-        for (int64_t i = 0; i < N; ++i) da[i] += dout[i];
+        for (int64_t i = 0; i < N; ++i) da[i] = narrow<T>(widen(da[i]) + widen(dout[i]));
     }
     if (db != nullptr) {
-        for (int64_t i = 0; i < N; ++i) db[i] += dout[i];
+        for (int64_t i = 0; i < N; ++i) db[i] = narrow<T>(widen(db[i]) + widen(dout[i]));
     }
 }
 
@@ -23,5 +23,7 @@ template void residual_forward<float>(float*, const float*, const float*, int64_
 template void residual_forward<double>(double*, const double*, const double*, int64_t);
 template void residual_backward<float>(float*, float*, const float*, int64_t);
 template void residual_backward<double>(double*, double*, const double*, int64_t);
+template void residual_forward<bfloat16>(bfloat16*, const bfloat16*, const bfloat16*, int64_t);
+template void residual_backward<bfloat16>(bfloat16*, bfloat16*, const bfloat16*, int64_t);
 
 } // namespace engine::kernels::cpu

@@ -1,5 +1,8 @@
 // CUDA twins of the CPU reference kernels (kernels/cpu/cpu_kernels.h): same names, same argument order,
-// float only, plus a trailing stream. The CPU header's conventions hold here too; in particular every
+// plus a trailing stream. Storage is float, and for the layer kernels also bfloat16 (an overload per storage
+// type, declared beside the float one): a bf16 kernel computes in float and rounds once on each store, at
+// the same points as its CPU twin; its statistics (layernorm mean/rstd) and parameter gradients (embedding
+// tables, layernorm dweight/dbias, dbias) are float, as are the partials of its reductions. The CPU header's conventions hold here too; in particular every
 // backward kernel ACCUMULATES (+=) into its gradient outputs. Launchers are asynchronous on `stream` and
 // allocate no memory themselves: a launcher that needs scratch takes it as a workspace argument right
 // after its outputs, gemm takes the cuBLAS handle and gemm_bias the cuBLASLt handle with its workspace, so
@@ -18,6 +21,8 @@ namespace engine::kernels::cuda {
 // ---- embedding ----
 void embedding_forward(float* out, const int32_t* tokens, const float* token_table, const float* position_table,
                        int B, int T, int C, cudaStream_t stream);
+void embedding_forward(bfloat16* out, const int32_t* tokens, const bfloat16* token_table,
+                       const bfloat16* position_table, int B, int T, int C, cudaStream_t stream);
 // The positions of a batch grouped by token, built on the host (a counting sort, O(B*T + largest token)):
 // `packed` holds, one after the other, the positions (count) ordered by token and ascending within a token,
 // the distinct tokens (distinct) ascending, and where each token's positions start (distinct + 1, the last
@@ -32,6 +37,8 @@ TokenGroups group_positions_by_token(const int32_t* tokens, int count);
 // ascending position order, the CPU loop's order, so dtoken_table is bitwise the CPU twin's; the position
 // table sums over the batch in order per (t, channel). token_groups: TokenGroups::packed on the device.
 void embedding_backward(float* dtoken_table, float* dposition_table, const float* dout,
+                        const int32_t* token_groups, int distinct, int B, int T, int C, cudaStream_t stream);
+void embedding_backward(float* dtoken_table, float* dposition_table, const bfloat16* dout,
                         const int32_t* token_groups, int distinct, int B, int T, int C, cudaStream_t stream);
 
 // ---- gemm (cuBLAS on `handle`, which it binds to `stream`; TF32 tensor cores when `tf32`) ----
@@ -48,15 +55,19 @@ void gemm_bias(float* c, const float* a, const float* b, const float* bias, int 
 
 // ---- bias ----
 void bias_add_forward(float* out, const float* bias, int N, int OC, cudaStream_t stream);
+void bias_add_forward(bfloat16* out, const bfloat16* bias, int N, int OC, cudaStream_t stream);
 // Two passes, deterministic: float partials per (row chunk, column), then each column's partials added in
 // chunk order and accumulated into dbias once. partials_workspace: bias_backward_workspace_count(N, OC)
 // floats of device memory, overwritten; it must stay untouched until the launched kernels have run.
 int bias_backward_workspace_count(int N, int OC);
 void bias_backward(float* dbias, float* partials_workspace, const float* dout, int N, int OC, cudaStream_t stream);
+void bias_backward(float* dbias, float* partials_workspace, const bfloat16* dout, int N, int OC, cudaStream_t stream);
 
 // ---- layernorm ----
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C, cudaStream_t stream);
+void layernorm_forward(bfloat16* out, float* mean, float* rstd, const bfloat16* inp, const bfloat16* weight,
+                       const bfloat16* bias, int N, int C, cudaStream_t stream);
 // One row pass writes dinp and per-row-chunk float partials of dweight and dbias, a second adds each column's
 // partials in chunk order into dweight/dbias: deterministic. partials_workspace:
 // layernorm_backward_workspace_count(N, C) floats of device memory, overwritten; untouched until the kernels
@@ -65,14 +76,21 @@ int layernorm_backward_workspace_count(int N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, float* partials_workspace, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C,
                         cudaStream_t stream);
+void layernorm_backward(bfloat16* dinp, float* dweight, float* dbias, float* partials_workspace,
+                        const bfloat16* dout, const bfloat16* inp, const bfloat16* weight, const float* mean,
+                        const float* rstd, int N, int C, cudaStream_t stream);
 
 // ---- GELU ----
 void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream);
 void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t N, cudaStream_t stream);
+void gelu_forward(bfloat16* out, const bfloat16* inp, int64_t N, cudaStream_t stream);
+void gelu_backward(bfloat16* dinp, const bfloat16* dout, const bfloat16* inp, int64_t N, cudaStream_t stream);
 
 // ---- residual ----
 void residual_forward(float* out, const float* a, const float* b, int64_t N, cudaStream_t stream);
 void residual_backward(float* da, float* db, const float* dout, int64_t N, cudaStream_t stream);
+void residual_forward(bfloat16* out, const bfloat16* a, const bfloat16* b, int64_t N, cudaStream_t stream);
+void residual_backward(bfloat16* da, bfloat16* db, const bfloat16* dout, int64_t N, cudaStream_t stream);
 
 // ---- attention: causal, head size C/NH at most attention_max_head_size ----
 // Tensor cores (wmma m16n16k8): TF32 products when `tf32`, else 3xTF32 (each operand split into two TF32
@@ -93,6 +111,10 @@ void dropout_forward(float* out, const float* inp, float p, uint64_t seed, uint6
                      cudaStream_t stream);
 void dropout_backward(float* dinp, const float* dout, float p, uint64_t seed, uint64_t offset, int64_t N,
                       cudaStream_t stream);
+void dropout_forward(bfloat16* out, const bfloat16* inp, float p, uint64_t seed, uint64_t offset, int64_t N,
+                     cudaStream_t stream);
+void dropout_backward(bfloat16* dinp, const bfloat16* dout, float p, uint64_t seed, uint64_t offset, int64_t N,
+                      cudaStream_t stream);
 
 // ---- cross-entropy ----
 void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
@@ -110,6 +132,10 @@ void cross_entropy_fused_rescale(float* dlogits, const float* dout, float expect
 // ---- the first `count` of `columns` columns of each row ----
 void first_columns_forward(float* out, const float* inp, int64_t N, int columns, int count, cudaStream_t stream);
 void first_columns_backward(float* dinp, const float* dout, int64_t N, int columns, int count, cudaStream_t stream);
+void first_columns_forward(bfloat16* out, const bfloat16* inp, int64_t N, int columns, int count,
+                           cudaStream_t stream);
+void first_columns_backward(bfloat16* dinp, const bfloat16* dout, int64_t N, int columns, int count,
+                            cudaStream_t stream);
 
 // ---- reductions: deterministic two-stage (per-block partials in double, then one block) ----
 // partials_workspace: reduction_workspace_count(N) doubles of device memory, overwritten; it must stay
@@ -118,6 +144,10 @@ int reduction_workspace_count(int64_t N);
 void sum_forward(float* out, double* partials_workspace, const float* inp, int64_t N, float scale,
                  cudaStream_t stream);
 void sum_backward(float* dinp, const float* dout, int64_t N, float scale, cudaStream_t stream);
+// bf16 input: the sum (and so its gradient dout) is float, as on the CPU.
+void sum_forward(float* out, double* partials_workspace, const bfloat16* inp, int64_t N, float scale,
+                 cudaStream_t stream);
+void sum_backward(bfloat16* dinp, const float* dout, int64_t N, float scale, cudaStream_t stream);
 void sum_of_squares(double* out, double* partials_workspace, const float* inp, int64_t N,
                     cudaStream_t stream); // out is device memory
 // The sum of squares of many tensors at once (the global gradient norm), deterministic like the above, in

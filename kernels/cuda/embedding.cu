@@ -1,6 +1,7 @@
 // Token plus position embedding, forward and deterministic backward (CUDA twin of kernels/cpu/embedding.cpp).
 // The token-table gradient is parallel over (distinct token, channel tile), from positions the host grouped by
-// token (group_positions_by_token); the position-table gradient over (t, channel).
+// token (group_positions_by_token); the position-table gradient over (t, channel). Tables, out and dout are
+// float or bf16 storage (T); the table gradients are float, accumulated without rounding to bf16.
 #include <algorithm>
 
 #include "base/cuda/launch.h"
@@ -40,22 +41,24 @@ TokenGroups group_positions_by_token(const int32_t* tokens, int count) {
     return groups;
 }
 
-static __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* token_table,
-                                                const float* position_table, int T, int C, int64_t count) {
+template <typename S>
+static __global__ void embedding_forward_kernel(S* out, const int32_t* tokens, const S* token_table,
+                                                const S* position_table, int T, int C, int64_t count) {
     for (int64_t index = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; index < count;
          index += int64_t(gridDim.x) * blockDim.x) {
         const int64_t position = index / C; // b*T + t
         const int channel = static_cast<int>(index % C);
         const int t = static_cast<int>(position % T);
-        out[index] = token_table[int64_t(tokens[position]) * C + channel] + position_table[int64_t(t) * C + channel];
+        out[index] = narrow<S>(widen(token_table[int64_t(tokens[position]) * C + channel]) +
+                               widen(position_table[int64_t(t) * C + channel]));
     }
 }
 
 // Block (group, tile) owns one distinct token's row of the table over 128 channels, so no two threads touch
 // one element (no atomics). It starts from the table's value and adds the token's dout rows in ascending
 // position order, the CPU loop's order: the result is bitwise the CPU twin's.
-template <int width>
-static __global__ void embedding_backward_token_kernel(float* dtoken_table, const float* dout,
+template <typename S, int width>
+static __global__ void embedding_backward_token_kernel(float* dtoken_table, const S* dout,
                                                        const int32_t* token_groups, int count, int distinct, int C) {
     const int32_t* positions = token_groups;                // (count)
     const int32_t* distinct_tokens = positions + count;     // (distinct)
@@ -79,15 +82,15 @@ static __global__ void embedding_backward_token_kernel(float* dtoken_table, cons
             if (tile_start + channel >= C) continue;
             float sum = table_row[channel];
             for (int index = group_starts[group]; index < group_starts[group + 1]; ++index)
-                sum += dout[int64_t(positions[index]) * C + tile_start + channel];
+                sum += widen(dout[int64_t(positions[index]) * C + tile_start + channel]);
             table_row[channel] = sum;
         }
     }
 }
 
 // Parallel over (t, channel) packs, summing over the batch in order from the table's value (the CPU's order).
-template <int width>
-static __global__ void embedding_backward_position_kernel(float* dposition_table, const float* dout, int B,
+template <typename S, int width>
+static __global__ void embedding_backward_position_kernel(float* dposition_table, const S* dout, int B,
                                                           int64_t position_count) {
     for_each_pack<width>(position_count, [&]<int count>(int64_t index) {
         Pack<count> sums = load_pack<count>(dposition_table + index);
@@ -99,27 +102,48 @@ static __global__ void embedding_backward_position_kernel(float* dposition_table
     });
 }
 
-void embedding_forward(float* out, const int32_t* tokens, const float* token_table, const float* position_table,
-                       int B, int T, int C, cudaStream_t stream) {
+template <typename S>
+static void launch_embedding_forward(S* out, const int32_t* tokens, const S* token_table, const S* position_table,
+                                     int B, int T, int C, cudaStream_t stream) {
     const int64_t count = int64_t(B) * T * C;
     if (count == 0) return;
-    ENGINE_LAUNCH(embedding_forward_kernel, elementwise_grid(count, block_size), block_size, 0, stream, out, tokens,
+    ENGINE_LAUNCH(embedding_forward_kernel<S>, elementwise_grid(count, block_size), block_size, 0, stream, out, tokens,
                   token_table, position_table, T, C, count);
 }
 
-void embedding_backward(float* dtoken_table, float* dposition_table, const float* dout, const int32_t* token_groups,
-                        int distinct, int B, int T, int C, cudaStream_t stream) {
+void embedding_forward(float* out, const int32_t* tokens, const float* token_table, const float* position_table,
+                       int B, int T, int C, cudaStream_t stream) {
+    launch_embedding_forward(out, tokens, token_table, position_table, B, T, C, stream);
+}
+void embedding_forward(bfloat16* out, const int32_t* tokens, const bfloat16* token_table,
+                       const bfloat16* position_table, int B, int T, int C, cudaStream_t stream) {
+    launch_embedding_forward(out, tokens, token_table, position_table, B, T, C, stream);
+}
+
+template <typename S>
+static void launch_embedding_backward(float* dtoken_table, float* dposition_table, const S* dout,
+                                      const int32_t* token_groups, int distinct, int B, int T, int C,
+                                      cudaStream_t stream) {
     if (int64_t(B) * T * C == 0) return;
     const bool vectorized = C % vector_width == 0 && vector_aligned(dtoken_table, dposition_table, dout);
     const dim3 token_grid(distinct, ceil_div(C, token_tile_channels));
     if (vectorized)
-        ENGINE_LAUNCH(embedding_backward_token_kernel<vector_width>, token_grid, token_block_size, 0, stream,
+        ENGINE_LAUNCH((embedding_backward_token_kernel<S, vector_width>), token_grid, token_block_size, 0, stream,
                       dtoken_table, dout, token_groups, B * T, distinct, C);
     else
-        ENGINE_LAUNCH(embedding_backward_token_kernel<1>, token_grid, token_block_size, 0, stream, dtoken_table, dout,
-                      token_groups, B * T, distinct, C);
-    ENGINE_LAUNCH_PACKED(embedding_backward_position_kernel, vectorized, int64_t(T) * C, block_size, stream,
-                         dposition_table, dout, B, int64_t(T) * C);
+        ENGINE_LAUNCH((embedding_backward_token_kernel<S, 1>), token_grid, token_block_size, 0, stream, dtoken_table,
+                      dout, token_groups, B * T, distinct, C);
+    ENGINE_LAUNCH_PACKED_TYPED(embedding_backward_position_kernel, S, vectorized, int64_t(T) * C, block_size, stream,
+                               dposition_table, dout, B, int64_t(T) * C);
+}
+
+void embedding_backward(float* dtoken_table, float* dposition_table, const float* dout, const int32_t* token_groups,
+                        int distinct, int B, int T, int C, cudaStream_t stream) {
+    launch_embedding_backward(dtoken_table, dposition_table, dout, token_groups, distinct, B, T, C, stream);
+}
+void embedding_backward(float* dtoken_table, float* dposition_table, const bfloat16* dout,
+                        const int32_t* token_groups, int distinct, int B, int T, int C, cudaStream_t stream) {
+    launch_embedding_backward(dtoken_table, dposition_table, dout, token_groups, distinct, B, T, C, stream);
 }
 
 } // namespace engine::kernels::cuda

@@ -22,8 +22,9 @@ static __device__ __forceinline__ float gelu_local_gradient(float x) {
            0.5f * x * sech_squared * sqrt_2_over_pi * (1.0f + 3.0f * cubic_coefficient * x * x);
 }
 
-template <int width>
-static __global__ void gelu_forward_kernel(float* out, const float* inp, int64_t N) {
+// Templated on the storage type T: packs widen on load and round once on store (kernels/cuda/packs.cuh).
+template <typename T, int width>
+static __global__ void gelu_forward_kernel(T* out, const T* inp, int64_t N) {
     for_each_pack<width>(N, [&]<int count>(int64_t index) {
         Pack<count> pack = load_pack<count>(inp + index);
         for (int k = 0; k < count; ++k) pack[k] = gelu_value(pack[k]);
@@ -31,8 +32,8 @@ static __global__ void gelu_forward_kernel(float* out, const float* inp, int64_t
     });
 }
 
-template <int width>
-static __global__ void gelu_backward_kernel(float* dinp, const float* dout, const float* inp, int64_t N) {
+template <typename T, int width>
+static __global__ void gelu_backward_kernel(T* dinp, const T* dout, const T* inp, int64_t N) {
     for_each_pack<width>(N, [&]<int count>(int64_t index) {
         const Pack<count> x = load_pack<count>(inp + index), gradient = load_pack<count>(dout + index);
         Pack<count> pack = load_pack<count>(dinp + index);
@@ -41,15 +42,30 @@ static __global__ void gelu_backward_kernel(float* dinp, const float* dout, cons
     });
 }
 
-void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream) {
+template <typename T>
+static void launch_gelu_forward(T* out, const T* inp, int64_t N, cudaStream_t stream) {
     if (N == 0) return;
-    ENGINE_LAUNCH_PACKED(gelu_forward_kernel, vector_aligned(out, inp), N, block_size, stream, out, inp, N);
+    ENGINE_LAUNCH_PACKED_TYPED(gelu_forward_kernel, T, vector_aligned(out, inp), N, block_size, stream, out, inp, N);
 }
 
-void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t N, cudaStream_t stream) {
+template <typename T>
+static void launch_gelu_backward(T* dinp, const T* dout, const T* inp, int64_t N, cudaStream_t stream) {
     if (N == 0) return;
-    ENGINE_LAUNCH_PACKED(gelu_backward_kernel, vector_aligned(dinp, dout, inp), N, block_size, stream, dinp, dout, inp,
-                         N);
+    ENGINE_LAUNCH_PACKED_TYPED(gelu_backward_kernel, T, vector_aligned(dinp, dout, inp), N, block_size, stream, dinp,
+                               dout, inp, N);
+}
+
+void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream) {
+    launch_gelu_forward(out, inp, N, stream);
+}
+void gelu_forward(bfloat16* out, const bfloat16* inp, int64_t N, cudaStream_t stream) {
+    launch_gelu_forward(out, inp, N, stream);
+}
+void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t N, cudaStream_t stream) {
+    launch_gelu_backward(dinp, dout, inp, N, stream);
+}
+void gelu_backward(bfloat16* dinp, const bfloat16* dout, const bfloat16* inp, int64_t N, cudaStream_t stream) {
+    launch_gelu_backward(dinp, dout, inp, N, stream);
 }
 
 } // namespace engine::kernels::cuda

@@ -1,6 +1,7 @@
 // Layernorm over the last dimension, warp per row (CUDA twin of kernels/cpu/layernorm.cpp). Rows move in
 // 128-bit packs when C % 4 == 0 and every pointer is 16-byte aligned. Backward is one fused row pass (dinp
-// plus per-block dweight/dbias partials) and a fixed-order column pass (kernels/cuda/column_sums.h).
+// plus per-block dweight/dbias partials) and a fixed-order column pass (kernels/cuda/column_sums.h). Storage
+// T is float or bf16 (out, inp, weight, bias, dinp, dout); statistics, partials and dweight/dbias are float.
 #include <algorithm>
 
 #include "base/cuda/launch.h"
@@ -41,13 +42,13 @@ int layernorm_backward_workspace_count(int N, int C) {
 }
 
 // Two passes over the row (mean, then centred variance) rather than E[x^2]-E[x]^2, which cancels badly.
-template <int width>
-static __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
-                                                const float* weight, const float* bias, int N, int C) {
+template <typename T, int width>
+static __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                                                const T* bias, int N, int C) {
     const int row = blockIdx.x * forward_rows_per_block + threadIdx.x / warp_size;
     const int lane = threadIdx.x % warp_size;
     if (row >= N) return; // whole warps leave together, so the shuffles below stay full-warp
-    const float* x = inp + int64_t(row) * C;
+    const T* x = inp + int64_t(row) * C;
     float sum = 0.0f;
     for (int i = lane * width; i < C; i += warp_size * width) {
         const Pack<width> values = load_pack<width>(x + i);
@@ -63,7 +64,7 @@ static __global__ void layernorm_forward_kernel(float* out, float* mean, float* 
         }
     }
     const float row_rstd = rsqrtf(warp_sum(squares) / C + epsilon);
-    float* y = out + int64_t(row) * C;
+    T* y = out + int64_t(row) * C;
     for (int i = lane * width; i < C; i += warp_size * width) {
         Pack<width> values = load_pack<width>(x + i);
         const Pack<width> scales = load_pack<width>(weight + i), shifts = load_pack<width>(bias + i);
@@ -81,10 +82,10 @@ static __global__ void layernorm_forward_kernel(float* out, float* mean, float* 
 // and, fused into the same read of dout and inp, each warp adds norm * dout and dout into its own shared
 // column sums. Within a warp a column belongs to one lane, so no two threads add to one sum. Then the block
 // adds its warps' sums in warp order into its chunk's partials (chunks, 2, C): dweight's C, then dbias's C.
-template <int width>
-static __global__ void layernorm_backward_kernel(float* dinp, float* partials, const float* dout, const float* inp,
-                                                 const float* weight, const float* mean, const float* rstd, int N,
-                                                 int C, int rows_per_chunk) {
+template <typename T, int width>
+static __global__ void layernorm_backward_kernel(T* dinp, float* partials, const T* dout, const T* inp,
+                                                 const T* weight, const float* mean, const float* rstd, int N, int C,
+                                                 int rows_per_chunk) {
     ENGINE_DYNAMIC_SHARED(float, warp_sums); // (warps, 2, C)
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
     const int warps = blockDim.x / warp_size;
@@ -98,8 +99,8 @@ static __global__ void layernorm_backward_kernel(float* dinp, float* partials, c
     const int first_row = blockIdx.x * rows_per_chunk;
     const int end_row = min(N, first_row + rows_per_chunk);
     for (int row = first_row + warp; row < end_row; row += warps) { // uniform per warp: shuffles stay full-warp
-        const float* x = inp + int64_t(row) * C;
-        const float* dy = dout + int64_t(row) * C;
+        const T* x = inp + int64_t(row) * C;
+        const T* dy = dout + int64_t(row) * C;
         const float row_mean = mean[row], row_rstd = rstd[row];
         float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
         for (int i = lane * width; i < C; i += warp_size * width) {
@@ -114,7 +115,7 @@ static __global__ void layernorm_backward_kernel(float* dinp, float* partials, c
         }
         const float dnorm_mean = warp_sum(dnorm_sum) / C;
         const float dnorm_norm_mean = warp_sum(dnorm_norm_sum) / C;
-        float* dx = dinp + int64_t(row) * C;
+        T* dx = dinp + int64_t(row) * C;
         for (int i = lane * width; i < C; i += warp_size * width) {
             const Pack<width> values = load_pack<width>(x + i), gradients = load_pack<width>(dy + i);
             const Pack<width> scales = load_pack<width>(weight + i);
@@ -141,34 +142,45 @@ static __global__ void layernorm_backward_kernel(float* dinp, float* partials, c
     }
 }
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C, cudaStream_t stream) {
+template <typename T>
+static void launch_layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias,
+                                     int N, int C, cudaStream_t stream) {
     if (N == 0 || C == 0) return;
     const int blocks = ceil_div(N, forward_rows_per_block);
     if (C % vector_width == 0 && vector_aligned(out, inp, weight, bias))
-        ENGINE_LAUNCH(layernorm_forward_kernel<vector_width>, blocks, forward_block_size, 0, stream, out, mean, rstd,
-                      inp, weight, bias, N, C);
+        ENGINE_LAUNCH((layernorm_forward_kernel<T, vector_width>), blocks, forward_block_size, 0, stream, out, mean,
+                      rstd, inp, weight, bias, N, C);
     else
-        ENGINE_LAUNCH(layernorm_forward_kernel<1>, blocks, forward_block_size, 0, stream, out, mean, rstd, inp, weight,
-                      bias, N, C);
+        ENGINE_LAUNCH((layernorm_forward_kernel<T, 1>), blocks, forward_block_size, 0, stream, out, mean, rstd, inp,
+                      weight, bias, N, C);
 }
 
-template <int width>
-static void launch_layernorm_backward(float* dinp, float* partials, const float* dout, const float* inp,
-                                      const float* weight, const float* mean, const float* rstd, int N, int C,
-                                      int chunks, int rows_per_chunk, cudaStream_t stream) {
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C, cudaStream_t stream) {
+    launch_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream);
+}
+void layernorm_forward(bfloat16* out, float* mean, float* rstd, const bfloat16* inp, const bfloat16* weight,
+                       const bfloat16* bias, int N, int C, cudaStream_t stream) {
+    launch_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream);
+}
+
+template <typename T, int width>
+static void launch_layernorm_backward(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
+                                      const float* mean, const float* rstd, int N, int C, int chunks,
+                                      int rows_per_chunk, cudaStream_t stream) {
     const size_t shared_bytes = backward_shared_bytes(C);
     if (shared_bytes > size_t(default_shared_bytes)) { // only for C > 6144: one warp's sums need the opt-in
-        CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&layernorm_backward_kernel<width>),
+        CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&layernorm_backward_kernel<T, width>),
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
     }
-    ENGINE_LAUNCH(layernorm_backward_kernel<width>, chunks, backward_warps(C) * warp_size, shared_bytes, stream, dinp,
-                  partials, dout, inp, weight, mean, rstd, N, C, rows_per_chunk);
+    ENGINE_LAUNCH((layernorm_backward_kernel<T, width>), chunks, backward_warps(C) * warp_size, shared_bytes, stream,
+                  dinp, partials, dout, inp, weight, mean, rstd, N, C, rows_per_chunk);
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, float* partials_workspace, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C,
-                        cudaStream_t stream) {
+template <typename T>
+static void launch_layernorm_backward_passes(T* dinp, float* dweight, float* dbias, float* partials_workspace,
+                                             const T* dout, const T* inp, const T* weight, const float* mean,
+                                             const float* rstd, int N, int C, cudaStream_t stream) {
     if (N == 0 || C == 0) return;
     ENGINE_CHECK(backward_shared_bytes(C) <= size_t(max_optin_shared_bytes),
                  "layernorm_backward: C = " << C << " needs " << backward_shared_bytes(C)
@@ -177,12 +189,25 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, float* partia
     int rows_per_chunk = 0;
     const int chunks = backward_chunks(N, C, rows_per_chunk);
     if (C % vector_width == 0 && vector_aligned(dinp, dout, inp, weight))
-        launch_layernorm_backward<vector_width>(dinp, partials_workspace, dout, inp, weight, mean, rstd, N, C, chunks,
+        launch_layernorm_backward<T, vector_width>(dinp, partials_workspace, dout, inp, weight, mean, rstd, N, C, chunks,
                                                 rows_per_chunk, stream);
     else
-        launch_layernorm_backward<1>(dinp, partials_workspace, dout, inp, weight, mean, rstd, N, C, chunks,
+        launch_layernorm_backward<T, 1>(dinp, partials_workspace, dout, inp, weight, mean, rstd, N, C, chunks,
                                      rows_per_chunk, stream);
     add_column_partials(dweight, dbias, partials_workspace, chunks, C, 2 * C, stream);
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, float* partials_workspace, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C,
+                        cudaStream_t stream) {
+    launch_layernorm_backward_passes(dinp, dweight, dbias, partials_workspace, dout, inp, weight, mean, rstd, N, C,
+                                     stream);
+}
+void layernorm_backward(bfloat16* dinp, float* dweight, float* dbias, float* partials_workspace,
+                        const bfloat16* dout, const bfloat16* inp, const bfloat16* weight, const float* mean,
+                        const float* rstd, int N, int C, cudaStream_t stream) {
+    launch_layernorm_backward_passes(dinp, dweight, dbias, partials_workspace, dout, inp, weight, mean, rstd, N, C,
+                                     stream);
 }
 
 } // namespace engine::kernels::cuda

@@ -27,11 +27,12 @@ static __device__ double block_sum_of(double value) {
     return block_sum(value, scratch);
 }
 
-template <bool square>
-static __global__ void partial_sum_kernel(double* partials, const float* inp, int64_t N) {
+// Input float or bf16 (widened exactly): the partials are double either way.
+template <bool square, typename T>
+static __global__ void partial_sum_kernel(double* partials, const T* inp, int64_t N) {
     double sum = 0.0;
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N; i += int64_t(gridDim.x) * blockDim.x) {
-        const double value = inp[i];
+        const double value = widen(inp[i]);
         sum += square ? value * value : value;
     }
     sum = block_sum_of(sum);
@@ -66,18 +67,19 @@ static __global__ void final_sum_kernel(float* float_out, double* double_out, co
     }
 }
 
-static __global__ void sum_backward_kernel(float* dinp, const float* dout, int64_t N, float scale) {
+template <typename T>
+static __global__ void sum_backward_kernel(T* dinp, const float* dout, int64_t N, float scale) {
     const float gradient = scale * dout[0];
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N; i += int64_t(gridDim.x) * blockDim.x) {
-        dinp[i] += gradient;
+        dinp[i] = narrow<T>(widen(dinp[i]) + gradient);
     }
 }
 
-template <bool square>
-static void two_stage_sum(float* float_out, double* double_out, double* partials, const float* inp, int64_t N,
+template <bool square, typename T>
+static void two_stage_sum(float* float_out, double* double_out, double* partials, const T* inp, int64_t N,
                           double scale, cudaStream_t stream) {
     const int count = reduction_workspace_count(N);
-    ENGINE_LAUNCH(partial_sum_kernel<square>, count, block_size, 0, stream, partials, inp, N);
+    ENGINE_LAUNCH((partial_sum_kernel<square, T>), count, block_size, 0, stream, partials, inp, N);
     ENGINE_LAUNCH(final_sum_kernel, 1, final_block_size, 0, stream, float_out, double_out, partials, count, scale);
 }
 
@@ -85,10 +87,21 @@ void sum_forward(float* out, double* partials_workspace, const float* inp, int64
                  cudaStream_t stream) {
     two_stage_sum<false>(out, nullptr, partials_workspace, inp, N, scale, stream);
 }
+void sum_forward(float* out, double* partials_workspace, const bfloat16* inp, int64_t N, float scale,
+                 cudaStream_t stream) {
+    two_stage_sum<false>(out, nullptr, partials_workspace, inp, N, scale, stream);
+}
 
-void sum_backward(float* dinp, const float* dout, int64_t N, float scale, cudaStream_t stream) {
+template <typename T>
+static void launch_sum_backward(T* dinp, const float* dout, int64_t N, float scale, cudaStream_t stream) {
     if (N == 0) return;
-    ENGINE_LAUNCH(sum_backward_kernel, elementwise_grid(N, block_size), block_size, 0, stream, dinp, dout, N, scale);
+    ENGINE_LAUNCH(sum_backward_kernel<T>, elementwise_grid(N, block_size), block_size, 0, stream, dinp, dout, N, scale);
+}
+void sum_backward(float* dinp, const float* dout, int64_t N, float scale, cudaStream_t stream) {
+    launch_sum_backward(dinp, dout, N, scale, stream);
+}
+void sum_backward(bfloat16* dinp, const float* dout, int64_t N, float scale, cudaStream_t stream) {
+    launch_sum_backward(dinp, dout, N, scale, stream);
 }
 
 void sum_of_squares(double* out, double* partials_workspace, const float* inp, int64_t N, cudaStream_t stream) {

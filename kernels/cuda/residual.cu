@@ -8,8 +8,9 @@ namespace {
 constexpr int block_size = 256;
 }
 
-template <int width>
-static __global__ void residual_forward_kernel(float* out, const float* a, const float* b, int64_t N) {
+// Templated on the storage type T: packs widen on load and round once on store (kernels/cuda/packs.cuh).
+template <typename T, int width>
+static __global__ void residual_forward_kernel(T* out, const T* a, const T* b, int64_t N) {
     for_each_pack<width>(N, [&]<int count>(int64_t index) {
         const Pack<count> right = load_pack<count>(b + index);
         Pack<count> pack = load_pack<count>(a + index);
@@ -19,11 +20,11 @@ static __global__ void residual_forward_kernel(float* out, const float* a, const
 }
 
 // Either gradient may be null (an input that needs none); the branch is uniform across the grid.
-template <int width>
-static __global__ void residual_backward_kernel(float* da, float* db, const float* dout, int64_t N) {
+template <typename T, int width>
+static __global__ void residual_backward_kernel(T* da, T* db, const T* dout, int64_t N) {
     for_each_pack<width>(N, [&]<int count>(int64_t index) {
         const Pack<count> gradient = load_pack<count>(dout + index);
-        auto accumulate = [&](float* destination) {
+        auto accumulate = [&](T* destination) {
             if (destination == nullptr) return;
             Pack<count> pack = load_pack<count>(destination + index);
             for (int k = 0; k < count; ++k) pack[k] += gradient[k];
@@ -34,15 +35,31 @@ static __global__ void residual_backward_kernel(float* da, float* db, const floa
     });
 }
 
-void residual_forward(float* out, const float* a, const float* b, int64_t N, cudaStream_t stream) {
+template <typename T>
+static void launch_residual_forward(T* out, const T* a, const T* b, int64_t N, cudaStream_t stream) {
     if (N == 0) return;
-    ENGINE_LAUNCH_PACKED(residual_forward_kernel, vector_aligned(out, a, b), N, block_size, stream, out, a, b, N);
+    ENGINE_LAUNCH_PACKED_TYPED(residual_forward_kernel, T, vector_aligned(out, a, b), N, block_size, stream, out, a, b,
+                               N);
 }
 
-void residual_backward(float* da, float* db, const float* dout, int64_t N, cudaStream_t stream) {
+template <typename T>
+static void launch_residual_backward(T* da, T* db, const T* dout, int64_t N, cudaStream_t stream) {
     if (N == 0 || (da == nullptr && db == nullptr)) return;
-    ENGINE_LAUNCH_PACKED(residual_backward_kernel, vector_aligned(da, db, dout), N, block_size, stream, da, db, dout,
-                         N);
+    ENGINE_LAUNCH_PACKED_TYPED(residual_backward_kernel, T, vector_aligned(da, db, dout), N, block_size, stream, da,
+                               db, dout, N);
+}
+
+void residual_forward(float* out, const float* a, const float* b, int64_t N, cudaStream_t stream) {
+    launch_residual_forward(out, a, b, N, stream);
+}
+void residual_forward(bfloat16* out, const bfloat16* a, const bfloat16* b, int64_t N, cudaStream_t stream) {
+    launch_residual_forward(out, a, b, N, stream);
+}
+void residual_backward(float* da, float* db, const float* dout, int64_t N, cudaStream_t stream) {
+    launch_residual_backward(da, db, dout, N, stream);
+}
+void residual_backward(bfloat16* da, bfloat16* db, const bfloat16* dout, int64_t N, cudaStream_t stream) {
+    launch_residual_backward(da, db, dout, N, stream);
 }
 
 } // namespace engine::kernels::cuda
