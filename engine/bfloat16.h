@@ -14,9 +14,9 @@
 #include <type_traits>
 
 #if defined(__CUDACC__)
-#define ENGINE_HOST_DEVICE __host__ __device__
+#define ENGINE_BFLOAT16_FUNCTION __host__ __device__ inline
 #else
-#define ENGINE_HOST_DEVICE
+#define ENGINE_BFLOAT16_FUNCTION inline
 #endif
 
 namespace engine {
@@ -28,7 +28,7 @@ struct bfloat16 {
 };
 static_assert(sizeof(bfloat16) == 2 && alignof(bfloat16) == 2 && std::is_trivially_copyable_v<bfloat16>);
 
-ENGINE_HOST_DEVICE inline uint32_t float_bits(float value) {
+ENGINE_BFLOAT16_FUNCTION uint32_t float_bits(float value) {
 #if defined(__CUDA_ARCH__)
     return __float_as_uint(value);
 #else
@@ -38,7 +38,7 @@ ENGINE_HOST_DEVICE inline uint32_t float_bits(float value) {
 #endif
 }
 
-ENGINE_HOST_DEVICE inline float float_from_bits(uint32_t bits) {
+ENGINE_BFLOAT16_FUNCTION float float_from_bits(uint32_t bits) {
 #if defined(__CUDA_ARCH__)
     return __uint_as_float(bits);
 #else
@@ -49,11 +49,11 @@ ENGINE_HOST_DEVICE inline float float_from_bits(uint32_t bits) {
 }
 
 // Exact: every bfloat16 is a float.
-ENGINE_HOST_DEVICE inline float to_float(bfloat16 value) { return float_from_bits(static_cast<uint32_t>(value.bits) << 16); }
+ENGINE_BFLOAT16_FUNCTION float to_float(bfloat16 value) { return float_from_bits(static_cast<uint32_t>(value.bits) << 16); }
 
 // Round to nearest, ties to even. Overflow rounds to infinity as IEEE does; NaN stays a (quiet) NaN of the
 // same sign instead of possibly rounding into infinity.
-ENGINE_HOST_DEVICE inline bfloat16 to_bfloat16(float value) {
+ENGINE_BFLOAT16_FUNCTION bfloat16 to_bfloat16(float value) {
     const uint32_t bits = float_bits(value);
     if ((bits & 0x7fffffffu) > 0x7f800000u) return bfloat16{static_cast<uint16_t>((bits >> 16) | 0x0040u)};
     const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
@@ -73,14 +73,14 @@ template <typename T>
 using Compute = typename compute_type<T>::type;
 
 template <typename T>
-ENGINE_HOST_DEVICE inline Compute<T> widen(T value) {
+ENGINE_BFLOAT16_FUNCTION Compute<T> widen(T value) {
     if constexpr (std::is_same_v<T, bfloat16>) return to_float(value);
     else return value;
 }
 
 // Stores a computed value in T: the one rounding point of an element.
 template <typename T>
-ENGINE_HOST_DEVICE inline T narrow(Compute<T> value) {
+ENGINE_BFLOAT16_FUNCTION T narrow(Compute<T> value) {
     if constexpr (std::is_same_v<T, bfloat16>) return to_bfloat16(value);
     else return value;
 }
