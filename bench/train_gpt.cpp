@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/memory_model.h"
+#include "planner/memory_model.h"
 #include "engine/distributed/communicator.h"
 #include "nn/gpt.h"
 #include "nn/io/safetensors.h"
@@ -169,14 +169,15 @@ std::string run_config_json(const Options& options) {
 int run(const Options& options) {
     const optim::TrainerConfig& config = options.trainer;
     if (options.plan) {
-        const auto kind = config.optimizer == optim::OptimizerKind::sgd ? checkpoint::OptimizerKind::sgd
-                                                                        : checkpoint::OptimizerKind::adamw;
+        const auto kind = config.optimizer == optim::OptimizerKind::sgd ? planner::OptimizerKind::sgd
+                                                                        : planner::OptimizerKind::adamw;
         // Per rank: ZeRO-1 over the launcher's ranks (mpirun -np N train_gpt --plan --zero-stage 1), printed once.
         const distributed::LaunchEnvironment launch = distributed::launch_environment();
         if (launch.rank == 0)
-            std::cout << checkpoint::plan_report(options.model, config.per_device_train_batch_size, options.seq_len,
-                                                 config.checkpoint_policy(), config.bf16 ? DType::bf16 : DType::f32, kind,
-                                                 config.zero_stage == 1 ? launch.world_size : 1);
+            std::cout << planner::plan_report(options.model, config.per_device_train_batch_size, options.seq_len,
+                                              config.checkpoint_policy(), config.bf16 ? DType::bf16 : DType::f32, kind,
+                                              config.zero_stage == 1 ? launch.world_size : 1,
+                                              config.gradient_accumulation_steps);
         return 0;
     }
 
