@@ -288,9 +288,6 @@ Options parse_options(const std::vector<std::string>& arguments) {
     require(options.seq_len <= model.max_seq_len, "--seq-len",
             std::to_string(options.seq_len) + " exceeds the model's max sequence length " +
                 std::to_string(model.max_seq_len));
-    require(!(trainer.offload && !trainer.gradient_checkpointing), "--offload",
-            "moves checkpointed segment inputs to host memory, so it needs --gradient-checkpointing");
-    require(!(trainer.prefetch && !trainer.offload), "--prefetch", "prefetches offloaded inputs, so it needs --offload");
     const bool planned = options.max_memory || options.max_memory_auto;
     require(planned || options.global_batch_size == 0, "--global-batch-size", "needs --max-memory (it is the planner's)");
     require(planned || !options.precision_auto, "--precision", "auto needs --max-memory (the planner chooses it)");
@@ -298,6 +295,9 @@ Options parse_options(const std::vector<std::string>& arguments) {
                                "--every-n-layers", "--segment-size", "--offload", "--prefetch", "--zero-stage"})
         require(!planned || !given.contains(chosen), chosen,
                 "the planner chooses it under --max-memory; leave it out (give --global-batch-size instead)");
+    require(!(trainer.offload && !trainer.gradient_checkpointing), "--offload",
+            "moves checkpointed segment inputs to host memory, so it needs --gradient-checkpointing");
+    require(!(trainer.prefetch && !trainer.offload), "--prefetch", "prefetches offloaded inputs, so it needs --offload");
     as_flag("--max-steps", [&] { trainer.validate(); return 0; }); // each field was checked above; a backstop
 
     if (options.device == "cuda" || options.device == "auto") {
