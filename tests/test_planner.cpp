@@ -3,7 +3,9 @@
 // the byte, no enumerated feasible plan predicted faster, and the losses of the plain plan.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 
 #include "optim/trainer.h"
@@ -36,11 +38,13 @@ nn::BatchSource global_batches(const nn::GPTConfig& config, int micro_batch, int
 }
 
 struct Trained {
+    std::vector<double> seconds; // each step's wall time
     std::vector<double> losses;
     std::vector<size_t> peaks; // each step's peak total above what the process held before the model
 };
 
-Trained train(const nn::GPTConfig& config, int micro_batch, int accumulation, const CheckpointPolicy& policy) {
+Trained train(const nn::GPTConfig& config, int micro_batch, int accumulation, const CheckpointPolicy& policy,
+              int step_count = steps) {
     current_tape().clear();
     const size_t before = memory_stats(Device::cpu).current_bytes;
     Trained trained;
@@ -54,12 +58,13 @@ Trained train(const nn::GPTConfig& config, int micro_batch, int accumulation, co
         trainer_config.segment_size = policy.segment_size;
         trainer_config.offload = policy.offload;
         trainer_config.learning_rate = 1e-2;
-        trainer_config.max_steps = steps;
+        trainer_config.max_steps = step_count;
         optim::Trainer trainer(model, trainer_config);
         int cursor = 0;
         const nn::BatchSource source = global_batches(config, micro_batch, cursor);
-        for (int step = 0; step < steps; ++step) {
+        for (int step = 0; step < step_count; ++step) {
             const optim::StepResult result = *trainer.train_step(source);
+            trained.seconds.push_back(result.seconds);
             trained.losses.push_back(result.loss);
             trained.peaks.push_back(result.memory.peak_bytes - before);
         }
@@ -157,6 +162,42 @@ TEST(Planner, OffloadPlanIsExactOnTheCpuAccountAndLearnsBitwiseTheSame) {
         EXPECT_EQ(offloaded.peaks[step], predicted.unified_peak_bytes);
     }
     EXPECT_LT(predicted.peak_bytes, predicted.unified_peak_bytes); // on a device of its own, offload saves
+}
+
+// The cost model's predicted step time against the measured one across plans (documentation, docs/PERF.md;
+// no threshold). Slow and machine-dependent: runs only with ENGINE_PLANNER_TIMING=1.
+TEST(Planner, CostModelErrorAcrossPlans) {
+    if (std::getenv("ENGINE_PLANNER_TIMING") == nullptr) GTEST_SKIP() << "set ENGINE_PLANNER_TIMING=1 to time the plans";
+    const planner::Ceilings& ceilings = planner::cpu_ceilings();
+    std::printf("  ceilings: GEMM %.1f GFLOP/s, attention %.2f GFLOP/s, memory %.1f GB/s, copy %.1f GB/s\n",
+                ceilings.gemm_flops_per_second / 1e9, ceilings.attention_flops_per_second / 1e9,
+                ceilings.memory_bytes_per_second / 1e9, ceilings.host_link_bytes_per_second / 1e9);
+    double sum_error = 0, worst = 0;
+    int count = 0;
+    for (const char* name : {"tiny", "small"}) {
+        const nn::GPTConfig config = nn::GPTConfig::named(name);
+        for (int micro_batch : {1, 4, 16}) {
+            for (const CheckpointPolicy& policy : {CheckpointPolicy{}, CheckpointPolicy{true, 1, 1, false, false},
+                                                   CheckpointPolicy{true, 2, 1, false, false},
+                                                   CheckpointPolicy{true, 1, 1, true, false}}) {
+                const int accumulation = 16 / micro_batch;
+                const auto cost = planner::predict_cost(config, micro_batch, accumulation, config.max_seq_len, policy,
+                                                        DType::f32, planner::OptimizerKind::adamw, 1, ceilings);
+                const Trained trained = train(config, micro_batch, accumulation, policy, 6);
+                std::vector<double> times(trained.seconds.begin() + 1, trained.seconds.end()); // the 1st warms up
+                std::sort(times.begin(), times.end());
+                const double measured = times[times.size() / 2];
+                const double error = cost.seconds / measured - 1.0;
+                sum_error += std::abs(error);
+                worst = std::max(worst, std::abs(error));
+                ++count;
+                std::printf("  %-6s b %2d x %2d %-48s predicted %8.2f ms measured %8.2f ms error %+6.1f%%\n", name,
+                            micro_batch, accumulation, policy.to_string().c_str(), cost.seconds * 1e3, measured * 1e3,
+                            100.0 * error);
+            }
+        }
+    }
+    std::printf("  mean |error| %.1f%%, worst %.1f%% over %d plans\n", 100.0 * sum_error / count, 100.0 * worst, count);
 }
 
 TEST(Planner, NoPlanFitsNamesTheSmallestPeakAndItsFlags) {
