@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/memory_model.h"
+#include "planner/memory_model.h"
 
 namespace {
 
@@ -73,8 +73,8 @@ void run_policy(benchmark::State& state, const BenchShape& shape, const Checkpoi
         recomputed = checkpoint::recomputed_segment_count();
     }
     const MemoryStats after = memory_stats(Device::cpu);
-    const checkpoint::MemoryPrediction predicted = checkpoint::predict_memory(
-        shape.config, shape.batch, shape.seq_len, policy, DType::f32, checkpoint::OptimizerKind::none);
+    const planner::MemoryPrediction predicted = planner::predict_memory(
+        shape.config, shape.batch, shape.seq_len, policy, DType::f32, planner::OptimizerKind::none);
     const auto rise = [&](MemoryCategory category) {
         return static_cast<double>(after.peak(category) - before.current(category));
     };
@@ -85,7 +85,7 @@ void run_policy(benchmark::State& state, const BenchShape& shape, const Checkpoi
                                static_cast<double>(before.current(MemoryCategory::parameters) +
                                                    before.current(MemoryCategory::gradients));
     state.counters["act_MiB"] = rise(MemoryCategory::activations) / mebibyte;
-    state.counters["act_pred_MiB"] = static_cast<double>(predicted.activations) / mebibyte;
+    state.counters["act_pred_MiB"] = static_cast<double>(predicted.of(MemoryCategory::activations)) / mebibyte;
     state.counters["work_MiB"] = rise(MemoryCategory::workspace) / mebibyte;
     state.counters["device_MiB"] = device_peak / mebibyte;
     state.counters["pinned_MiB"] = rise(MemoryCategory::pinned_host) / mebibyte;

@@ -11,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/memory_model.h"
+#include "planner/memory_model.h"
+#include "planner/planner.h"
 #include "engine/distributed/communicator.h"
 #include "nn/gpt.h"
 #include "nn/io/safetensors.h"
@@ -114,6 +115,7 @@ nlohmann::json step_record(const optim::StepResult& result) {
             {"tokens_per_second", result.tokens_per_second},
             {"peak_mib", peak_mib},
             {"peak_total_mib", mebibytes(result.memory.peak_bytes)},
+            {"peak_total_bytes", result.memory.peak_bytes},
             {"skipped", result.skipped},
             {"communication", {{"gradient_all_reduces", calls.gradient_all_reduces},
                                {"reduce_scatters", calls.reduce_scatters},
@@ -166,17 +168,78 @@ std::string run_config_json(const Options& options) {
         .dump();
 }
 
-int run(const Options& options) {
+planner::OptimizerKind planner_optimizer(const optim::TrainerConfig& config) {
+    return config.optimizer == optim::OptimizerKind::sgd ? planner::OptimizerKind::sgd : planner::OptimizerKind::adamw;
+}
+
+// --max-memory: the planner's choice written into the trainer's flags, before anything is allocated. Prints
+// the chosen plan and the alternatives (rank 0); no plan fits: a UsageError naming the smallest peak.
+Options apply_memory_plan(const Options& options) {
+    Options planned = options;
+    optim::TrainerConfig& config = planned.trainer;
+    const distributed::LaunchEnvironment launch = distributed::launch_environment();
+    const int ranks = choose_backend(options) == distributed::Backend::none ? 1 : launch.world_size;
+    planner::PlannerOptions search;
+    search.device = options.resolved_device;
+    search.seq_len = options.seq_len;
+    search.optimizer = planner_optimizer(config);
+    search.dtype = config.bf16 ? DType::bf16 : DType::f32;
+    search.allow_bf16 = options.precision_auto;
+    search.ranks = ranks;
+    const int global_batch = options.global_batch_size > 0
+                                 ? options.global_batch_size
+                                 : config.per_device_train_batch_size * config.gradient_accumulation_steps * ranks;
+    if (global_batch % ranks != 0)
+        throw train_gpt::UsageError("--global-batch-size", std::to_string(global_batch) + " does not split over " +
+                                                               std::to_string(ranks) + " ranks");
+    size_t budget = options.max_memory.value_or(0);
+    std::string budget_source = "--max-memory";
+    if (options.max_memory_auto) {
+        planner::AutoBudget automatic;
+        try {
+            automatic = planner::automatic_budget(options.resolved_device);
+        } catch (const EngineError& error) {
+            throw train_gpt::flag_error("--max-memory", error);
+        }
+        budget = automatic.budget();
+        budget_source = "--max-memory auto: " + planner::format_bytes(automatic.free_bytes) + " free minus a 10% margin of " +
+                        planner::format_bytes(automatic.margin_bytes);
+    }
+    const planner::PlanSearch result = planner::search_plans(options.model, budget, global_batch, search);
+    if (!result.chosen) {
+        try {
+            planner::plan_for_budget(options.model, budget, global_batch, search);
+        } catch (const planner::NoPlanFits& error) {
+            throw train_gpt::UsageError("--max-memory", error.what());
+        }
+    }
+    const planner::Plan& plan = result.plans[*result.chosen];
+    config.per_device_train_batch_size = plan.micro_batch;
+    config.gradient_accumulation_steps = plan.accumulation_steps;
+    config.gradient_checkpointing = plan.policy.enabled;
+    config.every_n_layers = plan.policy.every_n_layers;
+    config.segment_size = plan.policy.segment_size;
+    config.offload = plan.policy.offload;
+    config.bf16 = plan.dtype == DType::bf16;
+    config.zero_stage = plan.zero_stage;
+    if (launch.rank == 0)
+        std::cout << "budget " << planner::format_bytes(budget) << " (" << budget_source << ")\n"
+                  << planner::plan_table(result, options.model);
+    return planned;
+}
+
+int run(const Options& flags) {
+    const Options options = flags.max_memory || flags.max_memory_auto ? apply_memory_plan(flags) : flags;
     const optim::TrainerConfig& config = options.trainer;
     if (options.plan) {
-        const auto kind = config.optimizer == optim::OptimizerKind::sgd ? checkpoint::OptimizerKind::sgd
-                                                                        : checkpoint::OptimizerKind::adamw;
+        const auto kind = planner_optimizer(config);
         // Per rank: ZeRO-1 over the launcher's ranks (mpirun -np N train_gpt --plan --zero-stage 1), printed once.
         const distributed::LaunchEnvironment launch = distributed::launch_environment();
         if (launch.rank == 0)
-            std::cout << checkpoint::plan_report(options.model, config.per_device_train_batch_size, options.seq_len,
-                                                 config.checkpoint_policy(), config.bf16 ? DType::bf16 : DType::f32, kind,
-                                                 config.zero_stage == 1 ? launch.world_size : 1);
+            std::cout << planner::plan_report(options.model, config.per_device_train_batch_size, options.seq_len,
+                                              config.checkpoint_policy(), config.bf16 ? DType::bf16 : DType::f32, kind,
+                                              config.zero_stage == 1 ? launch.world_size : 1,
+                                              config.gradient_accumulation_steps);
         return 0;
     }
 

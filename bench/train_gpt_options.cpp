@@ -1,6 +1,8 @@
 // Flag parsing and validation for train_gpt.
 #include "train_gpt_options.h"
 
+#include "planner/planner.h"
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -9,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 
 #if ENGINE_HAS_CUDA
 #include "engine/cuda/runtime.h"
@@ -133,10 +136,16 @@ memory:
   --prefetch[=true|false]        with --offload: copy the next segment back ahead of its recompute (CUDA copy stream)
   --skip-nonfinite[=true|false]  skip (and count) a step whose loss or grad norm is NaN/Inf; default: stop with an error
   --plan                         print the predicted memory per category for these flags and exit
+  --max-memory SIZE|auto         plan for a memory budget: bytes or a number with KiB, MiB, GiB (3.5MiB, 16GiB);
+                                 auto: the device's free memory (CPU: MemAvailable) minus 10%. The planner picks
+                                 micro-batch, accumulation, checkpointing and offload (and precision with
+                                 --precision auto, ZeRO stage with several ranks): the least predicted time that
+                                 fits. With --plan it prints the plan and exits; no plan fits: exit 2
+  --global-batch-size S          with --max-memory: sequences per optimizer step over all ranks (default b x N)
   --device auto|cpu|cuda         (auto: cuda when a device is present)
   --tf32 true|false              CUDA GEMMs and attention on TF32 tensor cores (default true on CUDA; false:
                                  full fp32, to compare with the CPU)
-  --precision fp32|bf16          bf16: mixed precision (Hugging Face's bf16): bf16 activations and working copy of
+  --precision fp32|bf16|auto     auto (with --max-memory): the planner may choose bf16. bf16: mixed precision (Hugging Face's bf16): bf16 activations and working copy of
                                  the weights, f32 master weights and gradient buffers (default fp32)
 output:
   --log FILE                     JSON lines, one per logged step, same fields as the printed line
@@ -153,6 +162,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
     // Dimension overrides apply after --model, whatever the order on the command line.
     std::map<std::string, std::function<void(engine::nn::GPTConfig&)>> overrides;
     std::string segment_size_flag;
+    std::set<std::string> given; // the flags on the command line, for the planner's conflicts
 
     using Setter = std::function<void(const std::string& flag, const std::string& value)>;
     const std::map<std::string, Setter> valued = {
@@ -203,8 +213,13 @@ Options parse_options(const std::vector<std::string>& arguments) {
              options.resume = v; }},
         {"--tf32", [&](auto& f, auto& v) { options.tf32 = parse_bool(f, v); }},
         {"--precision", [&](auto& f, auto& v) {
-             require(v == "fp32" || v == "bf16", f, "'" + v + "' is not fp32 or bf16");
+             require(v == "fp32" || v == "bf16" || v == "auto", f, "'" + v + "' is not fp32, bf16 or auto");
+             options.precision_auto = v == "auto";
              trainer.bf16 = v == "bf16"; }},
+        {"--max-memory", [&](auto& f, auto& v) {
+             options.max_memory_auto = v == "auto";
+             if (!options.max_memory_auto) options.max_memory = as_flag(f, [&] { return engine::planner::parse_memory_size(v); }); }},
+        {"--global-batch-size", [&](auto& f, auto& v) { options.global_batch_size = parse_int(f, v); require(options.global_batch_size > 0, f, "must be positive"); }},
         {"--save-dtype", [&](auto& f, auto& v) {
              require(v == "fp32" || v == "bf16", f, "'" + v + "' is not fp32 or bf16");
              options.save_dtype = v == "bf16" ? engine::DType::bf16 : engine::DType::f32; }},
@@ -236,6 +251,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         if (flag == "-h") flag = "--help";
         if (auto found = switches.find(flag); found != switches.end()) {
             *found->second = value ? parse_bool(flag, *value) : true;
+            given.insert(flag);
             continue;
         }
         auto found = valued.find(flag);
@@ -248,6 +264,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
             value = arguments[++index];
         }
         found->second(flag, *value);
+        given.insert(flag);
     }
     if (options.help) return options;
     require(options.save_every == 0 || !options.out.empty(), "--save-every", "needs --out DIR");
@@ -271,6 +288,13 @@ Options parse_options(const std::vector<std::string>& arguments) {
     require(options.seq_len <= model.max_seq_len, "--seq-len",
             std::to_string(options.seq_len) + " exceeds the model's max sequence length " +
                 std::to_string(model.max_seq_len));
+    const bool planned = options.max_memory || options.max_memory_auto;
+    require(planned || options.global_batch_size == 0, "--global-batch-size", "needs --max-memory (it is the planner's)");
+    require(planned || !options.precision_auto, "--precision", "auto needs --max-memory (the planner chooses it)");
+    for (const char* chosen : {"--per-device-train-batch-size", "--gradient-accumulation-steps", "--gradient-checkpointing",
+                               "--every-n-layers", "--segment-size", "--offload", "--prefetch", "--zero-stage"})
+        require(!planned || !given.contains(chosen), chosen,
+                "the planner chooses it under --max-memory; leave it out (give --global-batch-size instead)");
     require(!(trainer.offload && !trainer.gradient_checkpointing), "--offload",
             "moves checkpointed segment inputs to host memory, so it needs --gradient-checkpointing");
     require(!(trainer.prefetch && !trainer.offload), "--prefetch", "prefetches offloaded inputs, so it needs --offload");

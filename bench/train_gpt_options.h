@@ -52,6 +52,13 @@ struct Options {
     // parameters' dtype: the f32 masters).
     std::optional<engine::DType> save_dtype;
     bool plan = false;     // print the memory plan and exit
+    // --max-memory SIZE|auto: the planner (planner/planner.h) picks the micro-batch, accumulation, checkpoint
+    // policy, offload (and precision with --precision auto, ZeRO stage with several ranks) whose predicted peak
+    // fits, for --global-batch-size sequences per optimizer step (default: the flags' b x N x ranks).
+    std::optional<size_t> max_memory; // bytes
+    bool max_memory_auto = false;     // free device memory minus 10%
+    int global_batch_size = 0;
+    bool precision_auto = false;      // --precision auto: the planner also tries bf16
     bool help = false;
 };
 

@@ -6,7 +6,7 @@ install(TARGETS engine EXPORT engineTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION include/libengine)
-set(ENGINE_HEADER_DIRS base engine kernels nn optim checkpoint)
+set(ENGINE_HEADER_DIRS base engine kernels nn optim checkpoint planner)
 if(ENGINE_CUDA_EMULATED)
   list(APPEND ENGINE_HEADER_DIRS emulator) # base/cuda/headers.h includes it in that mode
 endif()

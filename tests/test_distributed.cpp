@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/memory_model.h"
+#include "planner/memory_model.h"
 #include "engine/distributed/communicator.h"
 #include "expect_error.h"
 #include "nn/io/token_data.h"
@@ -222,13 +222,13 @@ TEST(ZeroStage1, ShardedOptimizersTogetherEqualTheWholeOne) {
 
 TEST(ZeroStage1, MemoryModelHalvesTheOptimizerStatePerRank) {
     const nn::GPTConfig config = nn::GPTConfig::named("tiny");
-    const auto whole = checkpoint::predict_memory(config, 2, 16, checkpoint::CheckpointPolicy{});
-    const auto sharded = checkpoint::predict_memory(config, 2, 16, checkpoint::CheckpointPolicy{}, DType::f32,
-                                                    checkpoint::OptimizerKind::adamw, 2);
-    EXPECT_NEAR(static_cast<double>(sharded.optimizer_state), whole.optimizer_state / 2.0, 8.0);
-    EXPECT_GT(sharded.workspace, whole.workspace); // the flat buffers
-    EXPECT_NE(checkpoint::plan_report(config, 2, 16, checkpoint::CheckpointPolicy{}, DType::f32,
-                                      checkpoint::OptimizerKind::adamw, 2)
+    const auto whole = planner::predict_memory(config, 2, 16, checkpoint::CheckpointPolicy{});
+    const auto sharded = planner::predict_memory(config, 2, 16, checkpoint::CheckpointPolicy{}, DType::f32,
+                                                    planner::OptimizerKind::adamw, 2);
+    EXPECT_NEAR(static_cast<double>(sharded.of(MemoryCategory::optimizer_state)), whole.of(MemoryCategory::optimizer_state) / 2.0, 8.0);
+    EXPECT_GT(sharded.of(MemoryCategory::workspace), whole.of(MemoryCategory::workspace)); // the flat buffers
+    EXPECT_NE(planner::plan_report(config, 2, 16, checkpoint::CheckpointPolicy{}, DType::f32,
+                                      planner::OptimizerKind::adamw, 2)
                   .find("ZeRO stage 1 over 2 ranks"),
               std::string::npos);
 }

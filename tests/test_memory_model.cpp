@@ -1,10 +1,10 @@
-// The analytic memory model (checkpoint/memory_model.h) against the allocator's accounting: every category's
+// The analytic memory model (planner/memory_model.h) against the allocator's accounting: every category's
 // predicted peak matches the measured one within 5% across model sizes, batch shapes, dtypes and policies.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "checkpoint/memory_model.h"
+#include "planner/memory_model.h"
 #include "gradcheck.h"
 #include "optim/trainer.h"
 
@@ -113,21 +113,21 @@ TEST(MemoryModel, PredictsEveryCategoryWithinFivePercent) {
     };
     for (const Shape3& shape : shapes) {
         for (const CheckpointPolicy& policy : policies) {
-            const checkpoint::MemoryPrediction predicted =
-                checkpoint::predict_memory(shape.config, shape.batch, shape.seq_len, policy, shape.dtype,
-                                           checkpoint::OptimizerKind::none);
+            const planner::MemoryPrediction predicted =
+                planner::predict_memory(shape.config, shape.batch, shape.seq_len, policy, shape.dtype,
+                                           planner::OptimizerKind::none);
             const Measured measured = measure(shape, policy, generator);
             const std::string context = shape.config.to_string() + ", B " + std::to_string(shape.batch) + ", T " +
                                         std::to_string(shape.seq_len) + ", " + dtype_name(shape.dtype) + ", " +
                                         policy.to_string();
             std::printf("  %-96s activations %8zu / %8zu B  workspace %7zu / %7zu B  (%s)\n", context.c_str(),
-                        predicted.activations, measured.activations, predicted.workspace, measured.workspace,
+                        predicted.of(MemoryCategory::activations), measured.activations, predicted.of(MemoryCategory::workspace), measured.workspace,
                         predicted.activations_peak_moment.c_str());
-            expect_close("parameters", predicted.parameters, measured.parameters, context);
-            expect_close("gradients", predicted.gradients, measured.gradients, context);
-            expect_close("activations", predicted.activations, measured.activations, context);
-            expect_close("workspace", predicted.workspace, measured.workspace, context);
-            expect_close("pinned_host", predicted.pinned_host, measured.pinned_host, context);
+            expect_close("parameters", predicted.of(MemoryCategory::parameters), measured.parameters, context);
+            expect_close("gradients", predicted.of(MemoryCategory::gradients), measured.gradients, context);
+            expect_close("activations", predicted.of(MemoryCategory::activations), measured.activations, context);
+            expect_close("workspace", predicted.of(MemoryCategory::workspace), measured.workspace, context);
+            expect_close("pinned_host", predicted.of(MemoryCategory::pinned_host), measured.pinned_host, context);
         }
     }
 }
@@ -142,13 +142,13 @@ TEST(MemoryModel, FusedClassifierDropsTheLogitsGradientBuffer) {
     for (const CheckpointPolicy& policy : {CheckpointPolicy{false, 1, 1, false}, CheckpointPolicy{true, 1, 1, false}}) {
         const Measured plain = measure(shape, policy, generator, Loss::plain);
         const Measured fused = measure(shape, policy, generator, Loss::in_place);
-        const checkpoint::MemoryPrediction predicted = checkpoint::predict_memory(
-            shape.config, shape.batch, shape.seq_len, policy, shape.dtype, checkpoint::OptimizerKind::none);
+        const planner::MemoryPrediction predicted = planner::predict_memory(
+            shape.config, shape.batch, shape.seq_len, policy, shape.dtype, planner::OptimizerKind::none);
         std::printf("  %s: workspace plain %zu B, fused %zu B (predicted %zu B); activations %zu / %zu B\n",
-                    policy.to_string().c_str(), plain.workspace, fused.workspace, predicted.workspace,
+                    policy.to_string().c_str(), plain.workspace, fused.workspace, predicted.of(MemoryCategory::workspace),
                     plain.activations, fused.activations);
-        EXPECT_EQ(fused.workspace, predicted.workspace) << policy.to_string();
-        EXPECT_EQ(fused.activations, predicted.activations) << policy.to_string();
+        EXPECT_EQ(fused.workspace, predicted.of(MemoryCategory::workspace)) << policy.to_string();
+        EXPECT_EQ(fused.activations, predicted.of(MemoryCategory::activations)) << policy.to_string();
         EXPECT_EQ(fused.activations, plain.activations) << policy.to_string();
         EXPECT_EQ(plain.workspace, logits + stream) << policy.to_string(); // dlogits, then d(ln_f out)
         EXPECT_EQ(fused.workspace, (policy.enabled ? 10 : 9) * stream) << policy.to_string();
@@ -167,16 +167,16 @@ TEST(MemoryModel, Bf16IsExactToTheByteAndHalvesActivationsAndOffload) {
         for (const CheckpointPolicy& policy : policies) {
             const Shape3 mixed{config, 2, config.max_seq_len, DType::bf16};
             const Shape3 full{config, 2, config.max_seq_len, DType::f32};
-            const auto predicted = checkpoint::predict_memory(config, mixed.batch, mixed.seq_len, policy, DType::bf16,
-                                                              checkpoint::OptimizerKind::none);
+            const auto predicted = planner::predict_memory(config, mixed.batch, mixed.seq_len, policy, DType::bf16,
+                                                              planner::OptimizerKind::none);
             const Measured bf16 = measure(mixed, policy, generator);
             const Measured f32 = measure(full, policy, generator);
             const std::string context = config.to_string() + ", " + policy.to_string();
-            EXPECT_EQ(bf16.parameters, predicted.parameters) << context;
-            EXPECT_EQ(bf16.gradients, predicted.gradients) << context;
-            EXPECT_EQ(bf16.activations, predicted.activations) << context;
-            EXPECT_EQ(bf16.workspace, predicted.workspace) << context;
-            EXPECT_EQ(bf16.pinned_host, predicted.pinned_host) << context;
+            EXPECT_EQ(bf16.parameters, predicted.of(MemoryCategory::parameters)) << context;
+            EXPECT_EQ(bf16.gradients, predicted.of(MemoryCategory::gradients)) << context;
+            EXPECT_EQ(bf16.activations, predicted.of(MemoryCategory::activations)) << context;
+            EXPECT_EQ(bf16.workspace, predicted.of(MemoryCategory::workspace)) << context;
+            EXPECT_EQ(bf16.pinned_host, predicted.of(MemoryCategory::pinned_host)) << context;
             const double ratio = static_cast<double>(bf16.activations) / static_cast<double>(f32.activations);
             std::printf("  %-72s activations bf16 %8zu B, f32 %8zu B (%.3f); pinned %zu / %zu B\n", context.c_str(),
                         bf16.activations, f32.activations, ratio, bf16.pinned_host, f32.pinned_host);
@@ -190,15 +190,15 @@ TEST(MemoryModel, Bf16IsExactToTheByteAndHalvesActivationsAndOffload) {
 
 TEST(MemoryModel, OptimizerStateAndOffloadTerms) {
     const nn::GPTConfig config = config_of(64, 6, 4, 32, 0.1f, 16);
-    const auto adamw = checkpoint::predict_memory(config, 2, 16, CheckpointPolicy{true, 1, 1, true}, DType::f32,
-                                                  checkpoint::OptimizerKind::adamw);
-    const auto sgd = checkpoint::predict_memory(config, 2, 16, CheckpointPolicy{true, 1, 1, true}, DType::f32,
-                                                checkpoint::OptimizerKind::sgd);
+    const auto adamw = planner::predict_memory(config, 2, 16, CheckpointPolicy{true, 1, 1, true}, DType::f32,
+                                                  planner::OptimizerKind::adamw);
+    const auto sgd = planner::predict_memory(config, 2, 16, CheckpointPolicy{true, 1, 1, true}, DType::f32,
+                                                planner::OptimizerKind::sgd);
     // Moments for the real parameters only: wte's padding rows (64 padded to 128) are stored, never updated.
     const size_t padding = size_t(config.padded_vocab_size() - config.vocab_size) * config.n_embd * sizeof(float);
-    EXPECT_EQ(adamw.optimizer_state, 2 * (adamw.parameters - padding));
-    EXPECT_EQ(sgd.optimizer_state, sgd.parameters - padding);
-    EXPECT_EQ(adamw.pinned_host, 6u * 2 * 16 * 32 * sizeof(float)); // six segments of (B,T,C) f32
+    EXPECT_EQ(adamw.of(MemoryCategory::optimizer_state), 2 * (adamw.of(MemoryCategory::parameters) - padding));
+    EXPECT_EQ(sgd.of(MemoryCategory::optimizer_state), sgd.of(MemoryCategory::parameters) - padding);
+    EXPECT_EQ(adamw.of(MemoryCategory::pinned_host), 6u * 2 * 16 * 32 * sizeof(float)); // six segments of (B,T,C) f32
     EXPECT_EQ(adamw.checkpointed_segments, 6);
     EXPECT_EQ(adamw.recomputed_blocks, 6);
 }
@@ -206,28 +206,28 @@ TEST(MemoryModel, OptimizerStateAndOffloadTerms) {
 // The optimizer-state term against what the optimizers really allocate, not against the model's own formula.
 TEST(MemoryModel, OptimizerStateMatchesWhatTheOptimizersAllocate) {
     nn::GPT model(config_of(97, 3, 4, 32, 0.0f, 16), 5, Device::cpu, DType::f32);
-    using checkpoint::OptimizerKind;
+    using planner::OptimizerKind;
     for (OptimizerKind kind : {OptimizerKind::adamw, OptimizerKind::sgd}) {
         const size_t before = memory_stats(Device::cpu).current(MemoryCategory::optimizer_state);
         optim::TrainerConfig config;
         config.optimizer = kind == OptimizerKind::adamw ? optim::OptimizerKind::adamw : optim::OptimizerKind::sgd;
         optim::Trainer trainer(model, config);
         const size_t allocated = memory_stats(Device::cpu).current(MemoryCategory::optimizer_state) - before;
-        const checkpoint::MemoryPrediction prediction =
-            checkpoint::predict_memory(model.config(), 2, 16, CheckpointPolicy{}, DType::f32, kind);
-        EXPECT_EQ(prediction.optimizer_state, allocated) << (kind == OptimizerKind::adamw ? "adamw" : "sgd");
+        const planner::MemoryPrediction prediction =
+            planner::predict_memory(model.config(), 2, 16, CheckpointPolicy{}, DType::f32, kind);
+        EXPECT_EQ(prediction.of(MemoryCategory::optimizer_state), allocated) << (kind == OptimizerKind::adamw ? "adamw" : "sgd");
     }
 }
 
 TEST(MemoryModel, PlanReportNamesThePolicyAndRejectsBadShapes) {
     const nn::GPTConfig config = config_of(64, 6, 4, 32, 0.1f, 16);
-    const std::string report = checkpoint::plan_report(config, 2, 16, CheckpointPolicy{true, 2, 1, false});
+    const std::string report = planner::plan_report(config, 2, 16, CheckpointPolicy{true, 2, 1, false});
     for (const char* fragment : {"every_n_layers 2", "[block 1 CP]", "[block 2 keep]", "activations", "pinned_host",
                                  "3 segments"})
         EXPECT_NE(report.find(fragment), std::string::npos) << "report lacks '" << fragment << "':\n" << report;
-    EXPECT_THROW(checkpoint::predict_memory(config, 2, 17, CheckpointPolicy{false, 1, 1, false}), EngineError);
-    EXPECT_THROW(checkpoint::predict_memory(config, 0, 16, CheckpointPolicy{false, 1, 1, false}), EngineError);
-    EXPECT_THROW(checkpoint::predict_memory(config, 2, 16, CheckpointPolicy{true, 0, 1, false}), EngineError);
+    EXPECT_THROW(planner::predict_memory(config, 2, 17, CheckpointPolicy{false, 1, 1, false}), EngineError);
+    EXPECT_THROW(planner::predict_memory(config, 0, 16, CheckpointPolicy{false, 1, 1, false}), EngineError);
+    EXPECT_THROW(planner::predict_memory(config, 2, 16, CheckpointPolicy{true, 0, 1, false}), EngineError);
 }
 
 } // namespace

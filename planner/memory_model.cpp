@@ -1,12 +1,16 @@
 // The analytic memory model of a GPT training step: walks the forward and backward in order, adding what
-// each op allocates and saves (engine/ops/*.cpp) and keeping the high-water mark. See docs/MEMORY.md.
-#include "checkpoint/memory_model.h"
+// each op allocates and saves (engine/ops/*.cpp) and keeping the high-water marks. See docs/MEMORY.md.
+#include "planner/memory_model.h"
 
 #include <algorithm>
 #include <iomanip>
 #include <sstream>
 
-namespace engine::checkpoint {
+namespace engine::planner {
+
+using checkpoint::CheckpointPolicy;
+using checkpoint::Segment;
+using checkpoint::plan_segments;
 namespace {
 
 // The sizes every term is built from, in bytes.
@@ -41,6 +45,8 @@ std::string block_range(const Segment& segment) {
     return text.str();
 }
 
+} // namespace
+
 // The parameters' element count with wte's rows counted as `vocabulary_rows`: vocab_size gives the real
 // count (what the optimizer keeps moments for), padded_vocab_size() the stored one (wte's allocation and its
 // gradient buffer hold the zero padding rows too).
@@ -58,25 +64,96 @@ std::string mebibytes(size_t bytes) {
     return text.str();
 }
 
-} // namespace
-
-size_t MemoryPrediction::of(MemoryCategory category) const {
-    switch (category) {
-    case MemoryCategory::parameters: return parameters;
-    case MemoryCategory::gradients: return gradients;
-    case MemoryCategory::optimizer_state: return optimizer_state;
-    case MemoryCategory::activations: return activations;
-    case MemoryCategory::workspace: return workspace;
-    case MemoryCategory::pinned_host: return pinned_host;
-    case MemoryCategory::count: break;
-    }
-    return 0;
+const char* optimizer_kind_name(OptimizerKind kind) {
+    return kind == OptimizerKind::adamw ? "adamw" : kind == OptimizerKind::sgd ? "sgd" : "none";
 }
 
+size_t MemoryPrediction::device_total_bound() const {
+    size_t total = 0;
+    for (int index = 0; index < memory_category_count; ++index)
+        if (static_cast<MemoryCategory>(index) != MemoryCategory::pinned_host) total += peaks[index];
+    return total;
+}
+
+namespace {
+
+// The high-water marks of one micro-batch's forward and backward, above what was live before it: the
+// activations alone, and activations + workspace at one moment (the joint figure). Every candidate is a
+// moment the trainer's step passes through; docs/MEMORY.md ("The joint peak") derives each from the ops.
+struct Walk {
+    size_t activations = 0;
+    std::string activations_moment;
+    size_t joint = 0;
+    std::string joint_moment;
+};
+
+Walk walk_step(const std::vector<Segment>& segments, const Sizes& sizes, bool dropout_active, bool offload) {
+    Walk walk;
+    auto activation = [&](size_t bytes, const std::string& moment) {
+        if (bytes > walk.activations) walk.activations = bytes, walk.activations_moment = moment;
+    };
+    auto joint = [&](size_t bytes, const std::string& moment) {
+        if (bytes > walk.joint) walk.joint = bytes, walk.joint_moment = moment;
+    };
+    // In forward no gradient is in flight: each activation candidate is a joint one as it stands.
+    auto forward = [&](size_t bytes, const std::string& moment) {
+        activation(bytes, moment);
+        joint(bytes, moment);
+    };
+    // `kept` is what earlier layers keep for backward, not counting the current layer's input.
+    forward((dropout_active ? 2 : 1) * sizes.stream, "embedding and its dropout");
+    size_t kept = 0;
+    std::vector<size_t> kept_before(segments.size());
+    for (size_t index = 0; index < segments.size(); ++index) {
+        const Segment& segment = segments[index];
+        kept_before[index] = kept;
+        if (!segment.checkpointed) {
+            forward(kept + block_saved(sizes) + block_transient(sizes), "forward of " + block_range(segment));
+            kept += block_saved(sizes);
+            continue;
+        }
+        // The segment input stays alive (the caller's argument); from the 2nd block on, so does that block's input.
+        const size_t block_input = segment.layer_count > 1 ? sizes.stream : 0;
+        forward(kept + sizes.stream + block_input + no_grad_block_peak(sizes, dropout_active),
+                "no-grad forward of " + block_range(segment));
+        if (!offload) kept += sizes.stream; // the one activation a checkpointed segment keeps
+    }
+    // ln_f saves its input, mean, rstd; the LM head saves ln_f's output; cross_entropy_in_place turns the
+    // logits into their gradient and, while it reduces, holds the per-token losses and the (1) result.
+    const size_t end_of_forward =
+        kept + 2 * sizes.stream + 2 * sizes.row_stat + sizes.logits + sizes.row_stat + sizes.scalar;
+    forward(end_of_forward, "cross_entropy_in_place at the end of forward");
+    // Backward of the LM head: the per-token losses are gone, the caller holds the loss (s) beside the token
+    // sum the trainer reports (s), and the head adds d(ln_f out) (A) while the logits-as-gradient still live.
+    joint(end_of_forward - sizes.row_stat + sizes.scalar + sizes.stream, "backward of the LM head");
+    // Backward allocates activations only to recompute: the segment's full saved set, rebuilt over what the
+    // layers before it still keep, next to the loss the caller holds. Inside a block the MLP's backward is the
+    // joint high-water mark: d(after-attention) A, d(c_proj out) A and d(gelu out) 4A beside the saved set
+    // (6A); a checkpoint node also keeps its incoming gradient until its segment is done (+A).
+    const size_t losses = 2 * sizes.scalar;
+    for (size_t index = segments.size(); index-- > 0;) {
+        const Segment& segment = segments[index];
+        const size_t saved = segment.layer_count * block_saved(sizes);
+        if (!segment.checkpointed) {
+            joint(kept_before[index] + saved + losses + 6 * sizes.stream, "backward of " + block_range(segment));
+            continue;
+        }
+        activation(kept_before[index] + sizes.scalar + saved + block_transient(sizes),
+                   "recompute of " + block_range(segment) + " in backward");
+        joint(kept_before[index] + saved + losses + 7 * sizes.stream,
+              "backward of recomputed " + block_range(segment));
+    }
+    return walk;
+}
+
+} // namespace
+
 MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
-                                DType dtype, OptimizerKind optimizer, int optimizer_shards) {
+                                DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps) {
     config.validate();
     ENGINE_CHECK(optimizer_shards >= 1, "predict_memory: optimizer_shards " << optimizer_shards << " must be >= 1");
+    ENGINE_CHECK(accumulation_steps >= 1,
+                 "predict_memory: accumulation_steps " << accumulation_steps << " must be >= 1");
     ENGINE_CHECK(batch > 0 && seq_len > 0,
                  "predict_memory: batch " << batch << " and seq_len " << seq_len << " must be positive");
     ENGINE_CHECK(seq_len <= config.max_seq_len,
@@ -101,58 +178,23 @@ MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_
     const size_t stored_count = parameter_count(config, config.padded_vocab_size());
     prediction.master_parameters = stored_count * wide;
     prediction.working_copies = element == wide ? 0 : stored_count * element; // each over its storage's rows
-    prediction.parameters = prediction.master_parameters + prediction.working_copies;
-    prediction.gradients = stored_count * wide; // one persistent buffer per parameter, wte's padded too
+    prediction.at(MemoryCategory::parameters) = prediction.master_parameters + prediction.working_copies;
+    prediction.at(MemoryCategory::gradients) = stored_count * wide; // one buffer per parameter, wte's padded too
     // The optimizer sees only the real rows. ZeRO-1: one rank's part of them laid end to end, padded to equal parts.
     const size_t real_count = parameter_count(config, config.vocab_size);
     const size_t shards = static_cast<size_t>(optimizer_shards);
     const size_t part = (real_count + shards - 1) / shards * wide;
     const size_t state_per_element = optimizer == OptimizerKind::adamw ? 2 : optimizer == OptimizerKind::sgd ? 1 : 0;
-    prediction.optimizer_state = state_per_element * (shards > 1 ? part : real_count * wide);
+    prediction.at(MemoryCategory::optimizer_state) = state_per_element * (shards > 1 ? part : real_count * wide);
 
-    // Activations: `kept` is what earlier layers keep for backward, not counting the current layer's
-    // input. Each moment that can be the high-water mark is a candidate.
-    size_t peak = 0;
-    auto candidate = [&](size_t bytes, const std::string& moment) {
-        if (bytes > peak) {
-            peak = bytes;
-            prediction.activations_peak_moment = moment;
-        }
-    };
-    candidate((dropout_active ? 2 : 1) * sizes.stream, "embedding and its dropout");
-    size_t kept = 0;
-    std::vector<size_t> kept_before(segments.size());
-    for (size_t index = 0; index < segments.size(); ++index) {
-        const Segment& segment = segments[index];
-        kept_before[index] = kept;
-        if (!segment.checkpointed) {
-            candidate(kept + block_saved(sizes) + block_transient(sizes), "forward of " + block_range(segment));
-            kept += block_saved(sizes);
-            continue;
-        }
+    for (const Segment& segment : segments) {
+        if (!segment.checkpointed) continue;
         ++prediction.checkpointed_segments;
         prediction.recomputed_blocks += segment.layer_count;
-        // The segment input stays alive (the caller's argument); from the 2nd block on, so does that block's input.
-        const size_t block_input = segment.layer_count > 1 ? sizes.stream : 0;
-        candidate(kept + sizes.stream + block_input + no_grad_block_peak(sizes, dropout_active),
-                  "no-grad forward of " + block_range(segment));
-        if (!offload) kept += sizes.stream; // the one activation a checkpointed segment keeps
     }
-    // ln_f saves its input, mean, rstd; the LM head saves ln_f's output; cross_entropy_in_place turns the
-    // logits into their gradient and, while it reduces, holds the per-token losses and the (1) result. In
-    // backward the logits (now the gradient) live until the LM head's backward, which allocates no activation,
-    // so this moment stays the head's high-water mark.
-    candidate(kept + 2 * sizes.stream + 2 * sizes.row_stat + sizes.logits + sizes.row_stat + sizes.scalar,
-              "cross_entropy_in_place at the end of forward");
-    // Backward allocates activations only to recompute: the segment's full saved set, rebuilt over what the
-    // layers before it still keep, next to the loss the caller holds.
-    for (size_t index = segments.size(); index-- > 0;) {
-        const Segment& segment = segments[index];
-        if (!segment.checkpointed) continue;
-        candidate(kept_before[index] + sizes.scalar + segment.layer_count * block_saved(sizes) + block_transient(sizes),
-                  "recompute of " + block_range(segment) + " in backward");
-    }
-    prediction.activations = peak;
+    const Walk walk = walk_step(segments, sizes, dropout_active, offload);
+    prediction.at(MemoryCategory::activations) = walk.activations;
+    prediction.activations_peak_moment = walk.activations_moment;
 
     // Workspace: the gradients in flight. The loss's seed and multiply's gradient for the loss sum (2 s);
     // cross_entropy_in_place allocates none: the logits' storage, already counted as activations and freed
@@ -164,29 +206,47 @@ MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_
     for (const Segment& segment : segments)
         workspace = std::max(workspace, (segment.checkpointed ? 10 : 9) * sizes.stream);
     // ZeRO-1's flat buffer and part live from the first step on, beside the step's temporaries.
-    prediction.workspace = workspace + (shards > 1 ? (shards + 1) * part : 0);
+    const size_t zero_buffers = shards > 1 ? (shards + 1) * part : 0;
+    prediction.at(MemoryCategory::workspace) = workspace + zero_buffers;
 
     // Pinned host: every offloaded segment input is alive at the end of forward.
-    prediction.pinned_host = offload ? static_cast<size_t>(prediction.checkpointed_segments) * sizes.stream : 0;
+    prediction.at(MemoryCategory::pinned_host) =
+        offload ? static_cast<size_t>(prediction.checkpointed_segments) * sizes.stream : 0;
+
+    // The joint peak. Before the step: the persistent categories and all the step's micro-batches (inputs and
+    // labels, (B,T) i32 each, pulled before the first forward). During the last micro-batch (the largest):
+    // its inputs' and targets' device copies and the token sums the earlier ones reported (kept for the
+    // step's loss). On the CPU backend the offloaded inputs stay in the same account, so the unified walk is
+    // the one without offload: each pinned copy stands where the device copy stood.
+    const size_t ids = rows * sizeof(int32_t);
+    const size_t steps = static_cast<size_t>(accumulation_steps);
+    const size_t before_forward = prediction.of(MemoryCategory::parameters) + prediction.of(MemoryCategory::gradients) +
+                                  prediction.of(MemoryCategory::optimizer_state) + zero_buffers + steps * 2 * ids +
+                                  2 * ids + (steps - 1) * sizes.scalar;
+    prediction.peak_bytes = before_forward + walk.joint;
+    prediction.peak_moment = walk.joint_moment;
+    prediction.unified_peak_bytes =
+        before_forward + (offload ? walk_step(segments, sizes, dropout_active, false).joint : walk.joint);
     return prediction;
 }
 
 std::string plan_report(const nn::GPTConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
-                        DType dtype, OptimizerKind optimizer, int optimizer_shards) {
-    const MemoryPrediction planned = predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards);
+                        DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps) {
+    const MemoryPrediction planned =
+        predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps);
     const MemoryPrediction plain =
         predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer, optimizer_shards);
     std::ostringstream text;
     text << "model: " << config.to_string() << "\n";
     text << "micro-batch " << batch << " x " << seq_len << " tokens, "
          << (dtype == DType::bf16 ? "bf16 mixed precision" : dtype_name(dtype)) << ", optimizer "
-         << (optimizer == OptimizerKind::adamw ? "adamw" : optimizer == OptimizerKind::sgd ? "sgd" : "none") << "\n";
+         << optimizer_kind_name(optimizer) << "\n";
     text << "gradient checkpointing: " << policy.to_string() << "\n";
     if (optimizer_shards > 1) {
         const MemoryPrediction whole = predict_memory(config, batch, seq_len, policy, dtype, optimizer);
         text << "ZeRO stage 1 over " << optimizer_shards << " ranks: optimizer_state per rank "
-             << mebibytes(planned.optimizer_state) << " instead of " << mebibytes(whole.optimizer_state) << ", for "
-             << mebibytes(planned.workspace - whole.workspace) << " of flat buffers in workspace\n";
+             << mebibytes(planned.of(MemoryCategory::optimizer_state)) << " instead of " << mebibytes(whole.of(MemoryCategory::optimizer_state)) << ", for "
+             << mebibytes(planned.of(MemoryCategory::workspace) - whole.of(MemoryCategory::workspace)) << " of flat buffers in workspace\n";
     }
     if (policy.enabled) {
         text << "segments:";
@@ -210,8 +270,10 @@ std::string plan_report(const nn::GPTConfig& config, int batch, int seq_len, con
         text << "parameters: f32 masters " << mebibytes(planned.master_parameters) << " + bf16 working copies "
              << mebibytes(planned.working_copies) << "; gradients accumulate in f32; activations bf16 ("
              << mebibytes(predict_memory(config, batch, seq_len, policy, compute_dtype(dtype), optimizer,
-                                         optimizer_shards).activations)
+                                         optimizer_shards).of(MemoryCategory::activations))
              << " in f32)\n";
+    text << "  step peak " << mebibytes(planned.peak_bytes) << " (" << planned.peak_bytes << " B; with the offloaded inputs in the same memory, as on the CPU: "
+         << planned.unified_peak_bytes << " B) at " << planned.peak_moment << "\n";
     text << "activation peak at: " << planned.activations_peak_moment << "\n";
     const size_t logits_bytes = static_cast<size_t>(batch) * static_cast<size_t>(seq_len) *
                                 static_cast<size_t>(config.padded_vocab_size()) * dtype_size(dtype);
@@ -223,4 +285,4 @@ std::string plan_report(const nn::GPTConfig& config, int batch, int seq_len, con
     return text.str();
 }
 
-} // namespace engine::checkpoint
+} // namespace engine::planner

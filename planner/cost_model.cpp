@@ -1,0 +1,159 @@
+// The cost model: FLOPs and bytes of one training step counted from the model's shapes, turned into a time
+// by the device's ceilings (measured once on the CPU, constants on CUDA). docs/PERF.md ("Planner").
+#include "planner/cost_model.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+#include <vector>
+
+namespace engine::planner {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The best of `repetitions` timings of `work`: the machine is shared, and the least disturbed run is the
+// closest to what the device can do.
+template <typename Work>
+double best_seconds(int repetitions, Work&& work) {
+    double best = 1e30;
+    for (int repetition = 0; repetition < repetitions; ++repetition) {
+        const auto start = Clock::now();
+        work();
+        best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    return std::max(best, 1e-9);
+}
+
+Ceilings measure_cpu() {
+    Ceilings ceilings;
+    const int size = 256;
+    std::vector<float> a(size * size, 0.5f), b(size * size, 0.25f), c(size * size, 0.0f);
+    const double gemm = best_seconds(5, [&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, size, size, size, 1.0f, a.data(), size, b.data(),
+                    size, 0.0f, c.data(), size);
+    });
+    ceilings.gemm_flops_per_second = 2.0 * size * size * size / gemm;
+    // Attention's CPU kernels are loops of short dot products over the keys (kernels/cpu/attention_*.cpp).
+    const int width = 32, keys = 256;
+    std::vector<float> query(width, 0.5f), key_rows(static_cast<size_t>(keys) * width, 0.25f), scores(keys);
+    volatile float sink = 0.0f;
+    const double attention = best_seconds(5, [&] {
+        for (int round = 0; round < 16; ++round) {
+            for (int key = 0; key < keys; ++key) {
+                float dot = 0.0f;
+                for (int index = 0; index < width; ++index) dot += query[index] * key_rows[key * width + index];
+                scores[key] = dot;
+            }
+            sink = sink + scores[round];
+        }
+    });
+    ceilings.attention_flops_per_second = 2.0 * 16 * keys * width / attention;
+    const size_t bytes = size_t(16) << 20;
+    std::vector<char> source(bytes, 1), target(bytes, 0);
+    const double copy = best_seconds(3, [&] { std::memcpy(target.data(), source.data(), bytes); });
+    ceilings.memory_bytes_per_second = 2.0 * static_cast<double>(bytes) / copy; // read + write
+    ceilings.host_link_bytes_per_second = static_cast<double>(bytes) / copy;    // offload's copy is a memcpy
+    ceilings.seconds_per_op = 2e-6; // dispatch, tape record and allocation of one op (a few microseconds)
+    ceilings.source = "measured on this CPU (BLAS sgemm 256^3, dot loop, 16 MiB memcpy)";
+    return ceilings;
+}
+
+} // namespace
+
+const Ceilings& cpu_ceilings() {
+    static const Ceilings measured = measure_cpu();
+    return measured;
+}
+
+Ceilings cuda_ceilings(DType dtype) {
+    // One H200 (bench/roofline.py): TF32 495 TFLOP/s or bf16 990 at 60% for cuBLAS at these shapes; attention's
+    // wmma kernels at their analysed rates (forward and backward averaged over a step's 1 : 2.5 FLOPs); HBM
+    // 4.3 TB/s at 75% for streaming kernels; pinned host over PCIe 5 x16 at about 50 GB/s; a 2 us launch gap.
+    const bool bf16 = dtype == DType::bf16;
+    Ceilings ceilings;
+    ceilings.gemm_flops_per_second = 0.60 * (bf16 ? 990e12 : 495e12);
+    const double forward = bf16 ? 120e12 : 75e12, backward = bf16 ? 48e12 : 30e12;
+    ceilings.attention_flops_per_second = 3.5 / (1.0 / forward + 2.5 / backward);
+    ceilings.memory_bytes_per_second = 0.75 * 4.3e12;
+    ceilings.host_link_bytes_per_second = 50e9;
+    ceilings.seconds_per_op = 2e-6;
+    ceilings.source = std::string("H200 constants (docs/PERF.md), ") + (bf16 ? "bf16" : "tf32") + " tensor cores";
+    return ceilings;
+}
+
+Ceilings ceilings_for(Device device, DType dtype) {
+    return device == Device::cpu ? cpu_ceilings() : cuda_ceilings(dtype);
+}
+
+std::string StepCost::to_string() const {
+    std::ostringstream text;
+    text << std::setprecision(3) << "forward " << forward_flops / 1e9 << " GFLOP, backward " << backward_flops / 1e9
+         << ", recompute " << recompute_flops / 1e9 << "; streamed " << streamed_bytes / (1 << 20)
+         << " MiB; host<->device " << host_device_bytes / (1 << 20) << " MiB; predicted " << seconds * 1e3
+         << " ms (GEMM " << gemm_seconds * 1e3 << ", attention " << attention_seconds * 1e3 << ", memory "
+         << memory_seconds * 1e3 << ", transfer " << transfer_seconds * 1e3 << ", ops " << op_seconds * 1e3 << ")";
+    return text.str();
+}
+
+StepCost predict_cost(const nn::GPTConfig& config, int micro_batch, int accumulation_steps, int seq_len,
+                      const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
+                      int optimizer_shards, const Ceilings& ceilings) {
+    const double rows = static_cast<double>(micro_batch) * seq_len; // N = B*T per micro-batch
+    const double width = config.n_embd, layers = config.n_layer, vocabulary = config.padded_vocab_size();
+    const double steps = accumulation_steps;
+    const double element = static_cast<double>(dtype_size(dtype));
+    const double wide = static_cast<double>(dtype_size(compute_dtype(dtype)));
+    int recomputed = 0, offloaded = 0;
+    for (const checkpoint::Segment& segment : checkpoint::plan_segments(config.n_layer, policy)) {
+        if (!segment.checkpointed) continue;
+        recomputed += segment.layer_count;
+        ++offloaded;
+    }
+    if (!(policy.enabled && policy.offload)) offloaded = 0;
+
+    // One block's forward: qkv, attention's projection and the MLP's two GEMMs (24 N C^2), and causal
+    // attention's two products over the keys 0..t (2 B T (T+1) C). The LM head: 2 N C Vp.
+    const double block_gemm = 24.0 * rows * width * width;
+    const double block_attention = 2.0 * micro_batch * seq_len * (seq_len + 1.0) * width;
+    const double head_gemm = 2.0 * rows * width * vocabulary;
+    StepCost cost;
+    const double forward_gemm = layers * block_gemm + head_gemm, forward_attention = layers * block_attention;
+    cost.forward_flops = steps * (forward_gemm + forward_attention);
+    cost.backward_flops = steps * (2.0 * forward_gemm + 2.5 * forward_attention);
+    cost.recompute_flops = steps * recomputed * (block_gemm + block_attention);
+    cost.gemm_flops = steps * (3.0 * forward_gemm + recomputed * block_gemm);
+    cost.attention_flops = steps * (3.5 * forward_attention + recomputed * block_attention);
+
+    // Elementwise traffic, each tensor written once and read once: a block's forward streams about 22 (B,T,C)
+    // tensors (two layernorms, the residual adds, GELU over 4C, attention's qkv in and out) and backward twice
+    // that; the fused classifier reads and writes the logits; the optimizer reads the parameters, gradients
+    // and moments and writes the parameters and moments once per step, and zero_grad and the norm touch the
+    // gradients again.
+    const double stream = rows * width * element;
+    const double block_bytes = 22.0 * stream;
+    const double head_bytes = 3.0 * rows * vocabulary * element;
+    const double parameters = static_cast<double>(parameter_count(config, config.vocab_size));
+    const double shard = parameters / optimizer_shards;
+    const double optimizer_passes = optimizer == OptimizerKind::adamw ? 7 : optimizer == OptimizerKind::sgd ? 5 : 2;
+    cost.streamed_bytes = steps * (3.0 * layers * block_bytes + recomputed * block_bytes + head_bytes) +
+                          (optimizer_passes * shard + 2.0 * parameters) * wide +
+                          (element != wide ? parameters * element : 0.0); // bf16: the working copies' refresh
+    cost.host_device_bytes = steps * 2.0 * offloaded * stream;
+    // About 15 ops per block forward, twice as many in backward, and a dozen for embedding, head and loss.
+    cost.ops = steps * (45.0 * layers + 15.0 * recomputed + 12.0) + 4.0 * (2.0 * layers + 4.0);
+
+    cost.gemm_seconds = cost.gemm_flops / ceilings.gemm_flops_per_second;
+    cost.attention_seconds = cost.attention_flops / ceilings.attention_flops_per_second;
+    cost.memory_seconds = cost.streamed_bytes / ceilings.memory_bytes_per_second;
+    cost.transfer_seconds = cost.host_device_bytes / ceilings.host_link_bytes_per_second;
+    cost.op_seconds = cost.ops * ceilings.seconds_per_op;
+    cost.seconds = cost.gemm_seconds + cost.attention_seconds + cost.memory_seconds + cost.transfer_seconds + cost.op_seconds;
+    return cost;
+}
+
+} // namespace engine::planner

@@ -1,0 +1,51 @@
+// Predicts one training step's work (FLOPs of forward, backward and recompute; bytes streamed; host<->device
+// bytes) and its time from a device's ceilings. docs/PERF.md ("Planner") holds the constants and the errors.
+#pragma once
+
+#include <string>
+
+#include "checkpoint/checkpoint.h"
+#include "engine/dtype.h"
+#include "nn/gpt.h"
+#include "planner/memory_model.h"
+
+namespace engine::planner {
+
+// What a device sustains: the rates the predicted time divides by.
+struct Ceilings {
+    double gemm_flops_per_second = 0;      // dense matrix multiply (the BLAS on the CPU, cuBLAS on CUDA)
+    double attention_flops_per_second = 0; // the attention kernels (plain loops on the CPU)
+    double memory_bytes_per_second = 0;    // streaming elementwise kernels over device memory
+    double host_link_bytes_per_second = 0; // offload's copies (pinned host <-> device; a copy on the CPU)
+    double seconds_per_op = 0;             // a fixed cost per op launched (dispatch, kernel launch)
+    std::string source;                    // "measured on this CPU" or where the constants come from
+};
+
+// Measured on first use and cached for the process: a 256^3 GEMM through the BLAS, a dot-product loop like
+// attention's, a 16 MiB copy (best of a few repetitions each). Uses plain vectors, never the accounting
+// allocator, so planning allocates no tensor. About 0.1 s.
+const Ceilings& cpu_ceilings();
+// H200 constants (bench/roofline.py's PEAK, BANDWIDTH, EFFICIENCY, ATTENTION_RATE; docs/PERF.md): tf32 GEMMs
+// for f32, bf16 tensor cores for bf16.
+Ceilings cuda_ceilings(DType dtype);
+Ceilings ceilings_for(Device device, DType dtype);
+
+struct StepCost {
+    // Per optimizer step (all micro-batches).
+    double forward_flops = 0;   // GEMMs and attention of the forwards
+    double backward_flops = 0;  // 2x the GEMMs, 2.5x attention
+    double recompute_flops = 0; // the checkpointed blocks' second forward
+    double gemm_flops = 0, attention_flops = 0; // the same FLOPs split by which ceiling they meet
+    double streamed_bytes = 0;     // elementwise traffic of forward, backward, recompute and the optimizer
+    double host_device_bytes = 0;  // offload: each saved input out in forward and back before its recompute
+    double ops = 0;                // op launches
+    double gemm_seconds = 0, attention_seconds = 0, memory_seconds = 0, transfer_seconds = 0, op_seconds = 0;
+    double seconds = 0; // their sum: nothing overlaps on the CPU, and on CUDA offload runs on the compute stream
+    std::string to_string() const;
+};
+
+StepCost predict_cost(const nn::GPTConfig& config, int micro_batch, int accumulation_steps, int seq_len,
+                      const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
+                      int optimizer_shards, const Ceilings& ceilings);
+
+} // namespace engine::planner

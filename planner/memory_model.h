@@ -1,0 +1,76 @@
+// Predicts the memory of one GPT training step per accounting category and the step's joint peak, under a
+// checkpoint policy, from what each op allocates and saves. docs/MEMORY.md derives every term.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <string>
+
+#include "checkpoint/checkpoint.h"
+#include "engine/memory.h"
+#include "nn/gpt.h"
+
+namespace engine::planner {
+
+// Which optimizer's state to count: AdamW keeps two moments per parameter, SGD with momentum one.
+enum class OptimizerKind { none, sgd, adamw };
+const char* optimizer_kind_name(OptimizerKind kind);
+
+struct MemoryPrediction {
+    // Peak bytes of each category over one step, indexed by engine/memory.h's MemoryCategory (the one list of
+    // categories). Parameters, gradients and optimizer state are constant; activations, workspace and
+    // pinned_host are high-water marks reached at different moments.
+    std::array<size_t, memory_category_count> peaks{};
+    size_t master_parameters = 0; // what the optimizer updates (f32 under bf16 mixed precision)
+    size_t working_copies = 0;    // bf16 mixed precision: the bf16 copies the forward reads; 0 otherwise
+
+    // The joint high-water mark of everything the device account holds during one Trainer::train_step (what
+    // StepResult::memory.peak_bytes reports): the persistent categories, the step's micro-batches, and the
+    // largest sum of activations and workspace at one moment. `peak_bytes` is for a device with memory of its
+    // own (pinned_host lives on the host); `unified_peak_bytes` for the CPU backend, whose one account holds
+    // the offloaded inputs too.
+    size_t peak_bytes = 0;
+    size_t unified_peak_bytes = 0;
+    std::string peak_moment; // where the joint peak falls, e.g. "backward of block 4 (plain)"
+
+    std::string activations_peak_moment; // e.g. "recompute of segment 3 (blocks 5-6) in backward"
+    int checkpointed_segments = 0;
+    int recomputed_blocks = 0; // blocks run twice per step: the extra compute, in block forwards
+
+    size_t of(MemoryCategory category) const { return peaks[static_cast<size_t>(category)]; }
+    size_t& at(MemoryCategory category) { return peaks[static_cast<size_t>(category)]; }
+    // The joint peak on `device`'s account: unified on the CPU, device-only elsewhere.
+    size_t peak_on(Device device) const { return device == Device::cpu ? unified_peak_bytes : peak_bytes; }
+    // Sum of the device categories' peaks: an upper bound on the per-step activations + workspace (the
+    // activation peak and the workspace peak fall at different moments); peak_bytes is the exact joint figure.
+    size_t device_total_bound() const;
+};
+
+// One training step as the trainer runs it: logits = model.forward_padded(tokens (B,T)) (B,T,Vp) in train mode;
+// loss = multiply(cross_entropy_in_place(logits, targets, sum, 1 / items, -100, V), 1 / items) (the fused
+// classifier: no separate (B,T,Vp) gradient buffer); logits dropped; backward(loss). Parameters and gradients
+// count wte's padded rows (Vp = vocab_size rounded up to 128); the optimizer state only the real ones.
+// The per-category peaks leave out bytes already live before the step (tokens, targets); peak_bytes counts
+// them as Trainer::train_step holds them: all `accumulation_steps` micro-batches (inputs and labels) for the
+// whole step, the current one's device copies, and the earlier micro-batches' reported losses.
+// optimizer_shards > 1 is ZeRO stage 1 over that many ranks (optim/zero.h): the optimizer state of one rank's
+// part (the parameters padded to equal parts), and the flat gradient/parameter buffer and the part in the
+// workspace.
+MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_len,
+                                const checkpoint::CheckpointPolicy& policy, DType dtype = DType::f32,
+                                OptimizerKind optimizer = OptimizerKind::adamw, int optimizer_shards = 1,
+                                int accumulation_steps = 1);
+
+// The parameters' element count with wte's rows counted as `vocabulary_rows`: vocab_size gives the real count
+// (what the optimizer keeps moments for), padded_vocab_size() the stored one.
+size_t parameter_count(const nn::GPTConfig& config, int vocabulary_rows);
+
+// A human-readable plan for `train_gpt --plan`: the segment layout, the recompute cost and the predicted
+// peak per category, next to the same prediction without checkpointing.
+std::string plan_report(const nn::GPTConfig& config, int batch, int seq_len, const checkpoint::CheckpointPolicy& policy,
+                        DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw,
+                        int optimizer_shards = 1, int accumulation_steps = 1);
+
+std::string mebibytes(size_t bytes); // "12.34 MiB"
+
+} // namespace engine::planner

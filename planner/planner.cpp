@@ -1,0 +1,253 @@
+// The planner's search: every plan the memory model and the cost model can price, the fastest that fits, and
+// the table that says why the others lost.
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#if ENGINE_HAS_CUDA
+#include "base/cuda/check.h"
+#include "base/cuda/headers.h"
+#include "engine/cuda/runtime.h"
+#endif
+
+namespace engine::planner {
+namespace {
+
+using checkpoint::CheckpointPolicy;
+
+// Off, and every (every_n_layers, segment_size) pair with 1 <= each <= L: runs of segment_size blocks, the 1st
+// and every n-th run after it checkpointed (plan_segments). With offload, each enabled one again with its saved
+// inputs in pinned host memory. Pairs that build the same segments price the same; the sort keeps the first.
+std::vector<CheckpointPolicy> candidate_policies(int layers, bool allow_offload) {
+    std::vector<CheckpointPolicy> policies = {CheckpointPolicy{}};
+    for (bool offload : {false, true}) {
+        if (offload && !allow_offload) continue;
+        for (int size = 1; size <= layers; ++size)
+            for (int every = 1; every <= layers; ++every)
+                policies.push_back(CheckpointPolicy{true, every, size, offload, false});
+    }
+    return policies;
+}
+
+std::string seconds_text(double seconds) {
+    std::ostringstream text;
+    text << std::fixed << std::setprecision(seconds < 1.0 ? 2 : 3) << (seconds < 1.0 ? seconds * 1e3 : seconds)
+         << (seconds < 1.0 ? " ms" : " s");
+    return text.str();
+}
+
+// Why `plan` lost to `chosen`: over the budget, or which of its costs is larger.
+std::string why_lost(const Plan& plan, const Plan& chosen, size_t budget) {
+    if (plan.peak_bytes > budget)
+        return "peak " + format_bytes(plan.peak_bytes) + " exceeds the budget by " + format_bytes(plan.peak_bytes - budget);
+    std::ostringstream text;
+    text << "+" << std::fixed << std::setprecision(1) << 100.0 * (plan.cost.seconds / chosen.cost.seconds - 1.0)
+         << "% time:";
+    std::vector<std::string> reasons;
+    if (plan.memory.recomputed_blocks > chosen.memory.recomputed_blocks)
+        reasons.push_back("recomputes " + std::to_string(plan.memory.recomputed_blocks) + " blocks per micro-batch");
+    if (plan.cost.transfer_seconds > chosen.cost.transfer_seconds) reasons.push_back("offload copies");
+    if (plan.accumulation_steps > chosen.accumulation_steps)
+        reasons.push_back(std::to_string(plan.accumulation_steps) + " micro-batches (more ops)");
+    if (plan.cost.gemm_seconds > chosen.cost.gemm_seconds && plan.dtype != chosen.dtype) reasons.push_back("slower GEMMs");
+    if (plan.zero_stage != chosen.zero_stage) reasons.push_back("ZeRO stage " + std::to_string(plan.zero_stage));
+    if (reasons.empty()) reasons.push_back("larger predicted time");
+    for (size_t index = 0; index < reasons.size(); ++index) text << (index ? ", " : " ") << reasons[index];
+    return text.str();
+}
+
+} // namespace
+
+std::string format_bytes(size_t bytes) {
+    std::ostringstream text;
+    const double value = static_cast<double>(bytes);
+    if (bytes >= (size_t(1) << 30)) text << std::fixed << std::setprecision(2) << value / (1 << 30) << " GiB";
+    else if (bytes >= (size_t(1) << 20)) text << std::fixed << std::setprecision(2) << value / (1 << 20) << " MiB";
+    else if (bytes >= 1024) text << std::fixed << std::setprecision(2) << value / 1024 << " KiB";
+    else text << bytes << " B";
+    return text.str();
+}
+
+std::string Plan::flags() const {
+    std::ostringstream text;
+    text << "--per-device-train-batch-size " << micro_batch << " --gradient-accumulation-steps " << accumulation_steps;
+    if (policy.enabled) {
+        text << " --gradient-checkpointing --every-n-layers " << policy.every_n_layers << " --segment-size "
+             << policy.segment_size;
+        if (policy.offload) text << " --offload";
+    }
+    text << " --precision " << (dtype == DType::bf16 ? "bf16" : "fp32");
+    if (zero_stage > 0) text << " --zero-stage " << zero_stage;
+    return text.str();
+}
+
+std::string Plan::summary() const {
+    std::ostringstream text;
+    text << "b " << micro_batch << " x " << accumulation_steps;
+    if (ranks > 1) text << " x " << ranks << " ranks";
+    text << ", ";
+    if (!policy.enabled) text << "no checkpointing";
+    else if (policy.segment_size != 1) text << "segments of " << policy.segment_size;
+    else text << "checkpoint every " << policy.every_n_layers;
+    if (policy.offload) text << " + offload";
+    text << ", " << (dtype == DType::bf16 ? "bf16" : "fp32");
+    if (zero_stage > 0) text << ", ZeRO-" << zero_stage;
+    return text.str();
+}
+
+PlanSearch search_plans(const nn::GPTConfig& config, size_t budget, int global_batch, const PlannerOptions& options) {
+    config.validate();
+    ENGINE_CHECK(options.ranks >= 1, "planner: ranks " << options.ranks << " must be >= 1");
+    ENGINE_CHECK(global_batch >= 1 && global_batch % options.ranks == 0,
+                 "planner: the global batch " << global_batch << " must be a positive multiple of the "
+                                              << options.ranks << " ranks");
+    const int seq_len = options.seq_len > 0 ? options.seq_len : config.max_seq_len;
+    ENGINE_CHECK(seq_len <= config.max_seq_len,
+                 "planner: seq_len " << seq_len << " exceeds the model maximum " << config.max_seq_len);
+    std::vector<DType> precisions = {options.dtype};
+    if (options.allow_bf16 && options.dtype != DType::bf16) precisions.push_back(DType::bf16);
+    std::vector<int> zero_stages = {0};
+    if (options.ranks > 1 && options.allow_zero) zero_stages.push_back(1);
+    const int per_rank = global_batch / options.ranks;
+
+    PlanSearch search;
+    search.budget = budget;
+    search.global_batch = global_batch;
+    const std::vector<CheckpointPolicy> policies = candidate_policies(config.n_layer, options.allow_offload);
+    for (DType dtype : precisions) {
+        const Ceilings ceilings = options.ceilings ? *options.ceilings : ceilings_for(options.device, dtype);
+        for (int zero_stage : zero_stages) {
+            const int shards = zero_stage == 1 ? options.ranks : 1;
+            for (int micro_batch = 1; micro_batch <= per_rank; ++micro_batch) {
+                if (per_rank % micro_batch != 0) continue;
+                for (const CheckpointPolicy& policy : policies) {
+                    Plan plan;
+                    plan.micro_batch = micro_batch;
+                    plan.accumulation_steps = per_rank / micro_batch;
+                    plan.ranks = options.ranks;
+                    plan.policy = policy;
+                    plan.dtype = dtype;
+                    plan.zero_stage = zero_stage;
+                    plan.memory = predict_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer, shards,
+                                                 plan.accumulation_steps);
+                    plan.cost = predict_cost(config, micro_batch, plan.accumulation_steps, seq_len, policy, dtype,
+                                             options.optimizer, shards, ceilings);
+                    plan.peak_bytes = plan.memory.peak_on(options.device);
+                    search.plans.push_back(std::move(plan));
+                }
+            }
+        }
+    }
+    // Least time first; equal times (policies that build the same segments) keep the smaller peak first, then
+    // the order above (the simpler flags).
+    std::stable_sort(search.plans.begin(), search.plans.end(), [](const Plan& left, const Plan& right) {
+        if (left.cost.seconds != right.cost.seconds) return left.cost.seconds < right.cost.seconds;
+        return left.peak_bytes < right.peak_bytes;
+    });
+    for (size_t index = 0; index < search.plans.size(); ++index) {
+        if (!search.chosen && search.plans[index].peak_bytes <= budget) search.chosen = index;
+        if (search.plans[index].peak_bytes < search.plans[search.smallest].peak_bytes) search.smallest = index;
+    }
+    return search;
+}
+
+Plan plan_for_budget(const nn::GPTConfig& config, size_t budget, int global_batch, const PlannerOptions& options) {
+    const PlanSearch search = search_plans(config, budget, global_batch, options);
+    if (!search.chosen) {
+        const Plan& smallest = search.plans[search.smallest];
+        std::ostringstream message;
+        message << "no plan fits in " << format_bytes(budget) << " (" << budget << " B): the smallest peak any plan reaches is "
+                << format_bytes(smallest.peak_bytes) << " (" << smallest.peak_bytes << " B), with " << smallest.flags();
+        throw NoPlanFits(message.str(), smallest);
+    }
+    return search.plans[*search.chosen];
+}
+
+std::string plan_table(const PlanSearch& search, const nn::GPTConfig& config, int alternatives) {
+    std::ostringstream text;
+    text << "planner: " << search.plans.size() << " plans for a global batch of " << search.global_batch
+         << " under a budget of " << format_bytes(search.budget) << " (" << search.budget << " B)\n";
+    if (!search.chosen) return text.str() + "no plan fits\n";
+    const Plan& chosen = search.plans[*search.chosen];
+    text << "chosen: " << chosen.summary() << "\n  flags: " << chosen.flags() << "\n  predicted peak "
+         << format_bytes(chosen.peak_bytes) << " (" << chosen.peak_bytes << " B) at " << chosen.memory.peak_moment
+         << "; step " << chosen.cost.to_string() << "\n";
+    // The fastest plans that did not fit, then the next fastest that did: what the budget cost, and what
+    // the chosen plan beat.
+    std::vector<size_t> shown;
+    for (size_t index = 0; index < *search.chosen && static_cast<int>(shown.size()) < alternatives / 2; ++index)
+        shown.push_back(index);
+    for (size_t index = *search.chosen + 1; index < search.plans.size() && static_cast<int>(shown.size()) < alternatives;
+         ++index)
+        if (search.plans[index].peak_bytes <= search.budget) shown.push_back(index);
+    text << "  " << std::left << std::setw(44) << "plan" << std::right;
+    for (int category = 0; category < memory_category_count; ++category)
+        text << std::setw(11) << std::string(memory_category_name(static_cast<MemoryCategory>(category))).substr(0, 10);
+    text << std::setw(11) << "peak" << std::setw(11) << "time" << "  why it lost\n";
+    auto row = [&](const Plan& plan, const std::string& verdict) {
+        text << "  " << std::left << std::setw(44) << plan.summary() << std::right;
+        for (int category = 0; category < memory_category_count; ++category)
+            text << std::setw(11) << format_bytes(plan.memory.of(static_cast<MemoryCategory>(category)));
+        text << std::setw(11) << format_bytes(plan.peak_bytes) << std::setw(11) << seconds_text(plan.cost.seconds) << "  "
+             << verdict << "\n";
+    };
+    row(chosen, "chosen");
+    for (size_t index : shown) row(search.plans[index], why_lost(search.plans[index], chosen, search.budget));
+    (void)config;
+    return text.str();
+}
+
+size_t parse_memory_size(const std::string& text) {
+    size_t position = 0;
+    while (position < text.size() && (std::isdigit(static_cast<unsigned char>(text[position])) || text[position] == '.'))
+        ++position;
+    const std::string number = text.substr(0, position), unit = text.substr(position);
+    ENGINE_CHECK(!number.empty() && std::count(number.begin(), number.end(), '.') <= 1 && number != ".",
+                 "'" << text << "' is not a size: bytes, or a number with KiB, MiB or GiB (e.g. 3.5MiB, 16GiB)");
+    double scale = 0;
+    if (unit.empty() || unit == "B") scale = 1;
+    else if (unit == "KiB") scale = 1024.0;
+    else if (unit == "MiB") scale = 1024.0 * 1024.0;
+    else if (unit == "GiB") scale = 1024.0 * 1024.0 * 1024.0;
+    else if (unit == "TiB") scale = 1024.0 * 1024.0 * 1024.0 * 1024.0;
+    ENGINE_CHECK(scale > 0, "'" << text << "': unknown unit '" << unit << "' (KiB, MiB, GiB or TiB; no unit: bytes)");
+    ENGINE_CHECK(scale > 1 || number.find('.') == std::string::npos,
+                 "'" << text << "': a size in bytes is a whole number (decimals need a unit, e.g. 3.5MiB)");
+    const double bytes = std::floor(std::strtod(number.c_str(), nullptr) * scale);
+    ENGINE_CHECK(bytes >= 1 && bytes < 1.8e19, "'" << text << "' is not a positive size that fits in 64 bits");
+    return static_cast<size_t>(bytes);
+}
+
+AutoBudget automatic_budget(Device device) {
+    AutoBudget budget;
+    if (device == Device::cpu) {
+        std::ifstream meminfo("/proc/meminfo");
+        std::string key;
+        size_t kibibytes = 0;
+        std::string unit;
+        while (meminfo >> key >> kibibytes >> unit)
+            if (key == "MemAvailable:") {
+                budget.free_bytes = kibibytes * 1024;
+                break;
+            }
+        ENGINE_CHECK(budget.free_bytes > 0, "--max-memory auto: cannot read MemAvailable from /proc/meminfo");
+    } else {
+#if ENGINE_HAS_CUDA
+        cuda::ensure_initialized();
+        size_t free = 0, total = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free, &total));
+        budget.free_bytes = free;
+#else
+        ENGINE_FAIL("automatic_budget: this build of libengine has no CUDA backend");
+#endif
+    }
+    budget.margin_bytes = budget.free_bytes / 10;
+    return budget;
+}
+
+} // namespace engine::planner

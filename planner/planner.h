@@ -1,0 +1,88 @@
+// The memory planner: for a model, a memory budget and a global batch, the fastest training plan (micro-batch
+// and accumulation, checkpoint policy, offload, precision, ZeRO stage) whose predicted peak fits, chosen
+// before anything is allocated. docs/MEMORY.md ("Planning for a budget").
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "checkpoint/checkpoint.h"
+#include "nn/gpt.h"
+#include "planner/cost_model.h"
+#include "planner/memory_model.h"
+
+namespace engine::planner {
+
+struct PlannerOptions {
+    Device device = Device::cpu; // whose memory the budget is (on the CPU it holds the offloaded inputs too)
+    int seq_len = 0;             // 0: the model's max_seq_len
+    OptimizerKind optimizer = OptimizerKind::adamw;
+    DType dtype = DType::f32;    // the precision when allow_bf16 is false
+    bool allow_bf16 = false;     // also search bf16 mixed precision (changes what is learned: opt in)
+    int ranks = 1;               // data-parallel ranks; the global batch is split over them
+    bool allow_zero = true;      // with ranks > 1, also search ZeRO stage 1
+    bool allow_offload = true;
+    std::optional<Ceilings> ceilings; // default: ceilings_for(device, dtype)
+};
+
+struct Plan {
+    int micro_batch = 1;         // per rank
+    int accumulation_steps = 1;
+    int ranks = 1;
+    checkpoint::CheckpointPolicy policy;
+    DType dtype = DType::f32;
+    int zero_stage = 0;
+    MemoryPrediction memory;
+    StepCost cost;
+    size_t peak_bytes = 0; // memory.peak_on(device): what the budget is compared with
+
+    // train_gpt's flags for this plan, e.g. "--per-device-train-batch-size 4 --gradient-accumulation-steps 2
+    // --gradient-checkpointing --every-n-layers 1 --segment-size 1".
+    std::string flags() const;
+    std::string summary() const; // "b 4 x 2, checkpoint every 1 (segments of 1), fp32"
+};
+
+// Every plan searched, and which one won.
+struct PlanSearch {
+    size_t budget = 0;
+    int global_batch = 0;
+    std::vector<Plan> plans;       // all candidates, least predicted time first (ties: smaller peak)
+    std::optional<size_t> chosen;  // index into plans of the fastest plan that fits
+    size_t smallest = 0;           // index of the plan with the smallest peak
+};
+
+// Thrown by plan_for_budget when no plan fits: the message names the smallest peak and that plan's flags.
+class NoPlanFits : public EngineError {
+public:
+    NoPlanFits(const std::string& message, Plan smallest_plan) : EngineError(message), smallest(std::move(smallest_plan)) {}
+    Plan smallest;
+};
+
+// Enumerates micro-batch b with accumulation N (b * N * ranks = global_batch), every checkpoint policy
+// (off; every_n_layers 1..L x segment_size 1..L), offload on/off, precision (fp32, and
+// bf16 when allowed) and ZeRO stage (0, and 1 with several ranks), predicting each one's peak and time.
+PlanSearch search_plans(const nn::GPTConfig& config, size_t budget, int global_batch, const PlannerOptions& options);
+
+// The fastest plan whose predicted peak is <= budget. Throws NoPlanFits when there is none.
+Plan plan_for_budget(const nn::GPTConfig& config, size_t budget, int global_batch, const PlannerOptions& options = {});
+
+// The chosen plan and the best alternatives: memory by category, predicted time, and why each lost.
+std::string plan_table(const PlanSearch& search, const nn::GPTConfig& config, int alternatives = 6);
+
+// "3.5MiB", "16GiB", "1048576": bytes, or a number (decimals allowed) with KiB, MiB or GiB. Throws EngineError.
+size_t parse_memory_size(const std::string& text);
+// What `--max-memory auto` budgets: the free memory of the device (on the CPU: MemAvailable from
+// /proc/meminfo) minus a margin of 10% of it, for the allocator's rounding, other processes and the
+// runtime's own buffers. Throws when the figure cannot be read.
+struct AutoBudget {
+    size_t free_bytes = 0;
+    size_t margin_bytes = 0;
+    size_t budget() const { return free_bytes - margin_bytes; }
+};
+AutoBudget automatic_budget(Device device);
+
+std::string format_bytes(size_t bytes); // "1.50 GiB", "12.34 MiB", "512 B"
+
+} // namespace engine::planner

@@ -1,0 +1,249 @@
+// The planner (planner/planner.h) on the CPU: a grid of budgets from the smallest feasible to unconstrained for
+// the tiny and small models, each chosen plan trained for 2 steps: measured peak <= budget and == predicted to
+// the byte, no enumerated feasible plan predicted faster, and the losses of the plain plan.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+
+#include "optim/trainer.h"
+#include "planner/planner.h"
+
+namespace engine::testing {
+namespace {
+
+using checkpoint::CheckpointPolicy;
+
+constexpr int global_batch = 8;
+constexpr int steps = 2;
+
+// The same sequences whatever the micro-batch: step s holds sequences s*S .. s*S+S-1 of a fixed stream, cut
+// into consecutive micro-batches, so every plan sees the same global batches.
+nn::BatchSource global_batches(const nn::GPTConfig& config, int micro_batch, int& cursor) {
+    return [&config, micro_batch, &cursor]() -> std::optional<nn::Batch> {
+        const int length = config.max_seq_len;
+        std::vector<int32_t> tokens(static_cast<size_t>(micro_batch) * length);
+        for (size_t index = 0; index < tokens.size(); ++index) {
+            const uint64_t position = static_cast<uint64_t>(cursor) * length + index;
+            tokens[index] = static_cast<int32_t>((position * 2654435761u + position / 7) % config.vocab_size);
+        }
+        cursor += micro_batch;
+        nn::Batch batch;
+        batch.inputs = Tensor::from_vector(tokens, {micro_batch, length}, Device::cpu);
+        batch.labels = Tensor::from_vector(tokens, {micro_batch, length}, Device::cpu);
+        return batch;
+    };
+}
+
+struct Trained {
+    std::vector<double> seconds; // each step's wall time
+    std::vector<double> losses;
+    std::vector<size_t> peaks; // each step's peak total above what the process held before the model
+};
+
+Trained train(const nn::GPTConfig& config, int micro_batch, int accumulation, const CheckpointPolicy& policy,
+              int step_count = steps) {
+    current_tape().clear();
+    const size_t before = memory_stats(Device::cpu).current_bytes;
+    Trained trained;
+    {
+        nn::GPT model(config, 11, Device::cpu, DType::f32);
+        optim::TrainerConfig trainer_config;
+        trainer_config.per_device_train_batch_size = micro_batch;
+        trainer_config.gradient_accumulation_steps = accumulation;
+        trainer_config.gradient_checkpointing = policy.enabled;
+        trainer_config.every_n_layers = policy.every_n_layers;
+        trainer_config.segment_size = policy.segment_size;
+        trainer_config.offload = policy.offload;
+        trainer_config.learning_rate = 1e-2;
+        trainer_config.max_steps = step_count;
+        optim::Trainer trainer(model, trainer_config);
+        int cursor = 0;
+        const nn::BatchSource source = global_batches(config, micro_batch, cursor);
+        for (int step = 0; step < step_count; ++step) {
+            const optim::StepResult result = *trainer.train_step(source);
+            trained.seconds.push_back(result.seconds);
+            trained.losses.push_back(result.loss);
+            trained.peaks.push_back(result.memory.peak_bytes - before);
+        }
+    }
+    return trained;
+}
+
+// The test's own enumeration: every micro-batch dividing the global batch, and every policy spelled out
+// field by field (not through the planner's list), priced with the library's two models.
+struct Alternative {
+    int micro_batch;
+    CheckpointPolicy policy;
+    size_t peak;
+    double seconds;
+};
+std::vector<Alternative> enumerate(const nn::GPTConfig& config, const planner::Ceilings& ceilings) {
+    std::vector<Alternative> alternatives;
+    for (int micro_batch = 1; micro_batch <= global_batch; ++micro_batch) {
+        if (global_batch % micro_batch != 0) continue;
+        const int accumulation = global_batch / micro_batch;
+        std::vector<CheckpointPolicy> policies = {CheckpointPolicy{false, 1, 1, false, false}};
+        for (int offload = 0; offload < 2; ++offload)
+            for (int every = 1; every <= config.n_layer; ++every)
+                for (int size = 1; size <= config.n_layer; ++size)
+                    policies.push_back(CheckpointPolicy{true, every, size, offload == 1, false});
+        for (const CheckpointPolicy& policy : policies) {
+            const auto memory = planner::predict_memory(config, micro_batch, config.max_seq_len, policy, DType::f32,
+                                                        planner::OptimizerKind::adamw, 1, accumulation);
+            const auto cost = planner::predict_cost(config, micro_batch, accumulation, config.max_seq_len, policy,
+                                                    DType::f32, planner::OptimizerKind::adamw, 1, ceilings);
+            alternatives.push_back({micro_batch, policy, memory.unified_peak_bytes, cost.seconds});
+        }
+    }
+    return alternatives;
+}
+
+TEST(Planner, GridOfBudgetsFitsMatchesThePredictionAndLearnsTheSame) {
+    const planner::Ceilings ceilings = planner::cpu_ceilings();
+    planner::PlannerOptions options;
+    options.ceilings = ceilings;
+    for (const char* name : {"tiny", "small"}) {
+        const nn::GPTConfig config = nn::GPTConfig::named(name);
+        const std::vector<Alternative> alternatives = enumerate(config, ceilings);
+        const planner::PlanSearch everything = planner::search_plans(config, SIZE_MAX, global_batch, options);
+        const size_t smallest = everything.plans[everything.smallest].peak_bytes;
+        const size_t fastest = everything.plans.front().peak_bytes; // unconstrained: the fastest plan's peak
+        ASSERT_LT(smallest, fastest) << name;
+        // 12 budgets: the smallest feasible, 10 between, and unconstrained.
+        std::vector<size_t> budgets;
+        for (int index = 0; index <= 10; ++index)
+            budgets.push_back(static_cast<size_t>(std::llround(
+                static_cast<double>(smallest) * std::pow(static_cast<double>(fastest) / smallest, index / 10.0))));
+        budgets.push_back(SIZE_MAX);
+
+        const Trained plain = train(config, global_batch, 1, CheckpointPolicy{});
+        std::map<std::string, Trained> runs; // by flags: budgets that choose the same plan train it once
+        for (size_t budget : budgets) {
+            const planner::Plan plan = planner::plan_for_budget(config, budget, global_batch, options);
+            const std::string context = std::string(name) + ", budget " + std::to_string(budget) + ": " + plan.flags();
+            if (!runs.contains(plan.flags()))
+                runs[plan.flags()] = train(config, plan.micro_batch, plan.accumulation_steps, plan.policy);
+            const Trained& trained = runs[plan.flags()];
+            std::printf("  %-6s budget %9zu B -> %-44s predicted %8zu B, measured %8zu / %8zu B, %.3f ms\n", name,
+                        budget == SIZE_MAX ? 0 : budget, plan.summary().c_str(), plan.peak_bytes, trained.peaks[0],
+                        trained.peaks[1], plan.cost.seconds * 1e3);
+            for (int step = 0; step < steps; ++step) {
+                EXPECT_LE(trained.peaks[step], budget) << context;
+                EXPECT_EQ(trained.peaks[step], plan.peak_bytes) << context << ", step " << step + 1;
+                if (plan.micro_batch == global_batch)
+                    EXPECT_EQ(trained.losses[step], plain.losses[step]) << context << ": only checkpointing differs";
+                else
+                    EXPECT_NEAR(trained.losses[step], plain.losses[step], 1e-5 * plain.losses[step])
+                        << context << ": accumulation over " << plan.accumulation_steps << " micro-batches";
+            }
+            for (const Alternative& alternative : alternatives)
+                if (alternative.peak <= budget)
+                    EXPECT_LE(plan.cost.seconds, alternative.seconds)
+                        << context << " vs b " << alternative.micro_batch << ", " << alternative.policy.to_string();
+        }
+        EXPECT_GE(runs.size(), 3u) << name << ": the grid should exercise several plans";
+    }
+}
+
+// Offload on the CPU moves the saved inputs into pinned_host, which the same account holds: the peak the
+// planner compares with the budget (unified) is the one measured, and it trains bitwise as the plain plan.
+TEST(Planner, OffloadPlanIsExactOnTheCpuAccountAndLearnsBitwiseTheSame) {
+    const nn::GPTConfig config = nn::GPTConfig::named("tiny");
+    const CheckpointPolicy offload{true, 1, 1, true, false};
+    const Trained plain = train(config, 4, 2, CheckpointPolicy{});
+    const Trained offloaded = train(config, 4, 2, offload);
+    const auto predicted = planner::predict_memory(config, 4, config.max_seq_len, offload, DType::f32,
+                                                   planner::OptimizerKind::adamw, 1, 2);
+    for (int step = 0; step < steps; ++step) {
+        EXPECT_EQ(offloaded.losses[step], plain.losses[step]);
+        EXPECT_EQ(offloaded.peaks[step], predicted.unified_peak_bytes);
+    }
+    EXPECT_LT(predicted.peak_bytes, predicted.unified_peak_bytes); // on a device of its own, offload saves
+}
+
+// The cost model's predicted step time against the measured one across plans (documentation, docs/PERF.md;
+// no threshold). Slow and machine-dependent: runs only with ENGINE_PLANNER_TIMING=1.
+TEST(Planner, CostModelErrorAcrossPlans) {
+    if (std::getenv("ENGINE_PLANNER_TIMING") == nullptr) GTEST_SKIP() << "set ENGINE_PLANNER_TIMING=1 to time the plans";
+    const planner::Ceilings& ceilings = planner::cpu_ceilings();
+    std::printf("  ceilings: GEMM %.1f GFLOP/s, attention %.2f GFLOP/s, memory %.1f GB/s, copy %.1f GB/s\n",
+                ceilings.gemm_flops_per_second / 1e9, ceilings.attention_flops_per_second / 1e9,
+                ceilings.memory_bytes_per_second / 1e9, ceilings.host_link_bytes_per_second / 1e9);
+    double sum_error = 0, worst = 0;
+    int count = 0;
+    for (const char* name : {"tiny", "small"}) {
+        const nn::GPTConfig config = nn::GPTConfig::named(name);
+        for (int micro_batch : {1, 4, 16}) {
+            for (const CheckpointPolicy& policy : {CheckpointPolicy{}, CheckpointPolicy{true, 1, 1, false, false},
+                                                   CheckpointPolicy{true, 2, 1, false, false},
+                                                   CheckpointPolicy{true, 1, 1, true, false}}) {
+                const int accumulation = 16 / micro_batch;
+                const auto cost = planner::predict_cost(config, micro_batch, accumulation, config.max_seq_len, policy,
+                                                        DType::f32, planner::OptimizerKind::adamw, 1, ceilings);
+                const Trained trained = train(config, micro_batch, accumulation, policy, 6);
+                std::vector<double> times(trained.seconds.begin() + 1, trained.seconds.end()); // the 1st warms up
+                std::sort(times.begin(), times.end());
+                const double measured = times[times.size() / 2];
+                const double error = cost.seconds / measured - 1.0;
+                sum_error += std::abs(error);
+                worst = std::max(worst, std::abs(error));
+                ++count;
+                std::printf("  %-6s b %2d x %2d %-48s predicted %8.2f ms measured %8.2f ms error %+6.1f%%\n", name,
+                            micro_batch, accumulation, policy.to_string().c_str(), cost.seconds * 1e3, measured * 1e3,
+                            100.0 * error);
+            }
+        }
+    }
+    std::printf("  mean |error| %.1f%%, worst %.1f%% over %d plans\n", 100.0 * sum_error / count, 100.0 * worst, count);
+}
+
+TEST(Planner, NoPlanFitsNamesTheSmallestPeakAndItsFlags) {
+    const nn::GPTConfig config = nn::GPTConfig::named("tiny");
+    const planner::PlanSearch search = planner::search_plans(config, SIZE_MAX, global_batch, {});
+    const planner::Plan& smallest = search.plans[search.smallest];
+    try {
+        planner::plan_for_budget(config, smallest.peak_bytes - 1, global_batch);
+        FAIL() << "a budget one byte under the smallest peak must not fit";
+    } catch (const planner::NoPlanFits& error) {
+        const std::string message = error.what();
+        EXPECT_NE(message.find(std::to_string(smallest.peak_bytes) + " B"), std::string::npos) << message;
+        EXPECT_NE(message.find(smallest.flags()), std::string::npos) << message;
+        EXPECT_EQ(message.find('\n'), std::string::npos) << "one line: " << message;
+    }
+    EXPECT_EQ(planner::plan_for_budget(config, smallest.peak_bytes, global_batch).peak_bytes, smallest.peak_bytes);
+}
+
+TEST(Planner, SearchesPrecisionAndZeroOnlyWhereAllowed) {
+    const nn::GPTConfig config = nn::GPTConfig::named("gpt2-124M");
+    planner::PlannerOptions options;
+    options.device = Device::cuda; // CUDA constants: no measurement, and offload saves device memory there
+    options.seq_len = 1024;
+    const auto fp32 = planner::search_plans(config, SIZE_MAX, 64, options);
+    for (const planner::Plan& plan : fp32.plans) EXPECT_TRUE(plan.dtype == DType::f32 && plan.zero_stage == 0);
+    options.allow_bf16 = true;
+    options.ranks = 8;
+    const auto both = planner::search_plans(config, size_t(16) << 30, 64, options);
+    const planner::Plan& chosen = both.plans[*both.chosen];
+    EXPECT_EQ(chosen.dtype, DType::bf16) << "bf16 is predicted faster on the tensor cores";
+    EXPECT_EQ(chosen.micro_batch * chosen.accumulation_steps * 8, 64);
+    bool zero_searched = false;
+    for (const planner::Plan& plan : both.plans) zero_searched = zero_searched || plan.zero_stage == 1;
+    EXPECT_TRUE(zero_searched);
+    EXPECT_NE(planner::plan_table(both, config).find("why it lost"), std::string::npos);
+}
+
+TEST(Planner, ParsesMemorySizes) {
+    EXPECT_EQ(planner::parse_memory_size("1048576"), 1048576u);
+    EXPECT_EQ(planner::parse_memory_size("3.5MiB"), 3670016u);
+    EXPECT_EQ(planner::parse_memory_size("16GiB"), size_t(16) << 30);
+    EXPECT_EQ(planner::parse_memory_size("0.5KiB"), 512u);
+    for (const char* bad : {"", "MiB", "3.5", "1.2.3GiB", "12MB", "-4GiB", "0", "4 GiB"})
+        EXPECT_THROW(planner::parse_memory_size(bad), EngineError) << "'" << bad << "'";
+    EXPECT_GT(planner::automatic_budget(Device::cpu).budget(), 0u);
+}
+
+} // namespace
+} // namespace engine::testing
