@@ -12,8 +12,6 @@ namespace engine::kernels::cuda {
 namespace {
 using namespace attention_bf16;
 
-inline constexpr int row_dot_warps = 4;
-
 // Both passes: [own rows A, B (rows, head_stride) bf16] [streamed tiles A, B (step, head_stride) bf16] [per warp:
 // two f32 stripes (16, step + 4), two bf16 stripes (16, step + 8)] [row statistics: two (statistic_rows) f32]
 // [position table]. Key/value pass: own = keys, values; streamed = queries, douts; statistics per step. Query
@@ -51,30 +49,6 @@ __device__ BackwardShared take_backward_shared(unsigned char* shared, const Back
     return views;
 }
 
-__global__ void attention_row_dot_bf16_kernel(float* row_dot, const bfloat16* dout, const bfloat16* out, int B, int T,
-                                              int C, int NH) {
-    const int head_size = C / NH, lane = threadIdx.x % warp_size;
-    const int64_t row_index = int64_t(blockIdx.x) * row_dot_warps + threadIdx.x / warp_size; // into (B,NH,T)
-    if (row_index >= int64_t(B) * NH * T) return; // whole warps leave; no barrier follows
-    const int row = static_cast<int>(row_index % T), head = static_cast<int>((row_index / T) % NH);
-    const int batch = static_cast<int>(row_index / (int64_t(T) * NH));
-    const int64_t base = (int64_t(batch) * T + row) * C + int64_t(head) * head_size;
-    float sum = 0.0f;
-    for (int d = lane; d < head_size; d += warp_size) sum += to_float(dout[base + d]) * to_float(out[base + d]);
-    sum = warp_sum(sum);
-    if (lane == 0) row_dot[row_index] = sum;
-}
-
-// Rows first_row.. of the (B,NH,T) statistics; rows at or past T read as zero (their P is zero).
-__device__ void load_statistics(float* row_logsumexp, float* row_dot, const float* logsumexp_head,
-                                const float* row_dot_head, int first_row, int rows, int T) {
-    for (int row = threadIdx.x; row < rows; row += blockDim.x) {
-        const bool inside = first_row + row < T;
-        row_logsumexp[row] = inside ? logsumexp_head[first_row + row] : 0.0f;
-        row_dot[row] = inside ? row_dot_head[first_row + row] : 0.0f;
-    }
-}
-
 // From the warp's f32 stripes S and dP (16, backward_step), writes P and dS rounded to bf16 into its bf16 stripes.
 // key_pass: stripe rows are keys and columns queries (S^T); else rows are queries. Statistics are indexed by the
 // query's place in `statistics_first` onward.
@@ -97,13 +71,29 @@ __device__ void probabilities_and_score_gradients(bfloat16* probability, bfloat1
     }
 }
 
+// The warp's S = A B^T and dP = A2 B2^T over backward_step columns (16-column fragments), stored as f32 into its
+// stripes: K Q^T and V dout^T in the key pass, Q K^T and dout V^T in the query pass.
+__device__ void score_products(float* score, float* dprobability, int float_stride, const bfloat16* a,
+                               const bfloat16* b_rows, const bfloat16* a2, const bfloat16* b2_rows, int depth_steps,
+                               int stride) {
+    for (int f = 0; f < backward_step / fragment_width; ++f) {
+        Accumulator16 s, dp;
+        wmma::fill_fragment(s, 0.0f);
+        wmma::fill_fragment(dp, 0.0f);
+        add_transposed16(s, a, b_rows + f * fragment_width * stride, depth_steps, stride);
+        add_transposed16(dp, a2, b2_rows + f * fragment_width * stride, depth_steps, stride);
+        wmma::store_matrix_sync(score + f * fragment_width, s, float_stride, wmma::mem_row_major);
+        wmma::store_matrix_sync(dprobability + f * fragment_width, dp, float_stride, wmma::mem_row_major);
+    }
+}
+
 // dK_j += sum_{i>=j} dS_ij q_i and dV_j += sum_{i>=j} P_ij dout_i; each warp owns 16 keys.
 template <int max_width>
 __global__ void __launch_bounds__(bf16_warps * warp_size)
 attention_backward_key_value_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, const bfloat16* qkv,
                                          const float* logsumexp, const float* row_dot, int T, int C, int NH,
                                          bool vectorized) {
-    constexpr int max_head_fragments = max_width / fragment_width, step_fragments = backward_step / fragment_width;
+    constexpr int max_head_fragments = max_width / fragment_width;
     const int head_size = C / NH, padded_head = padded_head_size(head_size);
     const int head_fragments = padded_head / fragment_width, depth_steps = padded_head / bf16_depth;
     const BackwardBf16Layout layout(padded_head, true);
@@ -137,20 +127,14 @@ attention_backward_key_value_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, c
                        qkv_row, first_query, backward_step, T, head_size, padded_head, vectorized);
         load_bf16_tile(whole_block(), dout_step, stride, head_slice(dout, batch, 0, head, T, C, C, head_size), C,
                        first_query, backward_step, T, head_size, padded_head, vectorized);
-        load_statistics(views.row_logsumexp, views.row_dot, logsumexp + statistics, row_dot + statistics, first_query,
+        load_row_statistics(views.row_logsumexp, views.row_dot, logsumexp + statistics, row_dot + statistics, first_query,
                         backward_step, T);
         __syncthreads();
         if (warp_first_key >= T || warp_first_key > first_query + backward_step - 1) continue;
 
-        for (int f = 0; f < step_fragments; ++f) { // S^T = K Q^T, dP^T = V dout^T
-            Accumulator16 s, dp;
-            wmma::fill_fragment(s, 0.0f);
-            wmma::fill_fragment(dp, 0.0f);
-            add_transposed16(s, key_stripe, query + f * fragment_width * stride, depth_steps, stride);
-            add_transposed16(dp, value_stripe, dout_step + f * fragment_width * stride, depth_steps, stride);
-            wmma::store_matrix_sync(score + f * fragment_width, s, layout.float_stride, wmma::mem_row_major);
-            wmma::store_matrix_sync(dprobability + f * fragment_width, dp, layout.float_stride, wmma::mem_row_major);
-        }
+        // S^T = K Q^T, dP^T = V dout^T
+        score_products(score, dprobability, layout.float_stride, key_stripe, query, value_stripe, dout_step,
+                       depth_steps, stride);
         __syncwarp();
         probabilities_and_score_gradients(probability, dscore, score, dprobability, layout, true, warp_first_key,
                                           first_query, T, scale, views.row_logsumexp, views.row_dot, first_query);
@@ -171,7 +155,7 @@ __global__ void __launch_bounds__(bf16_warps * warp_size)
 attention_backward_query_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, const bfloat16* qkv,
                                      const float* logsumexp, const float* row_dot, int T, int C, int NH,
                                      bool vectorized) {
-    constexpr int max_head_fragments = max_width / fragment_width, step_fragments = backward_step / fragment_width;
+    constexpr int max_head_fragments = max_width / fragment_width;
     const int head_size = C / NH, padded_head = padded_head_size(head_size);
     const int head_fragments = padded_head / fragment_width, depth_steps = padded_head / bf16_depth;
     const BackwardBf16Layout layout(padded_head, false);
@@ -195,7 +179,7 @@ attention_backward_query_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, const
                    warp_first_query, fragment_width, T, head_size, padded_head, vectorized);
     load_bf16_tile(own_warp(), dout_stripe, stride, head_slice(dout, batch, 0, head, T, C, C, head_size), C,
                    warp_first_query, fragment_width, T, head_size, padded_head, vectorized);
-    load_statistics(views.row_logsumexp, views.row_dot, logsumexp + statistics, row_dot + statistics, first_query,
+    load_row_statistics(views.row_logsumexp, views.row_dot, logsumexp + statistics, row_dot + statistics, first_query,
                     bf16_rows, T);
     Accumulator16 dquery[max_head_fragments];
     zero16(dquery);
@@ -210,15 +194,9 @@ attention_backward_query_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, const
         __syncthreads();
         if (warp_first_query >= T || warp_first_query + fragment_width - 1 < first_key) continue;
 
-        for (int f = 0; f < step_fragments; ++f) { // S = Q K^T, dP = dout V^T
-            Accumulator16 s, dp;
-            wmma::fill_fragment(s, 0.0f);
-            wmma::fill_fragment(dp, 0.0f);
-            add_transposed16(s, query_stripe, key + f * fragment_width * stride, depth_steps, stride);
-            add_transposed16(dp, dout_stripe, value + f * fragment_width * stride, depth_steps, stride);
-            wmma::store_matrix_sync(score + f * fragment_width, s, layout.float_stride, wmma::mem_row_major);
-            wmma::store_matrix_sync(dprobability + f * fragment_width, dp, layout.float_stride, wmma::mem_row_major);
-        }
+        // S = Q K^T, dP = dout V^T
+        score_products(score, dprobability, layout.float_stride, query_stripe, key, dout_stripe, value, depth_steps,
+                       stride);
         __syncwarp();
         probabilities_and_score_gradients(probability, dscore, score, dprobability, layout, false, warp_first_query,
                                           first_key, T, scale, views.row_logsumexp, views.row_dot, first_query);
@@ -239,7 +217,7 @@ void attention_backward(bfloat16* dqkv, float* row_dot_workspace, const bfloat16
     if (int64_t(B) * NH * T == 0) return;
     const int head_size = C / NH;
     const bool vectorized = bf16_vectorizable(C, NH, {dqkv, dout, qkv});
-    ENGINE_LAUNCH(attention_row_dot_bf16_kernel, ceil_div(int64_t(B) * NH * T, row_dot_warps),
+    ENGINE_LAUNCH(attention_row_dot_kernel<bfloat16>, ceil_div(int64_t(B) * NH * T, row_dot_warps),
                   row_dot_warps * warp_size, 0, stream, row_dot_workspace, dout, out, B, T, C, NH);
     dispatch_head_size(head_size, [&]<int max_width>() {
         const int padded_head = padded_head_size(head_size);

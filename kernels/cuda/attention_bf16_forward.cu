@@ -92,19 +92,9 @@ attention_forward_bf16_kernel(bfloat16* out, float* logsumexp, const bfloat16* q
         const float* score_row = score_stripe + softmax_row * layout.score_stride;
         bfloat16* probability_row = probability_stripe + softmax_row * layout.probability_stride;
         const int visible = min(forward_key_tile, softmax_query - first_key + 1); // keys <= query
-        float tile_max = -INFINITY;
-        for (int column = half; column < visible; column += 2) tile_max = fmaxf(tile_max, score_row[column] * scale);
-        const float new_max = fmaxf(running_max, fmaxf(tile_max, __shfl_xor_sync(full_warp_mask, tile_max, 1)));
-        float sum = 0.0f;
-        for (int column = half; column < forward_key_tile; column += 2) {
-            const float probability = column < visible ? expf(score_row[column] * scale - new_max) : 0.0f;
-            probability_row[column] = to_bfloat16(probability); // P in bf16 for the tensor cores
-            sum += probability;                                 // the statistics keep f32
-        }
-        sum += __shfl_xor_sync(full_warp_mask, sum, 1);
-        const float correction = expf(running_max - new_max); // 0 on the first tile: exp(-inf)
-        running_sum = running_sum * correction + sum;
-        running_max = new_max;
+        // P rounded to bf16 for the tensor cores; the running sum keeps the f32 values.
+        const float correction = online_softmax_step(score_row, probability_row, visible, forward_key_tile, half, scale,
+                                                     running_max, running_sum);
         if (half == 0) warp_factor[softmax_row] = correction;
         __syncwarp();
         scale_rows16(output, head_fragments, element_rows, warp_factor);
