@@ -247,14 +247,14 @@ cublasStatus_t enqueue_gemm(cudaStream_t stream_handle, const GemmArguments& arg
         const size_t operand_bytes = element_bytes(call.operand_type), c_bytes = element_bytes(call.c_type);
         std::vector<float> rounded_a, rounded_b, wide_c, wide_bias;
         for (int batch = 0; batch < call.batch_count; ++batch) {
-            const auto* batch_a = static_cast<const float*>(
-                static_cast<const void*>(static_cast<const char*>(call.a) + batch * call.stride_a * operand_bytes));
-            const auto* batch_b = static_cast<const float*>(
-                static_cast<const void*>(static_cast<const char*>(call.b) + batch * call.stride_b * operand_bytes));
+            const void* raw_a = static_cast<const char*>(call.a) + batch * call.stride_a * operand_bytes;
+            const void* raw_b = static_cast<const char*>(call.b) + batch * call.stride_b * operand_bytes;
             void* batch_c = static_cast<char*>(call.c) + batch * call.stride_c * c_bytes;
+            const auto* batch_a = static_cast<const float*>(raw_a); // f32 operands; bf16 ones are widened below
+            const auto* batch_b = static_cast<const float*>(raw_b);
             if (bf16_operands && call.k > 0) { // bf16 -> f32 is exact: the tensor core's exact products
-                rounded_a = widened(batch_a, a_rows, a_columns, call.lda);
-                rounded_b = widened(batch_b, b_rows, b_columns, call.ldb);
+                rounded_a = widened(raw_a, a_rows, a_columns, call.lda);
+                rounded_b = widened(raw_b, b_rows, b_columns, call.ldb);
                 batch_a = rounded_a.data();
                 batch_b = rounded_b.data();
             } else if (call.tf32 && call.k > 0) {
