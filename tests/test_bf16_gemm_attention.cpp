@@ -199,6 +199,30 @@ Tensor bf16_tensor(const Inputs& inputs, const Shape& shape) {
     return Tensor::from_vector<bfloat16>(inputs.bf16, shape, Device::cpu);
 }
 
+// cross_entropy_in_place on bf16 logits (the fused classifier): an f32 loss equal to the f32 kernel's on the same
+// logits (token-exact: both compute in double), and the logits' gradient the f32 kernel's rounded once to bf16
+// (then held in the f32 buffer of the bf16 leaf, exactly).
+TEST(Bf16Ops, FusedCrossEntropyOpLossAndGradient) {
+    std::mt19937 generator(43);
+    const int N = 4, V = 9;
+    const Inputs values = random_inputs(generator, size_t(N) * V, 3.0f);
+    const std::vector<int32_t> labels = {1, 8, 0, 4};
+    Tensor logits = bf16_tensor(values, {N, V});
+    logits.set_requires_grad(true);
+    const Tensor loss = cross_entropy_in_place(logits, Tensor::from_vector<int32_t>(labels, {N}, Device::cpu),
+                                               Reduction::mean);
+    EXPECT_EQ(loss.dtype(), DType::f32);
+    backward(loss);
+    std::vector<float> reference = values.f32, losses(N);
+    cpu::cross_entropy_fused_forward(losses.data(), reference.data(), labels.data(), 1.0f / N, N, V, V, -100);
+    float expected_loss = 0.0f;
+    for (const float value : losses) expected_loss += value;
+    EXPECT_NEAR(loss.to_vector<float>()[0], expected_loss / N, 1e-6f);
+    ASSERT_EQ(logits.grad().dtype(), DType::f32);
+    const std::vector<float> gradient = logits.grad().to_vector<float>();
+    for (size_t i = 0; i < gradient.size(); ++i) EXPECT_EQ(gradient[i], to_float(to_bfloat16(reference[i]))) << i;
+}
+
 // The ops' dtypes: bf16 activations, f32 parameter gradients of bf16 leaves (weight, the matmul's b), an f32
 // loss; and the gradients' values are the bf16 kernels' (the GEMM's f32 weight gradient exactly the f32 GEMM of
 // the bf16 operands).
@@ -224,8 +248,7 @@ TEST(Bf16Ops, LinearMatmulAttentionCrossEntropyDtypes) {
     ASSERT_TRUE(weight.grad().defined() && tokens.grad().defined());
     EXPECT_EQ(weight.grad().dtype(), DType::f32);
     EXPECT_EQ(tokens.grad().dtype(), DType::f32);
-    // dweight = xᵀ·dqkv in f32 from the bf16 operands: recompute dqkv's path is long, so check finiteness and
-    // that the gradient is not identically zero (the path ran), the values being the kernels' tested above.
+    // The values are the kernels' (tested above); here the whole path ran: finite and not identically zero.
     bool any_nonzero = false;
     for (const float value : weight.grad().to_vector<float>()) {
         EXPECT_TRUE(std::isfinite(value));

@@ -3,11 +3,11 @@
 // and losses in f32, the gradient rounded once on store.
 #include <cfloat>
 #include <cstdint>
-#include <type_traits>
 
 #include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/grid.h"
+#include "kernels/cuda/packs.cuh"
 #include "kernels/cuda/warp_reduce.cuh"
 
 namespace engine::kernels::cuda {
@@ -44,12 +44,11 @@ struct OnlineSoftmax {
     }
 };
 
-// 128-bit accesses need every row start 16-byte aligned: padded_V a multiple of 4 floats and an aligned base.
-// bf16 rows take the scalar path.
+// Packs of 4 (128-bit f32, 64-bit bf16 accesses, packs.cuh) need every row start aligned to a pack: padded_V a
+// multiple of 4 and an aligned base.
 template <typename T>
 __device__ bool rows_are_vectorizable(const T* logits, int padded_V) {
-    if constexpr (!std::is_same_v<T, float>) return false;
-    return padded_V % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+    return padded_V % vector_width == 0 && reinterpret_cast<uintptr_t>(logits) % (vector_width * sizeof(T)) == 0;
 }
 
 // Each thread folds its own columns in a fixed order, then the block combines the threads' (max, sum) pairs:
@@ -57,12 +56,10 @@ __device__ bool rows_are_vectorizable(const T* logits, int padded_V) {
 template <typename T>
 __device__ RowStatistics online_row_statistics(const T* row, int V, bool vectorized, float* scratch) {
     OnlineSoftmax local;
-    if (vectorized) { // only ever true for float rows (rows_are_vectorizable)
-        const float4* row4 = reinterpret_cast<const float4*>(row);
-        for (int chunk = threadIdx.x; chunk * 4 < V; chunk += blockDim.x) {
-            const float4 values = row4[chunk];
-            const float lanes[4] = {values.x, values.y, values.z, values.w};
-            for (int lane = 0; lane < 4 && chunk * 4 + lane < V; ++lane) local.add(lanes[lane]);
+    if (vectorized) {
+        for (int chunk = threadIdx.x; chunk * vector_width < V; chunk += blockDim.x) {
+            const Pack<vector_width> values = load_pack<vector_width>(row + chunk * vector_width);
+            for (int lane = 0; lane < vector_width && chunk * vector_width + lane < V; ++lane) local.add(values[lane]);
         }
     } else {
         for (int i = threadIdx.x; i < V; i += blockDim.x) local.add(widen(row[i]));
@@ -126,8 +123,9 @@ static __global__ void cross_entropy_fused_forward_kernel(float* losses, T* logi
     if (target == ignore_index) { // uniform per block, so skipping the barriers is safe
         if (threadIdx.x == 0) losses[row] = 0.0f;
         if (vectorized) {
-            float4* x4 = reinterpret_cast<float4*>(x);
-            for (int chunk = threadIdx.x; chunk < padded_V / 4; chunk += blockDim.x) x4[chunk] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const Pack<vector_width> zeros{};
+            for (int chunk = threadIdx.x; chunk < padded_V / vector_width; chunk += blockDim.x)
+                store_pack<vector_width>(x + chunk * vector_width, zeros);
         } else {
             for (int i = threadIdx.x; i < padded_V; i += blockDim.x) x[i] = narrow<T>(0.0f);
         }
@@ -140,14 +138,12 @@ static __global__ void cross_entropy_fused_forward_kernel(float* losses, T* logi
     const float inverse_sum = 1.0f / statistics.sum_exp;
     // Each thread rewrites exactly the elements it alone reads, so the in-place write needs no barrier.
     if (vectorized) {
-        float4* x4 = reinterpret_cast<float4*>(x);
-        for (int chunk = threadIdx.x; chunk < padded_V / 4; chunk += blockDim.x) {
-            const float4 values = x4[chunk];
-            const int column = chunk * 4;
-            x4[chunk] = make_float4(fused_gradient(values.x, column, V, target, statistics, inverse_sum, dloss),
-                                    fused_gradient(values.y, column + 1, V, target, statistics, inverse_sum, dloss),
-                                    fused_gradient(values.z, column + 2, V, target, statistics, inverse_sum, dloss),
-                                    fused_gradient(values.w, column + 3, V, target, statistics, inverse_sum, dloss));
+        for (int chunk = threadIdx.x; chunk < padded_V / vector_width; chunk += blockDim.x) {
+            const int column = chunk * vector_width;
+            Pack<vector_width> values = load_pack<vector_width>(x + column);
+            for (int lane = 0; lane < vector_width; ++lane)
+                values[lane] = fused_gradient(values[lane], column + lane, V, target, statistics, inverse_sum, dloss);
+            store_pack<vector_width>(x + column, values); // bf16: each value rounded once
         }
     } else {
         for (int i = threadIdx.x; i < padded_V; i += blockDim.x)

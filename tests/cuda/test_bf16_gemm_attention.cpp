@@ -166,27 +166,55 @@ TEST_F(Bf16KernelTest, AttentionMatchesTheCpuBf16) {
 // Fused cross-entropy: the CPU computes the row statistics in double, the GPU in f32 (online max and sum): the
 // losses differ by f32 rounding, (V + 8)·2^-24·(1 + |loss|); the gradient (p - onehot)·dloss is rounded once on
 // both, so it differs by at most 1 ulp plus the f32 difference of p, (V + 8)·2^-24·|dloss|.
+// padded_V 40: packs of 4 (64-bit bf16 accesses); 38: the scalar path.
 TEST_F(Bf16KernelTest, FusedCrossEntropyMatchesTheCpuBf16) {
-    const int N = 5, V = 37, padded_V = 40, ignore_index = -100;
-    const auto logits = rounded(random_floats(size_t(N) * padded_V, -4.0f, 4.0f));
-    const std::vector<int32_t> targets = {0, 36, ignore_index, 5, 20};
-    const float dloss = 0.2f;
-    std::vector<bfloat16> cpu_gradient = logits;
-    std::vector<float> cpu_losses(N);
-    cpu::cross_entropy_fused_forward(cpu_losses.data(), cpu_gradient.data(), targets.data(), dloss, N, V, padded_V,
-                                     ignore_index);
-    DeviceBuffer<bfloat16> gradient(logits);
-    DeviceBuffer<int32_t> targets_device(targets);
-    DeviceBuffer<float> losses(nan_filled(N));
-    gpu::cross_entropy_fused_forward(losses.get(), gradient.get(), targets_device.get(), dloss, N, V, padded_V,
-                                     ignore_index, stream);
-    const auto cuda_losses = losses.to_host();
-    const auto cuda_gradient = gradient.to_host();
-    const double slack = (V + 8) * std::ldexp(1.0, -24);
-    for (int n = 0; n < N; ++n) EXPECT_LE(std::fabs(cuda_losses[n] - cpu_losses[n]), slack * (1 + std::fabs(cpu_losses[n])));
-    for (size_t i = 0; i < cuda_gradient.size(); ++i) {
-        const double reference = to_float(cpu_gradient[i]);
-        EXPECT_LE(std::fabs(to_float(cuda_gradient[i]) - reference), bfloat16_ulp(reference) + slack * dloss) << i;
+    for (const int padded_V : {40, 38}) {
+        const int N = 5, V = 37, ignore_index = -100;
+        const auto logits = rounded(random_floats(size_t(N) * padded_V, -4.0f, 4.0f));
+        const std::vector<int32_t> targets = {0, 36, ignore_index, 5, 20};
+        const float dloss = 0.2f;
+        std::vector<bfloat16> cpu_gradient = logits;
+        std::vector<float> cpu_losses(N);
+        cpu::cross_entropy_fused_forward(cpu_losses.data(), cpu_gradient.data(), targets.data(), dloss, N, V, padded_V,
+                                         ignore_index);
+        DeviceBuffer<bfloat16> gradient(logits);
+        DeviceBuffer<int32_t> targets_device(targets);
+        DeviceBuffer<float> losses(nan_filled(N));
+        gpu::cross_entropy_fused_forward(losses.get(), gradient.get(), targets_device.get(), dloss, N, V, padded_V,
+                                         ignore_index, stream);
+        const auto cuda_losses = losses.to_host();
+        const auto cuda_gradient = gradient.to_host();
+        const double slack = (V + 8) * std::ldexp(1.0, -24);
+        for (int n = 0; n < N; ++n)
+            EXPECT_LE(std::fabs(cuda_losses[n] - cpu_losses[n]), slack * (1 + std::fabs(cpu_losses[n]))) << padded_V;
+        for (size_t i = 0; i < cuda_gradient.size(); ++i) {
+            const double reference = to_float(cpu_gradient[i]);
+            EXPECT_LE(std::fabs(to_float(cuda_gradient[i]) - reference), bfloat16_ulp(reference) + slack * dloss)
+                << "padded_V " << padded_V << " element " << i;
+        }
+    }
+}
+
+// linear with a bias in bf16, forward only (the bf16 bias gradient comes with the bias kernels' branch): the
+// device's cuBLASLt epilogue against the CPU's gemm_bias, both rounding the f32 sum once: the GEMM's 1 ulp +
+// slack (k = 19: 2k²·2^-24).
+TEST_F(Bf16KernelTest, LinearWithBiasForwardMatchesTheCpu) {
+    const int rows = 15, in = 19, out = 23;
+    const auto x = rounded(random_floats(size_t(rows) * in)), w = rounded(random_floats(size_t(in) * out));
+    const auto b = rounded(random_floats(size_t(out)));
+    NoGradGuard no_grad;
+    auto run = [&](Device device) {
+        const Tensor y = linear(Tensor::from_vector<bfloat16>(x, {rows, in}, Device::cpu).to(device),
+                                Tensor::from_vector<bfloat16>(w, {in, out}, Device::cpu).to(device),
+                                Tensor::from_vector<bfloat16>(b, {out}, Device::cpu).to(device));
+        EXPECT_EQ(y.dtype(), DType::bf16);
+        return y.to(Device::cpu).to_vector<bfloat16>();
+    };
+    const auto on_cpu = run(Device::cpu), on_cuda = run(Device::cuda);
+    const double slack = 2.0 * in * in * std::ldexp(1.0, -24);
+    for (size_t i = 0; i < on_cpu.size(); ++i) {
+        const double reference = to_float(on_cpu[i]);
+        EXPECT_LE(std::fabs(to_float(on_cuda[i]) - reference), bfloat16_ulp(reference) + slack) << i;
     }
 }
 
