@@ -1,4 +1,4 @@
-// cuBLAS on the emulated device: handles, streams and the fp32 GEMMs, with cuBLAS's own column-major
+// cuBLAS on the emulated device: handles, streams and the fp32 GEMMs (and bf16 ones computed in f32), with cuBLAS's own column-major
 // semantics carried out by the CPU BLAS (CBLAS, column-major). Operand order, transposes and leading
 // dimensions are therefore exercised for real, and an operand that reaches past its allocation is
 // reported instead of read. TF32 compute rounds the operands to TF32 (10-bit mantissa) first. The GEMM itself
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "emulator/blas.h"
+#include "engine/bfloat16.h"
 #include "emulator/testing.h"
 
 struct cublasContext {
@@ -40,6 +41,7 @@ struct Operand {
     const void* pointer;
     int rows, columns, leading; // column-major, as stored
     long long stride;           // elements between batches
+    size_t element_bytes = sizeof(float);
 };
 
 // Checks that `bytes` from `pointer` lie inside one device allocation.
@@ -68,7 +70,7 @@ std::string check_operand(const Operand& operand, int batch_count, Allocation*& 
     std::ostringstream shape;
     shape << operand.rows << " x " << operand.columns << ", leading dimension " << operand.leading << ", "
           << batch_count << " batch(es)";
-    return check_extent(operand.name, operand.pointer, static_cast<size_t>(elements) * sizeof(float), shape.str(),
+    return check_extent(operand.name, operand.pointer, static_cast<size_t>(elements) * operand.element_bytes, shape.str(),
                         allocation);
 }
 
@@ -89,11 +91,22 @@ void add_bias(float* c, const float* bias, int m, int n, int ldc) {
     }
 }
 
+size_t element_bytes(cudaDataType type) { return type == CUDA_R_16BF ? sizeof(engine::bfloat16) : sizeof(float); }
+
+// The (rows, columns, leading) column-major matrix at `values` (bf16) as f32 (exact), same leading dimension.
+std::vector<float> widened(const void* values, int rows, int columns, int leading) {
+    const auto* source = static_cast<const engine::bfloat16*>(values);
+    std::vector<float> out(static_cast<size_t>(static_cast<long long>(columns - 1) * leading + rows));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = engine::to_float(source[i]);
+    return out;
+}
+
 // cuBLAS's argument checks; the handle's own checks are the caller's.
 cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transpose_a, cublasOperation_t transpose_b, int m, int n,
-                    int k, const float* alpha, const float* a, int lda, long long stride_a, const float* b, int ldb,
-                    long long stride_b, const float* beta, float* c, int ldc, long long stride_c, int batch_count,
-                    bool tf32, const char* call) {
+                    int k, const float* alpha, const void* a, int lda, long long stride_a, const void* b, int ldb,
+                    long long stride_b, const float* beta, void* c, int ldc, long long stride_c, int batch_count,
+                    bool tf32, const char* call, cudaDataType operand_type = CUDA_R_32F,
+                    cudaDataType c_type = CUDA_R_32F) {
     Lock lock(device_mutex());
     if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (handle->pointer_mode != CUBLAS_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -108,6 +121,7 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transpose_a, cublas
     arguments.c = c, arguments.ldc = ldc, arguments.stride_c = stride_c;
     arguments.batch_count = batch_count;
     arguments.tf32 = tf32;
+    arguments.operand_type = operand_type, arguments.c_type = c_type;
     arguments.call = call;
     return enqueue_gemm(handle->stream, arguments);
 }
@@ -115,6 +129,15 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transpose_a, cublas
 bool float_types(cudaDataType a, cudaDataType b, cudaDataType c) {
     return a == CUDA_R_32F && b == CUDA_R_32F && c == CUDA_R_32F;
 }
+
+// bf16 A and B with an f32 or bf16 C: the emulated mixed-precision GEMMs (f32 compute only).
+bool bf16_types(cudaDataType a, cudaDataType b, cudaDataType c) {
+    return a == CUDA_R_16BF && b == CUDA_R_16BF && (c == CUDA_R_32F || c == CUDA_R_16BF);
+}
+
+// The data and compute types emulated for a GemmEx call; a refusal names what is not.
+cublasStatus_t check_ex_types(cublasHandle_t handle, cublasComputeType_t compute, cudaDataType a, cudaDataType b,
+                              cudaDataType c, const char* call, bool& tf32);
 
 // The handle allows TF32 for fp32 GEMMs; the mode's low bits name the math, the high bits are flags.
 bool tf32_math(cublasHandle_t handle) {
@@ -130,6 +153,23 @@ bool tf32_compute(cublasHandle_t handle, cublasComputeType_t compute, bool& supp
 }
 
 std::string last_refusal_message;
+
+cublasStatus_t check_ex_types(cublasHandle_t handle, cublasComputeType_t compute, cudaDataType a, cudaDataType b,
+                              cudaDataType c, const char* call, bool& tf32) {
+    bool supported = false;
+    tf32 = tf32_compute(handle, compute, supported);
+    if (supported && float_types(a, b, c)) return CUBLAS_STATUS_SUCCESS;
+    // bf16 operands: CUBLAS_COMPUTE_32F(_PEDANTIC) only; TF32 does not apply to them.
+    if (bf16_types(a, b, c) && (compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC)) {
+        tf32 = false;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, std::string(call) + ": data types A " + std::to_string(a) + ", B " +
+                                                   std::to_string(b) + ", C " + std::to_string(c) + " with compute type " +
+                                                   std::to_string(compute) +
+                                                   " are not emulated (f32 ones, and bf16 A/B with f32 or bf16 C in "
+                                                   "CUBLAS_COMPUTE_32F, are)");
+}
 
 } // namespace
 
@@ -172,12 +212,13 @@ cublasStatus_t enqueue_gemm(cudaStream_t stream_handle, const GemmArguments& arg
     StreamState* stream = find_stream(stream_handle);
     if (stream == nullptr) return CUBLAS_STATUS_EXECUTION_FAILED;
 
-    std::vector<Operand> operands{{"C", call.c, m, n, call.ldc, call.stride_c}};
+    const size_t operand_bytes = element_bytes(call.operand_type), c_bytes = element_bytes(call.c_type);
+    std::vector<Operand> operands{{"C", call.c, m, n, call.ldc, call.stride_c, c_bytes}};
     if (k > 0) {
-        operands.push_back({"A", call.a, a_rows, a_columns, call.lda, call.stride_a});
-        operands.push_back({"B", call.b, b_rows, b_columns, call.ldb, call.stride_b});
+        operands.push_back({"A", call.a, a_rows, a_columns, call.lda, call.stride_a, operand_bytes});
+        operands.push_back({"B", call.b, b_rows, b_columns, call.ldb, call.stride_b, operand_bytes});
     }
-    if (call.bias != nullptr) operands.push_back({"bias", call.bias, m, 1, m, 0});
+    if (call.bias != nullptr) operands.push_back({"bias", call.bias, m, 1, m, 0, c_bytes});
     std::vector<Access> accesses;
     for (const Operand& operand : operands) {
         Allocation* allocation = nullptr;
@@ -202,12 +243,21 @@ cublasStatus_t enqueue_gemm(cudaStream_t stream_handle, const GemmArguments& arg
         const auto order = CblasColMajor;
         const auto operation_a = call.transpose_a == CUBLAS_OP_N ? CblasNoTrans : CblasTrans;
         const auto operation_b = call.transpose_b == CUBLAS_OP_N ? CblasNoTrans : CblasTrans;
-        std::vector<float> rounded_a, rounded_b;
+        const bool bf16_operands = call.operand_type == CUDA_R_16BF, bf16_c = call.c_type == CUDA_R_16BF;
+        const size_t operand_bytes = element_bytes(call.operand_type), c_bytes = element_bytes(call.c_type);
+        std::vector<float> rounded_a, rounded_b, wide_c, wide_bias;
         for (int batch = 0; batch < call.batch_count; ++batch) {
-            const float* batch_a = call.a + batch * call.stride_a;
-            const float* batch_b = call.b + batch * call.stride_b;
-            float* batch_c = call.c + batch * call.stride_c;
-            if (call.tf32 && call.k > 0) {
+            const void* raw_a = static_cast<const char*>(call.a) + batch * call.stride_a * operand_bytes;
+            const void* raw_b = static_cast<const char*>(call.b) + batch * call.stride_b * operand_bytes;
+            void* batch_c = static_cast<char*>(call.c) + batch * call.stride_c * c_bytes;
+            const auto* batch_a = static_cast<const float*>(raw_a); // f32 operands; bf16 ones are widened below
+            const auto* batch_b = static_cast<const float*>(raw_b);
+            if (bf16_operands && call.k > 0) { // bf16 -> f32 is exact: the tensor core's exact products
+                rounded_a = widened(raw_a, a_rows, a_columns, call.lda);
+                rounded_b = widened(raw_b, b_rows, b_columns, call.ldb);
+                batch_a = rounded_a.data();
+                batch_b = rounded_b.data();
+            } else if (call.tf32 && call.k > 0) {
                 rounded_a.assign(batch_a, batch_a + static_cast<long long>(a_columns - 1) * call.lda + a_rows);
                 rounded_b.assign(batch_b, batch_b + static_cast<long long>(b_columns - 1) * call.ldb + b_rows);
                 std::transform(rounded_a.begin(), rounded_a.end(), rounded_a.begin(), round_to_tf32);
@@ -215,9 +265,30 @@ cublasStatus_t enqueue_gemm(cudaStream_t stream_handle, const GemmArguments& arg
                 batch_a = rounded_a.data();
                 batch_b = rounded_b.data();
             }
+            // A bf16 C is computed in an f32 copy (beta 0 ignores its old values, NaN included) and rounded once.
+            float* result = static_cast<float*>(batch_c);
+            if (bf16_c) {
+                wide_c = call.beta != 0.0f ? widened(batch_c, call.m, call.n, call.ldc)
+                                           : std::vector<float>(static_cast<size_t>(
+                                                 static_cast<long long>(call.n - 1) * call.ldc + call.m));
+                result = wide_c.data();
+            }
             cblas_sgemm(order, operation_a, operation_b, call.m, call.n, call.k, call.alpha, batch_a, call.lda, batch_b,
-                        call.ldb, call.beta, batch_c, call.ldc);
-            if (call.bias != nullptr) add_bias(batch_c, call.bias, call.m, call.n, call.ldc);
+                        call.ldb, call.beta, result, call.ldc);
+            if (call.bias != nullptr) {
+                if (bf16_c) wide_bias = widened(call.bias, call.m, 1, call.m);
+                add_bias(result, bf16_c ? wide_bias.data() : static_cast<const float*>(call.bias), call.m, call.n,
+                         call.ldc);
+            }
+            if (bf16_c) {
+                auto* destination = static_cast<engine::bfloat16*>(batch_c);
+                for (int column = 0; column < call.n; ++column) {
+                    for (int row = 0; row < call.m; ++row) {
+                        const long long index = static_cast<long long>(column) * call.ldc + row;
+                        destination[index] = engine::to_bfloat16(result[index]);
+                    }
+                }
+            }
         }
     };
     std::ostringstream description;
@@ -307,13 +378,13 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B,
                             cudaDataType Btype, int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc,
                             cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
-    bool supported = false;
-    const bool tf32 = tf32_compute(handle, computeType, supported);
-    if (!supported || !float_types(Atype, Btype, Ctype)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    bool tf32 = false;
+    if (const cublasStatus_t status = check_ex_types(handle, computeType, Atype, Btype, Ctype, "cublasGemmEx", tf32);
+        status != CUBLAS_STATUS_SUCCESS)
+        return status;
     (void)algo;
-    return gemm(handle, transa, transb, m, n, k, static_cast<const float*>(alpha), static_cast<const float*>(A), lda, 0,
-                static_cast<const float*>(B), ldb, 0, static_cast<const float*>(beta), static_cast<float*>(C), ldc, 0, 1,
-                tf32, "cublasGemmEx");
+    return gemm(handle, transa, transb, m, n, k, static_cast<const float*>(alpha), A, lda, 0, B, ldb, 0,
+                static_cast<const float*>(beta), C, ldc, 0, 1, tf32, "cublasGemmEx", Atype, Ctype);
 }
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                                           int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
@@ -321,11 +392,13 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           long long strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
                                           long long strideC, int batchCount, cublasComputeType_t computeType,
                                           cublasGemmAlgo_t algo) {
-    bool supported = false;
-    const bool tf32 = tf32_compute(handle, computeType, supported);
-    if (!supported || !float_types(Atype, Btype, Ctype)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    bool tf32 = false;
+    if (const cublasStatus_t status =
+            check_ex_types(handle, computeType, Atype, Btype, Ctype, "cublasGemmStridedBatchedEx", tf32);
+        status != CUBLAS_STATUS_SUCCESS)
+        return status;
     (void)algo;
-    return gemm(handle, transa, transb, m, n, k, static_cast<const float*>(alpha), static_cast<const float*>(A), lda,
-                strideA, static_cast<const float*>(B), ldb, strideB, static_cast<const float*>(beta), static_cast<float*>(C),
-                ldc, strideC, batchCount, tf32, "cublasGemmStridedBatchedEx");
+    return gemm(handle, transa, transb, m, n, k, static_cast<const float*>(alpha), A, lda, strideA, B, ldb, strideB,
+                static_cast<const float*>(beta), C, ldc, strideC, batchCount, tf32, "cublasGemmStridedBatchedEx",
+                Atype, Ctype);
 }

@@ -1,5 +1,5 @@
-// cuBLASLt on the emulated device: the subset libengine calls, an fp32 matmul with the DEFAULT or BIAS
-// epilogue, over the same queued GEMM as the emulated cuBLAS (emulator/blas.h). Descriptors are the
+// cuBLASLt on the emulated device: the subset libengine calls, an fp32 matmul (f32 operands, or bf16 A and B
+// with an f32 or bf16 C/D and bias) with the DEFAULT or BIAS epilogue, over the same queued GEMM as the emulated cuBLAS (emulator/blas.h). Descriptors are the
 // emulator's own structs behind cuBLASLt's opaque pointers. What is not emulated (other epilogues,
 // attributes, data or compute types) is refused with CUBLAS_STATUS_NOT_SUPPORTED and a message naming it
 // (stderr, and emulator::last_refusal()), never silently ignored.
@@ -21,14 +21,16 @@ using Lock = std::lock_guard<std::recursive_mutex>;
 
 struct MatmulDescription {
     bool tf32 = false;
+    bool pedantic_or_fast = false; // CUBLAS_COMPUTE_32F_PEDANTIC or _FAST_TF32: not for bf16 operands
     cublasOperation_t transpose_a = CUBLAS_OP_N, transpose_b = CUBLAS_OP_N;
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    const float* bias = nullptr;
+    const void* bias = nullptr;
 };
 
 struct Layout {
     uint64_t rows = 0, columns = 0;
     int64_t leading = 0;
+    cudaDataType type = CUDA_R_32F;
 };
 
 struct Preference {
@@ -75,6 +77,15 @@ cublasStatus_t shape_of(const MatmulDescription& description, const Layout* a, c
     const uint64_t b_rows = description.transpose_b == CUBLAS_OP_N ? b->rows : b->columns;
     const uint64_t b_columns = description.transpose_b == CUBLAS_OP_N ? b->columns : b->rows;
     if (a_rows != m || b_rows != k || b_columns != n || c->rows != m || c->columns != n) return CUBLAS_STATUS_INVALID_VALUE;
+    // f32 everywhere, or bf16 A and B with C and D alike in f32 or bf16; TF32 only for f32 operands.
+    const bool f32 = a->type == CUDA_R_32F && b->type == CUDA_R_32F && c->type == CUDA_R_32F && d->type == CUDA_R_32F;
+    const bool bf16 = a->type == CUDA_R_16BF && b->type == CUDA_R_16BF && c->type == d->type;
+    if (!f32 && !bf16)
+        return not_emulated("the matrix types A " + std::to_string(a->type) + ", B " + std::to_string(b->type) + ", C " +
+                            std::to_string(c->type) + ", D " + std::to_string(d->type) +
+                            " (f32 ones, or bf16 A and B with C and D both f32 or both bf16, are)");
+    if (bf16 && description.pedantic_or_fast)
+        return not_emulated("a compute type other than CUBLAS_COMPUTE_32F for bf16 operands");
     constexpr uint64_t largest = 0x7fffffff;
     for (const Layout* layout : {a, b, c, d})
         if (layout->rows > largest || layout->columns > largest || static_cast<uint64_t>(layout->leading) > largest)
@@ -113,6 +124,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* handle, cublasComp
     if (scale != CUDA_R_32F) return not_emulated("scale type " + std::to_string(scale) + " (only CUDA_R_32F is)");
     auto* description = new MatmulDescription();
     description->tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32; // cuBLASLt has no math mode: 32F is fp32
+    description->pedantic_or_fast = compute != CUBLAS_COMPUTE_32F;
     *handle = reinterpret_cast<cublasLtMatmulDesc_t>(description);
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -145,7 +157,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t handle, cubla
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: {
         const void* bias = nullptr;
         if (read_attribute(bias, buffer, bytes) != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_INVALID_VALUE;
-        description->bias = static_cast<const float*>(bias);
+        description->bias = bias;
         return CUBLAS_STATUS_SUCCESS;
     }
     default:
@@ -157,9 +169,10 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t handle, cubla
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* handle, cudaDataType type, uint64_t rows,
                                           uint64_t columns, int64_t leading) {
     if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
-    if (type != CUDA_R_32F) return not_emulated("matrix data type " + std::to_string(type) + " (only CUDA_R_32F is)");
+    if (type != CUDA_R_32F && type != CUDA_R_16BF)
+        return not_emulated("matrix data type " + std::to_string(type) + " (only CUDA_R_32F and CUDA_R_16BF are)");
     if (leading < static_cast<int64_t>(std::max<uint64_t>(rows, 1))) return CUBLAS_STATUS_INVALID_VALUE; // column-major
-    *handle = reinterpret_cast<cublasLtMatrixLayout_t>(new Layout{rows, columns, leading});
+    *handle = reinterpret_cast<cublasLtMatrixLayout_t>(new Layout{rows, columns, leading, type});
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t handle) {
@@ -264,9 +277,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t oper
     arguments.m = shape.m, arguments.n = shape.n, arguments.k = shape.k;
     arguments.alpha = *static_cast<const float*>(alpha);
     arguments.beta = beta_value;
-    arguments.a = static_cast<const float*>(a), arguments.lda = static_cast<int>(layout_of(a_layout)->leading);
-    arguments.b = static_cast<const float*>(b), arguments.ldb = static_cast<int>(layout_of(b_layout)->leading);
-    arguments.c = static_cast<float*>(d), arguments.ldc = static_cast<int>(d_shape.leading);
+    arguments.operand_type = layout_of(a_layout)->type, arguments.c_type = d_shape.type;
+    arguments.a = a, arguments.lda = static_cast<int>(layout_of(a_layout)->leading);
+    arguments.b = b, arguments.ldb = static_cast<int>(layout_of(b_layout)->leading);
+    arguments.c = d, arguments.ldc = static_cast<int>(d_shape.leading);
     arguments.bias = description->epilogue == CUBLASLT_EPILOGUE_BIAS ? description->bias : nullptr;
     arguments.workspace = workspace;
     arguments.workspace_bytes = workspace_bytes;

@@ -1,5 +1,6 @@
 // attention: causal multi-head self-attention over packed qkv. Saves qkv, its output and the per-row
-// logsumexp (B,NH,T); backward recomputes the probabilities, so no T×T matrix outlives the forward.
+// logsumexp (B,NH,T); backward recomputes the probabilities, so no T×T matrix outlives the forward. bf16 qkv:
+// bf16 out and dqkv, f32 logsumexp.
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
 #include "engine/ops.h"
@@ -20,17 +21,18 @@ Tensor attention(const Tensor& qkv, int num_heads) {
                  op << ": " << num_heads << " heads do not divide the width " << channels << " of qkv "
                     << shape_string(qkv.shape()));
     Tensor out = Tensor::empty({batch, time, channels}, qkv.dtype(), qkv.device());        // (B,T,C)
-    Tensor logsumexp = Tensor::empty({batch, num_heads, time}, qkv.dtype(), qkv.device()); // (B,NH,T)
+    Tensor logsumexp =
+        Tensor::empty({batch, num_heads, time}, compute_dtype(qkv.dtype()), qkv.device()); // (B,NH,T)
     if (qkv.device() == Device::cpu) {
-        dispatch_floating(op, qkv.dtype(), [&]<typename T>() {
-            kernels::cpu::attention_forward<T>(out.data<T>(), logsumexp.data<T>(), qkv.data<T>(), batch, time,
+        dispatch_cpu(op, qkv.dtype(), [&]<typename T>() {
+            kernels::cpu::attention_forward<T>(out.data<T>(), logsumexp.data<Compute<T>>(), qkv.data<T>(), batch, time,
                                                channels, num_heads);
         });
     } else {
-        ENGINE_ON_CUDA(op, qkv.dtype(),
-                       kernels::cuda::attention_forward(out.data<float>(), logsumexp.data<float>(), qkv.data<float>(),
-                                                        batch, time, channels, num_heads, cuda::tf32_enabled(),
-                                                        cuda::compute_stream()));
+        ENGINE_DISPATCH_CUDA(op, qkv.dtype(), [&]<typename T>() {
+            kernels::cuda::attention_forward(out.data<T>(), logsumexp.data<float>(), qkv.data<T>(), batch, time,
+                                             channels, num_heads, cuda::tf32_enabled(), cuda::compute_stream());
+        });
     }
     GradTarget qkv_target(qkv);
     // The closure keeps `out` by id and a detached alias of its storage: capturing the Tensor itself would
@@ -41,17 +43,17 @@ Tensor attention(const Tensor& qkv, int num_heads) {
                     Tensor dout = context.output_grad(output_id);
                     Tensor dqkv = context.input_grad(qkv_target);
                     if (dout.device() == Device::cpu) {
-                        dispatch_floating(op, dout.dtype(), [&]<typename T>() {
+                        dispatch_cpu(op, dout.dtype(), [&]<typename T>() {
                             kernels::cpu::attention_backward<T>(dqkv.data<T>(), dout.data<T>(), saved_qkv.data<T>(),
-                                                                saved_out.data<T>(), saved_logsumexp.data<T>(), batch,
-                                                                time, channels, num_heads);
+                                                                saved_out.data<T>(), saved_logsumexp.data<Compute<T>>(),
+                                                                batch, time, channels, num_heads);
                         });
                     } else {
-                        ENGINE_ON_CUDA(op, dout.dtype(), {
+                        ENGINE_DISPATCH_CUDA(op, dout.dtype(), [&]<typename T>() {
                             const cuda::Scratch<float> row_dot(size_t(batch) * num_heads * time,
                                                                cuda::compute_stream()); // (B,NH,T)
-                            kernels::cuda::attention_backward(dqkv.data<float>(), row_dot.get(), dout.data<float>(),
-                                                              saved_qkv.data<float>(), saved_out.data<float>(),
+                            kernels::cuda::attention_backward(dqkv.data<T>(), row_dot.get(), dout.data<T>(),
+                                                              saved_qkv.data<T>(), saved_out.data<T>(),
                                                               saved_logsumexp.data<float>(), batch, time, channels,
                                                               num_heads, cuda::tf32_enabled(), cuda::compute_stream());
                         });

@@ -1,6 +1,7 @@
 // cross_entropy: softmax cross-entropy over the last dimension with ignore_index and none/sum/mean
 // reductions, as one node. Saves logits and targets; probabilities are recomputed in backward.
 // cross_entropy_in_place: the fused classifier, whose forward also writes the gradient over the logits.
+// bf16 logits: the losses (and so the loss) are f32, computed in full precision; the gradient is bf16.
 #include <cmath>
 
 #include "engine/autograd.h"
@@ -68,15 +69,16 @@ Tensor reduce_losses(const Tensor& losses, Reduction reduction, double scale) {
 void losses_forward(const char* op, const Tensor& losses, const Tensor& logits, const Tensor& targets,
                     const CheckedTargets& checked, int ignore_index) {
     if (logits.device() == Device::cpu) {
-        dispatch_floating(op, logits.dtype(), [&]<typename T>() {
-            kernels::cpu::cross_entropy_forward<T>(losses.data<T>(), logits.data<T>(), targets.data<int32_t>(),
+        dispatch_cpu(op, logits.dtype(), [&]<typename T>() {
+            kernels::cpu::cross_entropy_forward<T>(losses.data<Compute<T>>(), logits.data<T>(), targets.data<int32_t>(),
                                                    checked.rows, checked.vocabulary, ignore_index);
         });
     } else {
-        ENGINE_ON_CUDA(op, logits.dtype(),
-                       kernels::cuda::cross_entropy_forward(losses.data<float>(), logits.data<float>(),
-                                                            targets.data<int32_t>(), checked.rows, checked.vocabulary,
-                                                            ignore_index, cuda::compute_stream()));
+        ENGINE_DISPATCH_CUDA(op, logits.dtype(), [&]<typename T>() {
+            kernels::cuda::cross_entropy_forward<T>(losses.data<float>(), logits.data<T>(), targets.data<int32_t>(),
+                                                    checked.rows, checked.vocabulary, ignore_index,
+                                                    cuda::compute_stream());
+        });
     }
 }
 
@@ -87,7 +89,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction redu
     const CheckedTargets checked = check_targets(op, logits, targets, ignore_index);
     const Shape leading = checked.leading;
     const int rows = checked.rows, vocabulary = checked.vocabulary;
-    Tensor losses = Tensor::empty(leading, logits.dtype(), logits.device()); // (N)
+    Tensor losses = Tensor::empty(leading, compute_dtype(logits.dtype()), logits.device()); // (N)
     losses_forward(op, losses, logits, targets, checked, ignore_index);
     const double scale = reduction_scale(reduction, checked.valid_targets);
     Tensor out = reduce_losses(losses, reduction, scale);
@@ -103,17 +105,18 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction redu
                         sum_backward_tensors(dlosses, dout, scale);
                     }
                     if (dout.device() == Device::cpu) {
-                        dispatch_floating(op, dout.dtype(), [&]<typename T>() {
-                            kernels::cpu::cross_entropy_backward<T>(dlogits.data<T>(), dlosses.data<T>(),
+                        dispatch_cpu(op, saved_logits.dtype(), [&]<typename T>() {
+                            kernels::cpu::cross_entropy_backward<T>(dlogits.data<T>(), dlosses.data<Compute<T>>(),
                                                                     saved_logits.data<T>(), saved_targets.data<int32_t>(),
                                                                     rows, vocabulary, ignore_index);
                         });
                     } else {
-                        ENGINE_ON_CUDA(op, dout.dtype(),
-                                       kernels::cuda::cross_entropy_backward(
-                                           dlogits.data<float>(), dlosses.data<float>(), saved_logits.data<float>(),
-                                           saved_targets.data<int32_t>(), rows, vocabulary, ignore_index,
-                                           cuda::compute_stream()));
+                        ENGINE_DISPATCH_CUDA(op, saved_logits.dtype(), [&]<typename T>() {
+                            kernels::cuda::cross_entropy_backward<T>(dlogits.data<T>(), dlosses.data<float>(),
+                                                                     saved_logits.data<T>(),
+                                                                     saved_targets.data<int32_t>(), rows, vocabulary,
+                                                                     ignore_index, cuda::compute_stream());
+                        });
                     }
                 });
     return out;
@@ -134,18 +137,19 @@ Tensor cross_entropy_in_place(const Tensor& logits, const Tensor& targets, Reduc
     ENGINE_CHECK(std::isfinite(expected_output_gradient) && expected_output_gradient != 0.0,
                  op << ": expected_output_gradient " << expected_output_gradient
                     << " must be finite and non-zero (backward divides by it)");
-    ENGINE_CHECK(logits.dtype() != DType::f32 || std::isnormal(static_cast<float>(expected_output_gradient)),
+    const bool float_factor = logits.dtype() == DType::f32 || logits.dtype() == DType::bf16; // f32 compute
+    ENGINE_CHECK(!float_factor || std::isnormal(static_cast<float>(expected_output_gradient)),
                  op << ": expected_output_gradient " << expected_output_gradient << " is no normal float for "
                     << logits.describe());
     const CheckedTargets checked = check_targets(op, logits, targets, ignore_index, vocabulary);
     const double scale = reduction_scale(reduction, checked.valid_targets);
     // The factor the kernel writes with must itself be a normal float, or the gradient loses its precision for
     // good (a later rescale cannot bring it back). Zero is fine: a mean over no target has a zero gradient.
-    ENGINE_CHECK(scale == 0.0 || logits.dtype() != DType::f32 ||
+    ENGINE_CHECK(scale == 0.0 || !float_factor ||
                      std::isnormal(static_cast<float>(scale) * static_cast<float>(expected_output_gradient)),
                  op << ": the gradient factor " << scale << " x " << expected_output_gradient
                     << " underflows float for " << logits.describe());
-    Tensor losses = Tensor::empty(checked.leading, logits.dtype(), logits.device()); // (N)
+    Tensor losses = Tensor::empty(checked.leading, compute_dtype(logits.dtype()), logits.device()); // (N)
     // Without a node to hand the gradient to, the logits stay intact: this is then plain cross_entropy (over a
     // copy of the real columns when padded: a rare path, evaluation goes through the model's (…,V) logits).
     if (!grad_enabled() || !logits.requires_grad()) {
@@ -154,21 +158,22 @@ Tensor cross_entropy_in_place(const Tensor& logits, const Tensor& targets, Reduc
         return reduce_losses(losses, reduction, scale);
     }
     if (logits.device() == Device::cpu) {
-        dispatch_floating(op, logits.dtype(), [&]<typename T>() {
-            // T(scale) · T(expected), as cross_entropy's backward forms T(scale) · dout: with dout equal to
-            // expected the two paths give bitwise the same gradient.
-            const T dloss = static_cast<T>(scale) * static_cast<T>(expected_output_gradient);
-            kernels::cpu::cross_entropy_fused_forward<T>(losses.data<T>(), logits.data<T>(), targets.data<int32_t>(),
+        dispatch_cpu(op, logits.dtype(), [&]<typename T>() {
+            // C(scale) · C(expected), as cross_entropy's backward forms C(scale) · dout (C the compute type):
+            // with dout equal to expected the two paths give bitwise the same gradient.
+            using C = Compute<T>;
+            const C dloss = static_cast<C>(scale) * static_cast<C>(expected_output_gradient);
+            kernels::cpu::cross_entropy_fused_forward<T>(losses.data<C>(), logits.data<T>(), targets.data<int32_t>(),
                                                          dloss, checked.rows, checked.vocabulary, checked.columns,
                                                          ignore_index);
         });
     } else {
-        ENGINE_ON_CUDA(op, logits.dtype(), {
+        ENGINE_DISPATCH_CUDA(op, logits.dtype(), [&]<typename T>() {
             const float dloss = static_cast<float>(scale) * static_cast<float>(expected_output_gradient);
-            kernels::cuda::cross_entropy_fused_forward(losses.data<float>(), logits.data<float>(),
-                                                       targets.data<int32_t>(), dloss, checked.rows,
-                                                       checked.vocabulary, checked.columns, ignore_index,
-                                                       cuda::compute_stream());
+            kernels::cuda::cross_entropy_fused_forward<T>(losses.data<float>(), logits.data<T>(),
+                                                          targets.data<int32_t>(), dloss, checked.rows,
+                                                          checked.vocabulary, checked.columns, ignore_index,
+                                                          cuda::compute_stream());
         });
     }
     Tensor out = reduce_losses(losses, reduction, scale);
@@ -179,17 +184,17 @@ Tensor cross_entropy_in_place(const Tensor& logits, const Tensor& targets, Reduc
                 [=, gradient = logits.detach(), output_id = out.id()](BackwardContext& context) {
                     const Tensor dout = context.output_grad(output_id);
                     if (dout.device() == Device::cpu) {
-                        dispatch_floating(op, dout.dtype(), [&]<typename T>() {
-                            kernels::cpu::cross_entropy_fused_rescale<T>(gradient.data<T>(), dout.data<T>(),
-                                                                         static_cast<T>(expected_output_gradient),
-                                                                         gradient.numel());
+                        dispatch_cpu(op, gradient.dtype(), [&]<typename T>() {
+                            kernels::cpu::cross_entropy_fused_rescale<T>(
+                                gradient.data<T>(), dout.data<Compute<T>>(),
+                                static_cast<Compute<T>>(expected_output_gradient), gradient.numel());
                         });
                     } else {
-                        ENGINE_ON_CUDA(op, dout.dtype(),
-                                       kernels::cuda::cross_entropy_fused_rescale(
-                                           gradient.data<float>(), dout.data<float>(),
-                                           static_cast<float>(expected_output_gradient), gradient.numel(),
-                                           cuda::compute_stream()));
+                        ENGINE_DISPATCH_CUDA(op, gradient.dtype(), [&]<typename T>() {
+                            kernels::cuda::cross_entropy_fused_rescale<T>(gradient.data<T>(), dout.data<float>(),
+                                                                          static_cast<float>(expected_output_gradient),
+                                                                          gradient.numel(), cuda::compute_stream());
+                        });
                     }
                     // Another consumer of the logits got its gradient in first (or they are a leaf): add to it.
                     if (!context.adopt_input_grad(logits_target, gradient))

@@ -1,4 +1,6 @@
 // linear (x·W + b, W stored (in,out)) and matmul (a·b or a·bᵀ): forward, backward and checks, over GEMM.
+#include <type_traits>
+
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
 #include "engine/ops.h"
@@ -10,44 +12,71 @@ namespace engine {
 using namespace detail;
 namespace {
 
-// c(m,n) = alpha·op(a)·op(b) + beta·c on the tensors' device.
+// c(m,n) = alpha·op(a)·op(b) + beta·c on the tensors' device. a and b share a dtype; c has it too, or is
+// compute_dtype of it (an f32 parameter gradient of bf16 operands, accumulated in f32 straight from the GEMM).
 void gemm_tensors(const Tensor& c, const Tensor& a, const Tensor& b, int m, int n, int k, bool transpose_a,
                   bool transpose_b, double beta) {
+    const bool compute_c = c.dtype() != a.dtype();
+    ENGINE_CHECK(!compute_c || c.dtype() == compute_dtype(a.dtype()),
+                 "gemm: c " << c.describe() << " must be " << dtype_name(a.dtype()) << " or "
+                            << dtype_name(compute_dtype(a.dtype())) << " for operands " << a.describe() << " and "
+                            << b.describe());
     if (c.device() == Device::cpu) {
-        dispatch_floating("gemm", c.dtype(), [&]<typename T>() {
-            kernels::cpu::gemm<T>(c.data<T>(), a.data<T>(), b.data<T>(), m, n, k, transpose_a, transpose_b, T(1),
-                                  static_cast<T>(beta));
+        dispatch_cpu("gemm", a.dtype(), [&]<typename T>() {
+            using C = Compute<T>;
+            if (compute_c) {
+                if constexpr (!std::is_same_v<T, C>)
+                    kernels::cpu::gemm<T>(c.data<C>(), a.data<T>(), b.data<T>(), m, n, k, transpose_a, transpose_b, C(1),
+                                          static_cast<C>(beta));
+            } else {
+                kernels::cpu::gemm<T>(c.data<T>(), a.data<T>(), b.data<T>(), m, n, k, transpose_a, transpose_b, C(1),
+                                      static_cast<C>(beta));
+            }
         });
     } else {
-        ENGINE_ON_CUDA("gemm", c.dtype(),
-                       kernels::cuda::gemm(c.data<float>(), a.data<float>(), b.data<float>(), m, n, k, transpose_a,
-                                           transpose_b, 1.0f, static_cast<float>(beta), cuda::tf32_enabled(),
-                                           cuda::cublas_handle(), cuda::compute_stream()));
+        ENGINE_DISPATCH_CUDA("gemm", a.dtype(), [&]<typename T>() {
+            if (compute_c) {
+                kernels::cuda::gemm(c.data<float>(), a.data<T>(), b.data<T>(), m, n, k, transpose_a, transpose_b, 1.0f,
+                                    static_cast<float>(beta), cuda::tf32_enabled(), cuda::cublas_handle(),
+                                    cuda::compute_stream());
+            } else {
+                kernels::cuda::gemm(c.data<T>(), a.data<T>(), b.data<T>(), m, n, k, transpose_a, transpose_b, 1.0f,
+                                    static_cast<float>(beta), cuda::tf32_enabled(), cuda::cublas_handle(),
+                                    cuda::compute_stream());
+            }
+        });
     }
 }
 
 // out(rows,columns) = input·weight + bias. On CUDA the bias rides in the GEMM's cuBLASLt epilogue, which
-// saves a read and a write of `out`; the CPU adds it after the GEMM, as the reference does.
+// saves a read and a write of `out`; the CPU twin (gemm_bias) adds it after the GEMM, in bf16 before the one
+// rounding, as the epilogue does.
 void gemm_bias_tensors(const Tensor& out, const Tensor& input, const Tensor& weight, const Tensor& bias, int rows,
                        int columns, int inner) {
     if (out.device() == Device::cpu) {
-        gemm_tensors(out, input, weight, rows, columns, inner, false, false, 0.0);
-        dispatch_floating("linear", out.dtype(), [&]<typename T>() {
-            kernels::cpu::bias_add_forward<T>(out.data<T>(), bias.data<T>(), rows, columns);
+        dispatch_cpu("linear", out.dtype(), [&]<typename T>() {
+            kernels::cpu::gemm_bias<T>(out.data<T>(), input.data<T>(), weight.data<T>(), bias.data<T>(), rows, columns,
+                                       inner, false, false);
         });
     } else {
-        ENGINE_ON_CUDA("linear", out.dtype(),
-                       kernels::cuda::gemm_bias(out.data<float>(), input.data<float>(), weight.data<float>(),
-                                                bias.data<float>(), rows, columns, inner, false, false,
-                                                cuda::tf32_enabled(), cuda::cublaslt_handle(), cuda::cublaslt_workspace(),
-                                                cuda::cublaslt_workspace_bytes, cuda::compute_stream()));
+        ENGINE_DISPATCH_CUDA("linear", out.dtype(), [&]<typename T>() {
+            kernels::cuda::gemm_bias(out.data<T>(), input.data<T>(), weight.data<T>(), bias.data<T>(), rows, columns,
+                                     inner, false, false, cuda::tf32_enabled(), cuda::cublaslt_handle(),
+                                     cuda::cublaslt_workspace(), cuda::cublaslt_workspace_bytes, cuda::compute_stream());
+        });
     }
 }
 
+// dbias (compute dtype: f32 for bf16 dout) += column sums of dout.
 void bias_backward_tensors(const Tensor& dbias, const Tensor& dout, int rows, int columns) {
+    // TODO(bf16 merge): the bf16 bias_backward (f32 dbias from bf16 dout) comes with the bias kernels' branch;
+    // once merged, drop this check and let dispatch_cpu / ENGINE_DISPATCH_CUDA below take bf16 too.
+    ENGINE_CHECK(dout.dtype() != DType::bf16,
+                 "linear: the bias gradient of bf16 dout " << shape_string(dout.shape())
+                                                            << " needs the bf16 bias_backward kernel (bias branch)");
     if (dbias.device() == Device::cpu) {
-        dispatch_floating("linear", dbias.dtype(), [&]<typename T>() {
-            kernels::cpu::bias_backward<T>(dbias.data<T>(), dout.data<T>(), rows, columns);
+        dispatch_floating("linear", dout.dtype(), [&]<typename T>() {
+            kernels::cpu::bias_backward<T>(dbias.data<Compute<T>>(), dout.data<T>(), rows, columns);
         });
     } else {
         ENGINE_ON_CUDA("linear", dbias.dtype(), {
@@ -93,9 +122,10 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
                     Tensor dout = context.output_grad(output_id); // (rows,out)
                     if (Tensor dinput = context.input_grad(input_target); dinput.defined())
                         gemm_tensors(dinput, dout, saved_weight, rows, in_features, out_features, false, true, 1.0);
-                    if (Tensor dweight = context.input_grad(weight_target); dweight.defined())
+                    // Parameter gradients in the compute dtype: f32 for bf16, accumulated by the GEMM itself.
+                    if (Tensor dweight = context.parameter_grad(weight_target); dweight.defined())
                         gemm_tensors(dweight, saved_input, dout, in_features, out_features, rows, true, false, 1.0);
-                    if (Tensor dbias = context.input_grad(bias_target); dbias.defined())
+                    if (Tensor dbias = context.parameter_grad(bias_target); dbias.defined())
                         bias_backward_tensors(dbias, dout, rows, out_features);
                 });
     return out;
@@ -120,7 +150,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_b) {
         Tensor dout = context.output_grad(output_id); // (rows,N)
         if (Tensor da = context.input_grad(a_target); da.defined())
             gemm_tensors(da, dout, saved_b, rows, inner, columns, false, !transpose_b, 1.0);
-        if (Tensor db = context.input_grad(b_target); db.defined()) {
+        // b is the parameter side (the LM head's tied token table): its gradient in the compute dtype.
+        if (Tensor db = context.parameter_grad(b_target); db.defined()) {
             if (transpose_b) gemm_tensors(db, dout, saved_a, columns, inner, rows, true, false, 1.0); // (N,K)
             else gemm_tensors(db, saved_a, dout, inner, columns, rows, true, false, 1.0);              // (K,N)
         }

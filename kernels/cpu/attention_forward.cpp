@@ -1,15 +1,81 @@
 // Causal multi-head self-attention forward that keeps only the per-row logsumexp: the reference for the CUDA
-// twin kernels/cuda/attention_forward.cu.
+// twin kernels/cuda/attention_forward.cu. f32/f64 compute in double; bf16 follows the CUDA bf16 kernel's online
+// softmax step by step (key tiles of attention_bf16_key_tile, P rounded to bf16 before P·V), so that its rounding
+// points are the GPU's and only f32 summation order differs.
 #include "kernels/cpu/cpu_kernels.h"
 
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <limits>
 #include <vector>
 
 namespace engine::kernels::cpu {
 
+namespace {
+
+// One (batch, head, query) row of the bf16 forward: scores in f32, per key tile the running maximum, the
+// probabilities exp(x - max) rounded to bf16 for the product with V (as FlashAttention's bf16 P), the running
+// sum of the unrounded ones (f32 statistics), and the output scaled by 1/sum and rounded once.
+void attention_row_bf16(bfloat16* out_head, float* logsumexp, const bfloat16* batch_qkv, int t, int64_t head_offset,
+                        int head_size, int C, std::vector<float>& accumulator, std::vector<float>& scores) {
+    const int64_t qkv_row = 3 * static_cast<int64_t>(C);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
+    const bfloat16* query = batch_qkv + t * qkv_row + head_offset;
+    float running_max = -std::numeric_limits<float>::infinity(), running_sum = 0.0f;
+    std::fill(accumulator.begin(), accumulator.end(), 0.0f);
+    for (int first_key = 0; first_key <= t; first_key += attention_bf16_key_tile) {
+        const int last_key = std::min(t, first_key + attention_bf16_key_tile - 1); // causal: keys <= t
+        float tile_max = -std::numeric_limits<float>::infinity();
+        for (int t2 = first_key; t2 <= last_key; ++t2) {
+            const bfloat16* key = batch_qkv + t2 * qkv_row + C + head_offset;
+            float dot = 0.0f;
+            for (int d = 0; d < head_size; ++d) dot += to_float(query[d]) * to_float(key[d]);
+            scores[t2 - first_key] = dot * scale;
+            tile_max = std::max(tile_max, scores[t2 - first_key]);
+        }
+        const float new_max = std::max(running_max, tile_max);
+        const float correction = std::exp(running_max - new_max); // 0 on the first tile
+        float sum = 0.0f;
+        for (float& value : accumulator) value *= correction;
+        for (int t2 = first_key; t2 <= last_key; ++t2) {
+            const float probability = std::exp(scores[t2 - first_key] - new_max);
+            sum += probability;
+            const float rounded = to_float(to_bfloat16(probability)); // P in bf16 for P·V
+            const bfloat16* value = batch_qkv + t2 * qkv_row + 2 * static_cast<int64_t>(C) + head_offset;
+            for (int d = 0; d < head_size; ++d) accumulator[d] += rounded * to_float(value[d]);
+        }
+        running_sum = running_sum * correction + sum;
+        running_max = new_max;
+    }
+    const float inverse_sum = 1.0f / running_sum;
+    for (int d = 0; d < head_size; ++d) out_head[d] = to_bfloat16(accumulator[d] * inverse_sum);
+    *logsumexp = running_max + std::log(running_sum);
+}
+
+void attention_forward_bf16(bfloat16* out, float* logsumexp, const bfloat16* qkv, int B, int T, int C, int NH) {
+    const int head_size = C / NH;
+    std::vector<float> accumulator(static_cast<size_t>(head_size)), scores(attention_bf16_key_tile);
+    for (int b = 0; b < B; ++b) {
+        const bfloat16* batch_qkv = qkv + static_cast<int64_t>(b) * T * 3 * C;
+        for (int h = 0; h < NH; ++h) {
+            for (int t = 0; t < T; ++t) {
+                attention_row_bf16(out + (static_cast<int64_t>(b) * T + t) * C + int64_t(h) * head_size,
+                                   logsumexp + (static_cast<int64_t>(b) * NH + h) * T + t, batch_qkv, t,
+                                   int64_t(h) * head_size, head_size, C, accumulator, scores);
+            }
+        }
+    }
+}
+
+} // namespace
+
 template <typename Scalar>
-void attention_forward(Scalar* out, Scalar* logsumexp, const Scalar* qkv, int B, int T, int C, int NH) {
+void attention_forward(Scalar* out, Compute<Scalar>* logsumexp, const Scalar* qkv, int B, int T, int C, int NH) {
+    if constexpr (std::is_same_v<Scalar, bfloat16>) {
+        attention_forward_bf16(out, logsumexp, qkv, B, T, C, NH);
+        return;
+    } else {
     const int head_size = C / NH;
     const int64_t qkv_row = 3 * static_cast<int64_t>(C);
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_size));
@@ -54,9 +120,11 @@ void attention_forward(Scalar* out, Scalar* logsumexp, const Scalar* qkv, int B,
             }
         }
     }
+    }
 }
 
 template void attention_forward<float>(float*, float*, const float*, int, int, int, int);
 template void attention_forward<double>(double*, double*, const double*, int, int, int, int);
+template void attention_forward<bfloat16>(bfloat16*, float*, const bfloat16*, int, int, int, int);
 
 } // namespace engine::kernels::cpu

@@ -38,9 +38,16 @@ void embedding_backward(Compute<Scalar>* dtoken_table,    // (V,C) +=
 // ---- gemm through BLAS, row-major ----
 // c(m,n) = alpha * op(a)(m,k) * op(b)(k,n) + beta * c(m,n); op(x) = x or x^T.
 // a is stored (m,k) or, transposed, (k,m); b is (k,n) or, transposed, (n,k).
+// bf16 a and b multiply in f32 (products exact, f32 sums); c is bf16, rounded once on store (beta·c included:
+// c = round(alpha·ab + beta·c)), or f32 (Out = Compute<Scalar>: parameter gradients accumulating in f32).
+template <typename Scalar, typename Out>
+void gemm(Out* c, const Scalar* a, const Scalar* b, int m, int n, int k, bool transpose_a, bool transpose_b,
+          Compute<Scalar> alpha, Compute<Scalar> beta);
+// c(m,n) = op(a)·op(b) + bias (n) on every row: the twin of CUDA's gemm_bias. f32/f64: gemm then
+// bias_add_forward; bf16: the f32 product plus the bias, rounded once (as cuBLASLt's bias epilogue).
 template <typename Scalar>
-void gemm(Scalar* c, const Scalar* a, const Scalar* b, int m, int n, int k, bool transpose_a, bool transpose_b, Scalar alpha,
-          Scalar beta);
+void gemm_bias(Scalar* c, const Scalar* a, const Scalar* b, const Scalar* bias, int m, int n, int k, bool transpose_a,
+               bool transpose_b);
 
 // ---- bias ----
 template <typename Scalar>
@@ -88,9 +95,14 @@ void residual_backward(Scalar* da, Scalar* db, // (N) += dout, either may be nul
 // qkv packs, per token, [q (C) | k (C) | v (C)]; head h owns columns [h*hs, (h+1)*hs) of each, hs = C/NH.
 // out = softmax(q k^T / sqrt(hs) + causal mask) v. Forward saves only logsumexp, the O(T) per-head row
 // statistic; backward recomputes the probabilities from q, k and logsumexp (no T x T matrix is kept).
+// bf16: f32 arithmetic and f32 logsumexp; the forward's online softmax walks keys in tiles of
+// attention_bf16_key_tile (the CUDA bf16 kernel's) and rounds exp(score - running max) to bf16 before P·V; the
+// backward rounds P and dS = scale·P·(dP - D) to bf16 before their products, sums the gradients in f32 and adds
+// each into dqkv with one rounding.
+inline constexpr int attention_bf16_key_tile = 64;
 template <typename Scalar>
-void attention_forward(Scalar* out,          // (B,T,C)
-                       Scalar* logsumexp,    // (B,NH,T)
+void attention_forward(Scalar* out,                // (B,T,C)
+                       Compute<Scalar>* logsumexp, // (B,NH,T)
                        const Scalar* qkv,    // (B,T,3C)
                        int B, int T, int C, int NH);
 template <typename Scalar>
@@ -98,7 +110,7 @@ void attention_backward(Scalar* dqkv,            // (B,T,3C) +=
                         const Scalar* dout,      // (B,T,C)
                         const Scalar* qkv,       // (B,T,3C)
                         const Scalar* out,       // (B,T,C)
-                        const Scalar* logsumexp, // (B,NH,T)
+                        const Compute<Scalar>* logsumexp, // (B,NH,T)
                         int B, int T, int C, int NH);
 
 // ---- dropout with a counter-based RNG (kernels/common/philox.h) ----
@@ -113,13 +125,13 @@ void dropout_backward(Scalar* dinp, // (N) +=
 // ---- softmax cross-entropy over the last dimension ----
 // losses[i] = logsumexp(logits[i,:]) - logits[i, targets[i]], or 0 when targets[i] == ignore_index.
 template <typename Scalar>
-void cross_entropy_forward(Scalar* losses,             // (N)
+void cross_entropy_forward(Compute<Scalar>* losses,    // (N), f32 for bf16 logits
                            const Scalar* logits,       // (N,V)
                            const int32_t* targets, // (N)
                            int N, int V, int ignore_index);
 template <typename Scalar>
 void cross_entropy_backward(Scalar* dlogits,             // (N,V) +=  (softmax - onehot) * dlosses[i]
-                            const Scalar* dlosses,       // (N)
+                            const Compute<Scalar>* dlosses, // (N)
                             const Scalar* logits,        // (N,V)
                             const int32_t* targets, // (N); ignored rows get no gradient
                             int N, int V, int ignore_index);
@@ -128,17 +140,17 @@ void cross_entropy_backward(Scalar* dlogits,             // (N,V) +=  (softmax -
 // first V columns are classes (padded_V == V when unpadded). The other columns, and every column of an
 // ignored row, are written 0. dloss is d(total)/d(losses[i]), the same for every row (sum or mean).
 template <typename Scalar>
-void cross_entropy_fused_forward(Scalar* losses,         // (N) as cross_entropy_forward
+void cross_entropy_fused_forward(Compute<Scalar>* losses, // (N) as cross_entropy_forward
                                  Scalar* logits,         // (N,padded_V) in: logits; out: (softmax - onehot) * dloss
                                  const int32_t* targets, // (N)
-                                 Scalar dloss, int N, int V, int padded_V, int ignore_index);
+                                 Compute<Scalar> dloss, int N, int V, int padded_V, int ignore_index);
 // dlogits *= dout[0] / expected_dout, unless that ratio is exactly 1: the fused gradient was written for an
 // upstream gradient of expected_dout, and this corrects it when backward brings another one. dout stays on
 // the device (no host read), and the common case writes nothing.
 template <typename Scalar>
 void cross_entropy_fused_rescale(Scalar* dlogits,     // (count)
-                                 const Scalar* dout,  // (1)
-                                 Scalar expected_dout, int64_t count);
+                                 const Compute<Scalar>* dout, // (1)
+                                 Compute<Scalar> expected_dout, int64_t count);
 
 // ---- the first `count` of `columns` columns of each of N rows (a padded vocabulary's real classes) ----
 template <typename Scalar>

@@ -1,4 +1,5 @@
-// Softmax cross-entropy over the last dimension, the reference for kernels/cuda/cross_entropy.cu.
+// Softmax cross-entropy over the last dimension, the reference for kernels/cuda/cross_entropy.cu. bf16 logits:
+// the row statistics and the losses in full precision (losses f32), the gradient rounded once on store.
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <cmath>
@@ -7,35 +8,46 @@ namespace engine::kernels::cpu {
 
 namespace {
 
+template <typename T>
+double logit(T value) {
+    return static_cast<double>(widen(value));
+}
+
+// A full-precision value stored in T: rounded once (to f32 first, then to bf16 for bf16 storage).
+template <typename T>
+T store(double value) {
+    return narrow<T>(static_cast<Compute<T>>(value));
+}
+
 // Subtracting the row maximum first keeps every exponential in (0, 1], so large logits cannot overflow.
 template <typename T>
 double row_logsumexp(const T* row, int V) {
-    double max_logit = static_cast<double>(row[0]);
+    double max_logit = logit(row[0]);
     for (int v = 1; v < V; ++v) {
-        if (static_cast<double>(row[v]) > max_logit) max_logit = static_cast<double>(row[v]);
+        if (logit(row[v]) > max_logit) max_logit = logit(row[v]);
     }
     double exp_sum = 0.0;
-    for (int v = 0; v < V; ++v) exp_sum += std::exp(static_cast<double>(row[v]) - max_logit);
+    for (int v = 0; v < V; ++v) exp_sum += std::exp(logit(row[v]) - max_logit);
     return max_logit + std::log(exp_sum);
 }
 
 } // namespace
 
 template <typename T>
-void cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, int N, int V, int ignore_index) {
+void cross_entropy_forward(Compute<T>* losses, const T* logits, const int32_t* targets, int N, int V, int ignore_index) {
     for (int n = 0; n < N; ++n) {
         if (targets[n] == ignore_index) {
-            losses[n] = T(0);
+            losses[n] = Compute<T>(0);
             continue;
         }
         // (N,V) logits can pass 2^31 elements for a large vocabulary, hence the 64-bit row offset.
         const T* row = logits + static_cast<int64_t>(n) * V;
-        losses[n] = static_cast<T>(row_logsumexp(row, V) - static_cast<double>(row[targets[n]]));
+        losses[n] = static_cast<Compute<T>>(row_logsumexp(row, V) - logit(row[targets[n]]));
     }
 }
 
 template <typename T>
-void cross_entropy_backward(T* dlogits, const T* dlosses, const T* logits, const int32_t* targets, int N, int V,
+void cross_entropy_backward(T* dlogits, const Compute<T>* dlosses, const T* logits, const int32_t* targets, int N, int V,
                             int ignore_index) {
     for (int n = 0; n < N; ++n) {
         if (targets[n] == ignore_index) continue;
@@ -44,43 +56,43 @@ void cross_entropy_backward(T* dlogits, const T* dlosses, const T* logits, const
         const double logsumexp = row_logsumexp(row, V);
         const double dloss = static_cast<double>(dlosses[n]);
         for (int v = 0; v < V; ++v) {
-            const double probability = std::exp(static_cast<double>(row[v]) - logsumexp);
+            const double probability = std::exp(logit(row[v]) - logsumexp);
             const double indicator = (v == targets[n]) ? 1.0 : 0.0;
-            drow[v] += static_cast<T>((probability - indicator) * dloss);
+            drow[v] = narrow<T>(widen(drow[v]) + static_cast<Compute<T>>((probability - indicator) * dloss));
         }
     }
 }
 
 template <typename T>
-void cross_entropy_fused_forward(T* losses, T* logits, const int32_t* targets, T dloss, int N, int V, int padded_V,
-                                 int ignore_index) {
+void cross_entropy_fused_forward(Compute<T>* losses, T* logits, const int32_t* targets, Compute<T> dloss, int N, int V,
+                                 int padded_V, int ignore_index) {
     for (int n = 0; n < N; ++n) {
         T* row = logits + static_cast<int64_t>(n) * padded_V;
         const int target = targets[n];
         if (target == ignore_index) {
-            losses[n] = T(0);
-            for (int v = 0; v < padded_V; ++v) row[v] = T(0);
+            losses[n] = Compute<T>(0);
+            for (int v = 0; v < padded_V; ++v) row[v] = narrow<T>(0);
             continue;
         }
         // Everything this row's gradient needs is read before the first write over it.
         const double logsumexp = row_logsumexp(row, V);
-        losses[n] = static_cast<T>(logsumexp - static_cast<double>(row[target]));
+        losses[n] = static_cast<Compute<T>>(logsumexp - logit(row[target]));
         // The same expression as cross_entropy_backward's, so with dloss equal to its dlosses[n] and a zeroed
         // dlogits the two paths agree bitwise.
         for (int v = 0; v < V; ++v) {
-            const double probability = std::exp(static_cast<double>(row[v]) - logsumexp);
+            const double probability = std::exp(logit(row[v]) - logsumexp);
             const double indicator = (v == target) ? 1.0 : 0.0;
-            row[v] = static_cast<T>((probability - indicator) * static_cast<double>(dloss));
+            row[v] = store<T>((probability - indicator) * static_cast<double>(dloss));
         }
-        for (int v = V; v < padded_V; ++v) row[v] = T(0);
+        for (int v = V; v < padded_V; ++v) row[v] = narrow<T>(0);
     }
 }
 
 template <typename T>
-void cross_entropy_fused_rescale(T* dlogits, const T* dout, T expected_dout, int64_t count) {
-    const T ratio = dout[0] / expected_dout;
-    if (ratio == T(1)) return;
-    for (int64_t i = 0; i < count; ++i) dlogits[i] *= ratio;
+void cross_entropy_fused_rescale(T* dlogits, const Compute<T>* dout, Compute<T> expected_dout, int64_t count) {
+    const Compute<T> ratio = dout[0] / expected_dout;
+    if (ratio == Compute<T>(1)) return;
+    for (int64_t i = 0; i < count; ++i) dlogits[i] = narrow<T>(widen(dlogits[i]) * ratio);
 }
 
 template void cross_entropy_forward<float>(float*, const float*, const int32_t*, int, int, int);
@@ -92,5 +104,9 @@ template void cross_entropy_fused_forward<float>(float*, float*, const int32_t*,
 template void cross_entropy_fused_forward<double>(double*, double*, const int32_t*, double, int, int, int, int);
 template void cross_entropy_fused_rescale<float>(float*, const float*, float, int64_t);
 template void cross_entropy_fused_rescale<double>(double*, const double*, double, int64_t);
+template void cross_entropy_forward<bfloat16>(float*, const bfloat16*, const int32_t*, int, int, int);
+template void cross_entropy_backward<bfloat16>(bfloat16*, const float*, const bfloat16*, const int32_t*, int, int, int);
+template void cross_entropy_fused_forward<bfloat16>(float*, bfloat16*, const int32_t*, float, int, int, int, int);
+template void cross_entropy_fused_rescale<bfloat16>(bfloat16*, const float*, float, int64_t);
 
 } // namespace engine::kernels::cpu

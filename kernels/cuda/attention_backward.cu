@@ -20,7 +20,6 @@ __host__ __device__ constexpr bool holds_operands(int max_width, bool tf32) { re
 // of a step take 32 registers per warp lane; 64 rows pushed the query pass into spills.
 inline constexpr int key_pass_query_rows = 32;
 inline constexpr int query_pass_key_rows = 32;
-inline constexpr int row_dot_warps = 4;
 // 4 warps (64 rows) per backward block: at 218-254 registers per thread an 8-warp block is alone on its SM
 // and every __syncthreads idles the SM while the next tile loads; two 4-warp blocks per SM (same warps) let
 // one block compute while the other waits.
@@ -63,31 +62,6 @@ struct QueryLayout {
                                 2 * size_t(rows) + position_table_floats);
     }
 };
-
-// D_i = rowsum(dout_i * out_i) per (batch, head, row), one warp per row: the softmax Jacobian's shared term.
-__global__ void attention_row_dot_kernel(float* row_dot, const float* dout, const float* out, int B, int T, int C,
-                                         int NH) {
-    const int head_size = C / NH, lane = threadIdx.x % warp_size;
-    const int64_t row_index = int64_t(blockIdx.x) * row_dot_warps + threadIdx.x / warp_size; // into (B,NH,T)
-    if (row_index >= int64_t(B) * NH * T) return; // whole warps leave; no barrier follows
-    const int row = static_cast<int>(row_index % T), head = static_cast<int>((row_index / T) % NH);
-    const int batch = static_cast<int>(row_index / (int64_t(T) * NH));
-    const int64_t base = (int64_t(batch) * T + row) * C + int64_t(head) * head_size;
-    float sum = 0.0f;
-    for (int d = lane; d < head_size; d += warp_size) sum += dout[base + d] * out[base + d];
-    sum = warp_sum(sum);
-    if (lane == 0) row_dot[row_index] = sum;
-}
-
-// Rows first_row.. of the (B,NH,T) logsumexp and D; rows at or past T read as zero (their P is zero).
-__device__ void load_row_statistics(float* row_logsumexp, float* row_dot, const float* logsumexp_head,
-                                    const float* row_dot_head, int first_row, int rows, int T) {
-    for (int row = threadIdx.x; row < rows; row += blockDim.x) {
-        const bool inside = first_row + row < T;
-        row_logsumexp[row] = inside ? logsumexp_head[first_row + row] : 0.0f;
-        row_dot[row] = inside ? row_dot_head[first_row + row] : 0.0f;
-    }
-}
 
 // The buffers every backward kernel reads, and where this block's head starts in each.
 struct HeadViews {
@@ -358,7 +332,7 @@ void launch_backward(float* dqkv, float* row_dot_workspace, const float* dout, c
                      const float* logsumexp, int B, int T, int C, int NH, cudaStream_t stream) {
     const int head_size = C / NH;
     const bool vectorized = float4_aligned(C, NH, {dqkv, dout, qkv});
-    ENGINE_LAUNCH(attention_row_dot_kernel, ceil_div(int64_t(B) * NH * T, row_dot_warps), row_dot_warps * warp_size,
+    ENGINE_LAUNCH(attention_row_dot_kernel<float>, ceil_div(int64_t(B) * NH * T, row_dot_warps), row_dot_warps * warp_size,
                   0, stream, row_dot_workspace, dout, out, B, T, C, NH);
     dispatch_head_size(head_size, [&]<int max_width>() {
         const int padded_head = padded_head_size(head_size);

@@ -124,21 +124,10 @@ attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, 
 
         float* score_row = score_stripe + softmax_row * layout.score_stride;
         // Causal: keys <= query. A row before this tile has none here but had key 0 in the first tile, so
-        // running_max is finite by now and the correction below is never exp(-inf + inf).
+        // running_max is finite by now and the correction is never exp(-inf + inf). P overwrites S in place.
         const int visible = min(key_rows, softmax_query - first_key + 1);
-        float tile_max = -INFINITY;
-        for (int column = half; column < visible; column += 2) tile_max = fmaxf(tile_max, score_row[column] * scale);
-        const float new_max = fmaxf(running_max, fmaxf(tile_max, __shfl_xor_sync(full_warp_mask, tile_max, 1)));
-        float sum = 0.0f;
-        for (int column = half; column < key_rows; column += 2) {
-            const float probability = column < visible ? expf(score_row[column] * scale - new_max) : 0.0f;
-            score_row[column] = probability;
-            sum += probability;
-        }
-        sum += __shfl_xor_sync(full_warp_mask, sum, 1);
-        const float correction = expf(running_max - new_max); // 0 on the first tile: exp(-inf)
-        running_sum = running_sum * correction + sum;
-        running_max = new_max;
+        const float correction = online_softmax_step(score_row, score_row, visible, key_rows, half, scale, running_max,
+                                                     running_sum);
         if (half == 0) warp_factor[softmax_row] = correction;
         __syncwarp();
         scale_rows(output, head_fragments, positions, warp_factor);

@@ -255,6 +255,58 @@ __device__ void zero_accumulators(Accumulator (&accumulators)[count]) {
     for (int f = 0; f < count; ++f) wmma::fill_fragment(accumulators[f], 0.0f);
 }
 
+// One online-softmax step over a row of raw scores (FlashAttention-2's): lanes 2r and 2r + 1 share row r, each
+// every other column. The tile maximum of the first `visible` scaled scores (the causal keys) raises the
+// running maximum; the probabilities exp(scale·score - max) of every column (0 past `visible`) are stored into
+// probability_row through narrow<P> (f32: in place over the scores, by the lane that read them; bf16: rounded for
+// the tensor cores), while the running sum adds them unrounded. Returns the factor that rescales the row's
+// earlier output (0 on the first tile: exp(-inf)).
+template <typename P>
+__device__ float online_softmax_step(const float* score_row, P* probability_row, int visible, int columns, int half,
+                                     float scale, float& running_max, float& running_sum) {
+    float tile_max = -INFINITY;
+    for (int column = half; column < visible; column += 2) tile_max = fmaxf(tile_max, score_row[column] * scale);
+    const float new_max = fmaxf(running_max, fmaxf(tile_max, __shfl_xor_sync(full_warp_mask, tile_max, 1)));
+    float sum = 0.0f;
+    for (int column = half; column < columns; column += 2) {
+        const float probability = column < visible ? expf(score_row[column] * scale - new_max) : 0.0f;
+        probability_row[column] = narrow<P>(probability);
+        sum += probability;
+    }
+    sum += __shfl_xor_sync(full_warp_mask, sum, 1);
+    const float correction = expf(running_max - new_max);
+    running_sum = running_sum * correction + sum;
+    running_max = new_max;
+    return correction;
+}
+
+// D_i = rowsum(dout_i * out_i) per (batch, head, row), one warp per row of (B,NH,T): the softmax Jacobian's
+// shared term, in f32 for f32 and bf16 storage alike.
+inline constexpr int row_dot_warps = 4;
+template <typename T>
+__global__ void attention_row_dot_kernel(float* row_dot, const T* dout, const T* out, int B, int T_, int C, int NH) {
+    const int head_size = C / NH, lane = threadIdx.x % warp_size;
+    const int64_t row_index = int64_t(blockIdx.x) * row_dot_warps + threadIdx.x / warp_size; // into (B,NH,T)
+    if (row_index >= int64_t(B) * NH * T_) return; // whole warps leave; no barrier follows
+    const int row = static_cast<int>(row_index % T_), head = static_cast<int>((row_index / T_) % NH);
+    const int batch = static_cast<int>(row_index / (int64_t(T_) * NH));
+    const int64_t base = (int64_t(batch) * T_ + row) * C + int64_t(head) * head_size;
+    float sum = 0.0f;
+    for (int d = lane; d < head_size; d += warp_size) sum += widen(dout[base + d]) * widen(out[base + d]);
+    sum = warp_sum(sum);
+    if (lane == 0) row_dot[row_index] = sum;
+}
+
+// Rows first_row.. of the (B,NH,T) logsumexp and D; rows at or past T read as zero (their P is zero).
+__device__ inline void load_row_statistics(float* row_logsumexp, float* row_dot, const float* logsumexp_head,
+                                           const float* row_dot_head, int first_row, int rows, int T) {
+    for (int row = threadIdx.x; row < rows; row += blockDim.x) {
+        const bool inside = first_row + row < T;
+        row_logsumexp[row] = inside ? logsumexp_head[first_row + row] : 0.0f;
+        row_dot[row] = inside ? row_dot_head[first_row + row] : 0.0f;
+    }
+}
+
 // Raises a kernel's dynamic shared-memory limit when a launch needs more than the default 48 KiB.
 template <typename Kernel>
 void allow_shared_bytes(Kernel* kernel, size_t bytes) {

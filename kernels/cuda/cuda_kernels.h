@@ -44,6 +44,12 @@ void embedding_backward(float* dtoken_table, float* dposition_table, const bfloa
 // ---- gemm (cuBLAS on `handle`, which it binds to `stream`; TF32 tensor cores when `tf32`) ----
 void gemm(float* c, const float* a, const float* b, int m, int n, int k, bool transpose_a, bool transpose_b,
           float alpha, float beta, bool tf32, cublasHandle_t handle, cudaStream_t stream);
+// bf16 operands on the bf16 tensor cores with f32 accumulation (tf32 is ignored): c bf16 is the f32 result
+// alpha·ab + beta·c rounded once; c f32 (parameter gradients, beta 1) accumulates without any bf16 rounding.
+void gemm(bfloat16* c, const bfloat16* a, const bfloat16* b, int m, int n, int k, bool transpose_a, bool transpose_b,
+          float alpha, float beta, bool tf32, cublasHandle_t handle, cudaStream_t stream);
+void gemm(float* c, const bfloat16* a, const bfloat16* b, int m, int n, int k, bool transpose_a, bool transpose_b,
+          float alpha, float beta, bool tf32, cublasHandle_t handle, cudaStream_t stream);
 // c(m,n) = op(a)·op(b) + bias, bias (n) added to every row: one cublasLtMatmul with CUBLASLT_EPILOGUE_BIAS,
 // so the output is written once instead of written by the GEMM and then read and written by bias_add_forward.
 // The twin of the CPU gemm (alpha 1, beta 0) followed by bias_add_forward. `workspace` (workspace_bytes of
@@ -52,6 +58,10 @@ void gemm(float* c, const float* a, const float* b, int m, int n, int k, bool tr
 void gemm_bias(float* c, const float* a, const float* b, const float* bias, int m, int n, int k, bool transpose_a,
                bool transpose_b, bool tf32, cublasLtHandle_t handle, void* workspace, size_t workspace_bytes,
                cudaStream_t stream);
+// bf16: a bf16 bias, the f32 product plus bias rounded once (the twin of the CPU gemm_bias<bfloat16>).
+void gemm_bias(bfloat16* c, const bfloat16* a, const bfloat16* b, const bfloat16* bias, int m, int n, int k,
+               bool transpose_a, bool transpose_b, bool tf32, cublasLtHandle_t handle, void* workspace,
+               size_t workspace_bytes, cudaStream_t stream);
 
 // ---- bias ----
 void bias_add_forward(float* out, const float* bias, int N, int OC, cudaStream_t stream);
@@ -103,6 +113,14 @@ void attention_forward(float* out, float* logsumexp, const float* qkv, int B, in
 void attention_backward(float* dqkv, float* row_dot_workspace /* (B,NH,T) */, const float* dout,
                         const float* qkv, const float* out, const float* logsumexp, int B, int T, int C, int NH,
                         bool tf32, cudaStream_t stream);
+// bf16 (kernels/cuda/attention_bf16_*.cu): bf16 wmma 16x16x16 with f32 accumulators, the CPU bf16 reference's
+// rounding points (P rounded to bf16 before P·V, key tiles of cpu::attention_bf16_key_tile; P and dS rounded
+// before the backward's products); out and dqkv bf16, logsumexp and row_dot_workspace f32. `tf32` is ignored.
+void attention_forward(bfloat16* out, float* logsumexp, const bfloat16* qkv, int B, int T, int C, int NH, bool tf32,
+                       cudaStream_t stream);
+void attention_backward(bfloat16* dqkv, float* row_dot_workspace /* (B,NH,T) */, const bfloat16* dout,
+                        const bfloat16* qkv, const bfloat16* out, const float* logsumexp, int B, int T, int C, int NH,
+                        bool tf32, cudaStream_t stream);
 size_t attention_forward_shared_bytes(int head_size);
 size_t attention_backward_shared_bytes(int head_size); // the larger of its two tiled kernels
 
@@ -117,16 +135,21 @@ void dropout_backward(bfloat16* dinp, const bfloat16* dout, float p, uint64_t se
                       cudaStream_t stream);
 
 // ---- cross-entropy ----
-void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
-                           int ignore_index, cudaStream_t stream);
-void cross_entropy_backward(float* dlogits, const float* dlosses, const float* logits, const int32_t* targets,
-                            int N, int V, int ignore_index, cudaStream_t stream);
+// T = float or bfloat16 (logits and their gradient); the losses, dlosses and dout stay f32.
+template <typename T>
+void cross_entropy_forward(float* losses, const T* logits, const int32_t* targets, int N, int V, int ignore_index,
+                           cudaStream_t stream);
+template <typename T>
+void cross_entropy_backward(T* dlogits, const float* dlosses, const T* logits, const int32_t* targets, int N, int V,
+                            int ignore_index, cudaStream_t stream);
 // The fused classifier: one block per row, one read pass (online max and sum) and one write pass of the
-// gradient over the logits; 128-bit accesses when padded_V is a multiple of 4 and logits 16-byte aligned.
-void cross_entropy_fused_forward(float* losses, float* logits, const int32_t* targets, float dloss, int N, int V,
+// gradient over the logits; 128-bit accesses when f32, padded_V is a multiple of 4 and logits 16-byte aligned.
+template <typename T>
+void cross_entropy_fused_forward(float* losses, T* logits, const int32_t* targets, float dloss, int N, int V,
                                  int padded_V, int ignore_index, cudaStream_t stream);
 // Reads dout on the device; every thread returns at once when dout[0] / expected_dout is exactly 1.
-void cross_entropy_fused_rescale(float* dlogits, const float* dout, float expected_dout, int64_t count,
+template <typename T>
+void cross_entropy_fused_rescale(T* dlogits, const float* dout, float expected_dout, int64_t count,
                                  cudaStream_t stream);
 
 // ---- the first `count` of `columns` columns of each row ----

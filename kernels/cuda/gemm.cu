@@ -11,18 +11,27 @@
 
 namespace engine::kernels::cuda {
 
+namespace {
+
 // cuBLAS is column-major, and a row-major (r, c) matrix is the same memory as a column-major (c, r) one.
 // So row-major C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T: swap the operands, keep
-// each operand's own transpose flag, and use the row lengths as leading dimensions.
-void gemm(float* c, const float* a, const float* b, int m, int n, int k, bool transpose_a, bool transpose_b,
-          float alpha, float beta, bool tf32, cublasHandle_t handle, cudaStream_t stream) {
+// each operand's own transpose flag, and use the row lengths as leading dimensions. The operands are
+// `operand_type` (f32, or bf16 on the bf16 tensor cores), c is `c_type`; the compute type is f32 (or TF32
+// when `tf32` and the operands are f32), so a bf16 c is the f32 result alpha·AB + beta·C rounded once.
+void gemm_ex(void* c, cudaDataType c_type, const void* a, const void* b, cudaDataType operand_type, int m, int n,
+             int k, bool transpose_a, bool transpose_b, float alpha, float beta, bool tf32, cublasHandle_t handle,
+             cudaStream_t stream) {
     if (m == 0 || n == 0) return;
     if (k == 0) { // as in the CPU twin: the product is empty, so c = beta * c, and beta == 0 overwrites NaN
         const int64_t count = int64_t(m) * n;
+        const size_t element_bytes = c_type == CUDA_R_16BF ? sizeof(bfloat16) : sizeof(float);
         if (beta == 0.0f) {
-            CUDA_CHECK(cudaMemsetAsync(c, 0, count * sizeof(float), stream));
+            CUDA_CHECK(cudaMemsetAsync(c, 0, count * element_bytes, stream));
+        } else if (c_type == CUDA_R_32F) {
+            scale(static_cast<float*>(c), beta, count, stream);
         } else {
-            scale(c, beta, count, stream);
+            ENGINE_CHECK(beta == 1.0f, "gemm: a bf16 c (" << m << "x" << n << ") with k = 0 and beta " << beta
+                                                          << " is not implemented (beta 0 or 1 are)");
         }
         return;
     }
@@ -31,9 +40,28 @@ void gemm(float* c, const float* a, const float* b, int m, int n, int k, bool tr
     const cublasOperation_t operation_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const int leading_a = transpose_a ? m : k; // a stored (k,m) or (m,k)
     const int leading_b = transpose_b ? k : n; // b stored (n,k) or (k,n)
-    const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    CUBLAS_CHECK(cublasGemmEx(handle, operation_b, operation_a, n, m, k, &alpha, b, CUDA_R_32F, leading_b, a,
-                              CUDA_R_32F, leading_a, &beta, c, CUDA_R_32F, n, compute, CUBLAS_GEMM_DEFAULT));
+    const bool fast_tf32 = tf32 && operand_type == CUDA_R_32F;
+    const cublasComputeType_t compute = fast_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    CUBLAS_CHECK(cublasGemmEx(handle, operation_b, operation_a, n, m, k, &alpha, b, operand_type, leading_b, a,
+                              operand_type, leading_a, &beta, c, c_type, n, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+} // namespace
+
+void gemm(float* c, const float* a, const float* b, int m, int n, int k, bool transpose_a, bool transpose_b,
+          float alpha, float beta, bool tf32, cublasHandle_t handle, cudaStream_t stream) {
+    gemm_ex(c, CUDA_R_32F, a, b, CUDA_R_32F, m, n, k, transpose_a, transpose_b, alpha, beta, tf32, handle, stream);
+}
+
+// bfloat16 is layout-compatible with __nv_bfloat16, which is what cuBLAS reads for CUDA_R_16BF.
+void gemm(bfloat16* c, const bfloat16* a, const bfloat16* b, int m, int n, int k, bool transpose_a, bool transpose_b,
+          float alpha, float beta, bool tf32, cublasHandle_t handle, cudaStream_t stream) {
+    gemm_ex(c, CUDA_R_16BF, a, b, CUDA_R_16BF, m, n, k, transpose_a, transpose_b, alpha, beta, tf32, handle, stream);
+}
+
+void gemm(float* c, const bfloat16* a, const bfloat16* b, int m, int n, int k, bool transpose_a, bool transpose_b,
+          float alpha, float beta, bool tf32, cublasHandle_t handle, cudaStream_t stream) {
+    gemm_ex(c, CUDA_R_32F, a, b, CUDA_R_16BF, m, n, k, transpose_a, transpose_b, alpha, beta, tf32, handle, stream);
 }
 
 namespace {
@@ -66,25 +94,20 @@ uint32_t alignment_of(const void* pointer) {
 
 // The heuristic's pick depends on the shape, the flags, the workspace and the alignments; asking it is a
 // host-side search worth skipping in a training loop, where the same few shapes repeat every step.
-using AlgorithmKey = std::tuple<cublasLtHandle_t, int, int, int, bool, bool, bool, size_t, uint32_t, uint32_t, uint32_t,
+// The third flag is the math: 0 fp32, 1 TF32, 2 bf16 operands.
+using AlgorithmKey = std::tuple<cublasLtHandle_t, int, int, int, bool, bool, int, size_t, uint32_t, uint32_t, uint32_t,
                                 uint32_t>;
 std::mutex algorithm_mutex;
 std::map<AlgorithmKey, cublasLtMatmulAlgo_t> algorithms;
 
-} // namespace
-
 // Row-major C = op(A) op(B) + bias is column-major C^T = op(B)^T op(A)^T + bias, the bias now running along
 // C^T's rows, which is what CUBLASLT_EPILOGUE_BIAS adds (a vector as long as D's rows, on every column).
-void gemm_bias(float* c, const float* a, const float* b, const float* bias, int m, int n, int k, bool transpose_a,
-               bool transpose_b, bool tf32, cublasLtHandle_t handle, void* workspace, size_t workspace_bytes,
-               cudaStream_t stream) {
-    if (m == 0 || n == 0) return;
-    if (k == 0) { // the product is empty: c = bias on every row, as the CPU twins give
-        CUDA_CHECK(cudaMemsetAsync(c, 0, int64_t(m) * n * sizeof(float), stream));
-        bias_add_forward(c, bias, m, n, stream);
-        return;
-    }
+// `type`: of a, b, bias and c alike (f32, or bf16 with the f32 result plus bias rounded once into c).
+void gemm_bias_ex(void* c, const void* a, const void* b, const void* bias, cudaDataType type, int m, int n, int k,
+                  bool transpose_a, bool transpose_b, bool tf32, cublasLtHandle_t handle, void* workspace,
+                  size_t workspace_bytes, cudaStream_t stream) {
     MatmulDescriptors descriptors;
+    if (type != CUDA_R_32F) tf32 = false; // TF32 is a math of f32 operands only
     const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&descriptors.operation, compute, CUDA_R_32F));
     const int32_t operation_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N; // cuBLASLt's A is our b
@@ -99,15 +122,16 @@ void gemm_bias(float* c, const float* a, const float* b, const float* bias, int 
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(descriptors.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof(bias)));
     // Column-major layouts of the row-major operands: b stored (k,n) or (n,k), a stored (m,k) or (k,m).
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&descriptors.a, CUDA_R_32F, transpose_b ? k : n, transpose_b ? n : k,
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&descriptors.a, type, transpose_b ? k : n, transpose_b ? n : k,
                                             transpose_b ? k : n));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&descriptors.b, CUDA_R_32F, transpose_a ? m : k, transpose_a ? k : m,
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&descriptors.b, type, transpose_a ? m : k, transpose_a ? k : m,
                                             transpose_a ? m : k));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&descriptors.c, CUDA_R_32F, n, m, n));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&descriptors.c, type, n, m, n));
 
     const uint32_t alignment_a = alignment_of(b), alignment_b = alignment_of(a), alignment_c = alignment_of(c);
     const uint32_t alignment_bias = alignment_of(bias);
-    const AlgorithmKey key{handle, m, n, k, transpose_a, transpose_b, tf32, workspace_bytes, alignment_a, alignment_b,
+    const int math = type == CUDA_R_16BF ? 2 : tf32 ? 1 : 0;
+    const AlgorithmKey key{handle, m, n, k, transpose_a, transpose_b, math, workspace_bytes, alignment_a, alignment_b,
                            alignment_c, alignment_bias};
     cublasLtMatmulAlgo_t algorithm;
     {
@@ -145,6 +169,36 @@ void gemm_bias(float* c, const float* a, const float* b, const float* bias, int 
     const float alpha = 1.0f, beta = 0.0f;
     CUBLAS_CHECK(cublasLtMatmul(handle, descriptors.operation, &alpha, b, descriptors.a, a, descriptors.b, &beta, c,
                                 descriptors.c, c, descriptors.c, &algorithm, workspace, workspace_bytes, stream));
+}
+
+} // namespace
+
+void gemm_bias(float* c, const float* a, const float* b, const float* bias, int m, int n, int k, bool transpose_a,
+               bool transpose_b, bool tf32, cublasLtHandle_t handle, void* workspace, size_t workspace_bytes,
+               cudaStream_t stream) {
+    if (m == 0 || n == 0) return;
+    if (k == 0) { // the product is empty: c = bias on every row, as the CPU twins give
+        CUDA_CHECK(cudaMemsetAsync(c, 0, int64_t(m) * n * sizeof(float), stream));
+        bias_add_forward(c, bias, m, n, stream);
+        return;
+    }
+    gemm_bias_ex(c, a, b, bias, CUDA_R_32F, m, n, k, transpose_a, transpose_b, tf32, handle, workspace,
+                 workspace_bytes, stream);
+}
+
+void gemm_bias(bfloat16* c, const bfloat16* a, const bfloat16* b, const bfloat16* bias, int m, int n, int k,
+               bool transpose_a, bool transpose_b, bool tf32, cublasLtHandle_t handle, void* workspace,
+               size_t workspace_bytes, cudaStream_t stream) {
+    if (m == 0 || n == 0) return;
+    if (k == 0) { // the product is empty: c = bias (exactly, bf16 to bf16) on every row; a degenerate case
+        for (int row = 0; row < m; ++row) {
+            CUDA_CHECK(cudaMemcpyAsync(c + int64_t(row) * n, bias, n * sizeof(bfloat16), cudaMemcpyDeviceToDevice,
+                                       stream));
+        }
+        return;
+    }
+    gemm_bias_ex(c, a, b, bias, CUDA_R_16BF, m, n, k, transpose_a, transpose_b, tf32, handle, workspace,
+                 workspace_bytes, stream);
 }
 
 } // namespace engine::kernels::cuda

@@ -140,10 +140,10 @@ TEST_F(AttentionKernelTest, Deterministic) {
 
 TEST_F(AttentionKernelTest, RejectsOversizedHeads) {
     const int C = 2 * (gpu::attention_max_head_size + 32);
-    EXPECT_THROW(gpu::attention_forward(nullptr, nullptr, nullptr, 1, 1, C, 2, false, stream), engine::EngineError);
-    EXPECT_THROW(
-        gpu::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, C, 2, true, stream),
-        engine::EngineError);
+    float* none = nullptr; // typed: the f32 and bf16 overloads both take pointers
+    EXPECT_THROW(gpu::attention_forward(none, none, none, 1, 1, C, 2, false, stream), engine::EngineError);
+    EXPECT_THROW(gpu::attention_backward(none, none, none, none, none, none, 1, 1, C, 2, true, stream),
+                 engine::EngineError);
 }
 
 // Every head size up to the maximum fits sm_90's 227 KiB of shared memory per block.

@@ -53,7 +53,7 @@ TEST_F(CublasLtEmulationTest, UnemulatedEpilogueIsRefusedByName) {
 
 TEST_F(CublasLtEmulationTest, UnemulatedTypesAndAttributesAreRefusedByName) {
     cublasLtMatrixLayout_t layout = nullptr;
-    EXPECT_EQ(cublasLtMatrixLayoutCreate(&layout, CUDA_R_16BF, 4, 4, 4), CUBLAS_STATUS_NOT_SUPPORTED);
+    EXPECT_EQ(cublasLtMatrixLayoutCreate(&layout, CUDA_R_16F, 4, 4, 4), CUBLAS_STATUS_NOT_SUPPORTED); // bf16 is
     EXPECT_TRUE(contains(engine::emulator::last_refusal(), "data type")) << engine::emulator::last_refusal();
     cublasLtMatmulDesc_t half = nullptr;
     EXPECT_EQ(cublasLtMatmulDescCreate(&half, CUBLAS_COMPUTE_16F, CUDA_R_16F), CUBLAS_STATUS_NOT_SUPPORTED);
