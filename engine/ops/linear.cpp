@@ -69,20 +69,15 @@ void gemm_bias_tensors(const Tensor& out, const Tensor& input, const Tensor& wei
 
 // dbias (compute dtype: f32 for bf16 dout) += column sums of dout.
 void bias_backward_tensors(const Tensor& dbias, const Tensor& dout, int rows, int columns) {
-    // TODO(bf16 merge): the bf16 bias_backward (f32 dbias from bf16 dout) comes with the bias kernels' branch;
-    // once merged, drop this check and let dispatch_cpu / ENGINE_DISPATCH_CUDA below take bf16 too.
-    ENGINE_CHECK(dout.dtype() != DType::bf16,
-                 "linear: the bias gradient of bf16 dout " << shape_string(dout.shape())
-                                                            << " needs the bf16 bias_backward kernel (bias branch)");
     if (dbias.device() == Device::cpu) {
-        dispatch_floating("linear", dout.dtype(), [&]<typename T>() {
+        dispatch_cpu("linear", dout.dtype(), [&]<typename T>() {
             kernels::cpu::bias_backward<T>(dbias.data<Compute<T>>(), dout.data<T>(), rows, columns);
         });
     } else {
-        ENGINE_ON_CUDA("linear", dbias.dtype(), {
+        ENGINE_DISPATCH_CUDA("linear", dout.dtype(), [&]<typename T>() {
             const cuda::Scratch<float> partials(kernels::cuda::bias_backward_workspace_count(rows, columns),
                                                 cuda::compute_stream()); // (row chunks, OC)
-            kernels::cuda::bias_backward(dbias.data<float>(), partials.get(), dout.data<float>(), rows, columns,
+            kernels::cuda::bias_backward(dbias.data<float>(), partials.get(), dout.data<T>(), rows, columns,
                                          cuda::compute_stream());
         });
     }
