@@ -94,6 +94,7 @@ attention_backward_key_value_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, c
                                          const float* logsumexp, const float* row_dot, int T, int C, int NH,
                                          bool vectorized) {
     constexpr int max_head_fragments = max_width / fragment_width;
+    constexpr int pass_fragments = max_width > 128 ? max_head_fragments / 2 : max_head_fragments;
     const int head_size = C / NH, padded_head = padded_head_size(head_size);
     const int head_fragments = padded_head / fragment_width, depth_steps = padded_head / bf16_depth;
     const BackwardBf16Layout layout(padded_head, true);
@@ -116,37 +117,46 @@ attention_backward_key_value_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, c
                    warp_first_key, fragment_width, T, head_size, padded_head, vectorized);
     load_bf16_tile(own_warp(), value_stripe, stride, head_slice(qkv, batch, 2, head, T, C, qkv_row, head_size),
                    qkv_row, warp_first_key, fragment_width, T, head_size, padded_head, vectorized);
-    Accumulator16 dkey[max_head_fragments], dvalue[max_head_fragments];
-    zero16(dkey);
-    zero16(dvalue);
+    bfloat16* dkeys = head_slice(dqkv, batch, 1, head, T, C, qkv_row, head_size); // (T, head_size) of (B,T,3C)
+    bfloat16* dvalues = head_slice(dqkv, batch, 2, head, T, C, qkv_row, head_size);
 
-    // Key blocks start at multiples of the query step, so the first step starts on the diagonal.
-    for (int first_query = first_key; first_query < T; first_query += backward_step) {
-        __syncthreads(); // every warp has finished reading the previous step's query and dout
-        load_bf16_tile(whole_block(), query, stride, head_slice(qkv, batch, 0, head, T, C, qkv_row, head_size),
-                       qkv_row, first_query, backward_step, T, head_size, padded_head, vectorized);
-        load_bf16_tile(whole_block(), dout_step, stride, head_slice(dout, batch, 0, head, T, C, C, head_size), C,
-                       first_query, backward_step, T, head_size, padded_head, vectorized);
-        load_row_statistics(views.row_logsumexp, views.row_dot, logsumexp + statistics, row_dot + statistics, first_query,
-                        backward_step, T);
-        __syncthreads();
-        if (warp_first_key >= T || warp_first_key > first_query + backward_step - 1) continue;
+    // dK and dV of a 256-wide head would need every register for themselves (ptxas spilled 548 bytes): there the
+    // warp makes two passes over the queries, half of the columns each, recomputing P and dS, as the f32 kernel.
+    for (int first_fragment = 0; first_fragment < head_fragments; first_fragment += pass_fragments) {
+        const int fragments = min(pass_fragments, head_fragments - first_fragment);
+        const int first_column = first_fragment * fragment_width;
+        Accumulator16 dkey[pass_fragments], dvalue[pass_fragments];
+        zero16(dkey);
+        zero16(dvalue);
+        // Key blocks start at multiples of the query step, so the first step starts on the diagonal.
+        for (int first_query = first_key; first_query < T; first_query += backward_step) {
+            __syncthreads(); // every warp has finished reading the previous step's query and dout
+            load_bf16_tile(whole_block(), query, stride, head_slice(qkv, batch, 0, head, T, C, qkv_row, head_size),
+                           qkv_row, first_query, backward_step, T, head_size, padded_head, vectorized);
+            load_bf16_tile(whole_block(), dout_step, stride, head_slice(dout, batch, 0, head, T, C, C, head_size), C,
+                           first_query, backward_step, T, head_size, padded_head, vectorized);
+            load_row_statistics(views.row_logsumexp, views.row_dot, logsumexp + statistics, row_dot + statistics,
+                                first_query, backward_step, T);
+            __syncthreads();
+            if (warp_first_key >= T || warp_first_key > first_query + backward_step - 1) continue;
 
-        // S^T = K Q^T, dP^T = V dout^T
-        score_products(score, dprobability, layout.float_stride, key_stripe, query, value_stripe, dout_step,
-                       depth_steps, stride);
-        __syncwarp();
-        probabilities_and_score_gradients(probability, dscore, score, dprobability, layout, true, warp_first_key,
-                                          first_query, T, scale, views.row_logsumexp, views.row_dot, first_query);
-        __syncwarp();
-        constexpr int steps = backward_step / bf16_depth;
-        add_stripe16(dvalue, head_fragments, probability, layout.bf16_stride, steps, dout_step, stride); // P^T dout
-        add_stripe16(dkey, head_fragments, dscore, layout.bf16_stride, steps, query, stride);            // dS^T Q
+            // S^T = K Q^T, dP^T = V dout^T
+            score_products(score, dprobability, layout.float_stride, key_stripe, query, value_stripe, dout_step,
+                           depth_steps, stride);
+            __syncwarp();
+            probabilities_and_score_gradients(probability, dscore, score, dprobability, layout, true, warp_first_key,
+                                              first_query, T, scale, views.row_logsumexp, views.row_dot, first_query);
+            __syncwarp();
+            constexpr int steps = backward_step / bf16_depth;
+            add_stripe16(dvalue, fragments, probability, layout.bf16_stride, steps, dout_step + first_column,
+                         stride); // P^T dout
+            add_stripe16(dkey, fragments, dscore, layout.bf16_stride, steps, query + first_column, stride); // dS^T Q
+        }
+        store_rounded(dkeys + first_column, qkv_row, dkey, fragments, score, layout.float_stride, warp_first_key, T,
+                      head_size - first_column, true);
+        store_rounded(dvalues + first_column, qkv_row, dvalue, fragments, score, layout.float_stride, warp_first_key, T,
+                      head_size - first_column, true);
     }
-    store_rounded(head_slice(dqkv, batch, 1, head, T, C, qkv_row, head_size), qkv_row, dkey, head_fragments, score,
-                  layout.float_stride, warp_first_key, T, head_size, true);
-    store_rounded(head_slice(dqkv, batch, 2, head, T, C, qkv_row, head_size), qkv_row, dvalue, head_fragments, score,
-                  layout.float_stride, warp_first_key, T, head_size, true);
 }
 
 // dQ_i += sum_{j<=i} dS_ij k_j; each warp owns 16 queries.

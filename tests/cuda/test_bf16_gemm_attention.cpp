@@ -154,11 +154,13 @@ void check_attention(Bf16KernelTest& test, AttentionShape shape) {
               << dqkv_record.worst << " ulp of the CPU bf16\n";
 }
 
-// T = 1, 17 and 80: a lone row, a partial tile, and rows past one 64-key tile (the rescaling) and past one
-// 64-row block; head sizes 16 (one fragment), 24 (run-time width below 64, scalar loads) and 64 (vectorized).
+// T = 1, 17, 20 and 70/80: a lone row, partial tiles, and rows past one 64-key tile (the rescaling) and past one
+// 64-row block; head sizes 16 (one fragment), 24 (run-time width below 64, scalar loads), 64 (vectorized), 160
+// and 256 (compiled width 256: the key pass's two column passes, 8 + 2 and 8 + 8 fragments).
 TEST_F(Bf16KernelTest, AttentionMatchesTheCpuBf16) {
     for (const AttentionShape shape : {AttentionShape{1, 1, 32, 2}, AttentionShape{2, 17, 48, 2},
-                                       AttentionShape{1, 80, 64, 1}, AttentionShape{1, 70, 32, 2}}) {
+                                       AttentionShape{1, 80, 64, 1}, AttentionShape{1, 70, 32, 2},
+                                       AttentionShape{1, 20, 160, 1}, AttentionShape{1, 20, 256, 1}}) {
         check_attention(*this, shape);
     }
 }
