@@ -44,7 +44,7 @@ struct Trained {
 };
 
 Trained train(const nn::GPTConfig& config, int micro_batch, int accumulation, const CheckpointPolicy& policy,
-              int step_count = steps) {
+              int step_count = steps, bool bf16 = false) {
     current_tape().clear();
     const size_t before = memory_stats(Device::cpu).current_bytes;
     Trained trained;
@@ -59,6 +59,7 @@ Trained train(const nn::GPTConfig& config, int micro_batch, int accumulation, co
         trainer_config.offload = policy.offload;
         trainer_config.learning_rate = 1e-2;
         trainer_config.max_steps = step_count;
+        trainer_config.bf16 = bf16;
         optim::Trainer trainer(model, trainer_config);
         int cursor = 0;
         const nn::BatchSource source = global_batches(config, micro_batch, cursor);
@@ -162,6 +163,20 @@ TEST(Planner, OffloadPlanIsExactOnTheCpuAccountAndLearnsBitwiseTheSame) {
         EXPECT_EQ(offloaded.peaks[step], predicted.unified_peak_bytes);
     }
     EXPECT_LT(predicted.peak_bytes, predicted.unified_peak_bytes); // on a device of its own, offload saves
+}
+
+// bf16 plans, trained: the joint peak of a mixed-precision step (f32 masters and bf16 copies, bf16
+// activations, f32 statistics and gradients) equals the prediction to the byte too, under each policy kind.
+TEST(Planner, Bf16PlansAreExactOnTheCpu) {
+    const nn::GPTConfig config = nn::GPTConfig::named("tiny");
+    for (const CheckpointPolicy& policy : {CheckpointPolicy{}, CheckpointPolicy{true, 1, 1, false, false},
+                                           CheckpointPolicy{true, 2, 1, true, false}}) {
+        const Trained trained = train(config, 4, 2, policy, steps, /*bf16=*/true);
+        const auto predicted = planner::predict_memory(config, 4, config.max_seq_len, policy, DType::bf16,
+                                                       planner::OptimizerKind::adamw, 1, 2);
+        for (int step = 0; step < steps; ++step)
+            EXPECT_EQ(trained.peaks[step], predicted.unified_peak_bytes) << policy.to_string() << ", step " << step + 1;
+    }
 }
 
 // The cost model's predicted step time against the measured one across plans (documentation, docs/PERF.md;

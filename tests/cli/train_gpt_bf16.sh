@@ -47,10 +47,12 @@ check "bf16 run says so" $? "$(head -4 "$work/default_bf16.out")"
 compare "$work/default_fp32.jsonl" "$work/default_bf16.jsonl" 40
 check "default run: bf16 within 2% of fp32 after step 20" $? "see above"
 
-# 2. 300 steps of the small model (ENGINE_SKIP_LONG_BF16=1 leaves it out of a quick local run).
+# 2. 300 steps of the small model (ENGINE_SKIP_LONG_BF16=1 leaves it out of a quick local run). At lr 3e-4:
+#    at the default 3e-3 the small model memorises the built-in corpus and its trajectory is chaotic, so that
+#    fp32 against fp32 with only the summation order changed (micro-batch 4 x 4 instead of 8 x 2) already
+#    differs by 7.4% at some step, and bf16 by 19%; at 3e-4 that control differs by 5e-5% (docs/PERF.md).
 if [ "${ENGINE_SKIP_LONG_BF16:-0}" != 1 ]; then
-  small=(--model small --max-steps 300 --per-device-train-batch-size 4 --gradient-accumulation-steps 2 --seq-len 64
-         --learning-rate 1e-3 --warmup-steps 10 --logging-steps 1)
+  small=(--model small --max-steps 300 --seq-len 64 --learning-rate 3e-4 --warmup-steps 10 --logging-steps 1)
   "$train_gpt" "${small[@]}" --log "$work/small_fp32.jsonl" >"$work/small_fp32.out" 2>&1
   check "small model 300 steps, fp32" $? "$(tail -3 "$work/small_fp32.out")"
   "$train_gpt" "${small[@]}" --precision bf16 --log "$work/small_bf16.jsonl" >"$work/small_bf16.out" 2>&1
