@@ -145,8 +145,9 @@ memory:
   --device auto|cpu|cuda         (auto: cuda when a device is present)
   --tf32 true|false              CUDA GEMMs and attention on TF32 tensor cores (default true on CUDA; false:
                                  full fp32, to compare with the CPU)
-  --precision fp32|bf16|auto     auto (with --max-memory): the planner may choose bf16. bf16: mixed precision (Hugging Face's bf16): bf16 activations and working copy of
-                                 the weights, f32 master weights and gradient buffers (default fp32)
+  --precision fp32|bf16|auto     bf16: mixed precision (Hugging Face's bf16): bf16 activations and working copy
+                                 of the weights, f32 master weights and gradient buffers (default fp32);
+                                 auto (with --max-memory): the planner may choose bf16
 output:
   --log FILE                     JSON lines, one per logged step, same fields as the printed line
   --out DIR --save-every K       training state (weights, optimizer, RNG, data cursor, config) every K steps
