@@ -22,7 +22,7 @@ namespace gpu = engine::kernels::cuda;
 
 constexpr double float_epsilon = 1.0 / 16777216.0; // 2^-24, f32's unit roundoff
 
-class Bf16KernelTest : public CudaKernelTest {
+class Bf16LayerKernelTest : public CudaKernelTest {
 public:
     std::vector<bfloat16> random_bf16(size_t count, float low = -1.0f, float high = 1.0f) {
         std::vector<bfloat16> values(count);
@@ -96,7 +96,7 @@ std::vector<T> shifted(const std::vector<T>& values, int offset) {
 
 constexpr int64_t N = 3 * 37 * 5 + 3; // flat kernels: odd, so the packed paths have a tail
 
-TEST_F(Bf16KernelTest, ResidualGeluDropoutAndSumBackwardAreBitwiseTheCpus) {
+TEST_F(Bf16LayerKernelTest, ResidualGeluDropoutAndSumBackwardAreBitwiseTheCpus) {
     for (const int offset : {0, 1}) { // 1: the scalar paths
         const auto a = random_bf16(N, -4.0f, 4.0f), b = random_bf16(N), dout = random_bf16(N);
         const auto start = random_bf16(N);
@@ -142,7 +142,7 @@ TEST_F(Bf16KernelTest, ResidualGeluDropoutAndSumBackwardAreBitwiseTheCpus) {
     }
 }
 
-TEST_F(Bf16KernelTest, ColumnsBiasForwardAndEmbeddingAreBitwiseTheCpus) {
+TEST_F(Bf16LayerKernelTest, ColumnsBiasForwardAndEmbeddingAreBitwiseTheCpus) {
     const int64_t rows = 23;
     const int columns = 13, count = 9;
     const auto x = random_bf16(size_t(rows) * columns), dcols = random_bf16(size_t(rows) * count);
@@ -195,7 +195,7 @@ TEST_F(Bf16KernelTest, ColumnsBiasForwardAndEmbeddingAreBitwiseTheCpus) {
 // row chunks and then the chunk partials, all in float. Each of the <= N + 16 float additions of either order
 // errs by <= 2^-24 times the running sum's size, bounded by sum_n |term|: the two results differ by at most
 // 2 (N + 16) 2^-24 sum_n |term_n|, plus 2^-24 |start| for the += into a non-zero start.
-TEST_F(Bf16KernelTest, BiasBackwardAndSumForwardWithinTheReorderingBound) {
+TEST_F(Bf16LayerKernelTest, BiasBackwardAndSumForwardWithinTheReorderingBound) {
     for (const int offset : {0, 1}) {
         const int rows = 41, OC = 20;
         const auto dout = random_bf16(size_t(rows) * OC);
@@ -235,7 +235,7 @@ TEST_F(Bf16KernelTest, BiasBackwardAndSumForwardWithinTheReorderingBound) {
 // both): dinp's two row means are double sums on the CPU, float warp sums on the GPU, differing by <=
 // (C + 2) 2^-24 sum|term|/C; dx moves by rstd (|d mean(dnorm)| + |norm| |d mean(dnorm norm)|) + float slack,
 // then one rounding each: 1 ulp + that. dweight/dbias: the reordering bound of the test above.
-TEST_F(Bf16KernelTest, LayernormWithinOneUlpPlusTheStatisticsBound) {
+TEST_F(Bf16LayerKernelTest, LayernormWithinOneUlpPlusTheStatisticsBound) {
     for (const auto [rows, C] : {std::pair{9, 64}, std::pair{5, 37}}) {
         const std::string shape = " N=" + std::to_string(rows) + " C=" + std::to_string(C);
         const auto x = random_bf16(size_t(rows) * C, 1.0f, 3.0f), w = random_bf16(C, 0.5f, 1.5f);
@@ -310,7 +310,7 @@ TEST_F(Bf16KernelTest, LayernormWithinOneUlpPlusTheStatisticsBound) {
 // the CPU's dtypes and, the kernels being held to the CPU's above, values within those kernels' bounds; here
 // (a few rounding flips of layernorm's output at most, each <= 1 ulp, propagated through a sum of 32 terms of
 // size ~1) the f32 loss within 32 ulp_bf16(1) and the f32 parameter gradients within 0.1.
-TEST_F(Bf16KernelTest, OpsRunBf16OnTheDevice) {
+TEST_F(Bf16LayerKernelTest, OpsRunBf16OnTheDevice) {
     const int B = 2, T = 2, C = 8, V = 5;
     const auto tok = random_bf16(size_t(V) * C), pos = random_bf16(size_t(T) * C), w = random_bf16(C, 0.5f, 1.5f);
     const auto b = random_bf16(C);
