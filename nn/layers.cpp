@@ -8,14 +8,16 @@
 namespace engine::nn {
 namespace {
 
+uint64_t& stream_counter(const InitOptions& init) { return init.next_stream ? *init.next_stream : init.own_stream; }
+
 Tensor initial_normal(const Shape& shape, double standard_deviation, const InitOptions& init) {
-    const uint64_t stream = (*init.next_stream)++;
+    const uint64_t stream = stream_counter(init)++;
     return normal_tensor(shape, standard_deviation, init.seed, stream, init.dtype)
         .to(init.device, MemoryCategory::parameters);
 }
 
 Tensor initial_constant(const Shape& shape, double value, const InitOptions& init) {
-    ++(*init.next_stream); // keep stream numbering independent of which parameters are constant
+    ++stream_counter(init); // keep stream numbering independent of which parameters are constant
     return Tensor::full(shape, value, init.dtype, init.device, MemoryCategory::parameters);
 }
 

@@ -11,7 +11,10 @@ namespace engine::nn {
 // Everything a layer needs to create its parameters deterministically.
 struct InitOptions {
     uint64_t seed = 0;
-    uint64_t* next_stream = nullptr; // each parameter takes the next Philox stream
+    uint64_t* next_stream = nullptr; // each parameter takes the next Philox stream; null: own_stream below
+    // The counter used when next_stream is null, so that a defaulted InitOptions works (each parameter of the
+    // layers built from it still takes its own stream) instead of dereferencing null.
+    mutable uint64_t own_stream = 0;
     DType dtype = DType::f32;
     Device device = Device::cpu;
     double standard_deviation = 0.02;

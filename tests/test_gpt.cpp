@@ -141,3 +141,18 @@ TEST_F(GPTModel, Float64GradientMatchesFiniteDifferences) {
 
 } // namespace
 } // namespace engine::testing
+
+namespace engine::testing {
+namespace {
+// A defaulted InitOptions (no stream counter given) used to dereference a null pointer in Linear's
+// constructor (issue 14). It must build: each parameter takes the next stream of the options' own counter.
+TEST(LayerInit, DefaultedInitOptionsBuildALinearWithDistinctStreams) {
+    const nn::InitOptions init;
+    nn::Linear first(8, 4, init, 0.02);
+    nn::Linear second(8, 4, init, 0.02);
+    EXPECT_EQ(first.weight.shape(), (Shape{8, 4}));
+    EXPECT_NE(first.weight.to_vector<float>(), second.weight.to_vector<float>()) << "two layers, two streams";
+    for (float value : first.bias.to_vector<float>()) EXPECT_EQ(value, 0.0f);
+}
+} // namespace
+} // namespace engine::testing
