@@ -84,6 +84,21 @@ check "--save writes F32 masters, --save-dtype bf16 writes BF16" $? "see above"
 "$train_gpt" --precision bf16 --max-steps 3 --init "$work/rounded.safetensors" >"$work/init_bf16.out" 2>&1
 check "a BF16 file initialises a bf16 run" $? "$(tail -3 "$work/init_bf16.out")"
 
+# 5. Bitwise resume in bf16 (checkpointing and offload on): 3 steps, save, resume to 6 equals 6 straight steps.
+#    The state holds the f32 masters; the resumed run rounds them into its working copies again.
+resume=(--precision bf16 --lr-scheduler-type constant --gradient-checkpointing --offload)
+"$train_gpt" "${resume[@]}" --max-steps 6 --log "$work/straight.jsonl" >/dev/null 2>&1 &&
+  "$train_gpt" "${resume[@]}" --max-steps 3 --out "$work/state" --save-every 3 >/dev/null 2>&1 &&
+  "$train_gpt" "${resume[@]}" --max-steps 6 --resume "$work/state" --log "$work/resumed.jsonl" >/dev/null 2>&1
+check "bf16 runs save and resume" $? "see $work"
+"$python" - "$work/straight.jsonl" "$work/resumed.jsonl" <<'PY'
+import json, sys
+straight = [json.loads(line)["loss"] for line in open(sys.argv[1])]
+resumed = [json.loads(line)["loss"] for line in open(sys.argv[2])]
+assert straight[3:] == resumed[-3:], f"straight {straight[3:]} resumed {resumed[-3:]}"
+PY
+check "bf16 resume is bitwise the straight run" $? "see above"
+
 if [ "$failures" -ne 0 ]; then
   echo "train_gpt_bf16: $failures check(s) failed"
   exit 1

@@ -210,5 +210,29 @@ check "2-rank ZeRO-1 second half resumes" $? "$(tail -5 "$work/zero_resumed.out"
 cmp -s "$work/zero_resumed.safetensors" "$work/zero_adamw.safetensors"
 check "ZeRO-1 resume: final weights bitwise the straight ZeRO-1 run's" $? "the saved weights differ"
 
+# 6. bf16 mixed precision with ZeRO-1 on 2 ranks: replicas stay bitwise identical (the f32 masters are
+#    all-gathered, then each rank rounds them into its working copies alike), and the losses follow one
+#    process's within 2^-10: the ranks' activations are those rows' own, and the summation order of the f32
+#    gradients, which differs, can only flip a master's rounding to bf16 by one ulp here and there.
+mpirun2 "$train_gpt" "${common[@]}" --precision bf16 --zero-stage 1 --per-device-train-batch-size 2 \
+  --gradient-accumulation-steps 2 --max-steps 4 --check-replicas --log "$work/bf16_zero.jsonl" >"$work/bf16_zero.out" 2>&1
+check "2-rank bf16 ZeRO-1 run" $? "$(tail -5 "$work/bf16_zero.out")"
+"$train_gpt" "${common[@]}" --precision bf16 --per-device-train-batch-size 2 --gradient-accumulation-steps 4 \
+  --max-steps 4 --log "$work/bf16_one.jsonl" >"$work/bf16_one.out" 2>&1
+check "1-process bf16 run" $? "$(tail -5 "$work/bf16_one.out")"
+"$python" - "$work/bf16_zero.jsonl" "$work/bf16_one.jsonl" <<'PY'
+import json, sys
+ranks = [json.loads(l) for l in open(sys.argv[1])]
+one = [json.loads(l) for l in open(sys.argv[2])]
+assert len(ranks) == len(one) == 4
+for a, b in zip(ranks, one):
+    assert a["replicas_identical"], f"step {a['step']}: replicas differ"
+    relative = abs(a["loss"] / b["loss"] - 1)
+    assert relative <= 2 ** -10, f"step {a['step']}: 2 ranks {a['loss']} vs one process {b['loss']}"
+print("bf16 ZeRO-1, 2 ranks: replicas identical, losses", [round(a["loss"], 6) for a in ranks], "vs",
+      [round(b["loss"], 6) for b in one])
+PY
+check "bf16 ZeRO-1 on 2 ranks: identical replicas, one process's losses within 2^-10" $? "see above"
+
 echo "$((total - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]
