@@ -16,10 +16,11 @@ void accumulate_into(const Tensor& destination, const Tensor& source, double alp
     check_same_device("accumulate", destination, source);
     ENGINE_CHECK(destination.numel() == source.numel(),
                  "accumulate: " << destination.describe() << " += " << source.describe() << ": sizes differ");
-    if (destination.dtype() != source.dtype()) {
-        // Mixed precision: a bf16 gradient into an f32 buffer or back, in float with one rounding on store.
-        ENGINE_CHECK((destination.dtype() == DType::bf16 && source.dtype() == DType::f32) ||
-                         (destination.dtype() == DType::f32 && source.dtype() == DType::bf16),
+    if (destination.dtype() == DType::bf16 || source.dtype() == DType::bf16) {
+        // bf16 on either side (a bf16 gradient into an f32 buffer, or back, or bf16 into bf16): float
+        // arithmetic with one rounding on store.
+        ENGINE_CHECK((destination.dtype() == DType::f32 || destination.dtype() == DType::bf16) &&
+                         (source.dtype() == DType::f32 || source.dtype() == DType::bf16),
                      "accumulate: dtype mismatch between " << destination.describe() << " and " << source.describe());
         auto mixed = [&]<typename Destination, typename Source>() {
             if (destination.device() == Device::cpu) {
@@ -36,22 +37,11 @@ void accumulate_into(const Tensor& destination, const Tensor& source, double alp
             }
         };
         if (destination.dtype() == DType::f32) mixed.template operator()<float, bfloat16>();
-        else mixed.template operator()<bfloat16, float>();
+        else if (source.dtype() == DType::f32) mixed.template operator()<bfloat16, float>();
+        else mixed.template operator()<bfloat16, bfloat16>();
         return;
     }
-    if (destination.dtype() == DType::bf16) {
-        if (destination.device() == Device::cpu) {
-            kernels::cpu::axpy<bfloat16>(destination.data<bfloat16>(), source.data<bfloat16>(), static_cast<float>(alpha),
-                                         destination.numel());
-        } else {
-            ENGINE_DISPATCH_CUDA("accumulate", destination.dtype(), [&]<typename T>() {
-                kernels::cuda::axpy<bfloat16, bfloat16>(destination.data<bfloat16>(), source.data<bfloat16>(),
-                                                        static_cast<float>(alpha), destination.numel(),
-                                                        cuda::compute_stream());
-            });
-        }
-        return;
-    }
+    check_same_dtype("accumulate", destination, source);
     if (destination.device() == Device::cpu) {
         dispatch_floating("accumulate", destination.dtype(), [&]<typename T>() {
             kernels::cpu::axpy<T>(destination.data<T>(), source.data<T>(), static_cast<T>(alpha), destination.numel());

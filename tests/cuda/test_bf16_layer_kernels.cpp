@@ -309,7 +309,10 @@ TEST_F(Bf16LayerKernelTest, LayernormWithinOneUlpPlusTheStatisticsBound) {
 // The ops dispatch bf16 to the CUDA kernels: embedding -> layernorm -> gelu -> add -> sum on the device gives
 // the CPU's dtypes and, the kernels being held to the CPU's above, values within those kernels' bounds; here
 // (a few rounding flips of layernorm's output at most, each <= 1 ulp, propagated through a sum of 32 terms of
-// size ~1) the f32 loss within 32 ulp_bf16(1) and the f32 parameter gradients within 0.1.
+// size ~1) the f32 loss within 32 ulp_bf16(1). A parameter gradient element sums B*T = 4 rows; one flip of a
+// layernorm output (<= 2^-7 relative, values ~1) moves gelu's slope and so one row's term by <= 2^-7 * |xhat|
+// (|xhat| <= 2 here), so 2^-5 covers one flip with room; without a flip the two differ by f32 reordering only
+// (measured: 0 to 5e-7).
 TEST_F(Bf16LayerKernelTest, OpsRunBf16OnTheDevice) {
     const int B = 2, T = 2, C = 8, V = 5;
     const auto tok = random_bf16(size_t(V) * C), pos = random_bf16(size_t(T) * C), w = random_bf16(C, 0.5f, 1.5f);
@@ -335,8 +338,12 @@ TEST_F(Bf16LayerKernelTest, OpsRunBf16OnTheDevice) {
     };
     const auto on_device = run(Device::cuda), on_host = run(Device::cpu);
     EXPECT_LE(std::fabs(on_device[0][0] - on_host[0][0]), 32 * bfloat16_ulp(1.0));
-    for (size_t i = 1; i < on_host.size(); ++i)
-        EXPECT_TRUE(all_close(on_device[i], on_host[i], Tolerance{0.1, 0.0}, "parameter gradient " + std::to_string(i)));
+    for (size_t i = 1; i < on_host.size(); ++i) {
+        double worst = 0.0;
+        for (size_t k = 0; k < on_host[i].size(); ++k) worst = std::max(worst, double(std::fabs(on_device[i][k] - on_host[i][k])));
+        std::printf("[ parameter gradient %zu: max |device - host| %.3g ]\n", i, worst);
+        EXPECT_TRUE(all_close(on_device[i], on_host[i], Tolerance{std::ldexp(1.0, -5), 0.0}, "parameter gradient " + std::to_string(i)));
+    }
 }
 
 } // namespace
