@@ -59,3 +59,8 @@ Tensor cast(const Tensor& input, DType dtype);
 void convert_into(const Tensor& out, const Tensor& input);
 
 } // namespace engine
+
+// The general ops for people's own models, one header per family (docs/GUIDE.md).
+#include "engine/ops/pointwise.h"  // relu, silu, tanh, sigmoid, exp, log; add, sub, mul, div with broadcasting
+#include "engine/ops/reductions.h" // softmax, log_softmax; sum, mean, max over a dimension; mse_loss; rms_norm
+#include "engine/ops/layout.h"     // permute, transpose, view, slice, concat; batched matmul with transposes

@@ -211,3 +211,8 @@ void sgd_update(Scalar* param, const Scalar* grad, Scalar* momentum_buffer, int6
                 float weight_decay, float grad_scale);
 
 } // namespace engine::kernels::cpu
+
+// The general ops' kernels, one header per family.
+#include "kernels/cpu/pointwise_kernels.h"
+#include "kernels/cpu/reduction_kernels.h"
+#include "kernels/cpu/layout_kernels.h"

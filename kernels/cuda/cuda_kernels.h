@@ -207,3 +207,8 @@ void sgd_update(float* param, const float* grad, float* momentum_buffer, int64_t
                 float weight_decay, float grad_scale, cudaStream_t stream);
 
 } // namespace engine::kernels::cuda
+
+// The general ops' kernels, one header per family (twins of kernels/cpu/<family>_kernels.h).
+#include "kernels/cuda/pointwise_kernels.h"
+#include "kernels/cuda/reduction_kernels.h"
+#include "kernels/cuda/layout_kernels.h"
