@@ -18,7 +18,6 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_b = false);
 // over the last dimension, eps 1e-5; saves mean and rstd
 Tensor layernorm(const Tensor& input, const Tensor& weight, const Tensor& bias);
 Tensor gelu(const Tensor& input); // tanh approximation
-Tensor add(const Tensor& a, const Tensor& b); // residual add, same shapes
 // qkv (B,T,3C) -> (B,T,C); causal; saves logsumexp (B,NH,T), recomputes probabilities in backward
 Tensor attention(const Tensor& qkv, int num_heads);
 // Draws its mask from the engine RNG stream (engine/random.h); identity when p == 0 or !training.
