@@ -207,19 +207,20 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
         prefetch_order.push_back(segment);
     }
 
-    Node node;
-    node.op = "checkpoint";
+    std::vector<uint64_t> output_ids;
+    std::vector<Tensor*> output_pointers;
     for (Tensor& output : outputs) {
         ENGINE_CHECK(output.defined(), "checkpoint: the segment function returned an undefined tensor");
         // A fresh identity over the same storage: an output that is one of the inputs (an identity segment)
         // must not turn the caller's tensor into a non-leaf or share its gradient slot.
         output = output.detach();
-        output.impl().requires_grad = true;
-        output.impl().is_leaf = false;
-        node.output_ids.push_back(output.id());
+        output_ids.push_back(output.id());
+        output_pointers.push_back(&output);
     }
+    std::vector<const Tensor*> input_pointers;
+    for (const Tensor& input : inputs) input_pointers.push_back(&input);
     // Backward releases the saved inputs as soon as the recompute holds what it needs.
-    node.backward = [fn, segment, queued, rng_at_start, output_ids = node.output_ids](BackwardContext& context) {
+    auto backward_function = [fn, segment, queued, rng_at_start, output_ids](BackwardContext& context) {
         std::vector<SavedInput>& saved = segment->inputs;
         // Prefetched copies are used only once the compute stream is ordered after them; that also makes
         // releasing their pinned sources below safe.
@@ -239,8 +240,7 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
             }
             entry.data = Tensor();
             // A non-leaf that requires grad: its gradient collects in the local context, not in a buffer.
-            input.impl().requires_grad = entry.requires_grad;
-            input.impl().is_leaf = false;
+            input = as_non_leaf(input, entry.requires_grad);
             recompute_ids.push_back(input.id());
             recompute_inputs.push_back(std::move(input));
         }
@@ -278,7 +278,8 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
             else context.seed(target.id, std::move(gradient));
         }
     };
-    current_tape().record(std::move(node));
+    // Recorded even when no input requires grad: the segment's parameters inside fn do.
+    record_node("checkpoint", input_pointers, output_pointers, std::move(backward_function), RecordWhen::grad_enabled);
     return outputs;
 }
 

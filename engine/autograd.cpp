@@ -2,6 +2,7 @@
 #include "engine/autograd.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 #include "engine/ops.h"
 #include "engine/elementwise.h"
@@ -18,6 +19,40 @@ NoGradGuard::NoGradGuard() : previous_(thread_grad_enabled) { thread_grad_enable
 NoGradGuard::~NoGradGuard() { thread_grad_enabled = previous_; }
 GradModeGuard::GradModeGuard(bool enabled) : previous_(thread_grad_enabled) { thread_grad_enabled = enabled; }
 GradModeGuard::~GradModeGuard() { thread_grad_enabled = previous_; }
+
+void Tape::record(Node node) {
+    nodes_.push_back(std::move(node));
+    if (nodes_.size() < sweep_at_) return;
+    release_unreachable();
+    sweep_at_ = std::max(minimum_sweep_size, 2 * nodes_.size());
+}
+
+size_t Tape::release_unreachable() {
+    // Newest first: a node is kept when one of its outputs has a live handle or is an input of a node kept
+    // after it; then its own inputs are needed. Only nodes kept can bring a gradient to an earlier one.
+    std::unordered_set<uint64_t> needed;
+    std::vector<bool> keep(nodes_.size(), true);
+    for (size_t index = nodes_.size(); index-- > 0;) {
+        const Node& node = nodes_[index];
+        if (!node.inputs_known) break; // what it reads is unknown: keep it and everything before it
+        bool kept = false;
+        for (size_t k = 0; k < node.output_ids.size() && !kept; ++k)
+            kept = !node.output_liveness[k].expired() || needed.count(node.output_ids[k]) != 0;
+        keep[index] = kept;
+        if (kept) needed.insert(node.input_ids.begin(), node.input_ids.end());
+        // Freed now, not after the pass: its saved tensors may be the only handles of earlier nodes' outputs.
+        else nodes_[index].backward = nullptr;
+    }
+    const size_t before = nodes_.size();
+    size_t write = 0;
+    for (size_t index = 0; index < nodes_.size(); ++index)
+        if (keep[index]) {
+            if (write != index) nodes_[write] = std::move(nodes_[index]);
+            ++write;
+        }
+    nodes_.erase(nodes_.begin() + static_cast<std::ptrdiff_t>(write), nodes_.end()); // frees their saved tensors
+    return before - write;
+}
 
 Tape& current_tape() { return thread_current_tape ? *thread_current_tape : thread_global_tape; }
 TapeScope::TapeScope(Tape& tape) : previous_(thread_current_tape) { thread_current_tape = &tape; }
@@ -144,22 +179,33 @@ void backward(const Tensor& loss, const BackwardOptions& options) {
 }
 
 bool record_node(const std::string& op, const std::vector<const Tensor*>& inputs,
-                 const std::vector<Tensor*>& outputs, BackwardFunction backward_function) {
+                 const std::vector<Tensor*>& outputs, BackwardFunction backward_function, RecordWhen when) {
     if (!grad_enabled()) return false;
-    bool any_requires_grad = false;
+    bool any_requires_grad = when == RecordWhen::grad_enabled;
     for (const Tensor* input : inputs)
         any_requires_grad = any_requires_grad || (input->defined() && input->requires_grad());
     if (!any_requires_grad) return false;
     Node node;
     node.op = op;
+    for (const Tensor* input : inputs)
+        if (input->defined() && input->requires_grad()) node.input_ids.push_back(input->id());
     for (Tensor* output : outputs) {
         output->impl().requires_grad = true;
         output->impl().is_leaf = false;
         node.output_ids.push_back(output->id());
+        node.output_liveness.push_back(output->impl().liveness);
     }
+    node.inputs_known = true;
     node.backward = std::move(backward_function);
     current_tape().record(std::move(node));
     return true;
+}
+
+Tensor as_non_leaf(const Tensor& tensor, bool requires_grad) {
+    Tensor view = tensor.detach();
+    view.impl().requires_grad = requires_grad;
+    view.impl().is_leaf = false;
+    return view;
 }
 
 void zero_grad(const std::vector<Tensor>& parameters) {

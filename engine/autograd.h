@@ -57,18 +57,31 @@ struct Node {
     std::string op;
     std::vector<uint64_t> output_ids;
     BackwardFunction backward; // captures exactly the tensors it saved; destroyed right after it runs
+    // What release_unreachable needs, filled by record_node: the inputs' ids, and whether each output still
+    // has a live handle. A node recorded without them (inputs_known false) keeps every node before it.
+    std::vector<uint64_t> input_ids;
+    std::vector<std::weak_ptr<const void>> output_liveness;
+    bool inputs_known = false;
 };
 
+// The recorded graph. A forward run in grad mode whose result is dropped without backward leaves nodes no
+// gradient can reach; rather than hold their saved tensors until the next backward, the tape sweeps them out
+// whenever it has doubled since the last sweep (at least 64 nodes), so repeated forwards without backward
+// hold at most about twice the live graph. release_unreachable() sweeps now. docs/ARCHITECTURE.md, "The tape".
 class Tape {
 public:
-    void record(Node node) { nodes_.push_back(std::move(node)); }
+    void record(Node node);
     size_t size() const { return nodes_.size(); }
     bool empty() const { return nodes_.empty(); }
     std::vector<Node>& nodes() { return nodes_; }
     void clear() { nodes_.clear(); }
+    // Frees every node none of whose outputs is alive or read by a node kept. Returns how many it freed.
+    size_t release_unreachable();
 
 private:
+    static constexpr size_t minimum_sweep_size = 64;
     std::vector<Node> nodes_;
+    size_t sweep_at_ = minimum_sweep_size;
 };
 
 // The tape ops record on: the global tape, or the innermost TapeScope (checkpoint recompute uses one).
@@ -135,10 +148,18 @@ struct BackwardOptions {
 // Backward from a scalar loss over the current tape. Parameter gradients accumulate (+=).
 void backward(const Tensor& loss, const BackwardOptions& options = {});
 
-// Records a node on the current tape if grad mode is on and any of `inputs` requires grad; marks `outputs`
-// as requiring grad in that case. Returns whether it recorded.
+// When record_node records: when an input requires grad (every op), or whenever grad mode is on (checkpoint:
+// its backward reaches the segment's parameters, which are not among its inputs).
+enum class RecordWhen { an_input_requires_grad, grad_enabled };
+// Records a node on the current tape if grad mode is on and (by default) any of `inputs` requires grad; marks
+// `outputs` as non-leaves requiring grad in that case. Returns whether it recorded.
 bool record_node(const std::string& op, const std::vector<const Tensor*>& inputs,
-                 const std::vector<Tensor*>& outputs, BackwardFunction backward);
+                 const std::vector<Tensor*>& outputs, BackwardFunction backward,
+                 RecordWhen when = RecordWhen::an_input_requires_grad);
+// A new identity over `tensor`'s storage that is a non-leaf (requiring grad as asked): a graph input whose
+// gradient collects in a BackwardContext rather than in a persistent buffer, for code that replays part of a
+// graph on a local tape (checkpoint recompute).
+Tensor as_non_leaf(const Tensor& tensor, bool requires_grad);
 
 // Zeroes gradient buffers in place (a memset, never a free).
 void zero_grad(const std::vector<Tensor>& parameters);

@@ -53,6 +53,9 @@ struct TensorImpl {
     bool requires_grad = false;  // a leaf that wants a gradient, or an op output that depends on one
     bool is_leaf = true;         // created by the user, not by an op
     std::shared_ptr<TensorImpl> grad; // persistent gradient buffer of a leaf (allocated once)
+    // Alive while any handle of this autograd id is (reshape copies it with the id): the tape frees the nodes
+    // whose outputs no live tensor and no kept node can reach (Tape::release_unreachable).
+    std::shared_ptr<const void> liveness = std::make_shared<char>();
     std::string name;
 };
 

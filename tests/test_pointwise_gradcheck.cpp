@@ -43,7 +43,9 @@ TEST_F(PointwiseGradcheck, UnaryFunctionsMatchFiniteDifferencesAndTheirFormulas)
     };
     for (const UnaryCase& unary : cases) {
         SCOPED_TRACE(unary.name);
-        Tensor input = random_leaf(generator, {3, 7, 5}, 2.0);
+        // exp at scale 2 reaches e^8: the loss's rounding, divided by the step, would swamp small gradients.
+        const bool exponential = std::string(unary.name) == "exp";
+        Tensor input = random_leaf(generator, {3, 7, 5}, exponential ? 0.5 : 2.0);
         if (std::string(unary.name) == "log") { // positive inputs, some of them small
             double* values = input.data<double>();
             for (int64_t i = 0; i < input.numel(); ++i) values[i] = std::fabs(values[i]) + 0.05;
