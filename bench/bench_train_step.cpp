@@ -25,9 +25,7 @@
 
 #include "nn/gpt.h"
 #include "optim/trainer.h"
-#if ENGINE_HAS_CUDA
 #include "engine/cuda/runtime.h"
-#endif
 
 namespace {
 
@@ -47,13 +45,7 @@ struct TrainShape {
     Device device = Device::cpu;
 };
 
-bool cuda_available() {
-#if ENGINE_HAS_CUDA
-    return engine::cuda::device_available();
-#else
-    return false;
-#endif
-}
+bool cuda_available() { return engine::cuda::device_available(); }
 
 TrainShape resolve(const Options& options, Device device) {
     const bool large = device == Device::cuda;
@@ -109,28 +101,18 @@ struct Session {
     int64_t parameter_count = 0;
 };
 
-void synchronize(Device device) {
-#if ENGINE_HAS_CUDA
-    if (device == Device::cuda) engine::cuda::synchronize(); // the update is queued on the stream, not yet done
-#else
-    (void)device;
-#endif
-}
+// The update is queued on the stream, not yet done.
+void synchronize(Device device) { engine::cuda::synchronize(device); }
 
 constexpr double mebibyte = 1024.0 * 1024.0;
 
 void run_train_step(benchmark::State& state, const TrainShape& shape, std::shared_ptr<Session>* session, bool tf32) {
     if (shape.device == Device::cuda) {
-#if ENGINE_HAS_CUDA
         if (!engine::cuda::device_available()) {
-            state.SkipWithError("no CUDA device");
+            state.SkipWithError(ENGINE_HAS_CUDA ? "no CUDA device" : "this build of libengine has no CUDA backend");
             return;
         }
         engine::cuda::set_tf32_enabled(tf32);
-#else
-        state.SkipWithError("this build of libengine has no CUDA backend");
-        return;
-#endif
     }
     optim::StepResult last;
     try {

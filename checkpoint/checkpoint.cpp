@@ -9,9 +9,7 @@
 #include <sstream>
 
 #include "engine/elementwise.h"
-#if ENGINE_HAS_CUDA
 #include "engine/cuda/runtime.h"
-#endif
 
 namespace engine::checkpoint {
 namespace {
@@ -32,7 +30,6 @@ struct SavedSegment {
     std::vector<Tensor> prefetched; // per input: its device copy, brought back ahead of this backward
     bool prefetch_issued = false;
     const Tape* tape = nullptr;     // where the node was recorded: prefetch stays within one backward walk
-#if ENGINE_HAS_CUDA
     std::optional<cuda::StreamEvent> copies_done; // recorded on the copy stream after its offload or prefetch copies
 
     SavedSegment() = default;
@@ -54,24 +51,18 @@ struct SavedSegment {
         if (copies_done) copies_done->wait(cuda::compute_stream());
         copies_done.reset();
     }
-#else
-    void wait_for_copies() {}
-#endif
 };
 
 // A pinned host copy of `input`. On CUDA it goes device->host on the copy stream and the host does not wait:
 // the segment's event orders every later reader of the copy, and the allocator fences the device block so
 // that the caller may drop `input` at once. On the CPU, a plain copy.
 Tensor offload_to_host(const Tensor& input, SavedSegment& segment) {
-#if ENGINE_HAS_CUDA
     if (input.device() == Device::cuda) {
         Tensor host = Tensor::empty(input.shape(), input.dtype(), Device::cpu, MemoryCategory::pinned_host);
         if (!segment.copies_done) segment.copies_done.emplace();
         cuda::copy_to_host_async(host.raw_data(), input.raw_data(), input.nbytes(), *segment.copies_done);
         return host;
     }
-#endif
-    (void)segment;
     return input.to(Device::cpu, MemoryCategory::pinned_host);
 }
 
@@ -85,7 +76,6 @@ void start_prefetch(SavedSegment& segment) {
     for (size_t index = 0; index < segment.inputs.size(); ++index) {
         const SavedInput& entry = segment.inputs[index];
         if (!entry.data.defined() || entry.data.category() != MemoryCategory::pinned_host) continue;
-#if ENGINE_HAS_CUDA
         if (entry.device == Device::cuda) {
             Tensor destination = Tensor::empty(entry.data.shape(), entry.data.dtype(), Device::cuda,
                                                MemoryCategory::activations);
@@ -95,7 +85,6 @@ void start_prefetch(SavedSegment& segment) {
             segment.prefetched[index] = std::move(destination);
             continue;
         }
-#endif
         segment.prefetched[index] = entry.data.to(entry.device, MemoryCategory::activations);
     }
     ++thread_prefetched_segments;

@@ -74,7 +74,10 @@ public:
     size_t size() const { return nodes_.size(); }
     bool empty() const { return nodes_.empty(); }
     std::vector<Node>& nodes() { return nodes_; }
-    void clear() { nodes_.clear(); }
+    void clear() {
+        nodes_.clear();
+        sweep_at_ = minimum_sweep_size;
+    }
     // Frees every node none of whose outputs is alive or read by a node kept. Returns how many it freed.
     size_t release_unreachable();
 

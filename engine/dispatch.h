@@ -95,7 +95,13 @@ T* grad_pointer(const Tensor& gradient) {
 // ENGINE_DISPATCH_CUDA(op, dtype, [&]<typename T>() { kernels::cuda::...(x.data<T>(), ...); }): dispatch_cuda,
 // or the "built without CUDA" error in a CPU-only build, where the lambda (naming CUDA kernels) is not compiled.
 #define ENGINE_DISPATCH_CUDA(op, dtype, ...) ::engine::detail::dispatch_cuda(op, dtype, __VA_ARGS__)
+// ENGINE_CUDA_ONLY(op, statement): the statement (naming CUDA kernels), or the "built without CUDA" error.
+#define ENGINE_CUDA_ONLY(op, ...)                                                                        \
+    do {                                                                                                 \
+        __VA_ARGS__;                                                                                     \
+    } while (0)
 #else
 #define ENGINE_ON_CUDA(op, dtype, ...) ::engine::detail::fail_without_cuda(op)
 #define ENGINE_DISPATCH_CUDA(op, dtype, ...) ::engine::detail::fail_without_cuda(op)
+#define ENGINE_CUDA_ONLY(op, ...) ::engine::detail::fail_without_cuda(op)
 #endif

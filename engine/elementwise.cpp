@@ -5,9 +5,7 @@
 #include <cmath>
 
 #include "engine/dispatch.h"
-#if ENGINE_HAS_CUDA
 #include "engine/cuda/scratch.h"
-#endif
 
 namespace engine {
 using namespace detail;
@@ -27,13 +25,9 @@ void accumulate_into(const Tensor& destination, const Tensor& source, double alp
                 kernels::cpu::axpy<Destination, Source>(destination.data<Destination>(), source.data<Source>(),
                                                         static_cast<float>(alpha), destination.numel());
             } else {
-#if ENGINE_HAS_CUDA
-                kernels::cuda::axpy<Destination, Source>(destination.data<Destination>(), source.data<Source>(),
-                                                         static_cast<float>(alpha), destination.numel(),
-                                                         cuda::compute_stream());
-#else
-                fail_without_cuda("accumulate");
-#endif
+                ENGINE_CUDA_ONLY("accumulate", kernels::cuda::axpy<Destination, Source>(
+                                                   destination.data<Destination>(), source.data<Source>(),
+                                                   static_cast<float>(alpha), destination.numel(), cuda::compute_stream()));
             }
         };
         if (destination.dtype() == DType::f32) mixed.template operator()<float, bfloat16>();

@@ -10,9 +10,7 @@
 #include <vector>
 
 #include "base/error.h"
-#if ENGINE_HAS_CUDA
 #include "engine/cuda/runtime.h"
-#endif
 
 namespace engine {
 namespace {
@@ -88,7 +86,6 @@ RawAllocator* allocator_for(Registry& reg, Device device, MemoryCategory categor
     if (category == MemoryCategory::pinned_host) return reg.pinned;
     RawAllocator* allocator = reg.accounts[device_index(device)].allocator;
     if (allocator == nullptr) {
-#if ENGINE_HAS_CUDA
         reg.mutex.unlock();
         try {
             cuda::ensure_initialized();
@@ -99,9 +96,6 @@ RawAllocator* allocator_for(Registry& reg, Device device, MemoryCategory categor
         reg.mutex.lock();
         allocator = reg.accounts[device_index(device)].allocator;
         ENGINE_CHECK(allocator != nullptr, "CUDA layer did not install a device allocator");
-#else
-        ENGINE_FAIL("cuda device requested, but libengine was built without CUDA (ENGINE_CUDA=OFF or no nvcc)");
-#endif
     }
     return allocator;
 }
@@ -168,7 +162,6 @@ void set_pinned_allocator(RawAllocator* allocator) {
     reg.pinned = allocator ? allocator : &reg.host_pool;
 }
 
-#if ENGINE_HAS_CUDA
 // Pinned blocks must all come from one pool: where a GPU is present, start the CUDA layer (which installs
 // its cudaHostAlloc pool) before the first pinned allocation, so no heap block is ever freed into it.
 static void start_cuda_for_pinned_memory() {
@@ -179,15 +172,12 @@ static void start_cuda_for_pinned_memory() {
     }();
     (void)started;
 }
-#endif
 
 void* allocate_bytes(Device device, size_t bytes, MemoryCategory category) {
     // Pinned host memory belongs to the host, whatever device asked for it.
     if (category == MemoryCategory::pinned_host) {
         device = Device::cpu;
-#if ENGINE_HAS_CUDA
         start_cuda_for_pinned_memory();
-#endif
     }
     Registry& reg = registry();
     std::unique_lock lock(reg.mutex);

@@ -8,9 +8,7 @@
 #include <type_traits>
 
 #include "engine/autograd.h"
-#if ENGINE_HAS_CUDA
 #include "engine/cuda/runtime.h"
-#endif
 
 namespace engine {
 
@@ -47,11 +45,7 @@ void copy_bytes(void* destination, Device destination_device, const void* source
         std::memcpy(destination, source, bytes);
         return;
     }
-#if ENGINE_HAS_CUDA
     cuda::copy(destination, destination_device, source, source_device, bytes);
-#else
-    ENGINE_FAIL("copy to or from a cuda tensor, but libengine was built without CUDA");
-#endif
 }
 
 void zero_bytes(void* destination, Device device, size_t bytes) {
@@ -60,11 +54,7 @@ void zero_bytes(void* destination, Device device, size_t bytes) {
         std::memset(destination, 0, bytes);
         return;
     }
-#if ENGINE_HAS_CUDA
     cuda::zero(destination, bytes);
-#else
-    ENGINE_FAIL("zeroing a cuda tensor, but libengine was built without CUDA");
-#endif
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemoryCategory category) {

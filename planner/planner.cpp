@@ -9,11 +9,7 @@
 #include <iomanip>
 #include <sstream>
 
-#if ENGINE_HAS_CUDA
-#include "base/cuda/check.h"
-#include "base/cuda/headers.h"
 #include "engine/cuda/runtime.h"
-#endif
 
 namespace engine::planner {
 namespace {
@@ -237,14 +233,10 @@ AutoBudget automatic_budget(Device device) {
             }
         ENGINE_CHECK(budget.free_bytes > 0, "--max-memory auto: cannot read MemAvailable from /proc/meminfo");
     } else {
-#if ENGINE_HAS_CUDA
-        cuda::ensure_initialized();
+        ENGINE_CHECK(cuda::device_available(), "automatic_budget: no CUDA device (or this build of libengine has no CUDA backend)");
         size_t free = 0, total = 0;
-        CUDA_CHECK(cudaMemGetInfo(&free, &total));
+        cuda::memory_info(free, total);
         budget.free_bytes = free;
-#else
-        ENGINE_FAIL("automatic_budget: this build of libengine has no CUDA backend");
-#endif
     }
     budget.margin_bytes = budget.free_bytes / 10;
     return budget;

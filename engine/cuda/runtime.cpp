@@ -129,6 +129,13 @@ void zero(void* destination, size_t bytes) {
 }
 
 void synchronize() { CUDA_CHECK(cudaStreamSynchronize(compute_stream())); }
+void synchronize(Device device) {
+    if (device == Device::cuda) synchronize();
+}
+void memory_info(size_t& free_bytes, size_t& total_bytes) {
+    ensure_initialized();
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+}
 
 void set_tf32_enabled(bool enabled) { tf32.store(enabled); }
 bool tf32_enabled() { return tf32.load(); }

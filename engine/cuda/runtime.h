@@ -1,5 +1,6 @@
-// The CUDA device layer as the rest of the engine sees it: plain C++ declarations, no CUDA headers, so
-// that core code can call it under `#if ENGINE_HAS_CUDA` and a CPU-only build never includes it.
+// The CUDA device layer as the rest of the engine sees it: plain C++ declarations, no CUDA headers. Every
+// build has them: without CUDA they are engine/cuda_absent.cpp's stubs (device_available() is false, the rest
+// throw "built without CUDA"), so no code outside the device layer needs an `#if ENGINE_HAS_CUDA`.
 #pragma once
 
 #include <cstddef>
@@ -42,6 +43,10 @@ void* cublaslt_workspace();
 void copy(void* destination, Device destination_device, const void* source, Device source_device, size_t bytes);
 void zero(void* destination, size_t bytes); // cudaMemsetAsync on the compute stream
 void synchronize();                         // waits for the compute stream
+// The host waits for the compute stream when `device` is cuda; nothing on the CPU (every build, no device needed).
+void synchronize(Device device);
+// cudaMemGetInfo of the bound device (initialising the layer).
+void memory_info(size_t& free_bytes, size_t& total_bytes);
 // cudaMalloc/cudaHostAlloc calls made so far (the caching allocator's misses), for steady-state tests.
 size_t system_allocation_count();
 // Math of the engine's GEMMs and attention on CUDA: TF32 tensor cores (the default) or full fp32.

@@ -4,9 +4,7 @@
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
 #include "engine/ops.h"
-#if ENGINE_HAS_CUDA
 #include "engine/cuda/scratch.h"
-#endif
 
 namespace engine {
 using namespace detail;

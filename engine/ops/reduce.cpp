@@ -5,9 +5,7 @@
 #include "engine/dispatch.h"
 #include "engine/elementwise.h"
 #include "engine/ops.h"
-#if ENGINE_HAS_CUDA
 #include "engine/cuda/scratch.h"
-#endif
 
 namespace engine {
 using namespace detail;
