@@ -1,6 +1,7 @@
 // slice and concat block copies over (outer, size, inner) (CUDA twin of kernels/cpu/slice.cpp): one
 // grid-stride walk over the narrow side's elements, 128-bit accesses when every row and offset allows them.
 // Bounded by memory bandwidth: one read and one write per element (two reads when accumulating).
+#include "base/cuda/launch.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/grid.h"
 #include "kernels/cuda/packs.cuh"
