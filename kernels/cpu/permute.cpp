@@ -45,7 +45,7 @@ void permute_forward(Scalar* out, const Scalar* inp, const int64_t* shape, const
 // The inverse permutation over dout's shape, so the walk runs over dinp in order.
 template <typename Scalar>
 void permute_backward(Scalar* dinp, const Scalar* dout, const int64_t* shape, const int64_t* dims, int rank) {
-    int64_t out_shape[max_permute_rank], inverse[max_permute_rank];
+    int64_t out_shape[max_permute_rank] = {}, inverse[max_permute_rank] = {};
     for (int axis = 0; axis < rank; ++axis) {
         out_shape[axis] = shape[dims[axis]];
         inverse[dims[axis]] = axis;

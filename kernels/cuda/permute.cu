@@ -165,7 +165,7 @@ void launch_permute(T* out, const T* inp, const int64_t* shape, const int64_t* d
 template <typename T>
 void launch_permute_backward(T* dinp, const T* dout, const int64_t* shape, const int64_t* dims, int rank,
                              cudaStream_t stream) {
-    int64_t out_shape[max_rank], inverse[max_rank];
+    int64_t out_shape[max_rank] = {}, inverse[max_rank] = {};
     for (int axis = 0; axis < rank; ++axis) {
         out_shape[axis] = shape[dims[axis]];
         inverse[dims[axis]] = axis;
