@@ -3,6 +3,7 @@
 // into one c (and for the degenerate k = 0 the per-matrix gemm already handles).
 #include "base/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/gemm_operands.h"
 
 namespace engine::kernels::cuda {
 namespace {
@@ -11,8 +12,7 @@ template <typename T> constexpr cudaDataType data_type();
 template <> constexpr cudaDataType data_type<float>() { return CUDA_R_32F; }
 template <> constexpr cudaDataType data_type<bfloat16>() { return CUDA_R_16BF; }
 
-// As gemm_ex (kernels/cuda/gemm.cu): row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ, so the
-// operands swap, each keeps its transpose flag, and the row lengths are the leading dimensions.
+// Row-major C = op(A) op(B) as column-major Cᵀ = op(B)ᵀ op(A)ᵀ (kernels/cuda/gemm_operands.h), batch by batch.
 template <typename Out, typename T>
 void launch_batched_gemm(Out* c, const T* a, const T* b, int64_t batch, int m, int n, int k, bool transpose_a,
                          bool transpose_b, int64_t stride_a, int64_t stride_b, int64_t stride_c, float alpha,
@@ -27,16 +27,11 @@ void launch_batched_gemm(Out* c, const T* a, const T* b, int64_t batch, int m, i
         return;
     }
     CUBLAS_CHECK(cublasSetStream(handle, stream));
-    const cublasOperation_t operation_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t operation_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const int leading_a = transpose_a ? m : k; // a_i stored (k,m) or (m,k)
-    const int leading_b = transpose_b ? k : n; // b_i stored (n,k) or (k,n)
-    const bool fast_tf32 = tf32 && data_type<T>() == CUDA_R_32F;
-    const cublasComputeType_t compute = fast_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, operation_b, operation_a, n, m, k, &alpha, b, data_type<T>(),
-                                            leading_b, stride_b, a, data_type<T>(), leading_a, stride_a, &beta, c,
-                                            data_type<Out>(), n, stride_c, static_cast<int>(batch), compute,
-                                            CUBLAS_GEMM_DEFAULT));
+    const ColumnMajorGemm layout = column_major_gemm(m, n, k, transpose_a, transpose_b, tf32, data_type<T>());
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, layout.operation_b, layout.operation_a, n, m, k, &alpha, b,
+                                            data_type<T>(), layout.leading_b, stride_b, a, data_type<T>(),
+                                            layout.leading_a, stride_a, &beta, c, data_type<Out>(), n, stride_c,
+                                            static_cast<int>(batch), layout.compute, CUBLAS_GEMM_DEFAULT));
 }
 
 } // namespace

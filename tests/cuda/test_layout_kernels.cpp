@@ -116,45 +116,29 @@ void check_blocks(LayoutKernelTest& test) {
         const size_t wide = size_t(block.outer * block.size * block.inner);
         const size_t narrow_count = size_t(block.outer * block.length * block.inner);
         const std::vector<T> wide_values = test.random_values<T>(wide), narrow_values = test.random_values<T>(narrow_count);
-        // slice_forward: narrow = wide's block (narrow output poisoned).
-        std::vector<T> sliced(narrow_count);
-        cpu::slice_forward<T>(sliced.data(), wide_values.data(), block.outer, block.size, block.inner, block.start,
-                              block.length);
-        DeviceBuffer<T> wide_device(wide_values), narrow_device(narrow_values), sliced_device(poisoned<T>(narrow_count));
-        gpu::slice_forward(sliced_device.get(), wide_device.get(), block.outer, block.size, block.inner, block.start,
-                           block.length, test.stream);
-        EXPECT_TRUE(all_close(widened(sliced_device.to_host()), widened(sliced), exact, name.str() + " slice_forward"));
-        // slice_backward: wide base += narrow into the block.
-        std::vector<T> wide_base = test.random_values<T>(wide);
-        DeviceBuffer<T> wide_base_device(wide_base);
-        cpu::slice_backward<T>(wide_base.data(), narrow_values.data(), block.outer, block.size, block.inner, block.start,
-                               block.length);
-        gpu::slice_backward(wide_base_device.get(), narrow_device.get(), block.outer, block.size, block.inner,
-                            block.start, block.length, test.stream);
-        EXPECT_TRUE(all_close(widened(wide_base_device.to_host()), widened(wide_base), exact, name.str() + " slice_backward"));
-        // concat_forward: the block of a poisoned wide output; only the block is compared (the rest is the
-        // other inputs' part), the NaN elsewhere proving nothing outside it was written.
-        std::vector<T> joined = poisoned<T>(wide);
-        DeviceBuffer<T> joined_device(joined);
-        cpu::concat_forward<T>(joined.data(), narrow_values.data(), block.outer, block.size, block.inner, block.start,
-                               block.length);
-        gpu::concat_forward(joined_device.get(), narrow_device.get(), block.outer, block.size, block.inner, block.start,
-                            block.length, test.stream);
-        const std::vector<T> joined_back = joined_device.to_host();
-        for (size_t i = 0; i < wide; ++i) {
-            const float expected = widen(joined[i]), actual = widen(joined_back[i]);
-            if (std::isnan(expected)) EXPECT_TRUE(std::isnan(actual)) << name.str() << " concat_forward wrote " << i;
-            else EXPECT_EQ(actual, expected) << name.str() << " concat_forward element " << i;
-        }
-        // concat_backward: narrow base += wide's block.
-        std::vector<T> narrow_base = test.random_values<T>(narrow_count);
-        DeviceBuffer<T> narrow_base_device(narrow_base);
-        cpu::concat_backward<T>(narrow_base.data(), wide_values.data(), block.outer, block.size, block.inner, block.start,
-                                block.length);
-        gpu::concat_backward(narrow_base_device.get(), wide_device.get(), block.outer, block.size, block.inner,
-                             block.start, block.length, test.stream);
-        EXPECT_TRUE(all_close(widened(narrow_base_device.to_host()), widened(narrow_base), exact,
-                              name.str() + " concat_backward"));
+        // One kernel on both sides from the same destination: poisoned where the kernel must write all of it
+        // (slice_forward), else random, so that an accumulation base, and concat_forward leaving everything
+        // outside its block alone, are checked too.
+        const auto check = [&](const char* kernel, std::vector<T> destination, const std::vector<T>& source,
+                               auto cpu_kernel, auto gpu_kernel) {
+            DeviceBuffer<T> destination_device(destination), source_device(source);
+            cpu_kernel(destination.data(), source.data(), block.outer, block.size, block.inner, block.start,
+                       block.length);
+            gpu_kernel(destination_device.get(), source_device.get(), block.outer, block.size, block.inner, block.start,
+                       block.length, test.stream);
+            EXPECT_TRUE(all_close(widened(destination_device.to_host()), widened(destination), exact,
+                                  name.str() + " " + kernel));
+        };
+        // The overload of each CUDA kernel for T.
+        using GpuKernel = void (*)(T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t);
+        check("slice_forward", poisoned<T>(narrow_count), wide_values, cpu::slice_forward<T>,
+              GpuKernel(gpu::slice_forward));
+        check("slice_backward", test.random_values<T>(wide), narrow_values, cpu::slice_backward<T>,
+              GpuKernel(gpu::slice_backward));
+        check("concat_forward", test.random_values<T>(wide), narrow_values, cpu::concat_forward<T>,
+              GpuKernel(gpu::concat_forward));
+        check("concat_backward", test.random_values<T>(narrow_count), wide_values, cpu::concat_backward<T>,
+              GpuKernel(gpu::concat_backward));
     }
 }
 
