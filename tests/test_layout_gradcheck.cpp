@@ -66,7 +66,8 @@ TEST_F(LayoutGradcheck, PermuteEveryOrderOfA4DTensor) {
     do {
         SCOPED_TRACE(::testing::Message() << "dims " << dims[0] << dims[1] << dims[2] << dims[3]);
         Tensor out = permute(input, dims);
-        EXPECT_EQ(out.shape(), (Shape{input.size(dims[0]), input.size(dims[1]), input.size(dims[2]), input.size(dims[3])}));
+        const Shape expected_shape = {input.size(dims[0]), input.size(dims[1]), input.size(dims[2]), input.size(dims[3])};
+        EXPECT_EQ(out.shape(), expected_shape);
         EXPECT_EQ(out.to_vector<double>(), permuted_reference(input, dims));
         current_tape().clear();
         Tensor weights = weights_for(generator, out);
@@ -178,7 +179,8 @@ TEST_F(LayoutGradcheck, EmptySliceIsAnEmptyTensorWithZeroGradient) {
 }
 
 TEST_F(LayoutGradcheck, ConcatOfThreeSizesAlongAMiddleDimOneUsedTwice) {
-    Tensor a = random_leaf(generator, {2, 1, 3}), b = random_leaf(generator, {2, 4, 3}), c = random_leaf(generator, {2, 2, 3});
+    Tensor a = random_leaf(generator, {2, 1, 3}), b = random_leaf(generator, {2, 4, 3});
+    Tensor c = random_leaf(generator, {2, 2, 3});
     Tensor out = concat({a, b, a, c}, -2);
     ASSERT_EQ(out.shape(), (Shape{2, 8, 3}));
     const std::vector<double> values = out.to_vector<double>();
@@ -241,7 +243,8 @@ TEST_F(LayoutGradcheck, BatchedMatmulEveryTransposeAndBroadcastB) {
     const int64_t M = 3, K = 5, N = 4;
     for (int flags = 0; flags < 4; ++flags) {
         const MatmulOptions options{(flags & 1) != 0, (flags & 2) != 0};
-        SCOPED_TRACE(::testing::Message() << "transpose_a " << options.transpose_a << " transpose_b " << options.transpose_b);
+        SCOPED_TRACE(::testing::Message() << "transpose_a " << options.transpose_a << " transpose_b "
+                                          << options.transpose_b);
         Tensor a = random_leaf(generator, options.transpose_a ? Shape{2, 3, K, M} : Shape{2, 3, M, K});
         Tensor b = random_leaf(generator, options.transpose_b ? Shape{2, 3, N, K} : Shape{2, 3, K, N});
         Tensor b_shared = random_leaf(generator, options.transpose_b ? Shape{N, K} : Shape{K, N});
@@ -281,7 +284,8 @@ TEST_F(LayoutGradcheck, BadInputNamesTheOpAndTheShapes) {
     expect_error([&] { view(x, {2, 3, 5}); }, {"view", "(2,3,4)", "(2,3,5)", "element counts differ"});
     expect_error([&] { view(x, {-1, -1}); }, {"view", "(2,3,4)", "(-1,-1)", "more than one -1"});
     expect_error([&] { view(x, {-2, 12}); }, {"view", "(2,3,4)", "(-2,12)", "invalid extent"});
-    expect_error([&] { view(Tensor::zeros({0, 3}, DType::f64, Device::cpu), {0, -1}); }, {"view", "(0,3)", "(0,-1)", "ambiguous"});
+    expect_error([&] { view(Tensor::zeros({0, 3}, DType::f64, Device::cpu), {0, -1}); },
+                 {"view", "(0,3)", "(0,-1)", "ambiguous"});
     expect_error([&] { slice(x, 3, 0, 1); }, {"slice", "dimension 3", "(2,3,4)"});
     expect_error([&] { slice(Tensor::from_vector<int32_t>({1, 2}, {2}, Device::cpu), 0, 0, 1); }, {"slice", "i32"});
     Tensor y = random_tensor(generator, {2, 5, 3});

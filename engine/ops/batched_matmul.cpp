@@ -91,7 +91,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, MatmulOptions options) {
     out_shape.push_back(M);
     out_shape.push_back(N);
     Tensor out = Tensor::empty(out_shape, a.dtype(), a.device()); // (...,M,N)
-    if (fold) batched_gemm_tensors(out, a, b, {1, static_cast<int>(batch * M), N, K, false, transpose_b, 0, 0, 0}, 0.0);
+    const int folded_rows = fold ? static_cast<int>(batch * M) : 0;
+    if (fold) batched_gemm_tensors(out, a, b, {1, folded_rows, N, K, false, transpose_b, 0, 0, 0}, 0.0);
     else batched_gemm_tensors(out, a, b, {batch, M, N, K, transpose_a, transpose_b, a_stride, b_stride, c_stride}, 0.0);
 
     GradTarget a_target(a), b_target(b);
@@ -100,29 +101,27 @@ Tensor matmul(const Tensor& a, const Tensor& b, MatmulOptions options) {
         // d op(a) = dc op(b)ᵀ (M,K); a stored (K,M) takes its transpose, op(b) dcᵀ.
         if (Tensor da = context.input_grad(a_target); da.defined()) {
             if (fold)
-                batched_gemm_tensors(da, dout, saved_b, {1, static_cast<int>(batch * M), K, N, false, !transpose_b, 0, 0, 0},
-                                     1.0);
+                batched_gemm_tensors(da, dout, saved_b, {1, folded_rows, K, N, false, !transpose_b, 0, 0, 0}, 1.0);
             else if (!transpose_a)
-                batched_gemm_tensors(da, dout, saved_b, {batch, M, K, N, false, !transpose_b, c_stride, b_stride, a_stride},
-                                     1.0);
+                batched_gemm_tensors(da, dout, saved_b,
+                                     {batch, M, K, N, false, !transpose_b, c_stride, b_stride, a_stride}, 1.0);
             else
-                batched_gemm_tensors(da, saved_b, dout, {batch, K, M, N, transpose_b, true, b_stride, c_stride, a_stride},
-                                     1.0);
+                batched_gemm_tensors(da, saved_b, dout,
+                                     {batch, K, M, N, transpose_b, true, b_stride, c_stride, a_stride}, 1.0);
         }
         // d op(b) = op(a)ᵀ dc (K,N); b stored (N,K) takes dcᵀ op(a). A 2-D b sums over the batch (stride_c 0),
         // or, folded, as one GEMM over batch*M rows. b is the parameter side: its gradient in the compute dtype.
         if (Tensor db = context.parameter_grad(b_target); db.defined()) {
-            if (fold) {
-                const int folded_rows = static_cast<int>(batch * M);
-                if (!transpose_b) batched_gemm_tensors(db, saved_a, dout, {1, K, N, folded_rows, true, false, 0, 0, 0}, 1.0);
-                else batched_gemm_tensors(db, dout, saved_a, {1, N, K, folded_rows, true, false, 0, 0, 0}, 1.0);
-            } else if (!transpose_b) {
-                batched_gemm_tensors(db, saved_a, dout, {batch, K, N, M, !transpose_a, false, a_stride, c_stride, b_stride},
-                                     1.0);
-            } else {
-                batched_gemm_tensors(db, dout, saved_a, {batch, N, K, M, true, transpose_a, c_stride, a_stride, b_stride},
-                                     1.0);
-            }
+            if (fold && !transpose_b)
+                batched_gemm_tensors(db, saved_a, dout, {1, K, N, folded_rows, true, false, 0, 0, 0}, 1.0);
+            else if (fold)
+                batched_gemm_tensors(db, dout, saved_a, {1, N, K, folded_rows, true, false, 0, 0, 0}, 1.0);
+            else if (!transpose_b)
+                batched_gemm_tensors(db, saved_a, dout,
+                                     {batch, K, N, M, !transpose_a, false, a_stride, c_stride, b_stride}, 1.0);
+            else
+                batched_gemm_tensors(db, dout, saved_a,
+                                     {batch, N, K, M, true, transpose_a, c_stride, a_stride, b_stride}, 1.0);
         }
     });
     return out;

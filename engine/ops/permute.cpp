@@ -25,7 +25,8 @@ std::vector<int64_t> checked_permutation(const char* op, const Tensor& input, co
     const Shape& shape = input.shape();
     check_layout_dtype(op, input);
     ENGINE_CHECK(dims.size() == shape.size(), op << ": " << dims.size() << " dims " << dims_string(dims)
-                                                 << " for shape " << shape_string(shape) << " of rank " << shape.size());
+                                                 << " for shape " << shape_string(shape) << " of rank "
+                                                 << shape.size());
     ENGINE_CHECK(input.dim() <= kernels::cpu::max_permute_rank,
                  op << ": shape " << shape_string(shape) << " has rank " << input.dim() << "; at most "
                     << kernels::cpu::max_permute_rank << " are supported");

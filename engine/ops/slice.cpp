@@ -23,29 +23,21 @@ enum class BlockCopy { slice_forward, slice_backward, concat_forward, concat_bac
 
 void copy_blocks(const char* op, BlockCopy kind, const Tensor& destination, const Tensor& source,
                  const AroundDimension& wide, int64_t start, int64_t length) {
-    const int64_t outer = wide.outer, size = wide.size, inner = wide.inner;
+    const int which = static_cast<int>(kind); // indexes the kernels in BlockCopy's order
     if (destination.device() == Device::cpu) {
         dispatch_cpu(op, destination.dtype(), [&]<typename T>() {
-            T* out = destination.data<T>();
-            const T* in = source.data<T>();
-            switch (kind) {
-            case BlockCopy::slice_forward: kernels::cpu::slice_forward<T>(out, in, outer, size, inner, start, length); break;
-            case BlockCopy::slice_backward: kernels::cpu::slice_backward<T>(out, in, outer, size, inner, start, length); break;
-            case BlockCopy::concat_forward: kernels::cpu::concat_forward<T>(out, in, outer, size, inner, start, length); break;
-            case BlockCopy::concat_backward: kernels::cpu::concat_backward<T>(out, in, outer, size, inner, start, length); break;
-            }
+            using Kernel = void (*)(T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t);
+            const Kernel kernels[] = {kernels::cpu::slice_forward<T>, kernels::cpu::slice_backward<T>,
+                                      kernels::cpu::concat_forward<T>, kernels::cpu::concat_backward<T>};
+            kernels[which](destination.data<T>(), source.data<T>(), wide.outer, wide.size, wide.inner, start, length);
         });
     } else {
         ENGINE_DISPATCH_CUDA(op, destination.dtype(), [&]<typename T>() {
-            T* out = destination.data<T>();
-            const T* in = source.data<T>();
-            cudaStream_t stream = cuda::compute_stream();
-            switch (kind) {
-            case BlockCopy::slice_forward: kernels::cuda::slice_forward(out, in, outer, size, inner, start, length, stream); break;
-            case BlockCopy::slice_backward: kernels::cuda::slice_backward(out, in, outer, size, inner, start, length, stream); break;
-            case BlockCopy::concat_forward: kernels::cuda::concat_forward(out, in, outer, size, inner, start, length, stream); break;
-            case BlockCopy::concat_backward: kernels::cuda::concat_backward(out, in, outer, size, inner, start, length, stream); break;
-            }
+            using Kernel = void (*)(T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t);
+            const Kernel kernels[] = {kernels::cuda::slice_forward, kernels::cuda::slice_backward,
+                                      kernels::cuda::concat_forward, kernels::cuda::concat_backward};
+            kernels[which](destination.data<T>(), source.data<T>(), wide.outer, wide.size, wide.inner, start, length,
+                           cuda::compute_stream());
         });
     }
 }
@@ -55,7 +47,7 @@ void copy_blocks(const char* op, BlockCopy kind, const Tensor& destination, cons
 Tensor slice(const Tensor& input, int64_t dim, int64_t start, int64_t end) {
     constexpr const char* op = "slice";
     check_layout_dtype(op, input);
-    ENGINE_CHECK(input.dim() >= 1, op << ": a 0-d tensor " << shape_string(input.shape()) << " has no dimension to slice");
+    ENGINE_CHECK(input.dim() >= 1, op << ": a 0-d tensor " << shape_string(input.shape()) << " has no dimension");
     const int64_t axis = normalize_dimension(op, dim, input.shape());
     const AroundDimension wide = around_dimension(input.shape(), axis);
     const int64_t first = slice_bound(start, wide.size);
@@ -78,7 +70,7 @@ Tensor concat(const std::vector<Tensor>& inputs, int64_t dim) {
     ENGINE_CHECK(!inputs.empty(), op << ": no inputs");
     const Tensor& first = inputs.front();
     check_layout_dtype(op, first);
-    ENGINE_CHECK(first.dim() >= 1, op << ": a 0-d tensor " << shape_string(first.shape()) << " has no dimension to join");
+    ENGINE_CHECK(first.dim() >= 1, op << ": a 0-d tensor " << shape_string(first.shape()) << " has no dimension");
     const int64_t axis = normalize_dimension(op, dim, first.shape());
     Shape out_shape = first.shape();
     out_shape[static_cast<size_t>(axis)] = 0;

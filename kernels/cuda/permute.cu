@@ -125,8 +125,8 @@ void launch_permute(T* out, const T* inp, const int64_t* shape, const int64_t* d
     const PermuteLayout layout = simplified_layout(shape, dims, rank);
     const int last = layout.rank - 1;
     if (layout.rank <= 1 || layout.input_strides[last] == 1) {
-        ENGINE_LAUNCH((permute_gather_kernel<accumulate, T>), elementwise_grid(count, block_size), block_size, 0, stream,
-                      out, inp, layout, count);
+        ENGINE_LAUNCH((permute_gather_kernel<accumulate, T>), elementwise_grid(count, block_size), block_size, 0,
+                      stream, out, inp, layout, count);
         return;
     }
     TiledLayout tiled;

@@ -83,7 +83,8 @@ void check_permute(LayoutKernelTest& test) {
         DeviceBuffer<T> inp_device(inp), dout_device(dout), out_device(poisoned<T>(count)), dinp_device(dinp);
         cpu::permute_forward<T>(expected.data(), inp.data(), which.shape.data(), which.dims.data(), rank);
         cpu::permute_backward<T>(dinp.data(), dout.data(), which.shape.data(), which.dims.data(), rank);
-        gpu::permute_forward(out_device.get(), inp_device.get(), which.shape.data(), which.dims.data(), rank, test.stream);
+        gpu::permute_forward(out_device.get(), inp_device.get(), which.shape.data(), which.dims.data(), rank,
+                             test.stream);
         gpu::permute_backward(dinp_device.get(), dout_device.get(), which.shape.data(), which.dims.data(), rank,
                               test.stream);
         EXPECT_TRUE(all_close(widened(out_device.to_host()), widened(expected), exact, name.str() + " out"));
@@ -115,7 +116,8 @@ void check_blocks(LayoutKernelTest& test) {
         SCOPED_TRACE(name.str());
         const size_t wide = size_t(block.outer * block.size * block.inner);
         const size_t narrow_count = size_t(block.outer * block.length * block.inner);
-        const std::vector<T> wide_values = test.random_values<T>(wide), narrow_values = test.random_values<T>(narrow_count);
+        const std::vector<T> wide_values = test.random_values<T>(wide);
+        const std::vector<T> narrow_values = test.random_values<T>(narrow_count);
         // One kernel on both sides from the same destination: poisoned where the kernel must write all of it
         // (slice_forward), else random, so that an accumulation base, and concat_forward leaving everything
         // outside its block alone, are checked too.
@@ -152,7 +154,8 @@ TEST_F(LayoutKernelTest, SliceAndConcatBlocksBf16) { check_blocks<bfloat16>(*thi
 // value, with S = Σ_p |a_ip||b_pj| + |beta·c_ij| (the accumulated c counts as one more term) and γ_K =
 // (K+1)u / (1 - (K+1)u), u = 2^-24 (Higham, Accuracy and Stability, §3.1): so |cuda - cpu| <= 2 γ_K S. A bf16 c
 // is that f32 result rounded once more on each side, within 2^-8 relative (bf16's unit roundoff): add
-// 2^-8 (|cuda| + |cpu|).
+// 2^-8 (|cuda| + |cpu|). With TF32 the CUDA side rounds each f32 operand to 10 mantissa bits first (relative
+// error 2^-11 each), so each product moves by at most ((1 + 2^-11)^2 - 1) of its magnitude: add that times S.
 struct GemmBoundCheck {
     double worst_ratio = 0.0, worst_error = 0.0;
     size_t failures = 0;
@@ -160,12 +163,13 @@ struct GemmBoundCheck {
 
 template <typename Out>
 GemmBoundCheck check_gemm_bound(const std::vector<Out>& actual, const std::vector<Out>& expected,
-                                const std::vector<double>& magnitude, int K, bool bf16_output) {
+                                const std::vector<double>& magnitude, int K, bool bf16_output, bool tf32) {
     const double u = std::ldexp(1.0, -24), terms = K + 1.0, gamma = terms * u / (1.0 - terms * u);
     GemmBoundCheck check;
     for (size_t i = 0; i < actual.size(); ++i) {
         const double a = widen(actual[i]), e = widen(expected[i]);
         double bound = 2.0 * gamma * magnitude[i];
+        if (tf32) bound += (std::pow(1.0 + std::ldexp(1.0, -11), 2) - 1.0) * magnitude[i];
         if (bf16_output) bound += std::ldexp(1.0, -8) * (std::fabs(a) + std::fabs(e));
         const double error = std::fabs(a - e);
         if (!(error <= bound)) ++check.failures; // NaN (a poisoned, unwritten element) fails too
@@ -197,7 +201,7 @@ std::vector<double> gemm_magnitudes(const std::vector<T>& a, const std::vector<T
 }
 
 template <typename T, typename Out>
-void check_batched_gemm(LayoutKernelTest& test, double& worst_error, double& worst_ratio) {
+void check_batched_gemm(LayoutKernelTest& test, bool tf32, double& worst_error, double& worst_ratio) {
     const int m = 7, n = 13, k = 37;
     const int64_t batch = 5;
     for (int flags = 0; flags < 4; ++flags) {
@@ -213,29 +217,32 @@ void check_batched_gemm(LayoutKernelTest& test, double& worst_error, double& wor
                               {"summed c", int64_t(k) * n, 0, 1.0f}};
         for (const Mode& mode : modes) {
             std::ostringstream name;
-            name << type_name<T>() << "->" << type_name<Out>() << " " << mode.name << " ta " << transpose_a << " tb "
-                 << transpose_b;
+            name << type_name<T>() << "->" << type_name<Out>() << (tf32 ? " tf32 " : " ") << mode.name << " ta "
+                 << transpose_a << " tb " << transpose_b;
             SCOPED_TRACE(name.str());
             const int64_t stride_a = int64_t(m) * k;
             const std::vector<T> a = test.random_values<T>(size_t(batch * stride_a));
-            const std::vector<T> b = test.random_values<T>(size_t(mode.stride_b == 0 ? int64_t(k) * n : batch * mode.stride_b));
+            const int64_t b_count = mode.stride_b == 0 ? int64_t(k) * n : batch * mode.stride_b;
+            const std::vector<T> b = test.random_values<T>(size_t(b_count));
             const size_t c_count = size_t(mode.stride_c == 0 ? int64_t(m) * n : batch * mode.stride_c);
-            const std::vector<Out> c_before = mode.beta == 0.0f ? poisoned<Out>(c_count) : test.random_values<Out>(c_count);
+            const std::vector<Out> c_before =
+                mode.beta == 0.0f ? poisoned<Out>(c_count) : test.random_values<Out>(c_count);
             std::vector<Out> expected = mode.beta == 0.0f ? std::vector<Out>(c_count) : c_before;
             cpu::batched_gemm<T, Out>(expected.data(), a.data(), b.data(), batch, m, n, k, transpose_a, transpose_b,
                                       stride_a, mode.stride_b, mode.stride_c, 1.0f, mode.beta);
             DeviceBuffer<T> a_device(a), b_device(b);
             DeviceBuffer<Out> c_device(c_before);
             gpu::batched_gemm(c_device.get(), a_device.get(), b_device.get(), batch, m, n, k, transpose_a, transpose_b,
-                              stride_a, mode.stride_b, mode.stride_c, 1.0f, mode.beta, false, engine::cuda::cublas_handle(),
-                              test.stream);
+                              stride_a, mode.stride_b, mode.stride_c, 1.0f, mode.beta, tf32,
+                              engine::cuda::cublas_handle(), test.stream);
             const std::vector<Out> actual = c_device.to_host();
             const std::vector<Out> magnitude_base = mode.beta == 0.0f ? std::vector<Out>(c_count) : c_before;
             const std::vector<double> magnitude =
                 gemm_magnitudes(a, b, magnitude_base, mode.beta, batch, m, n, k, transpose_a, transpose_b, stride_a,
                                 mode.stride_b, mode.stride_c);
-            const GemmBoundCheck check = check_gemm_bound(actual, expected, magnitude, mode.stride_c == 0 ? k * int(batch) : k,
-                                                          std::is_same_v<Out, bfloat16>);
+            const int terms = mode.stride_c == 0 ? k * int(batch) : k;
+            const bool bf16_output = std::is_same_v<Out, bfloat16>, tf32_operands = tf32 && std::is_same_v<T, float>;
+            const GemmBoundCheck check = check_gemm_bound(actual, expected, magnitude, terms, bf16_output, tf32_operands);
             EXPECT_EQ(check.failures, 0u) << name.str() << ": worst error " << check.worst_error << ", "
                                           << check.worst_ratio << " of the bound";
             worst_error = std::max(worst_error, check.worst_error);
@@ -246,15 +253,19 @@ void check_batched_gemm(LayoutKernelTest& test, double& worst_error, double& wor
 
 TEST_F(LayoutKernelTest, BatchedGemmEveryTransposeAndStride) {
     double worst_error = 0.0, worst_ratio = 0.0;
-    check_batched_gemm<float, float>(*this, worst_error, worst_ratio);
+    check_batched_gemm<float, float>(*this, false, worst_error, worst_ratio);
     std::cout << "[ measured ] batched gemm f32: max |cuda - cpu| " << worst_error << ", " << worst_ratio
               << " of the bound\n";
     worst_error = worst_ratio = 0.0;
-    check_batched_gemm<bfloat16, bfloat16>(*this, worst_error, worst_ratio);
+    check_batched_gemm<float, float>(*this, true, worst_error, worst_ratio);
+    std::cout << "[ measured ] batched gemm f32 with TF32: max |cuda - cpu| " << worst_error << ", " << worst_ratio
+              << " of the bound\n";
+    worst_error = worst_ratio = 0.0;
+    check_batched_gemm<bfloat16, bfloat16>(*this, false, worst_error, worst_ratio);
     std::cout << "[ measured ] batched gemm bf16->bf16: max |cuda - cpu| " << worst_error << ", " << worst_ratio
               << " of the bound\n";
     worst_error = worst_ratio = 0.0;
-    check_batched_gemm<bfloat16, float>(*this, worst_error, worst_ratio);
+    check_batched_gemm<bfloat16, float>(*this, false, worst_error, worst_ratio);
     std::cout << "[ measured ] batched gemm bf16->f32: max |cuda - cpu| " << worst_error << ", " << worst_ratio
               << " of the bound\n";
 }
