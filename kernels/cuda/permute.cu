@@ -1,6 +1,7 @@
 // permute as a contiguous copy (CUDA twin of kernels/cpu/permute.cpp). The host first merges the axes that stay
 // adjacent and drops size-1 axes; a permutation that then moves the last axis runs through 32x32 shared-memory
-// tiles, any other as a gather along the kept last axis. Both are bounded by memory bandwidth.
+// tiles, any other as a gather along the kept last axis. Both are bounded by memory bandwidth (one read and one
+// write per element, two reads when accumulating); the gather adds an int64 div/mod per merged axis per element.
 #include "base/cuda/launch.h"
 #include "kernels/cpu/layout_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
