@@ -133,6 +133,23 @@ TEST_F(LayoutGradcheck, ReshapeAndViewOfAnIntermediateUsedTwice) {
     EXPECT_GRADCHECK(result);
 }
 
+// Tensor::reshape (the member) keeps the input's autograd id, so the intermediate and its reshape share one
+// gradient buffer, shaped as whichever consumer created it first. That is numerically right only because every
+// backward reads gradients as flat buffers by element count; this pins that down for the layout ops' backwards.
+TEST_F(LayoutGradcheck, MemberReshapeOfAnIntermediateStillRoutesGradients) {
+    Tensor input = random_leaf(generator, {2, 3, 4});
+    Tensor permuted_weights = random_tensor(generator, {24}), sliced_weights = random_tensor(generator, {12});
+    auto loss = [&] {
+        Tensor hidden = gelu(input);                                     // (2,3,4)
+        Tensor shared_identity = hidden.reshape({6, 4});                 // the same id as hidden
+        Tensor left = weighted_sum(permute(shared_identity, {1, 0}), permuted_weights);
+        Tensor right = weighted_sum(slice(hidden, 2, 1, 3), sliced_weights);
+        return add(left, right);
+    };
+    auto result = gradcheck(loss, {input});
+    EXPECT_GRADCHECK(result);
+}
+
 // ---- slice / concat ----
 
 TEST_F(LayoutGradcheck, SlicesWithNegativeBoundsOnEveryDim) {
