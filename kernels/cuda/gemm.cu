@@ -8,14 +8,13 @@
 
 #include "base/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/gemm_operands.h"
 
 namespace engine::kernels::cuda {
 
 namespace {
 
-// cuBLAS is column-major, and a row-major (r, c) matrix is the same memory as a column-major (c, r) one.
-// So row-major C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T: swap the operands, keep
-// each operand's own transpose flag, and use the row lengths as leading dimensions. The operands are
+// Row-major C = op(A) op(B) as column-major Cᵀ = op(B)ᵀ op(A)ᵀ (kernels/cuda/gemm_operands.h). The operands are
 // `operand_type` (f32, or bf16 on the bf16 tensor cores), c is `c_type`; the compute type is f32 (or TF32
 // when `tf32` and the operands are f32), so a bf16 c is the f32 result alpha·AB + beta·C rounded once.
 void gemm_ex(void* c, cudaDataType c_type, const void* a, const void* b, cudaDataType operand_type, int m, int n,
@@ -36,14 +35,10 @@ void gemm_ex(void* c, cudaDataType c_type, const void* a, const void* b, cudaDat
         return;
     }
     CUBLAS_CHECK(cublasSetStream(handle, stream));
-    const cublasOperation_t operation_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t operation_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const int leading_a = transpose_a ? m : k; // a stored (k,m) or (m,k)
-    const int leading_b = transpose_b ? k : n; // b stored (n,k) or (k,n)
-    const bool fast_tf32 = tf32 && operand_type == CUDA_R_32F;
-    const cublasComputeType_t compute = fast_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    CUBLAS_CHECK(cublasGemmEx(handle, operation_b, operation_a, n, m, k, &alpha, b, operand_type, leading_b, a,
-                              operand_type, leading_a, &beta, c, c_type, n, compute, CUBLAS_GEMM_DEFAULT));
+    const ColumnMajorGemm layout = column_major_gemm(m, n, k, transpose_a, transpose_b, tf32, operand_type);
+    CUBLAS_CHECK(cublasGemmEx(handle, layout.operation_b, layout.operation_a, n, m, k, &alpha, b, operand_type,
+                              layout.leading_b, a, operand_type, layout.leading_a, &beta, c, c_type, n, layout.compute,
+                              CUBLAS_GEMM_DEFAULT));
 }
 
 } // namespace
