@@ -3,12 +3,14 @@
 // Module::to, and every defaulted constructor argument.
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "expect_error.h"
 #include "gradcheck.h"
 #include "nn/gpt.h"
+#include "nn/io/token_data.h"
 #include "nn/sequential.h"
 
 namespace engine::testing {
@@ -316,6 +318,25 @@ TEST(ModuleDefaults, EveryDefaultedArgumentBuildsAUsableLayer) {
     nn::GPT gpt(nn::GPTConfig{}, 1);
     EXPECT_EQ(gpt.device(), Device::cpu);
     EXPECT_EQ(gpt.dtype(), DType::f32);
+    current_tape().clear();
+}
+
+// nn/io's defaulted options and arguments, and GPT's defaulted checkpoint policy, with a forward pass.
+TEST(ModuleDefaults, DataLoaderAndGptDefaultsRun) {
+    const nn::DataLoaderOptions options; // B 4, T 64, packed, shuffled, seed 0
+    nn::DataLoader loader(nn::builtin_corpus(4 * 64 * 3), options);
+    const std::optional<nn::Batch> batch = loader.next();
+    ASSERT_TRUE(batch.has_value());
+    EXPECT_EQ(batch->inputs.shape(), (Shape{4, 64}));
+    expect_error([&] { nn::DataLoader(std::vector<int32_t>{}, options); }, {"DataLoader"});
+    const nn::Batch padded = nn::make_padded_batch({{1, 2, 3}, {4}}, 4);
+    EXPECT_EQ(padded.inputs.to_vector<int32_t>(), (std::vector<int32_t>{1, 2, 3, 0, 4, 0, 0, 0}));
+
+    nn::GPT gpt(nn::GPTConfig{}, 2);
+    gpt.set_checkpointing(checkpoint::CheckpointPolicy{});
+    EXPECT_FALSE(gpt.checkpointing().enabled);
+    const Tensor logits = gpt.forward(batch->inputs);
+    EXPECT_EQ(logits.shape(), (Shape{4, 64, nn::GPTConfig{}.vocab_size}));
     current_tape().clear();
 }
 
