@@ -6,13 +6,11 @@
 namespace engine::nn {
 namespace {
 
-InitOptions make_init(uint64_t seed, uint64_t* stream, Device device, DType dtype) {
+InitOptions make_init(const std::shared_ptr<Generator>& generator, Device device, DType dtype) {
     InitOptions init;
-    dtype = compute_dtype(dtype); // bf16: f32 masters
-    init.seed = seed;
-    init.next_stream = stream;
-    init.device = device;
-    init.dtype = dtype;
+    init.parameters.generator = generator;
+    init.parameters.device = device;
+    init.parameters.dtype = compute_dtype(dtype); // bf16: f32 masters
     return init;
 }
 
@@ -47,16 +45,16 @@ void GPTConfig::validate() const {
 }
 
 GPT::GPT(const GPTConfig& config, uint64_t seed, Device device, DType dtype)
-    : config_((config.validate(), config)), device_(device),
-      wte(config.vocab_size, config.n_embd, make_init(seed, &init_stream_, device, dtype), config.padded_vocab_size()),
-      wpe(config.max_seq_len, config.n_embd, make_init(seed, &init_stream_, device, dtype)), drop(config.dropout),
-      ln_f(config.n_embd, make_init(seed, &init_stream_, device, dtype)) {
+    : config_((config.validate(), config)), generator_(std::make_shared<Generator>(seed)),
+      wte(config.vocab_size, config.n_embd, make_init(generator_, device, dtype), config.padded_vocab_size()),
+      wpe(config.max_seq_len, config.n_embd, make_init(generator_, device, dtype)), drop(config.dropout),
+      ln_f(config.n_embd, make_init(generator_, device, dtype).parameters) {
     register_module("wte", wte);
     register_module("wpe", wpe);
     register_module("drop", drop);
     for (int layer = 0; layer < config.n_layer; ++layer) {
         h.push_back(std::make_unique<Block>(config.n_embd, config.n_head, config.n_layer, config.dropout,
-                                            make_init(seed, &init_stream_, device, dtype)));
+                                            make_init(generator_, device, dtype)));
         register_module("h." + std::to_string(layer), *h.back());
     }
     register_module("ln_f", ln_f);

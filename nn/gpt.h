@@ -35,8 +35,9 @@ struct GPTConfig {
 class GPT : public Module {
     // Declared first: the parameter members below are initialised from these.
     GPTConfig config_;
-    Device device_;
-    uint64_t init_stream_ = 0;
+    // The model's own: every parameter takes its next stream, from 0, in construction order (wte, wpe, ln_f,
+    // then the blocks), which is what keeps a seed's initial weights the same from release to release.
+    std::shared_ptr<Generator> generator_;
 
 public:
     // dtype: f32 or f64 parameters and activations; bf16 is mixed precision: f32 parameters (the masters,
@@ -60,7 +61,7 @@ public:
     const std::vector<checkpoint::Segment>& segments() const { return segments_; }
 
     const GPTConfig& config() const { return config_; }
-    Device device() const { return device_; }
+    Device device() const { return wte.weight.device(); } // where the parameters are (Module::to moves them)
     DType dtype() const { return compute_dtype(); } // what the forward computes in: the activations' dtype
 
     Embedding wte, wpe; // wte.weight (V,C), stored in a (Vp,C) allocation: wte.padded_weight

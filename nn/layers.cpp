@@ -1,49 +1,91 @@
-// GPT-2 layers: parameter creation (GPT-2 initialisation) and forward passes built from engine ops.
+// Layers: parameter creation (PyTorch's default initialisation and GPT-2's) and forward passes built from
+// engine ops.
 #include "nn/layers.h"
 
 #include <cmath>
+#include <utility>
 
 #include "nn/init.h"
 
 namespace engine::nn {
 namespace {
 
-uint64_t& stream_counter(const InitOptions& init) { return init.next_stream ? *init.next_stream : init.own_stream; }
-
-Tensor initial_normal(const Shape& shape, double standard_deviation, const InitOptions& init) {
-    const uint64_t stream = stream_counter(init)++;
-    return normal_tensor(shape, standard_deviation, init.seed, stream, init.dtype)
-        .to(init.device, MemoryCategory::parameters);
+// Checked before any draw, so that a bad layer leaves the generator where it was.
+void check_layer(const char* layer, int64_t first, int64_t second, const ParameterOptions& options) {
+    ENGINE_CHECK(first > 0 && second > 0, layer << ": sizes must be positive, got " << first << " and " << second);
+    ENGINE_CHECK(options.dtype == DType::f32 || options.dtype == DType::f64,
+                 layer << ": parameters are f32 or f64, got " << dtype_name(options.dtype)
+                       << " (for bf16 compute keep f32 parameters and call set_compute_dtype(bf16))");
 }
 
-Tensor initial_constant(const Shape& shape, double value, const InitOptions& init) {
-    ++stream_counter(init); // keep stream numbering independent of which parameters are constant
-    return Tensor::full(shape, value, init.dtype, init.device, MemoryCategory::parameters);
+Generator& generator_of(const ParameterOptions& options) {
+    return options.generator ? *options.generator : *default_generator();
+}
+
+Tensor initial_normal(const Shape& shape, double standard_deviation, const ParameterOptions& options) {
+    Generator& generator = generator_of(options);
+    const uint64_t stream = generator.take_stream();
+    return normal_tensor(shape, standard_deviation, generator.seed(), stream, options.dtype)
+        .to(options.device, MemoryCategory::parameters);
+}
+
+Tensor initial_uniform(const Shape& shape, double bound, const ParameterOptions& options) {
+    Generator& generator = generator_of(options);
+    const uint64_t stream = generator.take_stream();
+    return uniform_tensor(shape, bound, generator.seed(), stream, options.dtype)
+        .to(options.device, MemoryCategory::parameters);
+}
+
+Tensor initial_constant(const Shape& shape, double value, const ParameterOptions& options) {
+    generator_of(options).take_stream(); // keep stream numbering independent of which parameters are constant
+    return Tensor::full(shape, value, options.dtype, options.device, MemoryCategory::parameters);
 }
 
 } // namespace
 
-Linear::Linear(int in_features, int out_features, const InitOptions& init, double weight_std) {
-    weight = register_parameter("weight", initial_normal({in_features, out_features}, weight_std, init));
-    bias = register_parameter("bias", initial_constant({out_features}, 0.0, init));
+Linear::Linear(int in_features, int out_features, bool bias, const ParameterOptions& options) {
+    check_layer("Linear", in_features, out_features, options);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+    weight = register_parameter("weight", initial_uniform({in_features, out_features}, bound, options));
+    if (bias) this->bias = register_parameter("bias", initial_uniform({out_features}, bound, options));
 }
 
-LayerNorm::LayerNorm(int channels, const InitOptions& init) {
-    weight = register_parameter("weight", initial_constant({channels}, 1.0, init));
-    bias = register_parameter("bias", initial_constant({channels}, 0.0, init));
+Linear::Linear(int in_features, int out_features, const InitOptions& init, double weight_std) {
+    check_layer("Linear", in_features, out_features, init.parameters);
+    weight = register_parameter("weight", initial_normal({in_features, out_features}, weight_std, init.parameters));
+    bias = register_parameter("bias", initial_constant({out_features}, 0.0, init.parameters));
 }
+
+LayerNorm::LayerNorm(int channels, const ParameterOptions& options) {
+    check_layer("LayerNorm", channels, 1, options);
+    weight = register_parameter("weight", initial_constant({channels}, 1.0, options));
+    bias = register_parameter("bias", initial_constant({channels}, 0.0, options));
+}
+
+Embedding::Embedding(int rows, int channels, const ParameterOptions& options)
+    : Embedding(rows, channels, InitOptions{options, 1.0}) {}
 
 Embedding::Embedding(int rows, int channels, const InitOptions& init, int padded_rows) {
-    const Tensor initial = initial_normal({rows, channels}, init.standard_deviation, init); // the unpadded draw
+    const ParameterOptions& options = init.parameters;
+    check_layer("Embedding", rows, channels, options);
+    const Tensor initial = initial_normal({rows, channels}, init.standard_deviation, options); // the unpadded draw
     if (padded_rows <= rows) {
         weight = padded_weight = register_parameter("weight", initial);
         return;
     }
-    Tensor padded = Tensor::zeros({padded_rows, channels}, init.dtype, init.device, MemoryCategory::parameters);
+    Tensor padded = Tensor::zeros({padded_rows, channels}, options.dtype, options.device, MemoryCategory::parameters);
     padded.with_rows(rows).copy_from(initial);
     padded.set_requires_grad(true); // allocates the (padded_rows, C) gradient buffer, zero
     weight = register_parameter("weight", padded.with_rows(rows));
-    padded_weight = padded;
+    padded_weight = register_alias(padded); // to() moves it with weight
+}
+
+Dropout::Dropout(float probability) : probability(probability) {
+    ENGINE_CHECK(probability >= 0.0f && probability < 1.0f, "Dropout: probability " << probability << " is outside [0,1)");
+}
+
+Lambda::Lambda(Function function) : function_(std::move(function)) {
+    ENGINE_CHECK(static_cast<bool>(function_), "Lambda: the function is empty");
 }
 
 // GPT-2 scales the residual projections by 1/sqrt(2·layers): each block adds two of them to the stream.
@@ -80,7 +122,8 @@ Tensor MLP::forward(const Tensor& input) const {
 }
 
 Block::Block(int channels, int heads, int layers, float dropout_probability, const InitOptions& init)
-    : ln_1(channels, init), attn(channels, heads, layers, dropout_probability, init), ln_2(channels, init),
+    : ln_1(channels, init.parameters), attn(channels, heads, layers, dropout_probability, init),
+      ln_2(channels, init.parameters),
       mlp(channels, layers, dropout_probability, init) {
     register_module("ln_1", ln_1);
     register_module("attn", attn);

@@ -1,79 +1,132 @@
-// The GPT-2 building blocks as modules. Parameter names follow Hugging Face GPT-2 (c_attn, c_proj, c_fc,
-// ln_1, ln_2), and Linear weights are stored (in, out) like its Conv1D, so checkpoints map one to one.
+// Layers with PyTorch's default initialisation (Linear, LayerNorm, Embedding, Dropout, GELU, Lambda) and the
+// GPT-2 building blocks made of them. Parameter names follow Hugging Face GPT-2 (c_attn, c_proj, c_fc, ln_1,
+// ln_2), and Linear weights are stored (in, out) like its Conv1D, so checkpoints map one to one.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <utility>
 
+#include "nn/init.h"
 #include "nn/module.h"
 
 namespace engine::nn {
 
-// Everything a layer needs to create its parameters deterministically.
-struct InitOptions {
-    uint64_t seed = 0;
-    uint64_t* next_stream = nullptr; // each parameter takes the next Philox stream; null: own_stream below
-    // The counter used when next_stream is null, so that a defaulted InitOptions works (each parameter of the
-    // layers built from it still takes its own stream) instead of dereferencing null.
-    mutable uint64_t own_stream = 0;
-    DType dtype = DType::f32;
+// Where a layer's parameters live and which generator draws their initial values. Every field may stay
+// defaulted: f32 parameters on the CPU, drawn from this thread's default generator (nn::manual_seed).
+struct ParameterOptions {
+    std::shared_ptr<Generator> generator; // null: default_generator(); each parameter takes its next stream
+    DType dtype = DType::f32;             // f32 or f64 (for bf16 compute: Module::set_compute_dtype)
     Device device = Device::cpu;
+};
+
+// GPT-2's initialisation (nn/gpt.h): normal weights, zero biases, unit LayerNorm gains.
+struct InitOptions {
+    // Not an aggregate, and explicit: a braced argument ({} or {generator}) to a layer's constructor then
+    // always means ParameterOptions, so Embedding(rows, channels, {generator}) is not ambiguous.
+    explicit InitOptions() = default;
+    InitOptions(ParameterOptions parameters, double standard_deviation)
+        : parameters(std::move(parameters)), standard_deviation(standard_deviation) {}
+    ParameterOptions parameters;
     double standard_deviation = 0.02;
 };
 
-class Linear : public Module {
+// y = x · weight + bias over the last dimension: (..., in) -> (..., out).
+//
+// Weight layout: `weight` is (in_features, out_features), the layout of Hugging Face GPT-2's Conv1D, so
+// its checkpoints load without a transpose. PyTorch's torch.nn.Linear stores the TRANSPOSE, (out, in):
+// copying a PyTorch state dict's "weight" into this one needs a transpose, and y = x · weight here is
+// y = x · weightᵀ there.
+class Linear : public Layer {
 public:
-    // weight (in,out) ~ N(0, std²); bias (out) = 0
+    // PyTorch's default initialisation: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with
+    // a = sqrt(5) gives exactly this bound for the weight). bias = false leaves `bias` undefined. The weight
+    // takes the generator's next stream, then the bias.
+    Linear(int in_features, int out_features, bool bias = true, const ParameterOptions& options = {});
+    // GPT-2's: weight ~ N(0, weight_std²); bias = 0.
     Linear(int in_features, int out_features, const InitOptions& init, double weight_std);
-    Tensor forward(const Tensor& input) const { return linear(input, working(weight), working(bias)); }
-    Tensor weight, bias;
+    Tensor forward(const Tensor& input) const override { return linear(input, working(weight), working(bias)); }
+    Tensor weight, bias; // (in,out), (out) or undefined
 };
 
-class LayerNorm : public Module {
+// Over the last dimension, eps 1e-5, with a gain and a bias.
+class LayerNorm : public Layer {
 public:
-    LayerNorm(int channels, const InitOptions& init); // weight 1, bias 0
-    Tensor forward(const Tensor& input) const { return layernorm(input, working(weight), working(bias)); }
-    Tensor weight, bias;
+    // weight 1, bias 0 (PyTorch's and GPT-2's); each still takes a stream, so that the streams of the
+    // parameters made after it do not depend on which parameters are constant.
+    explicit LayerNorm(int channels, const ParameterOptions& options = {});
+    Tensor forward(const Tensor& input) const override {
+        return layernorm(input, working(weight), working(bias));
+    }
+    Tensor weight, bias; // (C), (C)
 };
 
+// A table of `rows` vectors of `channels` values. It has no forward of its own yet (no single-table lookup
+// op): GPT reads its tables through embedding(tokens, wte, wpe).
 class Embedding : public Module {
 public:
-    // padded_rows >= rows (0: none): the storage holds padded_rows rows, those beyond `rows` zero, with a
-    // gradient buffer of the same size. Only weight (rows, C) is a parameter: the optimizer, the files and
-    // the parameter count see the real rows, so the padding is never updated and stays exactly zero.
+    // PyTorch's default initialisation: weight ~ N(0, 1).
+    Embedding(int rows, int channels, const ParameterOptions& options = {});
+    // GPT-2's: weight ~ N(0, init.standard_deviation²). padded_rows >= rows (0: none): the storage holds
+    // padded_rows rows, those beyond `rows` zero, with a gradient buffer of the same size. Only weight
+    // (rows, C) is a parameter: the optimizer, the files and the parameter count see the real rows, so the
+    // padding is never updated and stays exactly zero.
     Embedding(int rows, int channels, const InitOptions& init, int padded_rows = 0);
     Tensor weight;        // (rows, C)
     Tensor padded_weight; // (padded_rows, C): the same storage and gradient buffer; weight itself if unpadded
 };
 
-class Dropout : public Module {
+// Zeroes each element with `probability` and scales the rest by 1/(1-probability), in train mode only: in
+// eval mode (Module::eval) it is the identity. The mask comes from the engine's dropout stream.
+class Dropout : public Layer {
 public:
-    explicit Dropout(float probability) : probability(probability) {}
-    Tensor forward(const Tensor& input) const { return dropout(input, probability, training()); }
+    explicit Dropout(float probability = 0.5f); // PyTorch's default; throws outside [0,1)
+    Tensor forward(const Tensor& input) const override { return dropout(input, probability, training()); }
     float probability;
 };
 
-class CausalSelfAttention : public Module {
+// gelu as a layer: the tanh approximation (GPT-2's; PyTorch's nn.GELU(approximate="tanh"), not its default
+// erf form).
+class GELU : public Layer {
+public:
+    Tensor forward(const Tensor& input) const override { return gelu(input); }
+};
+
+// Any single-tensor function as a layer, to put an op or one's own composition into a Sequential. Tensors
+// it captures are not parameters: it has none.
+class Lambda : public Layer {
+public:
+    using Function = std::function<Tensor(const Tensor&)>;
+    explicit Lambda(Function function); // throws if empty
+    Tensor forward(const Tensor& input) const override { return function_(input); }
+
+private:
+    Function function_;
+};
+
+class CausalSelfAttention : public Layer {
 public:
     CausalSelfAttention(int channels, int heads, int layers, float dropout_probability, const InitOptions& init);
-    Tensor forward(const Tensor& input) const; // (B,T,C) -> (B,T,C)
+    Tensor forward(const Tensor& input) const override; // (B,T,C) -> (B,T,C)
     int heads;
     Linear c_attn, c_proj;
     Dropout residual_dropout;
 };
 
-class MLP : public Module {
+class MLP : public Layer {
 public:
     MLP(int channels, int layers, float dropout_probability, const InitOptions& init);
-    Tensor forward(const Tensor& input) const; // c_fc (C,4C) -> gelu -> c_proj (4C,C) -> dropout
+    Tensor forward(const Tensor& input) const override; // c_fc (C,4C) -> gelu -> c_proj (4C,C) -> dropout
     Linear c_fc, c_proj;
     Dropout residual_dropout;
 };
 
 // Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)). The checkpointable unit.
-class Block : public Module {
+class Block : public Layer {
 public:
     Block(int channels, int heads, int layers, float dropout_probability, const InitOptions& init);
-    Tensor forward(const Tensor& input) const;
+    Tensor forward(const Tensor& input) const override;
     LayerNorm ln_1;
     CausalSelfAttention attn;
     LayerNorm ln_2;

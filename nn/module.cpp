@@ -1,5 +1,12 @@
-// Module bookkeeping: parameter registration, dotted names, zero_grad and train/eval mode.
+// Module bookkeeping: parameter registration, dotted names, zero_grad, train/eval mode and moves between
+// devices.
 #include "nn/module.h"
+
+#include <map>
+#include <memory>
+#include <set>
+
+#include "engine/dispatch.h"
 
 namespace engine::nn {
 
@@ -14,6 +21,11 @@ Tensor Module::register_parameter(const std::string& name, const Tensor& initial
 }
 
 void Module::register_module(const std::string& name, Module& child) { children_.emplace_back(name, &child); }
+
+const Tensor& Module::register_alias(const Tensor& alias) {
+    aliases_.push_back(alias);
+    return aliases_.back();
+}
 
 void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const {
     for (const auto& [name, parameter] : parameters_) out.emplace_back(prefix + name, parameter);
@@ -92,6 +104,7 @@ void Module::refresh_working_copies() {
 }
 
 const Tensor& Module::working(const Tensor& parameter) const {
+    if (!parameter.defined()) return parameter;
     for (size_t index = 0; index < working_copies_.size(); ++index) {
         const WorkingCopy& copy = working_copies_[index];
         if (copy.master_storage.impl().storage != parameter.impl().storage) continue;
@@ -99,6 +112,47 @@ const Tensor& Module::working(const Tensor& parameter) const {
         if (parameter.shape() == copy.working_storage.shape()) return copy.working_storage;
     }
     return parameter;
+}
+
+// Every tensor handle of this module and its children over parameter, gradient or working-copy storage.
+void Module::collect_storage_holders(std::vector<TensorImpl*>& out) const {
+    auto add = [&out](const Tensor& tensor) {
+        if (!tensor.defined()) return;
+        out.push_back(&tensor.impl());
+        if (tensor.impl().grad) out.push_back(tensor.impl().grad.get());
+    };
+    for (const auto& [name, parameter] : parameters_) add(parameter);
+    for (const Tensor& alias : aliases_) add(alias);
+    for (const WorkingCopy& copy : working_copies_) {
+        add(copy.master_storage);
+        add(copy.working_storage);
+        add(copy.working);
+    }
+    for (const auto& [name, child] : children_) child->collect_storage_holders(out);
+}
+
+void Module::to(Device device) {
+    // Before anything else, so that a parameterless tree (Sequential of GELUs) fails the same way.
+    if (device == Device::cuda) ENGINE_DISPATCH_CUDA("Module::to(cuda)", DType::f32, [&]<typename T>() {});
+    std::vector<TensorImpl*> holders;
+    collect_storage_holders(holders);
+    // One new storage per old one, so views that share an allocation (the padded table and its rows, a
+    // working copy and its master's gradient) still share it after the move.
+    std::map<const Storage*, std::shared_ptr<Storage>> moved;
+    std::vector<std::pair<TensorImpl*, std::shared_ptr<Storage>>> rebinds;
+    std::set<TensorImpl*> seen;
+    for (TensorImpl* holder : holders) {
+        if (!seen.insert(holder).second || holder->storage->device() == device) continue;
+        const Storage& old = *holder->storage;
+        std::shared_ptr<Storage>& target = moved[&old];
+        if (!target) {
+            target = std::make_shared<Storage>(device, old.bytes(), old.category());
+            copy_bytes(target->data(), device, old.data(), old.device(), old.bytes());
+        }
+        rebinds.emplace_back(holder, target);
+    }
+    // Allocated and copied all: now rebind, which cannot fail.
+    for (auto& [holder, storage] : rebinds) holder->storage = storage;
 }
 
 void Module::train(bool training) {

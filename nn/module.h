@@ -22,9 +22,23 @@ public:
     std::vector<Tensor> parameters() const;
     void zero_grad(); // memset of every gradient buffer; never frees
     size_t parameter_count() const;
-    // Train mode turns dropout on.
+    // Train mode turns dropout on; both reach every registered submodule. New modules start in train mode, as
+    // in PyTorch: a module registered after eval() is in train mode until the next call.
     void train(bool training = true);
+    void eval() { train(false); }
     bool training() const { return training_; }
+
+    // Moves every parameter of the tree to `device`, with its gradient buffer, its bf16 working copy and the
+    // views registered beside it (register_alias), keeping names, values and autograd identities. The move
+    // is in place, as PyTorch's: a Tensor handle to a parameter taken before the call (module.weight, an
+    // entry of named_parameters()) is the same parameter afterwards and sees the new device; nothing keeps
+    // training an old copy. What is not moved: an optimizer's state (it lives on the device the parameters
+    // had when the optimizer was built, and its step then throws naming the parameter: build the optimizer,
+    // and a Trainer, after to()); views a caller made itself (detach, reshape, with_rows), which keep the old
+    // storage; and a graph recorded before the call (call it between steps, not between forward and
+    // backward). Every new buffer is allocated before any is taken, so an allocation failure changes
+    // nothing. A build without CUDA throws its "built without CUDA" error for Device::cuda.
+    void to(Device device);
 
     // Mixed precision (docs/TRAINING.md, "bf16"), for the whole tree. The parameters stay what they are: the
     // f32 masters that named_parameters() lists, the optimizer updates and files save. With bf16 each also
@@ -38,13 +52,18 @@ public:
     // itself must too. Nothing without copies.
     void refresh_working_copies();
     // What the forward reads for one of this module's parameters (or a with_rows view of one, as the padded
-    // token table): its working copy with the same shape when there is one, else the parameter itself.
+    // token table): its working copy with the same shape when there is one, else the parameter itself (an
+    // undefined tensor, as a Linear without bias, is returned as it is).
     const Tensor& working(const Tensor& parameter) const;
 
 protected:
     // Creates a leaf parameter (category parameters) with its gradient buffer allocated once.
     Tensor register_parameter(const std::string& name, const Tensor& initial);
+    // The child must outlive this module's use of it: a member, or owned by this module (nn::Sequential).
     void register_module(const std::string& name, Module& child);
+    // A tensor the module keeps over one of its parameters' storage, besides the parameter itself (the
+    // padded token table, nn::Embedding): to() moves it with the parameter. Returns it for the member.
+    const Tensor& register_alias(const Tensor& alias);
 
 private:
     struct WorkingCopy {
@@ -54,11 +73,21 @@ private:
     };
     void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
     void make_working_copies(DType dtype, std::vector<std::pair<Module*, std::vector<WorkingCopy>>>& made);
+    void collect_storage_holders(std::vector<TensorImpl*>& out) const;
     std::vector<std::pair<std::string, Tensor>> parameters_;
+    std::vector<Tensor> aliases_;
     std::vector<WorkingCopy> working_copies_; // empty, or one per parameters_ entry
     DType compute_dtype_ = DType::f32;
     std::vector<std::pair<std::string, Module*>> children_;
     bool training_ = true;
+};
+
+// A module whose forward takes one tensor and returns one: what nn::Sequential chains. Linear, LayerNorm,
+// Dropout, GELU, Lambda and GPT's blocks are layers.
+class Layer : public Module {
+public:
+    virtual Tensor forward(const Tensor& input) const = 0;
+    Tensor operator()(const Tensor& input) const { return forward(input); }
 };
 
 } // namespace engine::nn

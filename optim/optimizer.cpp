@@ -46,6 +46,16 @@ Optimizer::Optimizer(const NamedTensors& named_parameters, double learning_rate,
     }
 }
 
+void Optimizer::check_state_devices(const char* optimizer) const {
+    for (const Slot& slot : slots_)
+        for (const Tensor& state : slot.state)
+            ENGINE_CHECK(state.device() == slot.parameter.device(),
+                         optimizer << ": parameter '" << slot.name << "' is on " << device_name(slot.parameter.device())
+                                   << " but its state on " << device_name(state.device())
+                                   << ": the model was moved (Module::to) after the optimizer was built; build "
+                                      "the optimizer after to()");
+}
+
 void Optimizer::zero_grad() {
     for (const Slot& slot : slots_) slot.parameter.grad().fill_zero();
 }
@@ -100,6 +110,7 @@ void SGD::step(double grad_scale) {
     const float lr = static_cast<float>(learning_rate_);
     const float momentum = static_cast<float>(momentum_);
     const float scale = static_cast<float>(grad_scale);
+    check_state_devices("SGD");
     for (const Slot& slot : slots_) {
         if (slot.shard_count == 0) continue; // another rank's parameter
         const float decay = slot.decays ? static_cast<float>(weight_decay_) : 0.0f;
@@ -150,6 +161,7 @@ void AdamW::step(double grad_scale) {
     const float beta2 = static_cast<float>(options_.beta2);
     const float epsilon = static_cast<float>(options_.epsilon);
     const float scale = static_cast<float>(grad_scale);
+    check_state_devices("AdamW");
     for (const Slot& slot : slots_) {
         if (slot.shard_count == 0) continue; // another rank's parameter
         const float decay = slot.decays ? static_cast<float>(weight_decay_) : 0.0f;

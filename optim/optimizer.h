@@ -79,6 +79,10 @@ protected:
         int64_t shard_begin = 0;   // the part of the parameter this optimizer updates
         int64_t shard_count = 0;
     };
+    // Before a step writes anything: every state tensor is on its parameter's device. A parameter moved by
+    // Module::to after the optimizer was built is not (its state stayed behind): a clear error, not a kernel
+    // reading the other device's memory.
+    void check_state_devices(const char* optimizer) const;
     std::vector<Slot> slots_;
     bool sharded_ = false;
     double learning_rate_;
