@@ -1,6 +1,8 @@
 // Module bookkeeping: parameter registration, dotted names, zero_grad and train/eval mode.
 #include "nn/module.h"
 
+#include "checkpoint/checkpoint.h"
+
 namespace engine::nn {
 
 Tensor Module::register_parameter(const std::string& name, const Tensor& initial) {
@@ -99,6 +101,13 @@ const Tensor& Module::working(const Tensor& parameter) const {
         if (parameter.shape() == copy.working_storage.shape()) return copy.working_storage;
     }
     return parameter;
+}
+
+void Module::set_checkpointing(const checkpoint::CheckpointPolicy& policy) {
+    ENGINE_CHECK(!policy.enabled, "set_checkpointing: gradient checkpointing (" << policy.to_string()
+                                      << ") was requested for a module that has no checkpointable layers; override "
+                                         "Module::set_checkpointing to apply the policy to its layers, or turn "
+                                         "gradient_checkpointing off");
 }
 
 void Module::train(bool training) {
