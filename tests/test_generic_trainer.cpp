@@ -9,8 +9,9 @@
 
 #include "gradcheck.h"
 #include "parameter_snapshot.h"
+#include "nn/gpt.h"
 #include "nn/layers.h"
-#include "optim/module_trainer.h"
+#include "optim/trainer.h"
 #include "optim/training_state.h"
 
 namespace engine::testing {
@@ -333,6 +334,29 @@ TEST_F(GenericTrainerTest, EvaluationRecordsNothingAndMatchesTheStepLoss) {
     const optim::StepResult step = trainer.apply_update(trainer.accumulate(micro_batches_of(micro, task)));
     std::printf("evaluation loss %.17g, the step's reported loss %.17g\n", evaluation.loss, step.loss);
     EXPECT_EQ(evaluation.loss, step.loss);
+}
+
+TEST_F(GenericTrainerTest, GptEvaluationRunsUnderNoGradAndMatchesTheStepLoss) {
+    // The GPT trainer's evaluate: the fused classifier under NoGradGuard leaves the logits intact and records
+    // nothing; the loss equals the one the step then reports from the same weights.
+    nn::GPT model({32, 16, 2, 2, 16, 0.0f}, model_seed, Device::cpu, DType::f64);
+    optim::Trainer trainer(model, config_with(2, LossNormalization::tokens));
+    std::uniform_int_distribution<int> token(0, 31);
+    std::vector<nn::Batch> batches;
+    for (int index = 0; index < 2; ++index) {
+        std::vector<int32_t> ids(2 * 8);
+        for (int32_t& id : ids) id = token(generator);
+        const Tensor tokens = Tensor::from_vector<int32_t>(ids, {2, 8}, Device::cpu);
+        batches.push_back({tokens, tokens, Tensor()});
+    }
+    const ModuleTrainer::Evaluation evaluation = trainer.evaluate(batches);
+    EXPECT_TRUE(current_tape().empty());
+    EXPECT_EQ(evaluation.num_items_in_batch, 2 * 2 * 7);
+    for (const auto& gradient : gradients_of(model))
+        for (double value : gradient) ASSERT_EQ(value, 0.0);
+    const optim::StepResult step = trainer.apply_update(trainer.accumulate_gradients(batches));
+    std::printf("GPT evaluation loss %.17g, the step's reported loss %.17g\n", evaluation.loss, step.loss);
+    EXPECT_NEAR(evaluation.loss, step.loss, 1e-14 * step.loss); // the same sums, from another kernel path
 }
 
 TEST_F(GenericTrainerTest, SavedStateResumesBitwise) {
