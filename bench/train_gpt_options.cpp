@@ -3,6 +3,7 @@
 
 #include "planner/planner.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -75,6 +76,18 @@ auto as_flag(const std::string& flag, Function&& function) {
 
 } // namespace
 
+std::string flag_for_field(const std::string& field) {
+    if (field == "bf16") return "--precision";
+    std::string flag = "--" + field;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    return flag;
+}
+
+void check_trainer_config(const engine::optim::TrainerConfig& config) {
+    if (const std::optional<engine::optim::ConfigProblem> problem = config.problem())
+        throw UsageError(flag_for_field(problem->field), problem->reason);
+}
+
 UsageError flag_error(const std::string& flag, const std::exception& error) {
     std::string reason = error.what();
     const size_t location = reason.rfind(" (");
@@ -122,7 +135,10 @@ data parallelism (mpirun -np N train_gpt ...; docs/DISTRIBUTED.md):
   --communicator auto|none|mpi|nccl   auto: nccl on CUDA, mpi on the CPU when launched with several ranks
   --check-replicas[=true|false]  after every step, check every rank holds bitwise the same weights and moments
   --zero-stage 0|1               1: each rank keeps the optimizer state of 1/N of the parameters (ZeRO-1)
-training (Hugging Face names):
+training (Hugging Face names; each flag sets the TrainerConfig field of its name, whose validate() is the one
+check of the values; the defaults shown are train_gpt's, for a quick run of the tiny model; the library's
+TrainerConfig{} differs in: gradient_accumulation_steps 1, learning_rate 1e-3, weight_decay 0, adam_beta2 0.999,
+lr_scheduler_type constant, warmup_steps 0, min_lr_ratio 0, max_steps 100):
   --per-device-train-batch-size N   sequences per micro-batch (default 8)
   --gradient-accumulation-steps N   micro-batches per optimizer step (default 2)
   --learning-rate X (3e-3)  --weight-decay X (0.1, 2-D weights only)
@@ -132,7 +148,8 @@ training (Hugging Face names):
   --max-steps N (40)  --seed N (42)  --logging-steps N (1)
   --loss-normalization tokens|mean  tokens: sum of token losses / targets in the whole step (default)
 memory:
-  --gradient-checkpointing[=true|false]  --every-n-layers N  --segment-size N|sqrt  --offload[=true|false]
+  --gradient-checkpointing[=true|false]  --every-n-layers N (1)  --segment-size N|sqrt (1; 0 = sqrt)
+  --offload[=true|false]         checkpointed segments' inputs in pinned host memory; needs --gradient-checkpointing
   --prefetch[=true|false]        with --offload: copy the next segment back ahead of its recompute (CUDA copy stream)
   --skip-nonfinite[=true|false]  skip (and count) a step whose loss or grad norm is NaN/Inf; default: stop with an error
   --plan                         print the predicted memory per category for these flags and exit
@@ -162,7 +179,6 @@ Options parse_options(const std::vector<std::string>& arguments) {
     engine::optim::TrainerConfig& trainer = options.trainer;
     // Dimension overrides apply after --model, whatever the order on the command line.
     std::map<std::string, std::function<void(engine::nn::GPTConfig&)>> overrides;
-    std::string segment_size_flag;
     std::set<std::string> given; // the flags on the command line, for the planner's conflicts
 
     using Setter = std::function<void(const std::string& flag, const std::string& value)>;
@@ -175,28 +191,28 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--n-embd", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.n_embd = n; }; }},
         {"--dropout", [&](auto& f, auto& v) { float p = static_cast<float>(parse_number(f, v)); overrides[f] = [p](auto& c) { c.dropout = p; }; }},
         {"--seq-len", [&](auto& f, auto& v) { options.seq_len = parse_int(f, v); require(options.seq_len > 0, f, "must be positive"); }},
-        {"--per-device-train-batch-size", [&](auto& f, auto& v) { trainer.per_device_train_batch_size = parse_int(f, v); require(trainer.per_device_train_batch_size > 0, f, "must be positive"); }},
-        {"--gradient-accumulation-steps", [&](auto& f, auto& v) { trainer.gradient_accumulation_steps = parse_int(f, v); require(trainer.gradient_accumulation_steps > 0, f, "must be positive"); }},
-        {"--learning-rate", [&](auto& f, auto& v) { trainer.learning_rate = parse_number(f, v); require(trainer.learning_rate >= 0, f, "must be >= 0"); }},
-        {"--weight-decay", [&](auto& f, auto& v) { trainer.weight_decay = parse_number(f, v); require(trainer.weight_decay >= 0, f, "must be >= 0"); }},
-        {"--adam-beta1", [&](auto& f, auto& v) { trainer.adam_beta1 = parse_number(f, v); require(trainer.adam_beta1 >= 0 && trainer.adam_beta1 < 1, f, "must be in [0,1)"); }},
-        {"--adam-beta2", [&](auto& f, auto& v) { trainer.adam_beta2 = parse_number(f, v); require(trainer.adam_beta2 >= 0 && trainer.adam_beta2 < 1, f, "must be in [0,1)"); }},
-        {"--adam-epsilon", [&](auto& f, auto& v) { trainer.adam_epsilon = parse_number(f, v); require(trainer.adam_epsilon > 0, f, "must be > 0"); }},
-        {"--max-grad-norm", [&](auto& f, auto& v) { trainer.max_grad_norm = parse_number(f, v); require(trainer.max_grad_norm >= 0, f, "must be >= 0 (0 = no clipping)"); }},
-        {"--lr-scheduler-type", [&](auto& f, auto& v) { as_flag(f, [&] { return engine::optim::parse_schedule_type(v); }); trainer.lr_scheduler_type = v; }},
-        {"--warmup-steps", [&](auto& f, auto& v) { trainer.warmup_steps = parse_integer(f, v); require(trainer.warmup_steps >= 0, f, "must be >= 0"); }},
-        {"--min-lr-ratio", [&](auto& f, auto& v) { trainer.min_lr_ratio = parse_number(f, v); require(trainer.min_lr_ratio >= 0 && trainer.min_lr_ratio <= 1, f, "must be in [0,1]"); }},
-        {"--max-steps", [&](auto& f, auto& v) { trainer.max_steps = parse_integer(f, v); require(trainer.max_steps > 0, f, "must be positive"); }},
+        // TrainerConfig's fields: a flag only parses its value; TrainerConfig::problem() is the one check of the
+        // values, after every flag (report_config_problem names the flag).
+        {"--per-device-train-batch-size", [&](auto& f, auto& v) { trainer.per_device_train_batch_size = parse_int(f, v); }},
+        {"--gradient-accumulation-steps", [&](auto& f, auto& v) { trainer.gradient_accumulation_steps = parse_int(f, v); }},
+        {"--learning-rate", [&](auto& f, auto& v) { trainer.learning_rate = parse_number(f, v); }},
+        {"--weight-decay", [&](auto& f, auto& v) { trainer.weight_decay = parse_number(f, v); }},
+        {"--adam-beta1", [&](auto& f, auto& v) { trainer.adam_beta1 = parse_number(f, v); }},
+        {"--adam-beta2", [&](auto& f, auto& v) { trainer.adam_beta2 = parse_number(f, v); }},
+        {"--adam-epsilon", [&](auto& f, auto& v) { trainer.adam_epsilon = parse_number(f, v); }},
+        {"--max-grad-norm", [&](auto& f, auto& v) { trainer.max_grad_norm = parse_number(f, v); }},
+        {"--lr-scheduler-type", [&](auto&, auto& v) { trainer.lr_scheduler_type = v; }},
+        {"--warmup-steps", [&](auto& f, auto& v) { trainer.warmup_steps = parse_integer(f, v); }},
+        {"--min-lr-ratio", [&](auto& f, auto& v) { trainer.min_lr_ratio = parse_number(f, v); }},
+        {"--max-steps", [&](auto& f, auto& v) { trainer.max_steps = parse_integer(f, v); }},
+        // A negative seed has no uint64_t to become: a parse error, not a rule.
         {"--seed", [&](auto& f, auto& v) { const int64_t seed = parse_integer(f, v); require(seed >= 0, f, "must be >= 0"); trainer.seed = static_cast<uint64_t>(seed); }},
-        {"--logging-steps", [&](auto& f, auto& v) { trainer.logging_steps = parse_integer(f, v); require(trainer.logging_steps > 0, f, "must be positive"); }},
+        {"--logging-steps", [&](auto& f, auto& v) { trainer.logging_steps = parse_integer(f, v); }},
         {"--loss-normalization", [&](auto& f, auto& v) { trainer.loss_normalization = as_flag(f, [&] { return engine::optim::parse_loss_normalization(v); }); }},
         {"--optimizer", [&](auto& f, auto& v) { trainer.optimizer = as_flag(f, [&] { return engine::optim::parse_optimizer_kind(v); }); }},
-        {"--sgd-momentum", [&](auto& f, auto& v) { trainer.sgd_momentum = parse_number(f, v); require(trainer.sgd_momentum >= 0, f, "must be >= 0"); }},
-        {"--every-n-layers", [&](auto& f, auto& v) { trainer.every_n_layers = parse_int(f, v); require(trainer.every_n_layers >= 1, f, "must be >= 1"); }},
-        {"--segment-size", [&](auto& f, auto& v) {
-             segment_size_flag = v;
-             trainer.segment_size = v == "sqrt" ? 0 : parse_int(f, v);
-             require(v == "sqrt" || trainer.segment_size >= 1, f, "must be >= 1 or 'sqrt'"); }},
+        {"--sgd-momentum", [&](auto& f, auto& v) { trainer.sgd_momentum = parse_number(f, v); }},
+        {"--every-n-layers", [&](auto& f, auto& v) { trainer.every_n_layers = parse_int(f, v); }},
+        {"--segment-size", [&](auto& f, auto& v) { trainer.segment_size = v == "sqrt" ? 0 : parse_int(f, v); }},
         {"--data", [&](auto& f, auto& v) { require_file(f, v); options.data = v; }},
         {"--init", [&](auto& f, auto& v) { require_file(f, v); options.init = v; }},
         {"--save", [&](auto& f, auto& v) {
@@ -224,7 +240,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--save-dtype", [&](auto& f, auto& v) {
              require(v == "fp32" || v == "bf16", f, "'" + v + "' is not fp32 or bf16");
              options.save_dtype = v == "bf16" ? engine::DType::bf16 : engine::DType::f32; }},
-        {"--zero-stage", [&](auto& f, auto& v) { trainer.zero_stage = parse_int(f, v); require(trainer.zero_stage == 0 || trainer.zero_stage == 1, f, "must be 0 or 1"); }},
+        {"--zero-stage", [&](auto& f, auto& v) { trainer.zero_stage = parse_int(f, v); }},
         {"--data-layout", [&](auto& f, auto& v) { options.data_layout = as_flag(f, [&] { return engine::nn::parse_data_layout(v); }); }},
         {"--eot-token", [&](auto& f, auto& v) { options.eot_token = parse_int(f, v); require(options.eot_token >= 0, f, "must be >= 0"); }},
         {"--communicator", [&](auto& f, auto& v) {
@@ -296,10 +312,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
                                "--every-n-layers", "--segment-size", "--offload", "--prefetch", "--zero-stage"})
         require(!planned || !given.contains(chosen), chosen,
                 "the planner chooses it under --max-memory; leave it out (give --global-batch-size instead)");
-    require(!(trainer.offload && !trainer.gradient_checkpointing), "--offload",
-            "moves checkpointed segment inputs to host memory, so it needs --gradient-checkpointing");
-    require(!(trainer.prefetch && !trainer.offload), "--prefetch", "prefetches offloaded inputs, so it needs --offload");
-    as_flag("--max-steps", [&] { trainer.validate(); return 0; }); // each field was checked above; a backstop
+    check_trainer_config(trainer); // every rule on the training flags, in TrainerConfig
 
     if (options.device == "cuda" || options.device == "auto") {
 #if ENGINE_HAS_CUDA

@@ -25,6 +25,12 @@ public:
 // An engine error reported against the flag that caused it (without the source file:line suffix).
 UsageError flag_error(const std::string& flag, const std::exception& error);
 
+// The flag of a TrainerConfig field: "--" and the field with '-' for '_' (Hugging Face's names), except
+// bf16, which --precision sets.
+std::string flag_for_field(const std::string& field);
+// TrainerConfig::problem(), the one check of the training flags' values, as a UsageError naming the flag.
+void check_trainer_config(const engine::optim::TrainerConfig& config);
+
 struct Options {
     engine::nn::GPTConfig model;
     std::string model_name = "tiny";

@@ -56,7 +56,7 @@ public:
     int block_count() const { return static_cast<int>(h.size()); }
     Tensor run_blocks(const Tensor& input, int first_block, int block_count) const;
     // Applies a checkpoint policy to the blocks (the only checkpointable layers); disabled = plain.
-    void set_checkpointing(const checkpoint::CheckpointPolicy& policy);
+    void set_checkpointing(const checkpoint::CheckpointPolicy& policy) override;
     const checkpoint::CheckpointPolicy& checkpointing() const { return policy_; }
     const std::vector<checkpoint::Segment>& segments() const { return segments_; }
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <set>
 
+#include "checkpoint/checkpoint.h"
 #include "engine/dispatch.h"
 
 namespace engine::nn {
@@ -153,6 +154,13 @@ void Module::to(Device device) {
     }
     // Allocated and copied all: now rebind, which cannot fail.
     for (auto& [holder, storage] : rebinds) holder->storage = storage;
+}
+
+void Module::set_checkpointing(const checkpoint::CheckpointPolicy& policy) {
+    ENGINE_CHECK(!policy.enabled, "set_checkpointing: gradient checkpointing (" << policy.to_string()
+                                      << ") was requested for a module that has no checkpointable layers; override "
+                                         "Module::set_checkpointing to apply the policy to its layers, or turn "
+                                         "gradient_checkpointing off");
 }
 
 void Module::train(bool training) {

@@ -8,6 +8,10 @@
 
 #include "engine/engine.h"
 
+namespace engine::checkpoint {
+struct CheckpointPolicy;
+}
+
 namespace engine::nn {
 
 class Module {
@@ -55,6 +59,12 @@ public:
     // token table): its working copy with the same shape when there is one, else the parameter itself (an
     // undefined tensor, as a Linear without bias, is returned as it is).
     const Tensor& working(const Tensor& parameter) const;
+
+    // The seam through which a trainer applies its checkpoint policy (checkpoint/checkpoint.h): only the model
+    // knows which of its layers are checkpointable and how they chain (GPT: its blocks). The default, for a
+    // module with no checkpointable layers, accepts a disabled policy and refuses an enabled one, so that
+    // gradient_checkpointing is never silently ignored.
+    virtual void set_checkpointing(const checkpoint::CheckpointPolicy& policy);
 
 protected:
     // Creates a leaf parameter (category parameters) with its gradient buffer allocated once.

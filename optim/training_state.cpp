@@ -21,15 +21,15 @@ nlohmann::json parse_object(const std::string& text, const std::string& what) {
     return parsed;
 }
 
-int world_size_of(const Trainer& trainer) {
+int world_size_of(const ModuleTrainer& trainer) {
     return trainer.communicator() != nullptr ? trainer.communicator()->world_size() : 1;
 }
 
-int rank_of(const Trainer& trainer) { return trainer.communicator() != nullptr ? trainer.communicator()->rank() : 0; }
+int rank_of(const ModuleTrainer& trainer) { return trainer.communicator() != nullptr ? trainer.communicator()->rank() : 0; }
 
 } // namespace
 
-io::TrainingState capture_training_state(Trainer& trainer, const nn::DataLoader* loader,
+io::TrainingState capture_training_state(ModuleTrainer& trainer, const nn::DataLoader* loader,
                                          const std::string& config_json) {
     io::TrainingState state;
     const RngState rng = rng_state();
@@ -54,14 +54,14 @@ io::TrainingState capture_training_state(Trainer& trainer, const nn::DataLoader*
         metadata["loader_ranks"] = ranks;
     }
     state.metadata_json = metadata.dump();
-    for (const auto& [name, parameter] : trainer.model().named_parameters())
+    for (const auto& [name, parameter] : trainer.module().named_parameters())
         state.add_tensor(model_prefix + name, parameter);
     // Whole tensors, gathered from the ranks under ZeRO-1: the file is the same as an unsharded run's.
     for (const auto& [name, tensor] : trainer.whole_optimizer_state()) state.add_tensor(optimizer_prefix + name, tensor);
     return state;
 }
 
-void restore_training_state(const io::TrainingState& state, Trainer& trainer, nn::DataLoader* loader) {
+void restore_training_state(const io::TrainingState& state, ModuleTrainer& trainer, nn::DataLoader* loader) {
     const nlohmann::json metadata = parse_object(state.metadata_json, "training-state metadata");
     auto field = [&](const char* key) -> const nlohmann::json& {
         ENGINE_CHECK(metadata.contains(key), "training state: metadata has no '" << key << "'");
@@ -88,12 +88,12 @@ void restore_training_state(const io::TrainingState& state, Trainer& trainer, nn
         int64_t first = 0;
     };
     std::vector<Target> targets;
-    for (const auto& [name, parameter] : trainer.model().named_parameters())
+    for (const auto& [name, parameter] : trainer.module().named_parameters())
         targets.push_back({model_prefix + name, parameter, parameter, 0});
     for (const Optimizer::StateShard& shard : trainer.optimizer().state_shards())
         targets.push_back({optimizer_prefix + shard.name, shard.state,
                            trainer.optimizer().sharded() ? shard.parameter : shard.state, shard.first});
-    const size_t parameters = trainer.model().named_parameters().size();
+    const size_t parameters = trainer.module().named_parameters().size();
     const size_t expected = parameters * (trainer.config().optimizer == OptimizerKind::adamw ? 3 : 2);
     ENGINE_CHECK(expected == state.tensors.size(), "training state holds " << state.tensors.size()
                                                    << " tensors, this model and optimizer have " << expected);
@@ -135,19 +135,19 @@ void restore_training_state(const io::TrainingState& state, Trainer& trainer, nn
         copy_bytes(target.destination.raw_data(), target.destination.device(), stored->data.data() + offset, Device::cpu,
                    target.destination.nbytes());
     }
-    trainer.model().refresh_working_copies();
+    trainer.module().refresh_working_copies();
     trainer.optimizer().set_step_count(field("step").get<int64_t>());
     rng_state() = RngState{rng["seed"].get<uint64_t>(), rng["offset"].get<uint64_t>()};
 }
 
-std::string save_training_state(const std::string& directory, Trainer& trainer, const nn::DataLoader* loader,
+std::string save_training_state(const std::string& directory, ModuleTrainer& trainer, const nn::DataLoader* loader,
                                 const std::string& config_json, bool write) {
     io::TrainingState state = capture_training_state(trainer, loader, config_json);
     if (!write) return "";
     return io::save_state_rotating(directory, static_cast<uint64_t>(trainer.step()), std::move(state));
 }
 
-ResumedRun resume_training_state(const std::string& directory, Trainer& trainer, nn::DataLoader* loader) {
+ResumedRun resume_training_state(const std::string& directory, ModuleTrainer& trainer, nn::DataLoader* loader) {
     io::LoadedState loaded = io::load_latest_state(directory);
     try {
         restore_training_state(loaded.state, trainer, loader);

@@ -8,6 +8,7 @@
 #include <numbers>
 
 #include "gradcheck.h"
+#include "parameter_snapshot.h"
 #include "nn/gpt.h"
 #include "optim/trainer.h"
 
@@ -24,12 +25,6 @@ constexpr int time_steps = 12;
 constexpr uint64_t model_seed = 1234;
 
 nn::GPTConfig small_config() { return {vocabulary, 16, 2, 2, 16, 0.0f}; }
-
-std::vector<double> as_doubles(const Tensor& tensor) {
-    if (tensor.dtype() == DType::f64) return tensor.to_vector<double>();
-    const std::vector<float> values = tensor.to_vector<float>();
-    return {values.begin(), values.end()};
-}
 
 // rows sequences of time_steps positions; row r holds lengths[r] real tokens, then padding (input 0,
 // label -100). Labels are unshifted, as Hugging Face collators make them.
@@ -87,18 +82,6 @@ TrainerConfig config_with(int accumulation, LossNormalization mode) {
     config.loss_normalization = mode;
     config.max_steps = 10;
     return config;
-}
-
-using Snapshot = std::vector<std::vector<double>>;
-Snapshot gradients_of(const nn::GPT& model) {
-    Snapshot snapshot;
-    for (const Tensor& parameter : model.parameters()) snapshot.push_back(as_doubles(parameter.grad()));
-    return snapshot;
-}
-Snapshot values_of(const nn::GPT& model) {
-    Snapshot snapshot;
-    for (const Tensor& parameter : model.parameters()) snapshot.push_back(as_doubles(parameter));
-    return snapshot;
 }
 
 // max over elements of |a − b| / max(|b|, floor), the floor a fraction of the largest |b| in that tensor.
@@ -221,15 +204,14 @@ TEST_P(GradientAccumulation, LastPartialWindowInMeanModeDividesByTheBatchesItHas
     const Snapshot big = accumulated_gradients({concatenate(equal)}, LossNormalization::tokens, GetParam());
     EXPECT_LE(difference(short_equal, big), tolerance());
 
-    // An unscaled custom loss (a per-batch mean) in a short window is divided by 2 as well.
+    // A custom loss in mean mode (a per-batch mean) in a short window is divided by 2 as well.
     auto custom_gradients = [&](int accumulation) {
         nn::GPT model(small_config(), model_seed, Device::cpu, GetParam());
-        Trainer trainer(model, config_with(accumulation, LossNormalization::tokens));
-        trainer.set_loss_function(
-            [](const Tensor& logits, const Batch& batch, int64_t) {
-                return cross_entropy(logits, Trainer::shift_targets(batch), Reduction::mean);
-            },
-            /*loss_is_scaled_for_ga=*/false);
+        Trainer trainer(model, config_with(accumulation, LossNormalization::mean));
+        trainer.set_loss_function([&trainer](const Tensor& logits, const Batch& batch) {
+            return optim::LossSum{cross_entropy(logits, Trainer::shift_targets(batch), Reduction::sum),
+                                  trainer.count_targets(batch)};
+        });
         trainer.accumulate_gradients(equal);
         return gradients_of(model);
     };
@@ -386,27 +368,22 @@ TEST_F(TrainerTest, CustomLossScaledOrDividedByMicroBatchCount) {
     const Snapshot token_mode = accumulated_gradients(micro, LossNormalization::tokens, DType::f64);
     const Snapshot mean_mode = accumulated_gradients(micro, LossNormalization::mean, DType::f64);
 
-    auto gradients_with = [&](optim::LossFunction loss, bool scaled) {
+    // A custom loss returns its sum and item count; the trainer normalises it like the built-in loss.
+    auto gradients_with = [&](LossNormalization mode) {
         nn::GPT model(small_config(), model_seed, Device::cpu, DType::f64);
-        Trainer trainer(model, config_with(3, LossNormalization::tokens));
-        trainer.set_loss_function(std::move(loss), scaled);
+        Trainer trainer(model, config_with(3, mode));
+        trainer.set_loss_function([&trainer](const Tensor& logits, const Batch& batch) {
+            return optim::LossSum{cross_entropy(logits, Trainer::shift_targets(batch), Reduction::sum),
+                                  trainer.count_targets(batch)};
+        });
         trainer.accumulate_gradients(micro);
         return gradients_of(model);
     };
-    // Already divided by num_items_in_batch: the trainer adds nothing, which is token mode.
-    const Snapshot scaled = gradients_with(
-        [](const Tensor& logits, const Batch& batch, int64_t num_items_in_batch) {
-            return multiply(cross_entropy(logits, Trainer::shift_targets(batch), Reduction::sum),
-                            1.0 / static_cast<double>(num_items_in_batch));
-        },
-        true);
+    // Token mode: divided by num_items_in_batch.
+    const Snapshot scaled = gradients_with(LossNormalization::tokens);
     EXPECT_LE(max_relative_difference(scaled, token_mode, 1e-4), 1e-12);
-    // A per-batch mean: the trainer divides by N, which is mean mode.
-    const Snapshot unscaled = gradients_with(
-        [](const Tensor& logits, const Batch& batch, int64_t) {
-            return cross_entropy(logits, Trainer::shift_targets(batch), Reduction::mean);
-        },
-        false);
+    // Mean mode: each micro-batch's mean divided by N.
+    const Snapshot unscaled = gradients_with(LossNormalization::mean);
     EXPECT_LE(max_relative_difference(unscaled, mean_mode, 1e-4), 1e-12);
 }
 
@@ -441,13 +418,11 @@ TEST_F(TrainerTest, FailureAfterAFirstBackwardLeavesWeightsAndGradientsClean) {
     const Snapshot before = values_of(model);
     Trainer trainer(model, config_with(3, LossNormalization::tokens));
     int calls = 0;
-    trainer.set_loss_function(
-        [&calls](const Tensor& logits, const Batch& batch, int64_t num_items_in_batch) {
-            ENGINE_CHECK(++calls < 2, "custom loss: failing on purpose on the second micro-batch");
-            return multiply(cross_entropy(logits, Trainer::shift_targets(batch), Reduction::sum),
-                            1.0 / static_cast<double>(num_items_in_batch));
-        },
-        true);
+    trainer.set_loss_function([&calls, &trainer](const Tensor& logits, const Batch& batch) {
+        ENGINE_CHECK(++calls < 2, "custom loss: failing on purpose on the second micro-batch");
+        return optim::LossSum{cross_entropy(logits, Trainer::shift_targets(batch), Reduction::sum),
+                              trainer.count_targets(batch)};
+    });
     EXPECT_THROW(trainer.train_step(source_of(micro)), EngineError);
     EXPECT_EQ(calls, 2);
     EXPECT_EQ(values_of(model), before);

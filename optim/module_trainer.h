@@ -1,0 +1,271 @@
+// The generic gradient-accumulation trainer: any nn::Module, any batch type, a loss the user writes that
+// returns (sum of losses, number of items). It owns the optimizer step's boundaries: the window's item count
+// (all-reduced over data-parallel ranks), loss normalisation, the one clip, the update, the schedule, the
+// non-finite guard and ZeRO-1. optim/trainer.h builds the GPT trainer on it; docs/TRAINING.md has the formulas.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "engine/distributed/communicator.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+#include "optim/zero.h"
+
+namespace engine::optim {
+
+// How the micro-batches' loss sums become the window's loss (SPEC.md §1, "Loss scaling"): the one place that
+// knows it. Micro-batch k of a window of N returns (sum_k, items_k); its loss, whose backward is its share of
+// the step's gradient, is sum_k · factor(...):
+//   tokens: sum_k / num_items_in_batch, num_items_in_batch = Σ items over the window (and every rank): the
+//           window's gradient is that of the item mean over the whole effective batch, whatever the padding;
+//   mean:   (sum_k / items_k) / N, the per-micro-batch mean divided by the micro-batches present (k < N in a
+//           last partial window): equal to tokens mode only when every micro-batch has as many items (the
+//           "gradient accumulation bug" otherwise).
+struct LossNormalization {
+    enum class Mode { tokens, mean };
+    Mode mode = Mode::tokens;
+
+    constexpr LossNormalization() = default;
+    constexpr LossNormalization(Mode mode) : mode(mode) {} // NOLINT: a mode is a normalisation
+    static const LossNormalization tokens;
+    static const LossNormalization mean;
+    bool operator==(const LossNormalization&) const = default;
+
+    // The factor micro-batch k's loss sum is multiplied by. Mean mode forms it as C(1/items)·C(1/N) in the
+    // compute type C of `dtype` (float for f32 and bf16, double for f64), a value exact in double: so a
+    // fused loss that writes its gradient with it (the GPT classifier) gets bitwise the gradient of a mean
+    // scaled by 1/N. A micro-batch without items adds nothing in mean mode (its sum is 0): factor C(1/N).
+    double factor(int64_t items, int64_t num_items_in_batch, int micro_batches, DType dtype) const;
+    // tokens divides every rank's loss by the global count, so the ranks' gradients add; mean mode is a
+    // per-rank mean, so they are averaged (DDP).
+    bool divides_by_global_count() const { return mode == Mode::tokens; }
+    const char* name() const { return mode == Mode::mean ? "mean" : "tokens"; }
+    static LossNormalization parse(const std::string& name); // "tokens" | "mean"
+};
+inline constexpr LossNormalization LossNormalization::tokens{LossNormalization::Mode::tokens};
+inline constexpr LossNormalization LossNormalization::mean{LossNormalization::Mode::mean};
+
+enum class OptimizerKind { adamw, sgd };
+LossNormalization parse_loss_normalization(const std::string& name); // LossNormalization::parse
+OptimizerKind parse_optimizer_kind(const std::string& name);         // "adamw" | "sgd"
+const char* loss_normalization_name(LossNormalization normalization);
+const char* optimizer_kind_name(OptimizerKind kind);
+
+// A bad TrainerConfig field: its name (the struct's, which is also the Hugging Face argument's) and why.
+struct ConfigProblem {
+    std::string field;
+    std::string reason;
+};
+
+// Field names follow Hugging Face TrainingArguments where one exists.
+struct TrainerConfig {
+    int per_device_train_batch_size = 8; // sequences per micro-batch; the data source makes them
+    int gradient_accumulation_steps = 1; // N micro-batches per optimizer step
+    double learning_rate = 1e-3;
+    double weight_decay = 0.0; // applied to 2-D weights only (optim/optimizer.h)
+    double adam_beta1 = 0.9;
+    double adam_beta2 = 0.999;
+    double adam_epsilon = 1e-8;
+    double max_grad_norm = 1.0; // <= 0 turns clipping off
+    std::string lr_scheduler_type = "constant"; // "constant" | "cosine"
+    int64_t warmup_steps = 0;
+    double min_lr_ratio = 0.0; // cosine floor as a fraction of learning_rate
+    int64_t max_steps = 100;   // optimizer steps; the cosine schedule ends here
+    uint64_t seed = 42;        // the engine RNG stream (dropout); model init takes its own seed
+    int64_t logging_steps = 1;
+    LossNormalization loss_normalization = LossNormalization::tokens;
+    OptimizerKind optimizer = OptimizerKind::adamw;
+    double sgd_momentum = 0.9;
+    // Checkpoint policy, applied through Module::set_checkpointing (checkpoint/checkpoint.h).
+    bool gradient_checkpointing = false;
+    int every_n_layers = 1;
+    int segment_size = 1; // 0 = ceil(sqrt(layers))
+    bool offload = false; // needs gradient_checkpointing: it moves the checkpointed segments' inputs
+    bool skip_nonfinite = false; // a NaN/Inf loss or gradient norm skips the update instead of throwing
+    bool prefetch = false; // needs offload: copy the next segment's input host→device ahead, on a copy stream
+    // 1: ZeRO stage 1 over the constructor's communicator, each rank keeping the optimizer state of 1/N of
+    // the parameters (optim/zero.h); 0: every rank keeps all of it.
+    int zero_stage = 0;
+    // Mixed precision, Hugging Face's `bf16`: the trainer gives the model bf16 working copies of its f32
+    // parameters (Module::set_compute_dtype), so activations, saved tensors and offloaded inputs are bf16
+    // while the optimizer updates the f32 masters from f32 gradient buffers (docs/TRAINING.md, "bf16").
+    // false leaves the model's own dtype (a GPT built with DType::bf16 is mixed precision already).
+    bool bf16 = false;
+
+    checkpoint::CheckpointPolicy checkpoint_policy() const;
+
+    // Every rule on the fields, in one place: the first bad field, or nullopt. Programs map the field back
+    // to their own flag (train_gpt: --per-device-train-batch-size for per_device_train_batch_size).
+    std::optional<ConfigProblem> problem() const;
+    void validate() const; // throws EngineError "<field> <reason>" for problem()
+};
+
+// What one optimizer step did.
+struct StepResult {
+    int64_t step = 0;                // optimizer steps completed, this one included (1-based)
+    double loss = 0.0;               // sum of every item's loss / num_items_in_batch, in both modes
+    double learning_rate = 0.0;      // the rate this step used
+    double grad_norm = 0.0;          // global norm of the accumulated gradients, before clipping
+    int64_t tokens = 0;              // input positions processed (sum of MicroBatch::tokens)
+    int64_t num_items_in_batch = 0;  // items (valid targets) over the whole window, every rank's
+    int64_t rank_num_items_in_batch = 0; // this rank's part of them
+    int micro_batches = 0;           // N, or k < N for a last partial window
+    double seconds = 0.0;
+    double tokens_per_second = 0.0;
+    MemoryStats memory;              // the model device's statistics; peaks cover this step only
+    bool skipped = false;            // non-finite loss or gradients with skip_nonfinite: no update was made
+    // What the communicator did during this step (zero without one): one count, one gradient and one loss
+    // all-reduce per step with data parallelism, whatever the number of micro-batches.
+    distributed::CommunicatorCounters communication;
+};
+
+// What a loss function returns for one micro-batch: the SUM of its items' losses (a one-value tensor on the
+// tape) and how many items that sum is over. The trainer, not the loss, normalises (LossNormalization).
+struct LossSum {
+    Tensor sum;
+    int64_t items = 0;
+};
+
+// What the trainer will do with a micro-batch's LossSum, told to the loss before its forward: its loss is
+// sum · factor, so backward brings exactly `factor` to the sum. A fused loss that writes its gradient during
+// its forward (cross_entropy_in_place's expected_output_gradient) passes `factor` and no rescale pass runs;
+// any other loss may ignore all of it.
+struct LossScale {
+    int64_t items = 0;              // this micro-batch's, as counted before its forward
+    int64_t num_items_in_batch = 0; // the window's, over every rank
+    int micro_batches = 0;          // in this window
+    double factor = 0.0;            // LossNormalization::factor
+};
+
+// One micro-batch as the trainer consumes it. Its item count is a field, set before the trainer sees it,
+// not something the forward reports, because token mode divides every micro-batch's loss by the window's
+// total: that total must be known (and all-reduced over the ranks) before the window's FIRST backward, and
+// a trainer that learnt counts from forwards would have to keep all N micro-batches' activations alive until
+// the last one ran, which accumulation exists to avoid. The loss must then report the same count.
+struct MicroBatch {
+    int64_t items = 0;  // items its loss sum will be over (for a causal LM: labels[:,1:] that are not -100)
+    int64_t tokens = 0; // input positions, for the step's throughput only
+    // Runs the forward and the loss; the activations it does not return die with it, before backward.
+    std::function<LossSum(const LossScale& scale)> loss;
+};
+using MicroBatchSource = std::function<std::optional<MicroBatch>()>;
+
+// How to train on a user's batch type: counting comes before the forward (see MicroBatch).
+template <typename Batch>
+struct TrainingTask {
+    std::function<int64_t(const Batch&)> count_items;             // items of a batch, without a forward
+    std::function<LossSum(const Batch&, const LossScale&)> loss;  // forward + loss sum
+    std::function<int64_t(const Batch&)> count_tokens;            // optional: throughput; unset counts 0
+
+    MicroBatch micro_batch(Batch batch) const {
+        MicroBatch micro;
+        micro.items = count_items(batch);
+        micro.tokens = count_tokens ? count_tokens(batch) : 0;
+        micro.loss = [loss = loss, batch = std::move(batch)](const LossScale& scale) { return loss(batch, scale); };
+        return micro;
+    }
+};
+
+// The state of one accumulation window, between accumulate and apply_update.
+struct Accumulation {
+    int64_t num_items_in_batch = 0;       // over every rank's micro-batches of the window
+    int64_t rank_num_items_in_batch = 0;  // this rank's part of it (all of it in one process)
+    int micro_batches = 0;
+    int64_t tokens = 0;
+    // Each micro-batch's loss sum as a one-value tensor. They stay on the device until loss_sum() reads them,
+    // which apply_update does once the gradient norm has waited for the device anyway, so no micro-batch's
+    // forward makes the host wait.
+    std::vector<Tensor> reported_losses;
+    double loss_sum() const; // this rank's sum of item losses
+};
+
+class ModuleTrainer {
+public:
+    // Applies the checkpoint policy through model.set_checkpointing (a module without checkpointable layers
+    // refuses an enabled one), seeds the engine RNG, and creates the optimizer over model.named_parameters()
+    // (its state is allocated now) and the schedule. The model must outlive the trainer and hold at least one
+    // parameter; its device is its first parameter's. With a communicator the trainer is data-parallel from
+    // the start (see set_communicator), and zero_stage 1 shards the optimizer state over its ranks.
+    ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator = nullptr);
+    virtual ~ModuleTrainer() = default;
+    ModuleTrainer(const ModuleTrainer&) = delete;
+    ModuleTrainer& operator=(const ModuleTrainer&) = delete;
+
+    // One optimizer step over up to N micro-batches from `source`. Returns nullopt, changing nothing, when
+    // the source has no batch left. If any micro-batch throws, no weight changes and the gradient buffers are
+    // zeroed again before the error propagates (the batches pulled are consumed).
+    std::optional<StepResult> train_step(const MicroBatchSource& source);
+    template <typename Batch>
+    std::optional<StepResult> train_step(const std::function<std::optional<Batch>()>& source,
+                                         const TrainingTask<Batch>& task) {
+        return train_step(MicroBatchSource([&]() -> std::optional<MicroBatch> {
+            std::optional<Batch> batch = source();
+            if (!batch) return std::nullopt;
+            return task.micro_batch(std::move(*batch));
+        }));
+    }
+
+    // The two halves of a step, public for tests and tools that inspect the accumulated gradients.
+    // accumulate: counts the window (one count all-reduce), then forward -> loss -> backward each micro-batch.
+    Accumulation accumulate(const std::vector<MicroBatch>& micro_batches);
+    // clip once -> optimizer step at the schedule's rate -> zero_grad -> the schedule advances.
+    StepResult apply_update(const Accumulation& accumulation);
+
+    // Evaluation: every micro-batch's forward and loss under NoGradGuard in eval mode (dropout off; the
+    // module's mode is restored after), so nothing is recorded, no activation is kept for a backward and no
+    // gradient or weight changes. Returns the item mean of the losses, over every rank with a communicator
+    // (two collectives, which every rank calls). The micro-batches' LossScale says factor 1/num_items.
+    struct Evaluation {
+        double loss = 0.0;              // Σ sums / num_items_in_batch
+        int64_t num_items_in_batch = 0; // every rank's
+    };
+    Evaluation evaluate(const std::vector<MicroBatch>& micro_batches);
+
+    // Data parallelism (docs/DISTRIBUTED.md): each window's item count is summed over the ranks before its
+    // first backward, the gradient buffers once after its last, and the loss sum once for the report, so
+    // every rank takes the same step. Not owned; nullptr (the default) is one process. Every rank must make
+    // the same calls: a rank that throws leaves the others waiting, so launch with mpirun, which ends them.
+    // With zero_stage 1 the communicator must be the constructor's, which sharded the optimizer state.
+    void set_communicator(distributed::Communicator* communicator);
+    distributed::Communicator* communicator() const { return communicator_; }
+
+    int64_t step() const { return optimizer_->step_count(); } // optimizer steps done
+    int64_t skipped_steps() const { return skipped_steps_; }  // windows skipped for non-finite values
+    double current_learning_rate() const { return schedule_.at(step()); }
+    Optimizer& optimizer() { return *optimizer_; }
+    // The optimizer state as whole tensors named as named_state() unsharded: the live tensors, or under ZeRO-1
+    // gathered from every rank (a collective every rank calls).
+    NamedTensors whole_optimizer_state() { return zero_ ? zero_->gather_state(*optimizer_) : optimizer_->named_state(); }
+    const LearningRateSchedule& schedule() const { return schedule_; }
+    const TrainerConfig& config() const { return config_; }
+    nn::Module& module() { return model_; }
+    Device device() const { return device_; }
+
+private:
+    // The factor that turns the ranks' summed gradients into this step's: 1 when each rank's loss is divided
+    // by the global item count, 1/world_size for per-rank means (DDP's average).
+    double rank_gradient_scale() const;
+
+    nn::Module& model_;
+    TrainerConfig config_;
+    std::vector<Tensor> parameters_;
+    Device device_ = Device::cpu;
+    DType loss_dtype_ = DType::f32; // the compute type mean mode's factor is formed in
+    std::unique_ptr<Optimizer> optimizer_;
+    LearningRateSchedule schedule_;
+    distributed::Communicator* communicator_ = nullptr;
+    std::unique_ptr<ZeroShards> zero_; // zero_stage 1 with a communicator
+    distributed::CommunicatorCounters window_counters_; // the communicator's counters when the window began
+    std::chrono::steady_clock::time_point window_start_;
+    int64_t skipped_steps_ = 0;
+};
+
+} // namespace engine::optim

@@ -1,0 +1,29 @@
+// A module's parameters or gradients read back as float64 vectors, one per parameter, for the trainer tests'
+// comparisons.
+#pragma once
+
+#include <vector>
+
+#include "nn/module.h"
+
+namespace engine::testing {
+
+inline std::vector<double> as_doubles(const Tensor& tensor) {
+    if (tensor.dtype() == DType::f64) return tensor.to_vector<double>();
+    const std::vector<float> values = tensor.to_vector<float>();
+    return {values.begin(), values.end()};
+}
+
+using Snapshot = std::vector<std::vector<double>>;
+inline Snapshot gradients_of(const nn::Module& model) {
+    Snapshot snapshot;
+    for (const Tensor& parameter : model.parameters()) snapshot.push_back(as_doubles(parameter.grad()));
+    return snapshot;
+}
+inline Snapshot values_of(const nn::Module& model) {
+    Snapshot snapshot;
+    for (const Tensor& parameter : model.parameters()) snapshot.push_back(as_doubles(parameter));
+    return snapshot;
+}
+
+} // namespace engine::testing
