@@ -18,7 +18,6 @@
 #endif
 
 namespace train_gpt {
-namespace {
 
 using engine::EngineError;
 
@@ -62,6 +61,8 @@ void require_file(const std::string& flag, const std::string& path) {
     std::error_code error;
     require(std::filesystem::is_regular_file(path, error), flag, "no such file '" + path + "'");
 }
+
+namespace {
 
 // The engine's own checks, reported against the flag they came from.
 template <typename Function>

@@ -25,6 +25,14 @@ public:
 // An engine error reported against the flag that caused it (without the source file:line suffix).
 UsageError flag_error(const std::string& flag, const std::exception& error);
 
+// Flag values, each throwing UsageError naming the flag (shared with generate_gpt).
+int64_t parse_integer(const std::string& flag, const std::string& text);
+int parse_int(const std::string& flag, const std::string& text);
+double parse_number(const std::string& flag, const std::string& text); // finite
+bool parse_bool(const std::string& flag, const std::string& text);
+void require(bool condition, const std::string& flag, const std::string& reason);
+void require_file(const std::string& flag, const std::string& path);
+
 struct Options {
     engine::nn::GPTConfig model;
     std::string model_name = "tiny";
