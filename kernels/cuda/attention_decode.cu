@@ -9,6 +9,14 @@
 #include "kernels/cuda/grid.h"
 #include "kernels/cuda/warp_reduce.cuh"
 
+// The per-lane arrays stay in registers only if their loops unroll; the emulated build's host compiler knows
+// no such pragma.
+#if defined(__CUDACC__)
+#define DECODE_UNROLL _Pragma("unroll")
+#else
+#define DECODE_UNROLL
+#endif
+
 namespace engine::kernels::cuda {
 namespace {
 
@@ -50,7 +58,7 @@ __global__ void attention_decode_kernel(T* out, const T* key_cache, const T* val
     const int64_t head_base = (int64_t(b) * NH + h) * max_T * head_size;
 
     float q[per_lane], accumulator[per_lane];
-#pragma unroll
+DECODE_UNROLL
     for (int j = 0; j < per_lane; ++j) {
         const int d = lane + j * warp_size;
         q[j] = d < head_size ? widen(query[d]) : 0.0f;
@@ -60,7 +68,7 @@ __global__ void attention_decode_kernel(T* out, const T* key_cache, const T* val
     for (int key = 0; key <= past + t; ++key) { // causal: keys 0..past+t
         const T* key_row = key_cache + head_base + int64_t(key) * head_size;
         float partial = 0.0f;
-#pragma unroll
+DECODE_UNROLL
         for (int j = 0; j < per_lane; ++j) {
             const int d = lane + j * warp_size;
             if (d < head_size) partial += q[j] * widen(key_row[d]);
@@ -72,7 +80,7 @@ __global__ void attention_decode_kernel(T* out, const T* key_cache, const T* val
         running_sum = running_sum * correction + probability;
         running_max = new_max;
         const T* value_row = value_cache + head_base + int64_t(key) * head_size;
-#pragma unroll
+DECODE_UNROLL
         for (int j = 0; j < per_lane; ++j) {
             const int d = lane + j * warp_size;
             if (d < head_size) accumulator[j] = accumulator[j] * correction + probability * widen(value_row[d]);
@@ -80,7 +88,7 @@ __global__ void attention_decode_kernel(T* out, const T* key_cache, const T* val
     }
     const float inverse_sum = 1.0f / running_sum;
     T* out_head = out + (int64_t(b) * Tnew + t) * C + int64_t(h) * head_size;
-#pragma unroll
+DECODE_UNROLL
     for (int j = 0; j < per_lane; ++j) {
         const int d = lane + j * warp_size;
         if (d < head_size) out_head[d] = narrow<T>(accumulator[j] * inverse_sum);
