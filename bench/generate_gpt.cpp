@@ -58,8 +58,7 @@ std::string usage() {
 
 Options parse_options(const std::vector<std::string>& arguments) {
     Options options;
-    using Setter = std::function<void(const std::string& flag, const std::string& value)>;
-    const std::map<std::string, Setter> valued = {
+    const std::map<std::string, train_gpt::FlagSetter> valued = {
         {"--checkpoint", [&](auto& f, auto& v) { train_gpt::require_file(f, v); options.checkpoint = v; }},
         {"--n-head", [&](auto& f, auto& v) { options.n_head = train_gpt::parse_int(f, v); train_gpt::require(options.n_head > 0, f, "must be positive"); }},
         {"--prompt", [&](auto&, auto& v) { options.prompt = v; }},
@@ -69,28 +68,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--seed", [&](auto& f, auto& v) { const int64_t seed = train_gpt::parse_integer(f, v); train_gpt::require(seed >= 0, f, "must be >= 0"); options.sampling.seed = static_cast<uint64_t>(seed); }},
         {"--device", [&](auto& f, auto& v) { train_gpt::require(v == "auto" || v == "cpu" || v == "cuda", f, "'" + v + "' is not auto, cpu or cuda"); options.device = v; }},
     };
-    for (size_t index = 0; index < arguments.size(); ++index) {
-        std::string flag = arguments[index];
-        std::optional<std::string> value;
-        if (const size_t equals = flag.find('='); flag.rfind("--", 0) == 0 && equals != std::string::npos) {
-            value = flag.substr(equals + 1);
-            flag.resize(equals);
-        }
-        if (flag == "--help" || flag == "-h") {
-            options.help = true;
-            continue;
-        }
-        const auto found = valued.find(flag);
-        if (found == valued.end()) {
-            if (flag.rfind("--", 0) != 0) throw UsageError(flag, "unexpected argument (flags start with --)");
-            throw UsageError(flag, "unknown flag (see --help)");
-        }
-        if (!value) {
-            if (index + 1 >= arguments.size()) throw UsageError(flag, "needs a value");
-            value = arguments[++index];
-        }
-        found->second(flag, *value);
-    }
+    train_gpt::apply_flags(arguments, valued, {{"--help", &options.help}});
     if (options.help) return options;
     train_gpt::require(!options.checkpoint.empty(), "--checkpoint", "is required (a file train_gpt --save wrote)");
     train_gpt::require(options.n_head > 0, "--n-head", "is required (safetensors does not store the head count)");

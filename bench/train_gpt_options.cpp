@@ -83,6 +83,38 @@ UsageError flag_error(const std::string& flag, const std::exception& error) {
     return UsageError(flag, reason);
 }
 
+std::set<std::string> apply_flags(const std::vector<std::string>& arguments,
+                                  const std::map<std::string, FlagSetter>& valued,
+                                  const std::map<std::string, bool*>& switches) {
+    std::set<std::string> given;
+    for (size_t index = 0; index < arguments.size(); ++index) {
+        std::string flag = arguments[index];
+        std::optional<std::string> value;
+        if (const size_t equals = flag.find('='); flag.rfind("--", 0) == 0 && equals != std::string::npos) {
+            value = flag.substr(equals + 1);
+            flag.resize(equals);
+        }
+        if (flag == "-h") flag = "--help";
+        if (auto found = switches.find(flag); found != switches.end()) {
+            *found->second = value ? parse_bool(flag, *value) : true;
+            given.insert(flag);
+            continue;
+        }
+        auto found = valued.find(flag);
+        if (found == valued.end()) {
+            if (flag.rfind("--", 0) != 0) throw UsageError(flag, "unexpected argument (flags start with --)");
+            throw UsageError(flag, "unknown flag (see --help)");
+        }
+        if (!value) {
+            if (index + 1 >= arguments.size()) throw UsageError(flag, "needs a value");
+            value = arguments[++index];
+        }
+        found->second(flag, *value);
+        given.insert(flag);
+    }
+    return given;
+}
+
 Options default_options() {
     Options options;
     options.model = engine::nn::GPTConfig::named("tiny");
@@ -166,8 +198,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
     std::string segment_size_flag;
     std::set<std::string> given; // the flags on the command line, for the planner's conflicts
 
-    using Setter = std::function<void(const std::string& flag, const std::string& value)>;
-    const std::map<std::string, Setter> valued = {
+    const std::map<std::string, FlagSetter> valued = {
         {"--model", [&](auto&, auto& value) { options.model_name = value; }},
         {"--vocab-size", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.vocab_size = n; }; }},
         {"--max-seq-len", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.max_seq_len = n; }; }},
@@ -243,31 +274,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--help", &options.help},
     };
 
-    for (size_t index = 0; index < arguments.size(); ++index) {
-        std::string flag = arguments[index];
-        std::optional<std::string> value;
-        if (const size_t equals = flag.find('='); flag.rfind("--", 0) == 0 && equals != std::string::npos) {
-            value = flag.substr(equals + 1);
-            flag.resize(equals);
-        }
-        if (flag == "-h") flag = "--help";
-        if (auto found = switches.find(flag); found != switches.end()) {
-            *found->second = value ? parse_bool(flag, *value) : true;
-            given.insert(flag);
-            continue;
-        }
-        auto found = valued.find(flag);
-        if (found == valued.end()) {
-            if (flag.rfind("--", 0) != 0) throw UsageError(flag, "unexpected argument (flags start with --)");
-            throw UsageError(flag, "unknown flag (see --help)");
-        }
-        if (!value) {
-            if (index + 1 >= arguments.size()) throw UsageError(flag, "needs a value");
-            value = arguments[++index];
-        }
-        found->second(flag, *value);
-        given.insert(flag);
-    }
+    given = apply_flags(arguments, valued, switches);
     if (options.help) return options;
     require(options.save_every == 0 || !options.out.empty(), "--save-every", "needs --out DIR");
     require(!options.save_dtype || !options.save.empty(), "--save-dtype", "needs --save FILE");

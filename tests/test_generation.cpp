@@ -67,8 +67,8 @@ void check_cached_against_full(const nn::GPT& model, const std::vector<int32_t>&
         std::vector<int32_t> step;
         for (int b = 0; b < batch; ++b)
             for (int t = start; t < start + count; ++t) step.push_back(ids[static_cast<size_t>(b * time + t)]);
-        const std::vector<double> cached =
-            as_doubles(nn::forward_cached(model, Tensor::from_vector<int32_t>(step, {batch, count}, Device::cpu), cache));
+        const Tensor step_tokens = Tensor::from_vector<int32_t>(step, {batch, count}, Device::cpu);
+        const std::vector<double> cached = as_doubles(nn::forward_cached(model, step_tokens, cache));
         ASSERT_EQ(cache.length(), start + count);
         for (int b = 0; b < batch; ++b)
             for (int t = 0; t < count; ++t)
@@ -212,7 +212,8 @@ TEST_F(Generation, BadInputsNameTheirCause) {
 
     nn::KVCache cache(model, 1);
     nn::forward_cached(model, Tensor::from_vector<int32_t>({1, 2, 3, 4, 5, 6}, {1, 6}, Device::cpu), cache);
-    expect_error([&] { nn::forward_cached(model, Tensor::from_vector<int32_t>({1, 2, 3}, {1, 3}, Device::cpu), cache); },
+    const Tensor three = Tensor::from_vector<int32_t>({1, 2, 3}, {1, 3}, Device::cpu);
+    expect_error([&] { nn::forward_cached(model, three, cache); },
                  {"positions [6,9)", "max_seq_len is 8"});
     EXPECT_EQ(cache.length(), 6); // unchanged by the refused call
     expect_error([&] { nn::KVCache too_long(model, 1, 9); }, {"capacity 9", "max_seq_len 8"});

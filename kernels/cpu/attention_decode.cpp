@@ -58,7 +58,8 @@ void attention_decode(Scalar* out, Scalar* key_cache, Scalar* value_cache, const
                         accumulator[d] += probability * static_cast<Accumulator>(widen(value[d]));
                 }
                 Scalar* out_head = out + (static_cast<int64_t>(b) * Tnew + t) * C + int64_t(h) * head_size;
-                for (int d = 0; d < head_size; ++d) out_head[d] = narrow<Scalar>(static_cast<Compute<Scalar>>(accumulator[d]));
+                for (int d = 0; d < head_size; ++d)
+                    out_head[d] = narrow<Scalar>(static_cast<Compute<Scalar>>(accumulator[d]));
             }
         }
     }
