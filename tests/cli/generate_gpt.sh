@@ -37,6 +37,17 @@ check "the defaults fill the model's 64 positions" $? ""
 [ "$(wc -c <"$work/default.out")" -eq 65 ] # a newline prompt, 63 bytes, the closing newline
 check "default output length" $? "$(wc -c <"$work/default.out") bytes"
 
+# A vocabulary other than bytes (300: the built-in corpus fits, ids 256..299 unused): ids in, ids out.
+"$train_gpt" --vocab-size 300 --max-seq-len 16 --n-layer 1 --max-steps 2 --save "$work/ids.safetensors" \
+  >"$work/train_ids.out" 2>&1
+check "train_gpt --vocab-size 300 --save" $? "$(tail -3 "$work/train_ids.out")"
+"$generate_gpt" --checkpoint "$work/ids.safetensors" --n-head 4 --prompt 1,299,7 --max-new-tokens 5 \
+  >"$work/ids.out" 2>"$work/ids.err"
+check "token ids exit 0" $? "$(cat "$work/ids.err")"
+grep -Eq '^1,299,7(,[0-9]+){5}$' "$work/ids.out"
+check "token ids print the prompt and 5 ids" $? "$(cat "$work/ids.out")"
+expect_ids=(--checkpoint "$work/ids.safetensors" --n-head 4)
+
 # expect FLAG ARGS...: generate_gpt ARGS must fail with exit 2 and one line naming FLAG.
 expect() {
   local flag=$1
@@ -69,6 +80,9 @@ expect --prompt "${model[@]}" --prompt "$(printf '%064d' 0)"
 expect --seed "${model[@]}" --seed -2
 expect --device "${model[@]}" --device tpu
 expect --frobnicate "${model[@]}" --frobnicate 1
+expect --prompt "${expect_ids[@]}" --prompt 1,300
+expect --prompt "${expect_ids[@]}" --prompt 1,x
+expect --max-new-tokens "${expect_ids[@]}" --prompt 1,2 --max-new-tokens 15
 
 echo "$((total - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]
