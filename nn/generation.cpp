@@ -33,7 +33,8 @@ Tensor forward_cached(const GPT& model, const Tensor& tokens, KVCache& cache) {
                                                << cache.capacity() << " (the model's max_seq_len is "
                                                << model.config().max_seq_len << ")");
     const NoGradGuard no_grad;
-    const Tensor device_tokens = tokens.device() == model.device() ? tokens : tokens.to(model.device());
+    // With their host values, so that embedding_at's id check reads those instead of waiting for the device.
+    const Tensor device_tokens = tokens.to_keeping_host_copy(model.device());
     Tensor x = embedding_at(device_tokens, model.wte.working(model.wte.weight), model.wpe.working(model.wpe.weight),
                             past); // (B,T,C)
     for (int layer = 0; layer < model.block_count(); ++layer) {
