@@ -1,6 +1,8 @@
 // Attention of new queries over a key/value cache (twin of kernels/cpu/attention_decode.cpp): the append of the
-// new keys and values, then one warp per (batch, head, new query). Inference only. Both kernels are bounded by
-// memory bandwidth: a decode step reads the whole cache of its head once per query and does 4 flops per element.
+// new keys and values, then one warp per (batch, head, new query). Inference only. The append is bounded by
+// memory bandwidth; the attention reads its head's cache once per query (4 flops per element), which bounds it
+// by bandwidth only with many (batch, head) warps in flight: with few, by the latency of the per-key chain
+// (shuffle tree, two expf), which splitting the keys over several warps (flash-decoding) would shorten.
 #include <cmath>
 
 #include "base/cuda/launch.h"
