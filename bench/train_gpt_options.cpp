@@ -19,7 +19,6 @@
 #endif
 
 namespace train_gpt {
-namespace {
 
 using engine::EngineError;
 
@@ -64,6 +63,8 @@ void require_file(const std::string& flag, const std::string& path) {
     require(std::filesystem::is_regular_file(path, error), flag, "no such file '" + path + "'");
 }
 
+namespace {
+
 // The engine's own checks, reported against the flag they came from.
 template <typename Function>
 auto as_flag(const std::string& flag, Function&& function) {
@@ -93,6 +94,38 @@ UsageError flag_error(const std::string& flag, const std::exception& error) {
     const size_t location = reason.rfind(" (");
     if (location != std::string::npos && reason.back() == ')') reason.resize(location); // drop file:line
     return UsageError(flag, reason);
+}
+
+std::set<std::string> apply_flags(const std::vector<std::string>& arguments,
+                                  const std::map<std::string, FlagSetter>& valued,
+                                  const std::map<std::string, bool*>& switches) {
+    std::set<std::string> given;
+    for (size_t index = 0; index < arguments.size(); ++index) {
+        std::string flag = arguments[index];
+        std::optional<std::string> value;
+        if (const size_t equals = flag.find('='); flag.rfind("--", 0) == 0 && equals != std::string::npos) {
+            value = flag.substr(equals + 1);
+            flag.resize(equals);
+        }
+        if (flag == "-h") flag = "--help";
+        if (auto found = switches.find(flag); found != switches.end()) {
+            *found->second = value ? parse_bool(flag, *value) : true;
+            given.insert(flag);
+            continue;
+        }
+        auto found = valued.find(flag);
+        if (found == valued.end()) {
+            if (flag.rfind("--", 0) != 0) throw UsageError(flag, "unexpected argument (flags start with --)");
+            throw UsageError(flag, "unknown flag (see --help)");
+        }
+        if (!value) {
+            if (index + 1 >= arguments.size()) throw UsageError(flag, "needs a value");
+            value = arguments[++index];
+        }
+        found->second(flag, *value);
+        given.insert(flag);
+    }
+    return given;
 }
 
 Options default_options() {
@@ -181,8 +214,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
     std::map<std::string, std::function<void(engine::nn::GPTConfig&)>> overrides;
     std::set<std::string> given; // the flags on the command line, for the planner's conflicts
 
-    using Setter = std::function<void(const std::string& flag, const std::string& value)>;
-    const std::map<std::string, Setter> valued = {
+    const std::map<std::string, FlagSetter> valued = {
         {"--model", [&](auto&, auto& value) { options.model_name = value; }},
         {"--vocab-size", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.vocab_size = n; }; }},
         {"--max-seq-len", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.max_seq_len = n; }; }},
@@ -258,31 +290,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--help", &options.help},
     };
 
-    for (size_t index = 0; index < arguments.size(); ++index) {
-        std::string flag = arguments[index];
-        std::optional<std::string> value;
-        if (const size_t equals = flag.find('='); flag.rfind("--", 0) == 0 && equals != std::string::npos) {
-            value = flag.substr(equals + 1);
-            flag.resize(equals);
-        }
-        if (flag == "-h") flag = "--help";
-        if (auto found = switches.find(flag); found != switches.end()) {
-            *found->second = value ? parse_bool(flag, *value) : true;
-            given.insert(flag);
-            continue;
-        }
-        auto found = valued.find(flag);
-        if (found == valued.end()) {
-            if (flag.rfind("--", 0) != 0) throw UsageError(flag, "unexpected argument (flags start with --)");
-            throw UsageError(flag, "unknown flag (see --help)");
-        }
-        if (!value) {
-            if (index + 1 >= arguments.size()) throw UsageError(flag, "needs a value");
-            value = arguments[++index];
-        }
-        found->second(flag, *value);
-        given.insert(flag);
-    }
+    given = apply_flags(arguments, valued, switches);
     if (options.help) return options;
     require(options.save_every == 0 || !options.out.empty(), "--save-every", "needs --out DIR");
     require(!options.save_dtype || !options.save.empty(), "--save-dtype", "needs --save FILE");

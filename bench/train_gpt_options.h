@@ -2,7 +2,10 @@
 // "train_gpt: error: --flag: reason" line (exit status 2) before anything is built.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -30,6 +33,21 @@ UsageError flag_error(const std::string& flag, const std::exception& error);
 std::string flag_for_field(const std::string& field);
 // TrainerConfig::problem(), the one check of the training flags' values, as a UsageError naming the flag.
 void check_trainer_config(const engine::optim::TrainerConfig& config);
+
+// Flag values, each throwing UsageError naming the flag (shared with generate_gpt).
+int64_t parse_integer(const std::string& flag, const std::string& text);
+int parse_int(const std::string& flag, const std::string& text);
+double parse_number(const std::string& flag, const std::string& text); // finite
+bool parse_bool(const std::string& flag, const std::string& text);
+void require(bool condition, const std::string& flag, const std::string& reason);
+void require_file(const std::string& flag, const std::string& path);
+
+using FlagSetter = std::function<void(const std::string& flag, const std::string& value)>;
+// Walks the command line: `--flag value` and `--flag=value` to the valued setters, `--flag` and
+// `--flag=BOOL` to the switches (-h is --help); anything else is a UsageError naming it. Returns the flags given.
+std::set<std::string> apply_flags(const std::vector<std::string>& arguments,
+                                  const std::map<std::string, FlagSetter>& valued,
+                                  const std::map<std::string, bool*>& switches);
 
 struct Options {
     engine::nn::GPTConfig model;
