@@ -38,10 +38,8 @@ public:
 
 private:
     static nn::InitOptions init(DType dtype) {
-        nn::InitOptions options;
-        options.seed = model_seed;
-        options.dtype = dtype;
-        return options;
+        return nn::InitOptions(nn::ParameterOptions{std::make_shared<nn::Generator>(model_seed), dtype, Device::cpu},
+                               0.02);
     }
 };
 
