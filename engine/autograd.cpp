@@ -130,7 +130,7 @@ Tensor BackwardContext::take(uint64_t id) {
     return gradient;
 }
 
-void run_backward(Tape& tape, BackwardContext& context, const std::function<void(const Node&)>& after_node) {
+void run_backward(Tape& tape, BackwardContext& context) {
     NoGradGuard no_grad; // backward computations are never recorded
     auto& nodes = tape.nodes();
     try {
@@ -146,7 +146,6 @@ void run_backward(Tape& tape, BackwardContext& context, const std::function<void
             // Outputs are consumed by nodes later on the tape, which have all run: their gradients are done.
             for (uint64_t id : node.output_ids) context.erase(id);
             node.backward = nullptr; // frees the saved tensors now, not at the end of the walk
-            if (after_node) after_node(node);
         }
     } catch (...) {
         // A node that failed (out of memory, say) must not leave the rest of the graph and its saved tensors
@@ -175,7 +174,7 @@ void backward(const Tensor& loss, const BackwardOptions& options) {
     BackwardContext context;
     context.seed(loss.id(), Tensor::full(loss.shape(), options.seed_scale, loss.dtype(), loss.device(),
                                          MemoryCategory::workspace));
-    run_backward(tape, context, options.after_node);
+    run_backward(tape, context);
 }
 
 bool record_node(const std::string& op, const std::vector<const Tensor*>& inputs,

@@ -140,13 +140,10 @@ private:
 };
 
 // Walks `tape` in reverse with the gradients already seeded in `context`, then leaves the tape empty.
-// `after_node` (optional) runs after each node's backward, once its saved tensors are freed.
-void run_backward(Tape& tape, BackwardContext& context,
-                  const std::function<void(const Node&)>& after_node = nullptr);
+void run_backward(Tape& tape, BackwardContext& context);
 
 struct BackwardOptions {
     double seed_scale = 1.0; // d(loss) seed: backward of seed_scale * loss
-    std::function<void(const Node&)> after_node;
 };
 // Backward from a scalar loss over the current tape. Parameter gradients accumulate (+=).
 void backward(const Tensor& loss, const BackwardOptions& options = {});
