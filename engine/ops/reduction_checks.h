@@ -26,7 +26,7 @@ inline AroundDimension checked_around_dimension(const char* op, const Tensor& in
     check_reducible(op, "input", input);
     const int64_t axis = normalize_dimension(op, dim, input.shape());
     const AroundDimension split = around_dimension(input.shape(), axis);
-    ENGINE_CHECK(!nonempty || split.size > 0 || input.numel() == 0,
+    ENGINE_CHECK(!nonempty || split.size > 0 || split.outer * split.inner == 0,
                  op << ": dimension " << dim << " of " << input.describe() << " is empty");
     ENGINE_CHECK(split.size <= 2147483647,
                  op << ": dimension " << dim << " of " << input.describe() << " is longer than 2^31-1");

@@ -21,8 +21,8 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
     ENGINE_CHECK(reduction == Reduction::none || reduction == Reduction::sum || reduction == Reduction::mean,
                  op << ": unknown reduction " << static_cast<int>(reduction));
     const int64_t count = input.numel();
+    ENGINE_CHECK(count > 0, op << ": input " << input.describe() << " is empty");
     const bool elementwise = reduction == Reduction::none;
-    // mean over no elements is NaN (0 * 1/0), as in PyTorch.
     const double scale = reduction == Reduction::mean ? 1.0 / static_cast<double>(count) : 1.0;
     Tensor out = elementwise ? Tensor::empty(input.shape(), input.dtype(), input.device())
                              : Tensor::empty({1}, compute_dtype(input.dtype()), input.device());
@@ -55,7 +55,6 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
                     Tensor dout = context.output_grad(output_id);
                     Tensor dinput = context.input_grad(input_target);
                     Tensor dtarget = context.input_grad(target_target);
-                    if (count == 0) return;
                     if (dout.device() == Device::cpu) {
                         dispatch_cpu(op, saved_input.dtype(), [&]<typename T>() {
                             if (elementwise)

@@ -21,8 +21,9 @@ void normalise_columns(S* out, const S* inp, int64_t outer, int64_t size, int64_
             double total = 0.0;
             for (int64_t i = 0; i < size; ++i) total += static_cast<double>(std::exp(widen(x[i * inner]) - maximum));
             if constexpr (logarithm) {
-                const T shift = maximum + static_cast<T>(std::log(total));
-                for (int64_t i = 0; i < size; ++i) y[i * inner] = narrow<S>(widen(x[i * inner]) - shift);
+                // (x - max) - log(total): x - max is exact near the max, so no rounding at the scale of max.
+                const T log_total = static_cast<T>(std::log(total));
+                for (int64_t i = 0; i < size; ++i) y[i * inner] = narrow<S>((widen(x[i * inner]) - maximum) - log_total);
             } else {
                 const T reciprocal = static_cast<T>(1.0 / total);
                 for (int64_t i = 0; i < size; ++i)
