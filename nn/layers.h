@@ -93,6 +93,24 @@ public:
     Tensor forward(const Tensor& input) const override { return gelu(input); }
 };
 
+// The other activations as layers (engine/ops/pointwise.h).
+class ReLU : public Layer {
+public:
+    Tensor forward(const Tensor& input) const override { return relu(input); }
+};
+class SiLU : public Layer {
+public:
+    Tensor forward(const Tensor& input) const override { return silu(input); }
+};
+class Tanh : public Layer {
+public:
+    Tensor forward(const Tensor& input) const override { return engine::tanh(input); }
+};
+class Sigmoid : public Layer {
+public:
+    Tensor forward(const Tensor& input) const override { return sigmoid(input); }
+};
+
 // Any single-tensor function as a layer, to put an op or one's own composition into a Sequential. Tensors
 // it captures are not parameters: it has none.
 class Lambda : public Layer {

@@ -208,6 +208,22 @@ TEST(Sequential, Float64GradientsMatchFiniteDifferences) {
     current_tape().clear();
 }
 
+// The activation layers are their ops: same values bitwise, and the same gradient through a Sequential.
+TEST(Sequential, ActivationLayersAreTheirOps) {
+    std::mt19937_64 random = fresh_generator();
+    const Tensor x = random_tensor(random, {3, 5}, DType::f64);
+    NoGradGuard no_grad;
+    EXPECT_EQ(nn::ReLU()(x).to_vector<double>(), relu(x).to_vector<double>());
+    EXPECT_EQ(nn::SiLU()(x).to_vector<double>(), silu(x).to_vector<double>());
+    EXPECT_EQ(nn::Tanh()(x).to_vector<double>(), engine::tanh(x).to_vector<double>());
+    EXPECT_EQ(nn::Sigmoid()(x).to_vector<double>(), sigmoid(x).to_vector<double>());
+    nn::Sequential chain;
+    chain.emplace<nn::SiLU>();
+    chain.emplace<nn::Tanh>();
+    chain.emplace<nn::Sigmoid>();
+    EXPECT_EQ(chain(x).to_vector<double>(), sigmoid(engine::tanh(silu(x))).to_vector<double>());
+}
+
 TEST(ModuleMode, TrainAndEvalReachANestedDropout) {
     engine::manual_seed(51);
     nn::Sequential outer;
