@@ -128,9 +128,7 @@ void run_train_step(benchmark::State& state, const TrainShape& shape, std::share
     } catch (const std::exception& error) { // out of memory at a large size, most likely
         state.SkipWithError(error.what());
     }
-#if ENGINE_HAS_CUDA
     if (shape.device == Device::cuda) engine::cuda::set_tf32_enabled(false);
-#endif
     if (state.error_occurred()) return;
     const auto peak = [&](MemoryCategory category) {
         return static_cast<double>(last.memory.peak(category)) / mebibyte;

@@ -18,9 +18,7 @@
 #include "nn/generation.h"
 #include "nn/io/safetensors.h"
 #include "train_gpt_options.h"
-#if ENGINE_HAS_CUDA
 #include "engine/cuda/runtime.h"
-#endif
 
 namespace {
 
@@ -134,11 +132,7 @@ std::vector<int32_t> parse_prompt(const std::optional<std::string>& prompt, int 
 }
 
 Device resolve_device(const std::string& device) {
-#if ENGINE_HAS_CUDA
     const bool available = engine::cuda::device_available();
-#else
-    const bool available = false;
-#endif
     train_gpt::require(available || device != "cuda", "--device",
                        ENGINE_HAS_CUDA ? "no CUDA device is present" : "this build of libengine has no CUDA backend");
     return device != "cpu" && available ? Device::cuda : Device::cpu;

@@ -20,9 +20,7 @@
 #include "optim/trainer.h"
 #include "optim/training_state.h"
 #include "train_gpt_options.h"
-#if ENGINE_HAS_CUDA
 #include "engine/cuda/runtime.h"
-#endif
 
 namespace {
 
@@ -257,9 +255,7 @@ int run(const Options& flags) {
     } catch (const EngineError& error) {
         throw train_gpt::flag_error(options.data.empty() ? "--vocab-size" : "--data", error);
     }
-#if ENGINE_HAS_CUDA
     if (options.resolved_device == Device::cuda) engine::cuda::set_tf32_enabled(options.tf32.value_or(true));
-#endif
     nn::GPT model(options.model, options.trainer.seed, options.resolved_device, DType::f32);
     if (!options.init.empty()) {
         try {

@@ -14,9 +14,7 @@
 #include <optional>
 #include <set>
 
-#if ENGINE_HAS_CUDA
 #include "engine/cuda/runtime.h"
-#endif
 
 namespace train_gpt {
 
@@ -323,11 +321,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
     check_trainer_config(trainer); // every rule on the training flags, in TrainerConfig
 
     if (options.device == "cuda" || options.device == "auto") {
-#if ENGINE_HAS_CUDA
         const bool available = engine::cuda::device_available();
-#else
-        const bool available = false;
-#endif
         require(available || options.device == "auto", "--device",
                 ENGINE_HAS_CUDA ? "no CUDA device is present" : "this build of libengine has no CUDA backend");
         options.resolved_device = available ? engine::Device::cuda : engine::Device::cpu;

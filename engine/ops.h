@@ -63,3 +63,4 @@ void convert_into(const Tensor& out, const Tensor& input);
 #include "engine/ops/pointwise.h"  // relu, silu, tanh, sigmoid, exp, log; add, sub, mul, div with broadcasting
 #include "engine/ops/reductions.h" // softmax, log_softmax; sum, mean, max over a dimension; mse_loss; rms_norm
 #include "engine/ops/layout.h"     // permute, transpose, view, slice, concat; batched matmul with transposes
+#include "engine/ops/decode.h"     // attention_decode, embedding_at: inference with a key/value cache

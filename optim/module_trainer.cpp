@@ -7,9 +7,7 @@
 
 #include "engine/elementwise.h"
 #include "optim/clip.h"
-#if ENGINE_HAS_CUDA
 #include "engine/cuda/runtime.h"
-#endif
 
 namespace engine::optim {
 
@@ -118,11 +116,7 @@ std::unique_ptr<Optimizer> make_optimizer(const nn::Module& model, const Trainer
 }
 
 void synchronize_device(Device device) {
-#if ENGINE_HAS_CUDA
-    if (device == Device::cuda) cuda::synchronize();
-#else
-    (void)device;
-#endif
+    cuda::synchronize(device);
 }
 
 // The first parameter (in model order) whose accumulated gradient holds a NaN or an Inf, for the error.

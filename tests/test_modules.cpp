@@ -267,9 +267,7 @@ TEST(ModuleDevice, ToTheSameDeviceKeepsEveryParameter) {
 }
 
 TEST(ModuleDevice, ToCudaWithoutCudaThrowsAndChangesNothing) {
-#if ENGINE_HAS_CUDA
-    GTEST_SKIP() << "this build has CUDA; tests/cuda/test_modules_cuda.cpp moves modules there";
-#else
+    if (ENGINE_HAS_CUDA) GTEST_SKIP() << "this build has CUDA; tests/cuda/test_modules_cuda.cpp moves modules there";
     nn::Sequential model;
     build_mixed(model, {});
     const std::vector<float> weight = model.parameters()[0].to_vector<float>();
@@ -284,7 +282,6 @@ TEST(ModuleDevice, ToCudaWithoutCudaThrowsAndChangesNothing) {
     nn::GPT gpt(nn::GPTConfig::named("tiny"), 1);
     expect_error([&] { gpt.to(Device::cuda); }, {"built without CUDA"});
     EXPECT_EQ(gpt.device(), Device::cpu);
-#endif
 }
 
 // "No defaulted argument can crash": every constructor of nn/ with a defaulted or default-constructible

@@ -4,9 +4,6 @@
 #include "engine/dispatch.h"
 #include "engine/ops/decode.h"
 #include "kernels/cpu/decode_kernels.h"
-#if ENGINE_HAS_CUDA
-#include "kernels/cuda/decode_kernels.h"
-#endif
 
 namespace engine {
 using namespace detail;
@@ -44,11 +41,10 @@ Tensor attention_decode(const Tensor& qkv, const Tensor& key_cache, const Tensor
                  op << ": positions [" << past << "," << past + time << ") do not fit the cache's " << max_time
                     << " positions (max_T)");
     require_inference(op, qkv);
-#if ENGINE_HAS_CUDA
-    ENGINE_CHECK(qkv.device() == Device::cpu || head_size <= kernels::cuda::attention_decode_max_head_size,
-                 op << ": head size " << head_size << " exceeds the CUDA kernel's "
-                    << kernels::cuda::attention_decode_max_head_size);
-#endif
+    if (qkv.device() == Device::cuda)
+        ENGINE_CUDA_ONLY(op, ENGINE_CHECK(head_size <= kernels::cuda::attention_decode_max_head_size,
+                                          op << ": head size " << head_size << " exceeds the CUDA kernel's "
+                                             << kernels::cuda::attention_decode_max_head_size));
 
     Tensor out = Tensor::empty({batch, time, channels}, qkv.dtype(), qkv.device()); // (B,Tnew,C)
     if (qkv.device() == Device::cpu) {

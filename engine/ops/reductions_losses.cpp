@@ -3,9 +3,7 @@
 #include "engine/dispatch.h"
 #include "engine/ops.h"
 #include "engine/ops/reduction_checks.h"
-#if ENGINE_HAS_CUDA
 #include "engine/cuda/scratch.h"
-#endif
 
 namespace engine {
 using namespace detail;

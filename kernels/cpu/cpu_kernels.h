@@ -216,3 +216,4 @@ void sgd_update(Scalar* param, const Scalar* grad, Scalar* momentum_buffer, int6
 #include "kernels/cpu/pointwise_kernels.h"
 #include "kernels/cpu/reduction_kernels.h"
 #include "kernels/cpu/layout_kernels.h"
+#include "kernels/cpu/decode_kernels.h"

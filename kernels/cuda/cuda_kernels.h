@@ -212,3 +212,4 @@ void sgd_update(float* param, const float* grad, float* momentum_buffer, int64_t
 #include "kernels/cuda/pointwise_kernels.h"
 #include "kernels/cuda/reduction_kernels.h"
 #include "kernels/cuda/layout_kernels.h"
+#include "kernels/cuda/decode_kernels.h"
