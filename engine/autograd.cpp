@@ -189,10 +189,10 @@ bool record_node(const std::string& op, const std::vector<const Tensor*>& inputs
     for (const Tensor* input : inputs)
         if (input->defined() && input->requires_grad()) node.input_ids.push_back(input->id());
     for (Tensor* output : outputs) {
-        output->impl().requires_grad = true;
-        output->impl().is_leaf = false;
+        detail::impl_of(*output).requires_grad = true;
+        detail::impl_of(*output).is_leaf = false;
         node.output_ids.push_back(output->id());
-        node.output_liveness.push_back(output->impl().liveness);
+        node.output_liveness.push_back(detail::impl_of(*output).liveness);
     }
     node.inputs_known = true;
     node.backward = std::move(backward_function);
@@ -202,8 +202,8 @@ bool record_node(const std::string& op, const std::vector<const Tensor*>& inputs
 
 Tensor as_non_leaf(const Tensor& tensor, bool requires_grad) {
     Tensor view = tensor.detach();
-    view.impl().requires_grad = requires_grad;
-    view.impl().is_leaf = false;
+    detail::impl_of(view).requires_grad = requires_grad;
+    detail::impl_of(view).is_leaf = false;
     return view;
 }
 

@@ -2,6 +2,8 @@
 #include "engine/tensor.h"
 
 #include <atomic>
+#include <map>
+#include <set>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -114,7 +116,7 @@ void upload_ids(const Tensor& destination, std::shared_ptr<const std::vector<int
         }
         deallocate_bytes(Device::cpu, staging, bytes, MemoryCategory::pinned_host);
     }
-    destination.impl().storage->set_host_copy(std::move(values));
+    detail::impl_of(destination).storage->set_host_copy(std::move(values));
 }
 } // namespace
 
@@ -182,12 +184,53 @@ void Tensor::set_requires_grad(bool requires_grad) {
     // accumulates its gradient in f32 (compute_dtype): summed over micro-batches in bf16 the small ones vanish.
     if (requires_grad && !self.grad) {
         Tensor buffer = zeros(shape(), compute_dtype(dtype()), device(), MemoryCategory::gradients);
-        self.grad = buffer.impl_ptr();
+        self.grad = buffer.impl_;
     }
     self.requires_grad = requires_grad;
 }
 
 Tensor Tensor::grad() const { return Tensor(impl().grad); }
+
+TensorImpl& detail::impl_of(const Tensor& tensor) { return tensor.impl(); }
+
+void Tensor::share_gradient_buffer(const Tensor& owner) {
+    TensorImpl& self = impl();
+    const TensorImpl& source = owner.impl();
+    ENGINE_CHECK(self.is_leaf && source.is_leaf && source.grad,
+                 "share_gradient_buffer: " << describe() << " and " << owner.describe()
+                                           << " must be leaves, the second with a gradient buffer");
+    ENGINE_CHECK(shape_numel(source.grad->shape) == numel(),
+                 "share_gradient_buffer: " << owner.describe() << "'s gradient does not have " << describe()
+                                           << "'s element count");
+    self.grad = source.grad;
+    self.requires_grad = true;
+}
+
+void move_storage_to(const std::vector<Tensor>& tensors, Device device) {
+    std::vector<TensorImpl*> holders;
+    for (const Tensor& tensor : tensors) {
+        if (!tensor.defined()) continue;
+        TensorImpl& impl = detail::impl_of(tensor);
+        holders.push_back(&impl);
+        if (impl.grad) holders.push_back(impl.grad.get());
+    }
+    // One new storage per old one, so views that share an allocation still share it after the move.
+    std::map<const Storage*, std::shared_ptr<Storage>> moved;
+    std::vector<std::pair<TensorImpl*, std::shared_ptr<Storage>>> rebinds;
+    std::set<TensorImpl*> seen;
+    for (TensorImpl* holder : holders) {
+        if (!seen.insert(holder).second || holder->storage->device() == device) continue;
+        const Storage& old = *holder->storage;
+        std::shared_ptr<Storage>& target = moved[&old];
+        if (!target) {
+            target = std::make_shared<Storage>(device, old.bytes(), old.category());
+            copy_bytes(target->data(), device, old.data(), old.device(), old.bytes());
+        }
+        rebinds.emplace_back(holder, target);
+    }
+    // Allocated and copied all: now rebind, which cannot fail.
+    for (auto& [holder, storage] : rebinds) holder->storage = storage;
+}
 
 Tensor Tensor::detach() const {
     auto view = std::make_shared<TensorImpl>();

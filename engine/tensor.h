@@ -59,6 +59,12 @@ struct TensorImpl {
     std::string name;
 };
 
+class Tensor;
+namespace detail {
+// The engine's own access to a tensor's fields (autograd, storage): for engine/ sources only.
+TensorImpl& impl_of(const Tensor& tensor);
+} // namespace detail
+
 class Tensor {
 public:
     Tensor() = default;
@@ -128,16 +134,32 @@ public:
 
     std::string describe() const; // "name (2,3) f32 cpu"
 
+    // Storage, as the module layer needs it (working copies, the padded table, Module::to).
+    size_t storage_bytes() const { return impl().storage->bytes(); } // what the allocation holds, >= nbytes()
+    bool shares_storage_with(const Tensor& other) const { return impl().storage == other.impl().storage; }
+    // Whether an i32 device tensor still carries the host values it was uploaded with (to_keeping_host_copy).
+    bool has_host_copy() const { return impl().storage->host_copy() != nullptr; }
+    // Makes this leaf require grad with `owner`'s gradient buffer as its own, without allocating one: a bf16
+    // working copy then accumulates into its f32 master's buffer. `owner` must be a leaf that requires grad.
+    void share_gradient_buffer(const Tensor& owner);
+
+    explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+private:
+    // The autograd and storage fields are the engine's own: code outside engine/ uses the methods above.
+    friend TensorImpl& detail::impl_of(const Tensor& tensor);
     TensorImpl& impl() const {
         ENGINE_CHECK(impl_ != nullptr, "use of an undefined tensor");
         return *impl_;
     }
-    const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
-    explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
-
-private:
     std::shared_ptr<TensorImpl> impl_;
 };
+
+// Moves every tensor's storage, and its gradient buffer's, to `device` in place: handles keep their identity
+// and see the new storage, and storages shared before (a with_rows view, a working copy's gradient) are
+// shared after. All new storage is allocated and filled before any is swapped in, so a failure changes
+// nothing. Tensors already on `device` stay.
+void move_storage_to(const std::vector<Tensor>& tensors, Device device);
 
 uint64_t next_tensor_id();
 

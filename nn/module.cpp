@@ -58,7 +58,7 @@ namespace {
 int64_t stored_rows(const Tensor& parameter) {
     if (parameter.dim() == 0 || parameter.numel() == 0) return parameter.dim() == 0 ? 0 : parameter.size(0);
     const size_t row_bytes = parameter.nbytes() / static_cast<size_t>(parameter.size(0));
-    return static_cast<int64_t>(parameter.impl().storage->bytes() / row_bytes);
+    return static_cast<int64_t>(parameter.storage_bytes() / row_bytes);
 }
 } // namespace
 
@@ -88,8 +88,7 @@ void Module::make_working_copies(DType dtype, std::vector<std::pair<Module*, std
             Tensor::empty(copy.master_storage.shape(), dtype, master.device(), MemoryCategory::parameters);
         working_storage.set_name(name);
         // A leaf that requires grad and whose gradient buffer is the master's (f32, compute_dtype(bf16)).
-        working_storage.impl().requires_grad = true;
-        working_storage.impl().grad = copy.master_storage.impl().grad;
+        working_storage.share_gradient_buffer(copy.master_storage);
         copy.working_storage = working_storage;
         copy.working = master.dim() >= 1 ? working_storage.with_rows(master.size(0)) : working_storage;
         convert_into(copy.working_storage, copy.master_storage);
@@ -108,7 +107,7 @@ const Tensor& Module::working(const Tensor& parameter) const {
     if (!parameter.defined()) return parameter;
     for (size_t index = 0; index < working_copies_.size(); ++index) {
         const WorkingCopy& copy = working_copies_[index];
-        if (copy.master_storage.impl().storage != parameter.impl().storage) continue;
+        if (!copy.master_storage.shares_storage_with(parameter)) continue;
         if (parameter.shape() == copy.working.shape()) return copy.working;
         if (parameter.shape() == copy.working_storage.shape()) return copy.working_storage;
     }
@@ -116,18 +115,13 @@ const Tensor& Module::working(const Tensor& parameter) const {
 }
 
 // Every tensor handle of this module and its children over parameter, gradient or working-copy storage.
-void Module::collect_storage_holders(std::vector<TensorImpl*>& out) const {
-    auto add = [&out](const Tensor& tensor) {
-        if (!tensor.defined()) return;
-        out.push_back(&tensor.impl());
-        if (tensor.impl().grad) out.push_back(tensor.impl().grad.get());
-    };
-    for (const auto& [name, parameter] : parameters_) add(parameter);
-    for (const Tensor& alias : aliases_) add(alias);
+void Module::collect_storage_holders(std::vector<Tensor>& out) const {
+    for (const auto& [name, parameter] : parameters_) out.push_back(parameter);
+    for (const Tensor& alias : aliases_) out.push_back(alias);
     for (const WorkingCopy& copy : working_copies_) {
-        add(copy.master_storage);
-        add(copy.working_storage);
-        add(copy.working);
+        out.push_back(copy.master_storage);
+        out.push_back(copy.working_storage);
+        out.push_back(copy.working);
     }
     for (const auto& [name, child] : children_) child->collect_storage_holders(out);
 }
@@ -135,25 +129,11 @@ void Module::collect_storage_holders(std::vector<TensorImpl*>& out) const {
 void Module::to(Device device) {
     // Before anything else, so that a parameterless tree (Sequential of GELUs) fails the same way.
     if (device == Device::cuda) ENGINE_DISPATCH_CUDA("Module::to(cuda)", DType::f32, [&]<typename T>() {});
-    std::vector<TensorImpl*> holders;
+    // In place, all or nothing, keeping shared storage shared (the padded table and its rows, a working copy
+    // and its master's gradient): handles held before the move see the moved parameters.
+    std::vector<Tensor> holders;
     collect_storage_holders(holders);
-    // One new storage per old one, so views that share an allocation (the padded table and its rows, a
-    // working copy and its master's gradient) still share it after the move.
-    std::map<const Storage*, std::shared_ptr<Storage>> moved;
-    std::vector<std::pair<TensorImpl*, std::shared_ptr<Storage>>> rebinds;
-    std::set<TensorImpl*> seen;
-    for (TensorImpl* holder : holders) {
-        if (!seen.insert(holder).second || holder->storage->device() == device) continue;
-        const Storage& old = *holder->storage;
-        std::shared_ptr<Storage>& target = moved[&old];
-        if (!target) {
-            target = std::make_shared<Storage>(device, old.bytes(), old.category());
-            copy_bytes(target->data(), device, old.data(), old.device(), old.bytes());
-        }
-        rebinds.emplace_back(holder, target);
-    }
-    // Allocated and copied all: now rebind, which cannot fail.
-    for (auto& [holder, storage] : rebinds) holder->storage = storage;
+    move_storage_to(holders, device);
 }
 
 void Module::set_checkpointing(const checkpoint::CheckpointPolicy& policy) {

@@ -83,7 +83,7 @@ private:
     };
     void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
     void make_working_copies(DType dtype, std::vector<std::pair<Module*, std::vector<WorkingCopy>>>& made);
-    void collect_storage_holders(std::vector<TensorImpl*>& out) const;
+    void collect_storage_holders(std::vector<Tensor>& out) const;
     std::vector<std::pair<std::string, Tensor>> parameters_;
     std::vector<Tensor> aliases_;
     std::vector<WorkingCopy> working_copies_; // empty, or one per parameters_ entry

@@ -139,7 +139,7 @@ void Communicator::broadcast(const Tensor& tensor, int root) {
     ENGINE_CHECK(root >= 0 && root < world_size_, where("broadcast") << ": root " << root << " is not a rank");
     ++counters_.broadcasts;
     ++counters_.backend_calls;
-    tensor.impl().storage->set_host_copy(nullptr); // the root's values replace what this rank's copy recorded
+    detail::impl_of(tensor).storage->set_host_copy(nullptr); // the root's values replace what this rank's copy recorded
     broadcast_bytes(tensor.raw_data(), tensor.nbytes(), tensor.device(), root);
 }
 

@@ -172,7 +172,7 @@ void TrainingState::copy_into(const std::string& name, Tensor& destination) cons
                  "training state tensor " << name << " is " << shape_string(stored->shape) << " "
                                           << dtype_name(stored->dtype) << ", the destination is "
                                           << destination.describe());
-    destination.impl().storage->set_host_copy(nullptr); // written behind the ids' host copy, if any
+    detail::impl_of(destination).storage->set_host_copy(nullptr); // written behind the ids' host copy, if any
     copy_bytes(destination.raw_data(), destination.device(), stored->data.data(), Device::cpu, stored->data.size());
 }
 

@@ -43,7 +43,7 @@ Tensor view_as(const char* op, const Tensor& input, const Shape& shape) {
     // A fresh identity: gradients route by id, and the output's gradient must have the output's shape and
     // reach the input through the node below, never by sharing the input's id (as Tensor::reshape does).
     auto impl = std::make_shared<TensorImpl>();
-    impl->storage = input.impl().storage;
+    impl->storage = detail::impl_of(input).storage;
     impl->shape = resolved;
     impl->dtype = input.dtype();
     impl->id = next_tensor_id();

@@ -97,7 +97,7 @@ TEST_F(DeviceLayerTest, ScratchIsAccountedWorkspace) {
 TEST_F(DeviceLayerTest, IdsUploadedWithHostCopyAreReadWithoutTheDevice) {
     const std::vector<int32_t> ids = {3, 1, 4, 1, 5, 9};
     Tensor device_ids = Tensor::from_vector<int32_t>(ids, {2, 3}, Device::cpu).to_keeping_host_copy(Device::cuda);
-    ASSERT_NE(device_ids.impl().storage->host_copy(), nullptr);
+    ASSERT_TRUE(device_ids.has_host_copy());
     const std::vector<int32_t> other = {7, 7, 7, 7, 7, 7};
     CUDA_CHECK(cudaMemcpyAsync(device_ids.raw_data(), other.data(), other.size() * sizeof(int32_t),
                                cudaMemcpyHostToDevice, stream));
@@ -107,7 +107,7 @@ TEST_F(DeviceLayerTest, IdsUploadedWithHostCopyAreReadWithoutTheDevice) {
     EXPECT_EQ(device_ids.with_rows(1).to_vector<int32_t>(), std::vector<int32_t>(ids.begin(), ids.begin() + 3));
 
     device_ids.copy_from(Tensor::from_vector<int32_t>(other, {2, 3}, Device::cpu));
-    EXPECT_EQ(device_ids.impl().storage->host_copy(), nullptr);
+    EXPECT_FALSE(device_ids.has_host_copy());
     EXPECT_EQ(device_ids.to_vector<int32_t>(), other);
     EXPECT_THROW(Tensor::zeros({2}, DType::f32, Device::cpu).to_keeping_host_copy(Device::cuda), EngineError);
 }
