@@ -63,8 +63,9 @@ int main() {
         optim::TrainingTask<RegressionBatch> task;
         task.count_items = [](const RegressionBatch& batch) { return batch.inputs.size(0); };
         task.loss = [&model](const RegressionBatch& batch, const optim::LossScale&) {
-            const Tensor error = sub(model.forward(batch.inputs), batch.targets); // (R,1)
-            return optim::LossSum{sum(mul(error, error)), batch.inputs.size(0)};
+            // Reduction::sum, not mean: a sum of squared errors over the micro-batch's R rows.
+            return optim::LossSum{mse_loss(model.forward(batch.inputs), batch.targets, Reduction::sum),
+                                  batch.inputs.size(0)};
         };
         task.count_tokens = [](const RegressionBatch& batch) { return batch.inputs.size(0); };
 
