@@ -18,6 +18,14 @@ public:
     explicit OutOfMemoryError(const std::string& message) : EngineError(message) {}
 };
 
+// A bad field of a configuration struct (TrainerConfig, GPTConfig): the field's name, as the struct spells it,
+// and why. Each config has one `problem()` holding its rules; validate() throws it, and the CLI maps the field
+// to its flag, so no rule is written twice.
+struct ConfigProblem {
+    std::string field;
+    std::string reason;
+};
+
 [[noreturn]] inline void throw_error(const char* file, int line, const std::string& message) {
     std::ostringstream text;
     text << message << " (" << file << ":" << line << ")";

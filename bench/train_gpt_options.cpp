@@ -296,14 +296,9 @@ Options parse_options(const std::vector<std::string>& arguments) {
     options.model = as_flag("--model", [&] { return engine::nn::GPTConfig::named(options.model_name); });
     for (const auto& [flag, apply] : overrides) apply(options.model);
     const engine::nn::GPTConfig& model = options.model;
-    require(model.vocab_size > 0, "--vocab-size", "must be positive");
-    require(model.max_seq_len > 0, "--max-seq-len", "must be positive");
-    require(model.n_layer > 0, "--n-layer", "must be positive");
-    require(model.n_head > 0, "--n-head", "must be positive");
-    require(model.n_embd > 0, "--n-embd", "must be positive");
-    require(model.n_embd % model.n_head == 0, "--n-head",
-            std::to_string(model.n_head) + " heads do not divide the width " + std::to_string(model.n_embd));
-    require(model.dropout >= 0.0f && model.dropout < 1.0f, "--dropout", "must be in [0,1)");
+    // The model's own rules (GPTConfig::problem), named by the flag of the field.
+    if (const std::optional<engine::ConfigProblem> problem = model.problem())
+        throw UsageError(flag_for_field(problem->field), problem->reason);
     if (options.seq_len == 0) options.seq_len = model.max_seq_len;
     if (options.eot_token < 0) options.eot_token = model.vocab_size > 50256 ? 50256 : '\n';
     require(options.eot_token < model.vocab_size, "--eot-token",

@@ -35,13 +35,23 @@ std::string GPTConfig::to_string() const {
     return text.str();
 }
 
+std::optional<ConfigProblem> GPTConfig::problem() const {
+    auto positive = [](const char* field, int value) -> std::optional<ConfigProblem> {
+        if (value > 0) return std::nullopt;
+        return ConfigProblem{field, "must be positive, got " + std::to_string(value)};
+    };
+    for (const auto& found : {positive("vocab_size", vocab_size), positive("max_seq_len", max_seq_len),
+                              positive("n_layer", n_layer), positive("n_head", n_head), positive("n_embd", n_embd)})
+        if (found) return found;
+    if (n_embd % n_head != 0)
+        return ConfigProblem{"n_head", std::to_string(n_head) + " heads do not divide the width " + std::to_string(n_embd)};
+    if (!(dropout >= 0.0f && dropout < 1.0f))
+        return ConfigProblem{"dropout", "must be in [0,1), got " + std::to_string(dropout)};
+    return std::nullopt;
+}
+
 void GPTConfig::validate() const {
-    ENGINE_CHECK(vocab_size > 0, "model: vocab_size must be positive, got " << vocab_size);
-    ENGINE_CHECK(max_seq_len > 0, "model: max_seq_len must be positive, got " << max_seq_len);
-    ENGINE_CHECK(n_layer > 0, "model: n_layer must be positive, got " << n_layer);
-    ENGINE_CHECK(n_head > 0 && n_embd > 0, "model: n_head and n_embd must be positive");
-    ENGINE_CHECK(n_embd % n_head == 0, "model: " << n_head << " heads do not divide the width " << n_embd);
-    ENGINE_CHECK(dropout >= 0.0f && dropout < 1.0f, "model: dropout " << dropout << " is outside [0,1)");
+    if (const std::optional<ConfigProblem> found = problem()) ENGINE_FAIL("model: " << found->field << " " << found->reason);
 }
 
 GPT::GPT(const GPTConfig& config, uint64_t seed, Device device, DType dtype)

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@ struct GPTConfig {
         return (vocab_size + vocab_padding_multiple - 1) / vocab_padding_multiple * vocab_padding_multiple;
     }
     std::string to_string() const;
+    std::optional<ConfigProblem> problem() const; // the first bad field, or none
     void validate() const; // throws EngineError naming the bad field
 };
 

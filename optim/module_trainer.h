@@ -60,10 +60,7 @@ const char* loss_normalization_name(LossNormalization normalization);
 const char* optimizer_kind_name(OptimizerKind kind);
 
 // A bad TrainerConfig field: its name (the struct's, which is also the Hugging Face argument's) and why.
-struct ConfigProblem {
-    std::string field;
-    std::string reason;
-};
+using engine::ConfigProblem;
 
 // Field names follow Hugging Face TrainingArguments where one exists.
 struct TrainerConfig {
