@@ -203,6 +203,14 @@ output:
   --out DIR --save-every K       training state (weights, optimizer, RNG, data cursor, config) every K steps
                                  and at the end; DIR keeps the newest two (docs/RELIABILITY.md)
   --resume DIR                   continue from the newest valid training state in DIR
+validation:
+  --eval-data FILE               held-out tokens (llm.c shard or bytes, as --data): every --eval-every steps
+                                 and after the last, print and log (eval_loss) the token mean of the loss over
+                                 its first --eval-steps batches, read in file order from its start each time,
+                                 in eval mode (no dropout); training is bitwise the same with or without it
+  --eval-steps K                 batches per evaluation, each --per-device-train-batch-size sequences per rank
+                                 (default 20, or every batch of a smaller file)
+  --eval-every M                 optimizer steps between evaluations (default 10)
   --help
 )";
 }
@@ -260,6 +268,9 @@ Options parse_options(const std::vector<std::string>& arguments) {
              std::error_code error;
              require(std::filesystem::is_directory(v, error), f, "no such directory '" + v + "'");
              options.resume = v; }},
+        {"--eval-data", [&](auto& f, auto& v) { require_file(f, v); options.eval_data = v; }},
+        {"--eval-steps", [&](auto& f, auto& v) { options.eval_steps = parse_integer(f, v); require(*options.eval_steps >= 1, f, "must be >= 1"); }},
+        {"--eval-every", [&](auto& f, auto& v) { options.eval_every = parse_integer(f, v); require(options.eval_every >= 1, f, "must be >= 1"); }},
         {"--tf32", [&](auto& f, auto& v) { options.tf32 = parse_bool(f, v); }},
         {"--precision", [&](auto& f, auto& v) {
              require(v == "fp32" || v == "bf16" || v == "auto", f, "'" + v + "' is not fp32, bf16 or auto");
@@ -294,6 +305,8 @@ Options parse_options(const std::vector<std::string>& arguments) {
     if (options.help) return options;
     require(options.save_every == 0 || !options.out.empty(), "--save-every", "needs --out DIR");
     require(!options.save_dtype || !options.save.empty(), "--save-dtype", "needs --save FILE");
+    for (const char* eval_flag : {"--eval-steps", "--eval-every"})
+        require(!options.eval_data.empty() || !given.contains(eval_flag), eval_flag, "needs --eval-data FILE");
 
     options.model = as_flag("--model", [&] { return engine::nn::GPTConfig::named(options.model_name); });
     for (const auto& [flag, apply] : overrides) apply(options.model);
