@@ -198,11 +198,6 @@ memory:
   --precision fp32|bf16|auto     bf16: mixed precision (Hugging Face's bf16): bf16 activations and working copy
                                  of the weights, f32 master weights and gradient buffers (default fp32);
                                  auto (with --max-memory): the planner may choose bf16
-output:
-  --log FILE                     JSON lines, one per logged step, same fields as the printed line
-  --out DIR --save-every K       training state (weights, optimizer, RNG, data cursor, config) every K steps
-                                 and at the end; DIR keeps the newest two (docs/RELIABILITY.md)
-  --resume DIR                   continue from the newest valid training state in DIR
 validation:
   --eval-data FILE               held-out tokens (llm.c shard or bytes, as --data): every --eval-every steps
                                  and after the last, print and log (eval_loss) the token mean of the loss over
@@ -211,6 +206,12 @@ validation:
   --eval-steps K                 batches per evaluation, each --per-device-train-batch-size sequences per rank
                                  (default 20, or every batch of a smaller file)
   --eval-every M                 optimizer steps between evaluations (default 10)
+output:
+  --log FILE                     JSON lines, one per logged step, same fields as the printed line (and
+                                 eval_loss, eval_batches, eval_num_items on an evaluated step, always logged)
+  --out DIR --save-every K       training state (weights, optimizer, RNG, data cursor, config) every K steps
+                                 and at the end; DIR keeps the newest two (docs/RELIABILITY.md)
+  --resume DIR                   continue from the newest valid training state in DIR
   --help
 )";
 }
