@@ -2,11 +2,13 @@
 // (loss, lr, grad norm, throughput, peak memory by category). With no flags it trains the tiny model on the
 // built-in corpus on the CPU in well under a minute. `train_gpt --help` lists the flags; docs/TRAINING.md
 // explains the figures.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -40,9 +42,9 @@ std::vector<int32_t> load_training_tokens(const Options& options) {
     return tokens;
 }
 
-// Micro-batches of per_device_train_batch_size windows of seq_len tokens (or documents, padded), shuffled
-// with the seed, cycling over epochs; max_steps bounds the run. Each rank reads its part of every global batch.
-std::unique_ptr<nn::DataLoader> make_loader(const Options& options, const distributed::Communicator& communicator) {
+// The loader settings training and validation share: per_device_train_batch_size windows of seq_len tokens
+// (or documents, padded) per micro-batch, full batches only; each rank reads its part of every global batch.
+nn::DataLoaderOptions loader_options(const Options& options, const distributed::Communicator& communicator) {
     nn::DataLoaderOptions loader;
     loader.layout = options.data_layout;
     loader.end_of_text = options.eot_token;
@@ -51,11 +53,60 @@ std::unique_ptr<nn::DataLoader> make_loader(const Options& options, const distri
     loader.batch_size = options.trainer.per_device_train_batch_size;
     loader.sequence_length = options.seq_len;
     loader.seed = options.trainer.seed;
-    loader.shuffle = true;
     loader.drop_last = true;
     loader.device = options.resolved_device;
+    return loader;
+}
+
+// The training batches, shuffled with the seed, cycling over epochs; max_steps bounds the run.
+std::unique_ptr<nn::DataLoader> make_loader(const Options& options, const distributed::Communicator& communicator) {
+    nn::DataLoaderOptions loader = loader_options(options, communicator);
+    loader.shuffle = true;
     return std::make_unique<nn::DataLoader>(load_training_tokens(options), loader);
 }
+
+// --eval-data: the same first K batches of the file for every evaluation, so that their losses compare. Its
+// loader is its own (the training loader's cursor never moves for it), in file order, rewound before each
+// evaluation; with data parallelism each rank reads its part of every global batch and Trainer::evaluate
+// all-reduces the sums. Reads and checks the file now, before training, naming the flag at fault.
+class Validation {
+public:
+    Validation(const Options& options, const distributed::Communicator& communicator) {
+        nn::DataLoaderOptions settings = loader_options(options, communicator);
+        settings.shuffle = false;
+        try {
+            loader_ = std::make_unique<nn::DataLoader>(nn::load_tokens(options.eval_data, options.model.vocab_size),
+                                                       settings);
+        } catch (const EngineError& error) {
+            throw train_gpt::flag_error("--eval-data", error);
+        }
+        start_ = loader_->cursor();
+        const int64_t available = loader_->batches_per_epoch();
+        batch_count_ = options.eval_steps.value_or(std::min(train_gpt::default_eval_steps, available));
+        // More would repeat the file's batches, weighting some twice.
+        if (batch_count_ > available)
+            throw train_gpt::UsageError("--eval-steps", std::to_string(batch_count_) + " batches exceed the " +
+                                                            std::to_string(available) + " that " + options.eval_data +
+                                                            " holds at this batch size and sequence length");
+    }
+
+    // Every rank calls it (Trainer::evaluate's two collectives).
+    optim::Trainer::Evaluation evaluate(optim::Trainer& trainer) {
+        loader_->restore(start_);
+        std::vector<nn::Batch> batches;
+        batches.reserve(static_cast<size_t>(batch_count_));
+        for (int64_t index = 0; index < batch_count_; ++index) batches.push_back(*loader_->next());
+        return trainer.evaluate(batches);
+    }
+
+    int64_t batch_count() const { return batch_count_; }
+    int64_t batch_count_available() const { return loader_->batches_per_epoch(); }
+
+private:
+    std::unique_ptr<nn::DataLoader> loader_;
+    nn::LoaderCursor start_;
+    int64_t batch_count_ = 0;
+};
 
 // Which backend this run uses: --communicator, or under a launcher with several ranks NCCL for CUDA tensors
 // and MPI for host ones.
@@ -255,6 +306,8 @@ int run(const Options& flags) {
     } catch (const EngineError& error) {
         throw train_gpt::flag_error(options.data.empty() ? "--vocab-size" : "--data", error);
     }
+    std::optional<Validation> validation;
+    if (!options.eval_data.empty()) validation.emplace(options, *communicator);
     if (options.resolved_device == Device::cuda) engine::cuda::set_tf32_enabled(options.tf32.value_or(true));
     nn::GPT model(options.model, options.trainer.seed, options.resolved_device, DType::f32);
     if (!options.init.empty()) {
@@ -305,7 +358,12 @@ int run(const Options& flags) {
                   << "data: " << (options.data.empty() ? "built-in corpus" : options.data) << ", "
                   << loader->window_count()
                   << (options.data_layout == nn::DataLayout::padded ? " documents padded to " : " windows of ")
-                  << options.seq_len << " tokens\n"
+                  << options.seq_len << " tokens\n";
+        if (validation)
+            std::cout << "validation: " << options.eval_data << ", the first " << validation->batch_count() << " of its "
+                      << validation->batch_count_available() << " batches of " << config.per_device_train_batch_size
+                      << " x " << world_size << " ranks, every " << options.eval_every << " steps\n";
+        std::cout
                   << "device: " << device_name(options.resolved_device)
                   << (config.bf16 ? " (bf16 mixed precision)"
                       : options.resolved_device == Device::cpu ? "" : options.tf32.value_or(true) ? " (tf32)" : " (fp32)")
@@ -338,8 +396,25 @@ int run(const Options& flags) {
             record["replica_hash"] = text;
             record["replicas_identical"] = true; // check_replicas threw otherwise
         }
-        if (lead && (step % config.logging_steps == 0 || step == 1 || step == config.max_steps)) {
+        const bool evaluating = validation && (step % options.eval_every == 0 || step == config.max_steps);
+        std::optional<optim::Trainer::Evaluation> evaluation;
+        if (evaluating) {
+            evaluation = validation->evaluate(trainer);
+            record["eval_loss"] = evaluation->loss;
+            record["eval_batches"] = validation->batch_count();
+            record["eval_num_items"] = evaluation->num_items_in_batch;
+        }
+        // An evaluated step is always logged, so that its eval_loss reaches the log.
+        if (lead && (step % config.logging_steps == 0 || step == 1 || step == config.max_steps || evaluating)) {
             std::cout << step_line(*result, config.max_steps) << std::endl;
+            if (evaluation) {
+                char line[128];
+                std::snprintf(line, sizeof line, "eval step %lld: loss %.4f (%lld batches, %lld tokens)",
+                              static_cast<long long>(step), evaluation->loss,
+                              static_cast<long long>(validation->batch_count()),
+                              static_cast<long long>(evaluation->num_items_in_batch));
+                std::cout << line << std::endl;
+            }
             if (log) log << record.dump() << "\n" << std::flush;
         }
         if (!options.out.empty() &&

@@ -196,8 +196,17 @@ memory:
   --precision fp32|bf16|auto     bf16: mixed precision (Hugging Face's bf16): bf16 activations and working copy
                                  of the weights, f32 master weights and gradient buffers (default fp32);
                                  auto (with --max-memory): the planner may choose bf16
+validation:
+  --eval-data FILE               held-out tokens (llm.c shard or bytes, as --data): every --eval-every steps
+                                 and after the last, print and log (eval_loss) the token mean of the loss over
+                                 its first --eval-steps batches, read in file order from its start each time,
+                                 in eval mode (no dropout); training is bitwise the same with or without it
+  --eval-steps K                 batches per evaluation, each --per-device-train-batch-size sequences per rank
+                                 (default 20, or every batch of a smaller file)
+  --eval-every M                 optimizer steps between evaluations (default 10)
 output:
-  --log FILE                     JSON lines, one per logged step, same fields as the printed line
+  --log FILE                     JSON lines, one per logged step, same fields as the printed line (and
+                                 eval_loss, eval_batches, eval_num_items on an evaluated step, always logged)
   --out DIR --save-every K       training state (weights, optimizer, RNG, data cursor, config) every K steps
                                  and at the end; DIR keeps the newest two (docs/RELIABILITY.md)
   --resume DIR                   continue from the newest valid training state in DIR
@@ -258,6 +267,9 @@ Options parse_options(const std::vector<std::string>& arguments) {
              std::error_code error;
              require(std::filesystem::is_directory(v, error), f, "no such directory '" + v + "'");
              options.resume = v; }},
+        {"--eval-data", [&](auto& f, auto& v) { require_file(f, v); options.eval_data = v; }},
+        {"--eval-steps", [&](auto& f, auto& v) { options.eval_steps = parse_integer(f, v); require(*options.eval_steps >= 1, f, "must be >= 1"); }},
+        {"--eval-every", [&](auto& f, auto& v) { options.eval_every = parse_integer(f, v); require(options.eval_every >= 1, f, "must be >= 1"); }},
         {"--tf32", [&](auto& f, auto& v) { options.tf32 = parse_bool(f, v); }},
         {"--precision", [&](auto& f, auto& v) {
              require(v == "fp32" || v == "bf16" || v == "auto", f, "'" + v + "' is not fp32, bf16 or auto");
@@ -292,6 +304,8 @@ Options parse_options(const std::vector<std::string>& arguments) {
     if (options.help) return options;
     require(options.save_every == 0 || !options.out.empty(), "--save-every", "needs --out DIR");
     require(!options.save_dtype || !options.save.empty(), "--save-dtype", "needs --save FILE");
+    for (const char* eval_flag : {"--eval-steps", "--eval-every"})
+        require(!options.eval_data.empty() || !given.contains(eval_flag), eval_flag, "needs --eval-data FILE");
 
     options.model = as_flag("--model", [&] { return engine::nn::GPTConfig::named(options.model_name); });
     for (const auto& [flag, apply] : overrides) apply(options.model);

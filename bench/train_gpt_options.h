@@ -67,6 +67,13 @@ struct Options {
     std::string out;       // training-state directory (optim/training_state.h): every --save-every steps and at the end
     int64_t save_every = 0; // 0: only at the end (when --out is given)
     std::string resume;    // training-state directory to continue from
+    // Validation: every eval_every optimizer steps and after the last, the token mean of the loss over the
+    // first eval_steps batches of eval_data (same layout, batch size and sequence length as training, in file
+    // order, from its beginning each time). Empty eval_data: no evaluation. eval_steps unset: the default,
+    // lowered to the batches the file holds.
+    std::string eval_data;
+    std::optional<int64_t> eval_steps;
+    int64_t eval_every = 10;
     std::string device = "auto";
     engine::Device resolved_device = engine::Device::cpu;
     // CUDA GEMM and attention math: TF32 tensor cores (true) or full fp32 (false). Unset: TF32 on CUDA (the
@@ -85,6 +92,8 @@ struct Options {
     bool precision_auto = false;      // --precision auto: the planner also tries bf16
     bool help = false;
 };
+
+inline constexpr int64_t default_eval_steps = 20;
 
 // The defaults train the tiny model on the built-in corpus on the CPU in well under a minute.
 Options default_options();

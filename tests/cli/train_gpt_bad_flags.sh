@@ -6,6 +6,7 @@ train_gpt=$1
 work=$2
 rm -rf "$work" && mkdir -p "$work"
 printf 'abc' >"$work/not_a_shard.bin"
+printf '\xff' >"$work/high_byte.txt"
 failures=0
 total=0
 
@@ -49,8 +50,20 @@ expect --eot-token --eot-token 256
 expect --communicator --communicator gloo
 expect --zero-stage --zero-stage 2
 expect --loss-normalization --loss-normalization median
+# --eval-data: the flags that need it, its file (missing, a directory, too short for one batch, ids outside the
+# vocabulary), K and M below 1, and K beyond the batches the file holds (600 bytes: 9 windows, one batch of 8).
+printf 'a%.0s' $(seq 600) >"$work/six_hundred.txt"
+expect --eval-steps --eval-steps 3
+expect --eval-every --eval-every 3
+expect --eval-data --eval-data "$work/no_such_file.bin"
+expect --eval-data --eval-data "$work"
+expect --eval-data --eval-data "$work/not_a_shard.bin"
+expect --eval-data --data "$work/six_hundred.txt" --vocab-size 128 --eval-data "$work/high_byte.txt"
+expect --eval-steps --eval-data "$work/six_hundred.txt" --eval-steps 0
+expect --eval-steps --eval-data "$work/six_hundred.txt" --eval-steps two
+expect --eval-every --eval-data "$work/six_hundred.txt" --eval-every 0
+expect --eval-steps --eval-data "$work/six_hundred.txt" --eval-steps 2
 # A data file whose token ids exceed the vocabulary is refused naming the file and the offset.
-printf '\xff' >"$work/high_byte.txt"
 "$train_gpt" --data "$work/high_byte.txt" --vocab-size 128 >"$work/stdout" 2>"$work/stderr"
 rc=$?
 total=$((total + 1))

@@ -2,13 +2,16 @@
 # ctest train_gpt_emulated_cuda_matches_cpu (emulated build only): train_gpt --device cuda on the emulated
 # device gives the CPU's loss at every step within 1e-5 relative, with gradient accumulation, checkpointing
 # and offload with prefetch on, and TF32 off (--tf32 false); and with --precision bf16, CUDA's bf16 kernels
-# against the CPU's within the bf16 bound below. usage: train_gpt_cuda_matches_cpu.sh TRAIN_GPT WORK_DIR
+# against the CPU's within the bf16 bound below; the --eval-data losses (eval mode under NoGradGuard, through
+# the checkpointed blocks) within the same bounds. usage: train_gpt_cuda_matches_cpu.sh TRAIN_GPT WORK_DIR
 set -u
 train_gpt=$1
 work=$2
 rm -rf "$work" && mkdir -p "$work"
 python=$(command -v python3 || command -v /usr/bin/python3 || echo python3) # only json and sys are used
-flags=(--max-steps "${TRAIN_GPT_CUDA_STEPS:-4}" --per-device-train-batch-size 2 --seq-len 32 --gradient-accumulation-steps 3
+# Held-out text: 620 bytes, 19 windows of 32, 9 batches of 2.
+for index in $(seq 20); do printf 'the %02d cat sat on the warm mat.' "$index"; done >"$work/held_out.txt"
+flags=(--eval-data "$work/held_out.txt" --eval-steps 3 --eval-every 2 --max-steps "${TRAIN_GPT_CUDA_STEPS:-4}" --per-device-train-batch-size 2 --seq-len 32 --gradient-accumulation-steps 3
        --gradient-checkpointing
        --every-n-layers 1 --offload --prefetch)
 for precision in fp32 bf16; do
@@ -40,6 +43,12 @@ for a, b in zip(cpu, cuda):
     worst = max(worst, relative)
     print(f"step {a['step']}: cpu {a['loss']:.8f} cuda {b['loss']:.8f} relative {relative:.2e}")
     assert relative <= tolerance, f"step {a['step']}: relative difference {relative:.2e} exceeds {tolerance:.2e}"
+    assert ("eval_loss" in a) == ("eval_loss" in b) == (a["step"] % 2 == 0), f"step {a['step']}: eval_loss"
+    if "eval_loss" in a:
+        relative = abs(a["eval_loss"] - b["eval_loss"]) / abs(a["eval_loss"])
+        worst = max(worst, relative)
+        print(f"  eval: cpu {a['eval_loss']:.8f} cuda {b['eval_loss']:.8f} relative {relative:.2e}")
+        assert relative <= tolerance, f"step {a['step']}: eval relative difference {relative:.2e} exceeds {tolerance:.2e}"
 assert cuda[-1]["peak_mib"]["pinned_host"] > 0, "offload put nothing in pinned memory on cuda"
 print(f"{sys.argv[1]}: {len(cpu)} steps, worst relative difference {worst:.2e}")
 PY

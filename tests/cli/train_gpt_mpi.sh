@@ -3,7 +3,8 @@
 # between ranks. Token mode: 2 ranks x batch 2 equal 1 process x batch 4 (per-step losses, final weights);
 # mean mode must differ; replicas are bitwise equal after every step; each step makes one count, one gradient
 # and one loss all-reduce whatever the accumulation; a 2-rank resume is bitwise; a resume with another world
-# size is refused; ZeRO stage 1 gives the same training with half the optimizer state per rank. usage: train_gpt_mpi.sh TRAIN_GPT CHECK_COMMUNICATOR MPIEXEC WORK_DIR
+# size is refused; ZeRO stage 1 gives the same training with half the optimizer state per rank; --eval-data
+# evaluates over both ranks as one process does. usage: train_gpt_mpi.sh TRAIN_GPT CHECK_COMMUNICATOR MPIEXEC WORK_DIR
 set -u
 train_gpt=$1
 check_communicator=$2
@@ -233,6 +234,46 @@ print("bf16 ZeRO-1, 2 ranks: replicas identical, losses", [round(a["loss"], 6) f
       [round(b["loss"], 6) for b in one])
 PY
 check "bf16 ZeRO-1 on 2 ranks: identical replicas, one process's losses within 2^-10" $? "see above"
+
+# 7. --eval-data on 2 ranks: each rank evaluates its part of every eval batch and Trainer::evaluate sums the
+#    losses and the counts over the ranks. Padded held-out documents, so the ranks' target counts differ and a
+#    mean of per-rank means would be wrong: the eval loss must be one process x 4's within 1e-6 (the float sums
+#    group the rows differently), with the same count; training stays bitwise the 2-rank run without it, and
+#    each step's communication counters still show the step's own reductions only.
+"$python" - "$work/held_out.txt" <<'PY'
+import random, sys
+random.seed(11)
+letters = "abcdefghij klmnop"
+with open(sys.argv[1], "w") as out:
+    for _ in range(64):
+        out.write("".join(random.choice(letters) for _ in range(random.randint(2, 79))) + "\n")
+PY
+evaluation=(--eval-data "$work/held_out.txt" --eval-steps 3 --eval-every 2)
+mpirun2 "$train_gpt" "${common[@]}" "${evaluation[@]}" --per-device-train-batch-size 2 --gradient-accumulation-steps 2 \
+  --max-steps 4 --check-replicas --log "$work/eval2.jsonl" >"$work/eval2.out" 2>&1
+check "2-rank run with --eval-data" $? "$(tail -5 "$work/eval2.out")"
+"$train_gpt" "${common[@]}" "${evaluation[@]}" --per-device-train-batch-size 4 --gradient-accumulation-steps 2 \
+  --max-steps 4 --log "$work/eval1.jsonl" >"$work/eval1.out" 2>&1
+check "1-process run with --eval-data" $? "$(tail -5 "$work/eval1.out")"
+[ "$(grep -c '^eval step' "$work/eval2.out")" -eq 2 ]
+check "only rank 0 prints the eval lines" $? "$(grep '^eval step' "$work/eval2.out")"
+"$python" - "$work/eval2.jsonl" "$work/ranks2.jsonl" "$work/eval1.jsonl" <<'PY'
+import json, sys
+evaluated, plain, one = ([json.loads(l) for l in open(path)] for path in sys.argv[1:4])
+for a, b in zip(evaluated, plain):
+    assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"], f"step {a['step']}: training changed"
+    calls = a["communication"]
+    assert (calls["count_all_reduces"], calls["gradient_all_reduces"], calls["value_all_reduces"]) == (1, 1, 1), calls
+pairs = [(a, b) for a, b in zip(evaluated, one) if "eval_loss" in a]
+assert [a["step"] for a, _ in pairs] == [2, 4] and all("eval_loss" in b for _, b in pairs)
+for a, b in pairs:
+    assert a["eval_num_items"] == b["eval_num_items"], (a["eval_num_items"], b["eval_num_items"])
+    relative = abs(a["eval_loss"] / b["eval_loss"] - 1)
+    assert relative <= 1e-6, f"step {a['step']}: 2 ranks {a['eval_loss']!r} vs one process {b['eval_loss']!r}"
+print("eval on 2 ranks (2 ranks, 1 process, targets):",
+      [(a["eval_loss"], b["eval_loss"], a["eval_num_items"]) for a, b in pairs])
+PY
+check "2-rank eval loss is one process's; training unchanged" $? "see above"
 
 echo "$((total - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]
