@@ -113,6 +113,10 @@ bool BackwardContext::adopt_input_grad(const GradTarget& input, const Tensor& gr
     return true;
 }
 
+Tensor BackwardContext::gradient_or_scratch(const Tensor& gradient, const GradTarget& target, DType dtype) {
+    return gradient.defined() ? gradient : Tensor::zeros(target.shape, dtype, target.device, MemoryCategory::workspace);
+}
+
 void BackwardContext::seed(uint64_t id, Tensor gradient) {
     auto found = grads_.find(id);
     if (found == grads_.end()) {

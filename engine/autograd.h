@@ -128,6 +128,9 @@ public:
     // input_grad(input), the += every other backward does. An input that does not require grad needs
     // nothing: true.
     bool adopt_input_grad(const GradTarget& input, const Tensor& gradient);
+    // For kernels that write every gradient they compute (layernorm, rms_norm): `gradient` when defined, else a
+    // zeroed workspace tensor of the target's shape in `dtype`, which the kernel fills and the walk drops.
+    static Tensor gradient_or_scratch(const Tensor& gradient, const GradTarget& target, DType dtype);
 
     void seed(uint64_t id, Tensor gradient);                   // adds to what is there
     Tensor take(uint64_t id);                                   // removes and returns

@@ -43,15 +43,13 @@ Tensor layernorm(const Tensor& input, const Tensor& weight, const Tensor& bias) 
                     Tensor dout = context.output_grad(output_id);
                     // dinput in the input's dtype; dweight and dbias are parameter gradients, in compute_dtype
                     // (f32 for bf16). The kernel writes all three; one that needs no gradient gets scratch.
-                    auto grad_or_scratch = [&](Tensor gradient, const GradTarget& target, DType dtype) {
-                        return gradient.defined()
-                                   ? gradient
-                                   : Tensor::zeros(target.shape, dtype, dout.device(), MemoryCategory::workspace);
-                    };
                     const DType grad_dtype = compute_dtype(dout.dtype());
-                    Tensor dinput = grad_or_scratch(context.input_grad(input_target), input_target, dout.dtype());
-                    Tensor dweight = grad_or_scratch(context.parameter_grad(weight_target), weight_target, grad_dtype);
-                    Tensor dbias = grad_or_scratch(context.parameter_grad(bias_target), bias_target, grad_dtype);
+                    Tensor dinput = BackwardContext::gradient_or_scratch(context.input_grad(input_target),
+                                                                         input_target, dout.dtype());
+                    Tensor dweight = BackwardContext::gradient_or_scratch(context.parameter_grad(weight_target),
+                                                                          weight_target, grad_dtype);
+                    Tensor dbias = BackwardContext::gradient_or_scratch(context.parameter_grad(bias_target),
+                                                                        bias_target, grad_dtype);
                     if (dout.device() == Device::cpu) {
                         dispatch_cpu(op, dout.dtype(), [&]<typename T>() {
                             kernels::cpu::layernorm_backward<T>(

@@ -46,15 +46,11 @@ Tensor rms_norm(const Tensor& input, const Tensor& weight, double eps) {
                     Tensor dout = context.output_grad(output_id);
                     // dinput in the input's dtype; dweight is a parameter gradient in compute_dtype (f32 for
                     // bf16). The kernel writes both; one that needs no gradient gets scratch.
-                    auto grad_or_scratch = [&](Tensor gradient, const GradTarget& target, DType dtype) {
-                        return gradient.defined()
-                                   ? gradient
-                                   : Tensor::zeros(target.shape, dtype, dout.device(), MemoryCategory::workspace);
-                    };
                     if (rows == 0) return;
-                    Tensor dinput = grad_or_scratch(context.input_grad(input_target), input_target, dout.dtype());
-                    Tensor dweight = grad_or_scratch(context.parameter_grad(weight_target), weight_target,
-                                                     compute_dtype(dout.dtype()));
+                    Tensor dinput = BackwardContext::gradient_or_scratch(context.input_grad(input_target),
+                                                                         input_target, dout.dtype());
+                    Tensor dweight = BackwardContext::gradient_or_scratch(context.parameter_grad(weight_target),
+                                                                          weight_target, compute_dtype(dout.dtype()));
                     if (dout.device() == Device::cpu) {
                         dispatch_cpu(op, dout.dtype(), [&]<typename T>() {
                             kernels::cpu::rms_norm_backward<T>(dinput.data<T>(), dweight.data<Compute<T>>(),
