@@ -2,6 +2,7 @@
 // comparisons.
 #pragma once
 
+#include <cmath>
 #include <vector>
 
 #include "nn/module.h"
@@ -24,6 +25,14 @@ inline Snapshot values_of(const nn::Module& model) {
     Snapshot snapshot;
     for (const Tensor& parameter : model.parameters()) snapshot.push_back(as_doubles(parameter));
     return snapshot;
+}
+
+// The global L2 norm over every tensor of a snapshot, in double: what the trainer's clip sees.
+inline double global_norm(const Snapshot& snapshot) {
+    double squares = 0.0;
+    for (const auto& tensor : snapshot)
+        for (double value : tensor) squares += value * value;
+    return std::sqrt(squares);
 }
 
 } // namespace engine::testing

@@ -269,10 +269,7 @@ TEST_F(TrainerTest, AdamWStepAfterAccumulationEqualsStepOnBigBatch) {
 TEST_F(TrainerTest, ClipsOnceOnTheAccumulatedGradients) {
     const std::vector<Batch> micro = padded_micro_batches(generator);
     const Snapshot accumulated = accumulated_gradients(micro, LossNormalization::tokens, DType::f64);
-    double squares = 0.0;
-    for (const auto& gradient : accumulated)
-        for (double value : gradient) squares += value * value;
-    const double norm = std::sqrt(squares);
+    const double norm = global_norm(accumulated);
 
     // Plain SGD at lr 1 makes the update exactly −coefficient · accumulated gradient, so clipping twice (or
     // per micro-batch) would show.
