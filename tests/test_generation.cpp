@@ -226,6 +226,13 @@ TEST_F(Generation, BadInputsNameTheirCause) {
     expect_error([&] { attention_decode(qkv.detach(), keys, keys.clone(), 7, 2); },
                  {"attention_decode", "positions [7,9)", "8 positions"});
     expect_error([&] { attention_decode(qkv.detach(), keys, keys.clone(), 0, 3); }, {"attention_decode", "3 heads"});
+    // A position near INT_MAX must not wrap past the bounds check.
+    expect_error([&] { attention_decode(qkv.detach(), keys, keys.clone(), 2147483647, 2); },
+                 {"attention_decode", "positions [2147483647,2147483649)"});
+    const Tensor tokens = Tensor::zeros({1, 2}, DType::i32, Device::cpu);
+    const Tensor table = Tensor::zeros({5, 4}, DType::f32, Device::cpu);
+    expect_error([&] { embedding_at(tokens, table, table, 2147483647); },
+                 {"embedding_at", "positions [2147483647,2147483649)"});
 }
 
 } // namespace

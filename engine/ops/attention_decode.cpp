@@ -21,6 +21,10 @@ Tensor attention_decode(const Tensor& qkv, const Tensor& key_cache, const Tensor
                         int num_heads) {
     constexpr const char* op = "attention_decode";
     ENGINE_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, op << ": qkv " << qkv.describe() << " must be (B,Tnew,3C)");
+    // The kernels index in int: every product of extents they form is at most one of these element counts.
+    ENGINE_CHECK(qkv.numel() <= 2147483647 && key_cache.numel() <= 2147483647,
+                 op << ": " << qkv.describe() << " or " << key_cache.describe()
+                    << " has more elements than the kernels index (2^31-1)");
     const int batch = static_cast<int>(qkv.size(0)), time = static_cast<int>(qkv.size(1));
     const int channels = static_cast<int>(qkv.size(2) / 3);
     ENGINE_CHECK(num_heads > 0 && channels % num_heads == 0,
@@ -37,8 +41,8 @@ Tensor attention_decode(const Tensor& qkv, const Tensor& key_cache, const Tensor
     check_same_device(op, qkv, key_cache);
     check_same_device(op, qkv, value_cache);
     const int max_time = static_cast<int>(key_cache.size(2));
-    ENGINE_CHECK(past >= 0 && past + time <= max_time,
-                 op << ": positions [" << past << "," << past + time << ") do not fit the cache's " << max_time
+    ENGINE_CHECK(past >= 0 && int64_t(past) + time <= max_time,
+                 op << ": positions [" << past << "," << int64_t(past) + time << ") do not fit the cache's " << max_time
                     << " positions (max_T)");
     require_inference(op, qkv);
     if (qkv.device() == Device::cuda)

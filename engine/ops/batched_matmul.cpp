@@ -33,6 +33,8 @@ void batched_gemm_tensors(const Tensor& c, const Tensor& a, const Tensor& b, con
             };
             if (!compute_c) run.template operator()<T>();
             else if constexpr (!std::is_same_v<T, C>) run.template operator()<C>();
+            else ENGINE_FAIL("matmul: output " << c.describe() << " for " << a.describe() << " must be "
+                                               << dtype_name(a.dtype()));
         });
     } else {
         ENGINE_DISPATCH_CUDA("matmul", a.dtype(), [&]<typename T>() {

@@ -18,10 +18,14 @@ Tensor embedding_at(const Tensor& tokens, const Tensor& token_table, const Tenso
     check_same_device(op, tokens, token_table);
     check_same_device(op, tokens, position_table);
     check_same_dtype(op, token_table, position_table);
+    ENGINE_CHECK(tokens.numel() * token_table.size(1) <= 2147483647 && token_table.numel() <= 2147483647 &&
+                     position_table.numel() <= 2147483647,
+                 op << ": " << tokens.describe() << " with tables " << token_table.describe() << ", "
+                    << position_table.describe() << " has more elements than the kernels index (2^31-1)");
     const int batch = static_cast<int>(tokens.size(0)), time = static_cast<int>(tokens.size(1));
     const int channels = static_cast<int>(token_table.size(1));
-    ENGINE_CHECK(first_position >= 0 && first_position + time <= position_table.size(0),
-                 op << ": positions [" << first_position << "," << first_position + time
+    ENGINE_CHECK(first_position >= 0 && int64_t(first_position) + time <= position_table.size(0),
+                 op << ": positions [" << first_position << "," << int64_t(first_position) + time
                     << ") exceed the position table " << shape_string(position_table.shape()));
     const std::vector<int32_t> host_tokens = tokens.to_vector<int32_t>();
     for (size_t index = 0; index < host_tokens.size(); ++index)

@@ -104,8 +104,8 @@ void launch_attention_decode(T* out, T* key_cache, T* value_cache, const T* qkv,
     const int head_size = C / NH;
     ENGINE_CHECK(head_size <= attention_decode_max_head_size,
                  "attention_decode: head size " << head_size << " exceeds " << attention_decode_max_head_size);
-    ENGINE_CHECK(past >= 0 && past + Tnew <= max_T,
-                 "attention_decode: positions [" << past << "," << past + Tnew << ") exceed the cache's " << max_T);
+    ENGINE_CHECK(past >= 0 && int64_t(past) + Tnew <= max_T,
+                 "attention_decode: positions [" << past << "," << int64_t(past) + Tnew << ") exceed the cache's " << max_T);
     if (B == 0 || Tnew == 0) return;
     const int64_t count = int64_t(B) * Tnew * C;
     ENGINE_LAUNCH(kv_cache_append_kernel<T>, elementwise_grid(count, append_block_size), append_block_size, 0, stream,
