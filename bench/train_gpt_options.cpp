@@ -231,7 +231,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--dropout", [&](auto& f, auto& v) { float p = static_cast<float>(parse_number(f, v)); overrides[f] = [p](auto& c) { c.dropout = p; }; }},
         {"--seq-len", [&](auto& f, auto& v) { options.seq_len = parse_int(f, v); require(options.seq_len > 0, f, "must be positive"); }},
         // TrainerConfig's fields: a flag only parses its value; TrainerConfig::problem() is the one check of the
-        // values, after every flag (report_config_problem names the flag).
+        // values, after every flag (check_trainer_config names the flag).
         {"--per-device-train-batch-size", [&](auto& f, auto& v) { trainer.per_device_train_batch_size = parse_int(f, v); }},
         {"--gradient-accumulation-steps", [&](auto& f, auto& v) { trainer.gradient_accumulation_steps = parse_int(f, v); }},
         {"--learning-rate", [&](auto& f, auto& v) { trainer.learning_rate = parse_number(f, v); }},

@@ -22,7 +22,7 @@ GradModeGuard::~GradModeGuard() { thread_grad_enabled = previous_; }
 
 void Tape::record(Node node) {
     nodes_.push_back(std::move(node));
-    if (nodes_.size() < sweep_at_) return;
+    if (walking_ || nodes_.size() < sweep_at_) return;
     release_unreachable();
     sweep_at_ = std::max(minimum_sweep_size, 2 * nodes_.size());
 }
@@ -137,6 +137,7 @@ Tensor BackwardContext::take(uint64_t id) {
 void run_backward(Tape& tape, BackwardContext& context) {
     NoGradGuard no_grad; // backward computations are never recorded
     auto& nodes = tape.nodes();
+    tape.walking_ = true;
     try {
         while (!nodes.empty()) {
             Node node = std::move(nodes.back());
@@ -154,9 +155,12 @@ void run_backward(Tape& tape, BackwardContext& context) {
     } catch (...) {
         // A node that failed (out of memory, say) must not leave the rest of the graph and its saved tensors
         // for the next walk. Parameter gradients may hold part of this backward: zero_grad before retrying.
+        tape.walking_ = false;
         tape.clear();
         throw;
     }
+    tape.walking_ = false;
+    tape.clear(); // empty already; also puts the sweep point back, so a large step does not delay later sweeps
 }
 
 void backward(const Tensor& loss, const BackwardOptions& options) {

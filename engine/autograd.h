@@ -82,6 +82,11 @@ public:
     size_t release_unreachable();
 
 private:
+    friend void run_backward(Tape& tape, BackwardContext& context);
+    // run_backward sets it: the nodes not yet walked have dead outputs whose gradients live only in the
+    // walk's context, so a record during the walk (a backward that turned grad mode on without a TapeScope)
+    // must not sweep them.
+    bool walking_ = false;
     static constexpr size_t minimum_sweep_size = 64;
     std::vector<Node> nodes_;
     size_t sweep_at_ = minimum_sweep_size;

@@ -65,6 +65,10 @@ int sample_token(const std::vector<double>& logits, const SamplingOptions& optio
     const int vocabulary = static_cast<int>(logits.size());
     ENGINE_CHECK(vocabulary > 0, "sample_token: no logits");
     validate(options, vocabulary);
+    for (int id = 0; id < vocabulary; ++id)
+        ENGINE_CHECK(std::isfinite(logits[static_cast<size_t>(id)]),
+                     "sample_token: logit " << logits[static_cast<size_t>(id)] << " of token " << id
+                                            << " is not finite (a diverged model?)");
     // Candidates by descending logit, ties by ascending id: candidate 0 is the argmax.
     std::vector<int> candidates(static_cast<size_t>(vocabulary));
     std::iota(candidates.begin(), candidates.end(), 0);

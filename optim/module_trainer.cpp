@@ -160,6 +160,9 @@ double Accumulation::loss_sum() const {
 }
 
 Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batches) {
+    // A forward dropped without backward (in grad mode) left only unreachable nodes: free them first. What
+    // remains is a live result's graph, which the window's backward would consume: that is refused.
+    current_tape().release_unreachable();
     ENGINE_CHECK(current_tape().empty(),
                  "trainer: the tape holds " << current_tape().size()
                      << " nodes of a forward that was never backpropagated; run evaluation under NoGradGuard");

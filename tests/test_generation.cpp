@@ -195,6 +195,9 @@ TEST_F(Generation, SampleTokenFollowsTheTemperedTopK) {
     options.temperature = 0.0;
     EXPECT_EQ(nn::sample_token(logits, options, draws), 1);
     EXPECT_EQ(nn::sample_token({2.0, 5.0, 5.0}, options, draws), 1); // ties: the lower id
+    // A diverged model's logits are refused by name (NaN would break the candidates' ordering).
+    expect_error([&] { nn::sample_token({1.0, std::nan(""), 0.0}, options, draws); }, {"sample_token", "token 1"});
+    expect_error([&] { nn::sample_token({INFINITY, 0.0, 1.0}, options, draws); }, {"sample_token", "token 0"});
 }
 
 TEST_F(Generation, BadInputsNameTheirCause) {

@@ -39,6 +39,21 @@ TEST_F(TapeRelease, RepeatedDroppedForwardsHoldABoundedTape) {
     EXPECT_EQ(activations(), before);
 }
 
+// A finished backward of a large graph puts the sweep point back: it does not delay later sweeps.
+TEST_F(TapeRelease, ALargeBackwardDoesNotRaiseTheSweepPoint) {
+    Tensor x = random_leaf(generator, {4, 4});
+    Tensor y = x;
+    for (int k = 0; k < 300; ++k) y = gelu(y); // 300 live nodes: sweeps find nothing, the point rises past 300
+    backward(sum(y));
+    y = Tensor();
+    size_t largest_tape = 0;
+    for (int iteration = 0; iteration < 100; ++iteration) {
+        (void)gelu(x);
+        largest_tape = std::max(largest_tape, current_tape().size());
+    }
+    EXPECT_LE(largest_tape, 64u);
+}
+
 TEST_F(TapeRelease, AChainOfDroppedNodesIsFreedInOneSweep) {
     Tensor x = random_leaf(generator, {16, 16});
     const size_t before = activations();
