@@ -73,6 +73,20 @@ TEST_F(Autograd, TapeIsEmptyAfterBackward) {
     EXPECT_TRUE(current_tape().empty());
 }
 
+// An identity node whose backward records the activation bytes. backward() runs it right after the node
+// recorded just after it, so it reads the memory as that node's backward left it, while the real walk goes on.
+using MemoryLog = std::vector<std::pair<std::string, size_t>>;
+Tensor probe(const Tensor& input, const std::string& next_op, MemoryLog& log) {
+    Tensor out = input.detach();
+    const GradTarget target(input);
+    record_node("probe", {&input}, {&out}, [target, next_op, &log, output_id = out.id()](BackwardContext& context) {
+        log.emplace_back(next_op, memory_stats(Device::cpu).current(MemoryCategory::activations));
+        const Tensor dout = context.output_grad(output_id);
+        if (!context.adopt_input_grad(target, dout)) accumulate_into(context.input_grad(target), dout);
+    });
+    return out;
+}
+
 TEST_F(Autograd, SavedTensorsAreFreedNodeByNodeAndActivationsReturnToBaseline) {
     Tensor token_table = random_leaf(generator, {13, 12}, 0.1);
     Tensor position_table = random_leaf(generator, {8, 12}, 0.1);
@@ -83,46 +97,31 @@ TEST_F(Autograd, SavedTensorsAreFreedNodeByNodeAndActivationsReturnToBaseline) {
     Tensor targets = Tensor::from_vector<int32_t>({2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0, 1, -100}, {2, 7}, Device::cpu);
     const size_t baseline = memory_stats(Device::cpu).current(MemoryCategory::activations);
 
+    MemoryLog log; // (op whose backward just finished, activation bytes then), in backward order
     Tensor loss;
     {
         Tensor x = embedding(tokens, token_table, position_table);
-        Tensor h = layernorm(x, ln_weight, ln_bias);
-        Tensor y = attention(linear(h, qkv_weight), 3);
-        Tensor residual = add(x, gelu(y));
-        loss = cross_entropy(matmul(residual, token_table, true), targets);
+        Tensor h = layernorm(probe(x, "layernorm", log), ln_weight, ln_bias);
+        Tensor qkv = linear(probe(h, "linear", log), qkv_weight);
+        Tensor y = attention(probe(qkv, "attention", log), 3);
+        Tensor g = gelu(probe(y, "gelu", log));
+        Tensor residual = add(x, probe(g, "add", log));
+        Tensor logits = matmul(probe(residual, "matmul", log), token_table, true);
+        loss = cross_entropy(probe(logits, "cross_entropy", log), targets);
     }
     const size_t after_forward = memory_stats(Device::cpu).current(MemoryCategory::activations);
     EXPECT_GT(after_forward, baseline);
 
-    // The walk one node at a time, as backward() does it: each node runs on a tape of its own and the
-    // activations are read once its closure is gone.
-    std::vector<size_t> activation_bytes;
-    std::vector<std::string> ops;
-    BackwardContext context;
-    context.seed(loss.id(), Tensor::full(loss.shape(), 1.0, loss.dtype(), loss.device(), MemoryCategory::workspace));
-    Tape& tape = current_tape();
-    while (!tape.empty()) {
-        Tape single;
-        ops.push_back(tape.nodes().back().op);
-        single.record(std::move(tape.nodes().back()));
-        tape.nodes().pop_back();
-        run_backward(single, context);
-        activation_bytes.push_back(memory_stats(Device::cpu).current(MemoryCategory::activations));
-    }
-    context = BackwardContext();
-    ASSERT_EQ(ops.size(), 8u);
-    size_t previous = after_forward;
-    for (size_t index = 0; index < activation_bytes.size(); ++index) {
-        EXPECT_LE(activation_bytes[index], previous) << "activation bytes grew after node " << ops[index];
-        previous = activation_bytes[index];
-    }
-    // Each node whose saved data nothing else holds frees it on completion, so activations strictly fall
-    // there. (gelu's input is also attention's saved output, add and the embedding save no activation.)
+    backward(loss);
+    ASSERT_EQ(log.size(), 7u);
+    // Each node whose saved data nothing else holds frees it when its backward finishes, so activations fall
+    // there, in the middle of the walk. (gelu's input is also attention's saved output; add saves nothing.)
     const std::set<std::string> frees = {"cross_entropy", "matmul", "attention", "linear", "layernorm"};
-    previous = after_forward;
-    for (size_t index = 0; index < activation_bytes.size(); ++index) {
-        if (frees.count(ops[index])) EXPECT_LT(activation_bytes[index], previous) << ops[index] << " kept its saved tensors";
-        previous = activation_bytes[index];
+    size_t previous = after_forward;
+    for (const auto& [op, bytes] : log) {
+        EXPECT_LE(bytes, previous) << "activation bytes grew after " << op;
+        if (frees.count(op)) EXPECT_LT(bytes, previous) << op << " kept its saved tensors";
+        previous = bytes;
     }
     loss = Tensor();
     EXPECT_EQ(memory_stats(Device::cpu).current(MemoryCategory::activations), baseline);

@@ -208,7 +208,7 @@ TEST(Sequential, Float64GradientsMatchFiniteDifferences) {
     current_tape().clear();
 }
 
-// The activation layers are their ops: same values bitwise, and the same gradient through a Sequential.
+// The activation layers are their ops: same values bitwise, alone and chained in a Sequential.
 TEST(Sequential, ActivationLayersAreTheirOps) {
     std::mt19937_64 random = fresh_generator();
     const Tensor x = random_tensor(random, {3, 5}, DType::f64);
