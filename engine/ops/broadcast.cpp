@@ -29,7 +29,8 @@ Tensor residual_add(const Tensor& a, const Tensor& b) {
     record_node(op, {&a, &b}, {&out}, [=, output_id = out.id()](BackwardContext& context) {
         Tensor dout = context.output_grad(output_id);
         Tensor da = context.input_grad(a_target);
-        // x + x: both contributions land in one buffer, so ask for it once and let the kernel add twice.
+        // x + x: both targets get the one buffer (for a bf16 leaf, two workspaces that finish_node adds into its
+        // f32 buffer), and the kernel adds dout through each pointer, so x receives both contributions.
         Tensor db = context.input_grad(b_target);
         if (dout.device() == Device::cpu) {
             dispatch_cpu(op, dout.dtype(), [&]<typename T>() {
