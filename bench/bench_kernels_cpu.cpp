@@ -240,7 +240,7 @@ void BM_attention_forward(benchmark::State& state) {
     std::vector<float> out(tokens * C), logsumexp(int64_t(B) * NH * T);
     const std::vector<float> qkv = values(tokens * 3 * C);
     for (auto _ : state) {
-        cpu::attention_forward(out.data(), logsumexp.data(), qkv.data(), B, T, C, NH);
+        cpu::attention_forward(out.data(), logsumexp.data(), qkv.data(), B, T, C, NH, NH); // KVH = NH: multi-head
         benchmark::ClobberMemory();
     }
     report_flops(state, attention_forward_flops);
@@ -250,9 +250,9 @@ KERNEL_BENCHMARK(BM_attention_forward);
 void BM_attention_backward(benchmark::State& state) {
     std::vector<float> dqkv(tokens * 3 * C), out(tokens * C), logsumexp(int64_t(B) * NH * T);
     const std::vector<float> dout = values(tokens * C, 2), qkv = values(tokens * 3 * C);
-    cpu::attention_forward(out.data(), logsumexp.data(), qkv.data(), B, T, C, NH);
+    cpu::attention_forward(out.data(), logsumexp.data(), qkv.data(), B, T, C, NH, NH); // KVH = NH: multi-head
     for (auto _ : state) {
-        cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), logsumexp.data(), B, T, C, NH);
+        cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), logsumexp.data(), B, T, C, NH, NH);
         benchmark::ClobberMemory();
     }
     // The CPU kernel makes one pass: recomputed QK^T, dout·V, then dq, dk and dv: 5 triangle products.

@@ -1,4 +1,5 @@
-// train_gpt, the main job: trains a GPT-2 with gradient accumulation and prints one line per optimizer step
+// train_gpt, the main job: trains a GPT-2 or a Llama-family model (from a named size or a Hugging Face
+// directory) with gradient accumulation and prints one line per optimizer step
 // (loss, lr, grad norm, throughput, peak memory by category). With no flags it trains the tiny model on the
 // built-in corpus on the CPU in well under a minute. `train_gpt --help` lists the flags; docs/TRAINING.md
 // explains the figures.
@@ -16,7 +17,7 @@
 #include "planner/memory_model.h"
 #include "planner/planner.h"
 #include "engine/distributed/communicator.h"
-#include "nn/gpt.h"
+#include "nn/io/pretrained.h"
 #include "nn/io/safetensors.h"
 #include "nn/io/token_data.h"
 #include "optim/trainer.h"
@@ -36,9 +37,9 @@ double mebibytes(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1
 // The token stream: the --data file (llm.c shard or bytes), else the built-in corpus. Ids are validated
 // against the vocabulary.
 std::vector<int32_t> load_training_tokens(const Options& options) {
-    if (!options.data.empty()) return nn::load_tokens(options.data, options.model.vocab_size);
+    if (!options.data.empty()) return nn::load_tokens(options.data, options.model.vocab_size());
     std::vector<int32_t> tokens = nn::builtin_corpus(builtin_corpus_tokens, options.trainer.seed);
-    nn::validate_tokens(tokens, options.model.vocab_size, "the built-in corpus (bytes; needs --vocab-size >= 256)");
+    nn::validate_tokens(tokens, options.model.vocab_size(), "the built-in corpus (bytes; needs --vocab-size >= 256)");
     return tokens;
 }
 
@@ -75,7 +76,7 @@ public:
         nn::DataLoaderOptions settings = loader_options(options, communicator);
         settings.shuffle = false;
         try {
-            loader_ = std::make_unique<nn::DataLoader>(nn::load_tokens(options.eval_data, options.model.vocab_size),
+            loader_ = std::make_unique<nn::DataLoader>(nn::load_tokens(options.eval_data, options.model.vocab_size()),
                                                        settings);
         } catch (const EngineError& error) {
             throw train_gpt::flag_error("--eval-data", error);
@@ -107,6 +108,19 @@ private:
     nn::LoaderCursor start_;
     int64_t batch_count_ = 0;
 };
+
+// --init: a Hugging Face directory (config.json already read into the model's shape), or one safetensors file
+// with the architecture's Hugging Face names.
+void load_initial_weights(nn::CausalLM& model, const std::string& path) {
+    if (nn::is_pretrained_directory(path)) return nn::load_pretrained_into(model, path);
+    if (model.architecture() == "llama") {
+        nn::CheckpointNames names;
+        names.accepted_prefix = "";
+        names.tied_table = "model.embed_tokens.weight";
+        return nn::load_safetensors_into(model, std::vector<std::string>{path}, names);
+    }
+    nn::load_safetensors_into(model, path);
+}
 
 // Which backend this run uses: --communicator, or under a launcher with several ranks NCCL for CUDA tensors
 // and MPI for host ones.
@@ -304,15 +318,18 @@ int run(const Options& flags) {
     try {
         loader = make_loader(options, *communicator);
     } catch (const EngineError& error) {
-        throw train_gpt::flag_error(options.data.empty() ? "--vocab-size" : "--data", error);
+        // A vocabulary from --init DIR is not a flag to change: the data is what must fit it.
+        const bool vocabulary_given = !options.data.empty() || nn::is_pretrained_directory(options.init);
+        throw train_gpt::flag_error(vocabulary_given ? "--data" : "--vocab-size", error);
     }
     std::optional<Validation> validation;
     if (!options.eval_data.empty()) validation.emplace(options, *communicator);
     if (options.resolved_device == Device::cuda) engine::cuda::set_tf32_enabled(options.tf32.value_or(true));
-    nn::GPT model(options.model, options.trainer.seed, options.resolved_device, DType::f32);
+    const std::unique_ptr<nn::CausalLM> built = options.model.build(options.trainer.seed, options.resolved_device, DType::f32);
+    nn::CausalLM& model = *built;
     if (!options.init.empty()) {
         try {
-            nn::load_safetensors_into(model, options.init);
+            load_initial_weights(model, options.init);
         } catch (const EngineError& error) {
             throw train_gpt::flag_error("--init", error);
         }
@@ -349,7 +366,7 @@ int run(const Options& flags) {
     const int64_t tokens_per_step =
         int64_t{config.per_device_train_batch_size} * config.gradient_accumulation_steps * world_size * options.seq_len;
     const int padded_vocabulary = options.model.padded_vocab_size();
-    const std::string padding = padded_vocabulary == options.model.vocab_size
+    const std::string padding = padded_vocabulary == options.model.vocab_size()
                                     ? ""
                                     : "; wte stored as " + std::to_string(padded_vocabulary) + " rows, the padding zero";
     if (lead) {
@@ -437,7 +454,12 @@ int run(const Options& flags) {
     if (trainer.skipped_steps() > 0)
         std::printf("skipped %lld steps with non-finite loss or gradients\n", static_cast<long long>(trainer.skipped_steps()));
     if (!options.save.empty()) {
-        nn::save_safetensors(model, options.save, options.save_dtype);
+        if (train_gpt::saves_directory(options.save)) {
+            const bool from_directory = !options.init.empty() && nn::is_pretrained_directory(options.init);
+            nn::save_pretrained(model, options.save, options.save_dtype, from_directory ? options.init : "");
+        } else {
+            nn::save_safetensors(model, options.save, options.save_dtype);
+        }
         std::cout << "saved " << options.save << "\n";
     }
     return 0;

@@ -1,6 +1,7 @@
 // Flag parsing and validation for train_gpt.
 #include "train_gpt_options.h"
 
+#include "nn/io/pretrained.h"
 #include "planner/planner.h"
 
 #include <algorithm>
@@ -77,6 +78,12 @@ auto as_flag(const std::string& flag, Function&& function) {
 
 std::string flag_for_field(const std::string& field) {
     if (field == "bf16") return "--precision";
+    // LlamaConfig's fields share the GPT-2 flags where the meaning is the same.
+    static const std::map<std::string, std::string> llama_flags = {
+        {"hidden_size", "--n-embd"},          {"num_hidden_layers", "--n-layer"},
+        {"num_attention_heads", "--n-head"},  {"num_key_value_heads", "--n-kv-head"},
+        {"max_position_embeddings", "--max-seq-len"}};
+    if (const auto found = llama_flags.find(field); found != llama_flags.end()) return found->second;
     std::string flag = "--" + field;
     std::replace(flag.begin(), flag.end(), '_', '-');
     return flag;
@@ -126,6 +133,10 @@ std::set<std::string> apply_flags(const std::vector<std::string>& arguments,
     return given;
 }
 
+bool saves_directory(const std::string& path) {
+    return std::filesystem::path(path).extension() != ".safetensors";
+}
+
 Options default_options() {
     Options options;
     options.model = engine::nn::GPTConfig::named("tiny");
@@ -151,11 +162,19 @@ std::string usage() {
     return R"(usage: train_gpt [flags]     (no flags: the tiny GPT on the built-in corpus, on the CPU)
 
 model:
-  --model NAME                   tiny | small | gpt2-124M | gpt2-350M | gpt2-774M | gpt2-1558M (default tiny)
-  --vocab-size N --max-seq-len N --n-layer N --n-head N --n-embd N --dropout P   override the named size
+  --model NAME                   GPT-2: tiny | small | gpt2-124M | gpt2-350M | gpt2-774M | gpt2-1558M;
+                                 Llama: llama-tiny | smollm-135m (default tiny)
+  --vocab-size N --max-seq-len N --n-layer N --n-head N --n-embd N   override the named size
+  --n-kv-head N --intermediate-size N    Llama only: key/value heads (grouped-query attention), MLP width
+  --dropout P                    GPT-2 only (default 0)
   --seq-len N                    tokens per sequence (default: the model's max)
-  --init FILE.safetensors        start from these weights (Hugging Face GPT-2 names)
-  --save FILE.safetensors        write the trained weights (the f32 masters; see --save-dtype)
+  --init DIR|FILE.safetensors    start from these weights. DIR: a Hugging Face model directory (config.json with
+                                 model.safetensors or sharded files): its config decides the architecture and
+                                 every size, so --model and the size flags are refused. FILE: Hugging Face
+                                 names of the --model architecture
+  --save DIR|FILE.safetensors    write the trained weights (the f32 masters; see --save-dtype). DIR (any path not
+                                 ending in .safetensors): a directory transformers' from_pretrained loads
+                                 (config.json, model.safetensors, and --init DIR's tokenizer files)
   --save-dtype fp32|bf16         the dtype --save writes (default fp32; bf16 rounds to nearest even)
 data:
   --data FILE                    llm.c token shard or any file as bytes (default: built-in corpus)
@@ -218,17 +237,40 @@ Options parse_options(const std::vector<std::string>& arguments) {
     Options options = default_options();
     engine::optim::TrainerConfig& trainer = options.trainer;
     // Dimension overrides apply after --model, whatever the order on the command line.
-    std::map<std::string, std::function<void(engine::nn::GPTConfig&)>> overrides;
+    std::map<std::string, std::function<void(engine::nn::ModelConfig&)>> overrides;
+    // A size flag sets the field of the same meaning in either architecture; a Llama-only flag is refused for
+    // GPT-2 and --dropout for Llama, naming the flag.
+    auto both = [&](const std::string& flag, int n, auto gpt_field, auto llama_field) {
+        overrides[flag] = [n, gpt_field, llama_field](engine::nn::ModelConfig& c) {
+            if (c.is_llama()) c.llama().*llama_field = n;
+            else c.gpt().*gpt_field = n;
+        };
+    };
+    auto llama_only = [&](const std::string& flag, int n, int engine::nn::LlamaConfig::*field) {
+        overrides[flag] = [flag, n, field](engine::nn::ModelConfig& c) {
+            require(c.is_llama(), flag, "is for Llama models; --model " + c.architecture() + " has no such setting");
+            c.llama().*field = n;
+        };
+    };
+    using engine::nn::GPTConfig;
+    using engine::nn::LlamaConfig;
     std::set<std::string> given; // the flags on the command line, for the planner's conflicts
 
     const std::map<std::string, FlagSetter> valued = {
         {"--model", [&](auto&, auto& value) { options.model_name = value; }},
-        {"--vocab-size", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.vocab_size = n; }; }},
-        {"--max-seq-len", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.max_seq_len = n; }; }},
-        {"--n-layer", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.n_layer = n; }; }},
-        {"--n-head", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.n_head = n; }; }},
-        {"--n-embd", [&](auto& f, auto& v) { int n = parse_int(f, v); overrides[f] = [n](auto& c) { c.n_embd = n; }; }},
-        {"--dropout", [&](auto& f, auto& v) { float p = static_cast<float>(parse_number(f, v)); overrides[f] = [p](auto& c) { c.dropout = p; }; }},
+        {"--vocab-size", [&](auto& f, auto& v) { both(f, parse_int(f, v), &GPTConfig::vocab_size, &LlamaConfig::vocab_size); }},
+        {"--max-seq-len", [&](auto& f, auto& v) { both(f, parse_int(f, v), &GPTConfig::max_seq_len, &LlamaConfig::max_position_embeddings); }},
+        {"--n-layer", [&](auto& f, auto& v) { both(f, parse_int(f, v), &GPTConfig::n_layer, &LlamaConfig::num_hidden_layers); }},
+        {"--n-head", [&](auto& f, auto& v) { both(f, parse_int(f, v), &GPTConfig::n_head, &LlamaConfig::num_attention_heads); }},
+        {"--n-embd", [&](auto& f, auto& v) { both(f, parse_int(f, v), &GPTConfig::n_embd, &LlamaConfig::hidden_size); }},
+        {"--n-kv-head", [&](auto& f, auto& v) { llama_only(f, parse_int(f, v), &LlamaConfig::num_key_value_heads); }},
+        {"--intermediate-size", [&](auto& f, auto& v) { llama_only(f, parse_int(f, v), &LlamaConfig::intermediate_size); }},
+        {"--dropout", [&](auto& f, auto& v) {
+             float p = static_cast<float>(parse_number(f, v));
+             overrides[f] = [f, p](engine::nn::ModelConfig& c) {
+                 require(c.is_gpt(), f, "is for GPT-2; Llama models have no dropout");
+                 c.gpt().dropout = p;
+             }; }},
         {"--seq-len", [&](auto& f, auto& v) { options.seq_len = parse_int(f, v); require(options.seq_len > 0, f, "must be positive"); }},
         // TrainerConfig's fields: a flag only parses its value; TrainerConfig::problem() is the one check of the
         // values, after every flag (check_trainer_config names the flag).
@@ -253,7 +295,11 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--every-n-layers", [&](auto& f, auto& v) { trainer.every_n_layers = parse_int(f, v); }},
         {"--segment-size", [&](auto& f, auto& v) { trainer.segment_size = v == "sqrt" ? 0 : parse_int(f, v); }},
         {"--data", [&](auto& f, auto& v) { require_file(f, v); options.data = v; }},
-        {"--init", [&](auto& f, auto& v) { require_file(f, v); options.init = v; }},
+        {"--init", [&](auto& f, auto& v) {
+             std::error_code error;
+             require(std::filesystem::is_regular_file(v, error) || std::filesystem::is_directory(v, error), f,
+                     "no such file or directory '" + v + "'");
+             options.init = v; }},
         {"--save", [&](auto& f, auto& v) {
              const std::filesystem::path parent = std::filesystem::path(v).parent_path();
              std::error_code error;
@@ -307,19 +353,30 @@ Options parse_options(const std::vector<std::string>& arguments) {
     for (const char* eval_flag : {"--eval-steps", "--eval-every"})
         require(!options.eval_data.empty() || !given.contains(eval_flag), eval_flag, "needs --eval-data FILE");
 
-    options.model = as_flag("--model", [&] { return engine::nn::GPTConfig::named(options.model_name); });
+    const bool init_directory = !options.init.empty() && std::filesystem::is_directory(options.init);
+    if (init_directory) {
+        // The directory's config.json is the model: a named size or a size flag would contradict it.
+        for (const std::string& flag : {"--model", "--vocab-size", "--max-seq-len", "--n-layer", "--n-head", "--n-embd",
+                                        "--n-kv-head", "--intermediate-size"})
+            require(!given.contains(flag), flag,
+                    "the model comes from --init " + options.init + "/config.json; leave " + flag + " out");
+        options.model = as_flag("--init", [&] { return engine::nn::read_pretrained_config(options.init); });
+        options.model_name = options.init;
+    } else {
+        options.model = as_flag("--model", [&] { return engine::nn::ModelConfig::named(options.model_name); });
+    }
     for (const auto& [flag, apply] : overrides) apply(options.model);
-    const engine::nn::GPTConfig& model = options.model;
-    // The model's own rules (GPTConfig::problem), named by the flag of the field.
+    const engine::nn::ModelConfig& model = options.model;
+    // The model's own rules (GPTConfig::problem, LlamaConfig::problem), named by the flag of the field.
     if (const std::optional<engine::ConfigProblem> problem = model.problem())
         throw UsageError(flag_for_field(problem->field), problem->reason);
-    if (options.seq_len == 0) options.seq_len = model.max_seq_len;
-    if (options.eot_token < 0) options.eot_token = model.vocab_size > 50256 ? 50256 : '\n';
-    require(options.eot_token < model.vocab_size, "--eot-token",
-            std::to_string(options.eot_token) + " is outside the vocabulary of " + std::to_string(model.vocab_size));
-    require(options.seq_len <= model.max_seq_len, "--seq-len",
+    if (options.seq_len == 0) options.seq_len = model.max_seq_len();
+    if (options.eot_token < 0) options.eot_token = model.vocab_size() > 50256 ? 50256 : '\n';
+    require(options.eot_token < model.vocab_size(), "--eot-token",
+            std::to_string(options.eot_token) + " is outside the vocabulary of " + std::to_string(model.vocab_size()));
+    require(options.seq_len <= model.max_seq_len(), "--seq-len",
             std::to_string(options.seq_len) + " exceeds the model's max sequence length " +
-                std::to_string(model.max_seq_len));
+                std::to_string(model.max_seq_len()));
     const bool planned = options.max_memory || options.max_memory_auto;
     require(planned || options.global_batch_size == 0, "--global-batch-size", "needs --max-memory (it is the planner's)");
     require(planned || !options.precision_auto, "--precision", "auto needs --max-memory (the planner chooses it)");

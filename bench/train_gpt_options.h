@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "engine/dtype.h"
-#include "nn/gpt.h"
+#include "nn/model_config.h"
 #include "nn/io/token_data.h"
 #include "optim/trainer.h"
 
@@ -50,7 +50,7 @@ std::set<std::string> apply_flags(const std::vector<std::string>& arguments,
                                   const std::map<std::string, bool*>& switches);
 
 struct Options {
-    engine::nn::GPTConfig model;
+    engine::nn::ModelConfig model; // --model's named size with the size flags, or --init DIR's config.json
     std::string model_name = "tiny";
     int seq_len = 0; // 0: the model's max_seq_len
     engine::optim::TrainerConfig trainer;
@@ -61,8 +61,8 @@ struct Options {
     // started several ranks, else none.
     std::string communicator = "auto";
     bool check_replicas = false; // after every step, compare a hash of each rank's weights and optimizer state
-    std::string init;      // safetensors to load before training
-    std::string save;      // safetensors to write after training
+    std::string init;      // weights to start from: a Hugging Face model directory (config.json decides the model) or a safetensors file
+    std::string save;      // after training: FILE.safetensors, or a Hugging Face model directory (any other path)
     std::string log;       // JSON lines
     std::string out;       // training-state directory (optim/training_state.h): every --save-every steps and at the end
     int64_t save_every = 0; // 0: only at the end (when --out is given)
@@ -97,6 +97,8 @@ inline constexpr int64_t default_eval_steps = 20;
 
 // The defaults train the tiny model on the built-in corpus on the CPU in well under a minute.
 Options default_options();
+// --save PATH: a directory (save_pretrained) unless it names a .safetensors file.
+bool saves_directory(const std::string& path);
 // Parses and validates argv; throws UsageError naming the flag.
 Options parse_options(const std::vector<std::string>& arguments);
 std::string usage();

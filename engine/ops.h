@@ -10,6 +10,9 @@ inline constexpr int default_ignore_index = -100;
 
 // tokens (B,T) i32, token_table (V,C), position_table (max_T,C) -> (B,T,C)
 Tensor embedding(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table);
+// tokens (B,T) i32, token_table (V,C) -> (B,T,C): the token rows alone (Llama: positions come from rope), with
+// the same checks and the same deterministic backward.
+Tensor embedding(const Tensor& tokens, const Tensor& token_table);
 // input (...,in) · weight (in,out) + bias (out) -> (...,out). The weight is stored (in, out), the layout of
 // Hugging Face GPT-2's Conv1D, so checkpoints load without a transpose. bias may be undefined.
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor());
@@ -20,6 +23,10 @@ Tensor layernorm(const Tensor& input, const Tensor& weight, const Tensor& bias);
 Tensor gelu(const Tensor& input); // tanh approximation
 // qkv (B,T,3C) -> (B,T,C); causal; saves logsumexp (B,NH,T), recomputes probabilities in backward
 Tensor attention(const Tensor& qkv, int num_heads);
+// Grouped-query attention: qkv (B,T,(NH+2*KVH)*D) packs NH query heads, then KVH key heads, then KVH value heads
+// per token; query head h reads kv head h / (NH/KVH) (Hugging Face repeat_kv, never materialised). -> (B,T,NH*D);
+// KVH must divide NH; KVH == NH is attention(qkv, num_heads).
+Tensor attention(const Tensor& qkv, int num_heads, int num_kv_heads);
 // Draws its mask from the engine RNG stream (engine/random.h); identity when p == 0 or !training.
 Tensor dropout(const Tensor& input, float p, bool training = true);
 
@@ -64,3 +71,4 @@ void convert_into(const Tensor& out, const Tensor& input);
 #include "engine/ops/reductions.h" // softmax, log_softmax; sum, mean, max over a dimension; mse_loss; rms_norm
 #include "engine/ops/layout.h"     // permute, transpose, view, slice, concat; batched matmul with transposes
 #include "engine/ops/decode.h"     // attention_decode, embedding_at: inference with a key/value cache
+#include "engine/ops/llama.h"      // rope with rope_tables, swiglu: the Llama family's own ops

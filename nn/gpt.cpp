@@ -77,36 +77,10 @@ Tensor GPT::run_blocks(const Tensor& input, int first_block, int count) const {
     return x;
 }
 
-void GPT::set_checkpointing(const checkpoint::CheckpointPolicy& policy) {
-    segments_ = checkpoint::plan_segments(block_count(), policy);
-    policy_ = policy;
-}
-
-Tensor GPT::forward(const Tensor& tokens) const {
-    const Tensor logits = forward_padded(tokens); // (B,T,Vp)
-    return config_.padded_vocab_size() == config_.vocab_size ? logits : first_columns(logits, config_.vocab_size);
-}
-
 Tensor GPT::forward_padded(const Tensor& tokens) const {
-    ENGINE_CHECK(tokens.dim() == 2, "GPT::forward: tokens " << tokens.describe() << " must be (B,T)");
-    ENGINE_CHECK(tokens.size(1) <= config_.max_seq_len,
-                 "GPT::forward: sequence length " << tokens.size(1) << " exceeds the model maximum " << config_.max_seq_len);
+    check_tokens("GPT", tokens);
     Tensor x = drop.forward(embedding(tokens, wte.working(wte.weight), wpe.working(wpe.weight))); // (B,T,C)
-    if (!policy_.enabled) {
-        x = run_blocks(x, 0, block_count());
-    } else {
-        for (const checkpoint::Segment& segment : segments_) {
-            if (!segment.checkpointed) {
-                x = run_blocks(x, segment.first_layer, segment.layer_count);
-                continue;
-            }
-            auto blocks = [this, segment](const std::vector<Tensor>& inputs) {
-                return std::vector<Tensor>{run_blocks(inputs[0], segment.first_layer, segment.layer_count)};
-            };
-            x = checkpoint::checkpoint(blocks, {x}, policy_.offload, policy_.prefetch)[0];
-        }
-    }
-    x = ln_f.forward(x);
+    x = ln_f.forward(run_decoder(std::move(x)));
     // (B,T,Vp), head tied to the token embedding through the padded view of its storage and gradient buffer
     return matmul(x, wte.working(wte.padded_weight), /*transpose_b=*/true);
 }

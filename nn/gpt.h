@@ -1,5 +1,5 @@
 // GPT-2: token + position embeddings, pre-LayerNorm blocks, a final LayerNorm and an LM head tied to the
-// token embedding. Blocks are the only checkpointable layers.
+// token embedding. Blocks are the only checkpointable layers (nn/causal_lm.h).
 #pragma once
 
 #include <functional>
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/checkpoint.h"
+#include "nn/causal_lm.h"
 #include "nn/layers.h"
 
 namespace engine::nn {
@@ -34,7 +34,7 @@ struct GPTConfig {
     void validate() const; // throws EngineError naming the bad field
 };
 
-class GPT : public Module {
+class GPT : public CausalLM {
     // Declared first: the parameter members below are initialised from these.
     GPTConfig config_;
     // The model's own: every parameter takes its next stream, from 0, in construction order (wte, wpe, ln_f,
@@ -47,33 +47,24 @@ public:
     // logits are bf16 (Module::set_compute_dtype).
     GPT(const GPTConfig& config, uint64_t seed, Device device = Device::cpu, DType dtype = DType::f32);
 
-    // tokens (B,T) i32 -> logits (B,T,V): the real vocabulary (a copy of the padded logits' first V columns
-    // when V is not a multiple of 128).
-    Tensor forward(const Tensor& tokens) const;
-    // tokens (B,T) i32 -> logits (B,T,Vp), Vp = padded_vocab_size(), without the copy. Columns from V on are
-    // padding (0, from the zero rows of wte): pass V to the loss (cross_entropy_in_place's vocabulary), which
-    // keeps them out of the softmax and gives them zero gradient. The trainer's built-in loss uses this.
-    Tensor forward_padded(const Tensor& tokens) const;
+    // tokens (B,T) i32 -> logits (B,T,Vp), Vp = padded_vocab_size(), without the copy that forward() makes.
+    // Columns from V on are padding (0, from the zero rows of wte).
+    Tensor forward_padded(const Tensor& tokens) const override;
+    int vocab_size() const override { return config_.vocab_size; }
+    int padded_vocab_size() const override { return config_.padded_vocab_size(); }
+    int max_seq_len() const override { return config_.max_seq_len; }
+    std::string architecture() const override { return "gpt2"; }
+    Device device() const override { return wte.weight.device(); }
     // The transformer blocks, for the checkpoint policy.
-    int block_count() const { return static_cast<int>(h.size()); }
-    Tensor run_blocks(const Tensor& input, int first_block, int block_count) const;
-    // Applies a checkpoint policy to the blocks (the only checkpointable layers); disabled = plain.
-    void set_checkpointing(const checkpoint::CheckpointPolicy& policy) override;
-    const checkpoint::CheckpointPolicy& checkpointing() const { return policy_; }
-    const std::vector<checkpoint::Segment>& segments() const { return segments_; }
+    int block_count() const override { return static_cast<int>(h.size()); }
+    Tensor run_blocks(const Tensor& input, int first_block, int block_count) const override;
 
     const GPTConfig& config() const { return config_; }
-    Device device() const { return wte.weight.device(); } // where the parameters are (Module::to moves them)
-    DType dtype() const { return compute_dtype(); } // what the forward computes in: the activations' dtype
 
     Embedding wte, wpe; // wte.weight (V,C), stored in a (Vp,C) allocation: wte.padded_weight
     Dropout drop;
     std::vector<std::unique_ptr<Block>> h;
     LayerNorm ln_f;
-
-private:
-    checkpoint::CheckpointPolicy policy_;
-    std::vector<checkpoint::Segment> segments_;
 };
 
 } // namespace engine::nn

@@ -62,6 +62,18 @@ LayerNorm::LayerNorm(int channels, const ParameterOptions& options) {
     bias = register_parameter("bias", initial_constant({channels}, 0.0, options));
 }
 
+TorchLinear::TorchLinear(int in_features, int out_features, const InitOptions& init) {
+    check_layer("TorchLinear", in_features, out_features, init.parameters);
+    weight = register_parameter("weight",
+                                initial_normal({out_features, in_features}, init.standard_deviation, init.parameters));
+}
+
+RMSNorm::RMSNorm(int channels, double eps, const ParameterOptions& options) : eps(eps) {
+    check_layer("RMSNorm", channels, 1, options);
+    ENGINE_CHECK(std::isfinite(eps) && eps >= 0.0, "RMSNorm: eps " << eps << " must be finite and >= 0");
+    weight = register_parameter("weight", initial_constant({channels}, 1.0, options));
+}
+
 Embedding::Embedding(int rows, int channels, const ParameterOptions& options)
     : Embedding(rows, channels, InitOptions{options, 1.0}) {}
 

@@ -62,6 +62,25 @@ public:
     Tensor weight, bias; // (C), (C)
 };
 
+// y = x · weightᵀ over the last dimension, no bias: torch.nn.Linear(in, out, bias=False) with its (out, in)
+// weight layout, as Hugging Face's Llama projections store it, so their checkpoints load without a transpose.
+// Weight ~ N(0, init.standard_deviation²) (Hugging Face's initializer_range).
+class TorchLinear : public Layer {
+public:
+    TorchLinear(int in_features, int out_features, const InitOptions& init);
+    Tensor forward(const Tensor& input) const override { return matmul(input, working(weight), /*transpose_b=*/true); }
+    Tensor weight; // (out,in)
+};
+
+// Llama's RMSNorm over the last dimension: a gain (initially 1), no bias, epsilon from the model config.
+class RMSNorm : public Layer {
+public:
+    RMSNorm(int channels, double eps, const ParameterOptions& options = {});
+    Tensor forward(const Tensor& input) const override { return rms_norm(input, working(weight), eps); }
+    Tensor weight; // (C)
+    double eps;
+};
+
 // A table of `rows` vectors of `channels` values. It has no forward of its own yet (no single-table lookup
 // op): GPT reads its tables through embedding(tokens, wte, wpe).
 class Embedding : public Module {

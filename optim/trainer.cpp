@@ -1,10 +1,10 @@
-// The GPT trainer: batch validation, target counting and the fused classifier loss over ModuleTrainer.
+// The causal-LM trainer: batch validation, target counting and the fused classifier loss over ModuleTrainer.
 #include "optim/trainer.h"
 
 namespace engine::optim {
 
-Trainer::Trainer(nn::GPT& model, const TrainerConfig& config, distributed::Communicator* communicator)
-    : ModuleTrainer(model, config, communicator), gpt_(model) {}
+Trainer::Trainer(nn::CausalLM& model, const TrainerConfig& config, distributed::Communicator* communicator)
+    : ModuleTrainer(model, config, communicator), model_(model) {}
 
 void Trainer::set_loss_function(LossFunction loss_function, TargetCounting counting) {
     loss_function_ = std::move(loss_function);
@@ -31,18 +31,17 @@ int64_t Trainer::count_targets(const nn::Batch& batch) const {
 
 void Trainer::validate_batch(const nn::Batch& batch, size_t index) const {
     const std::string where = "trainer: micro-batch " + std::to_string(index);
-    const nn::GPTConfig& model = gpt_.config();
     ENGINE_CHECK(batch.inputs.defined() && batch.inputs.dim() == 2 && batch.inputs.dtype() == DType::i32,
                  where << ": inputs must be a (B,T) i32 tensor, got "
                        << (batch.inputs.defined() ? batch.inputs.describe() : std::string("none")));
     const int64_t rows = batch.inputs.size(0);
     const int64_t time = batch.inputs.size(1);
     ENGINE_CHECK(rows > 0 && time > 0, where << ": empty inputs " << batch.inputs.describe());
-    ENGINE_CHECK(time <= model.max_seq_len,
-                 where << ": sequence length " << time << " exceeds the model maximum " << model.max_seq_len);
+    ENGINE_CHECK(time <= model_.max_seq_len(),
+                 where << ": sequence length " << time << " exceeds the model maximum " << model_.max_seq_len());
     for (int32_t token : batch.inputs.to_vector<int32_t>())
-        ENGINE_CHECK(token >= 0 && token < model.vocab_size,
-                     where << ": input token " << token << " is outside the vocabulary [0," << model.vocab_size << ")");
+        ENGINE_CHECK(token >= 0 && token < model_.vocab_size(),
+                     where << ": input token " << token << " is outside the vocabulary [0," << model_.vocab_size() << ")");
     const bool builtin_loss = !loss_function_;
     const bool need_labels = !batch.shift_labels.defined() || counting_ == TargetCounting::all_labels;
     ENGINE_CHECK(!need_labels || batch.labels.defined(), where << ": no labels (and no shift_labels)");
@@ -54,31 +53,31 @@ void Trainer::validate_batch(const nn::Batch& batch, size_t index) const {
                      where << ": labels " << labels->describe() << " do not match inputs " << batch.inputs.describe());
         if (!builtin_loss) continue;
         for (int32_t label : labels->to_vector<int32_t>())
-            ENGINE_CHECK(label == default_ignore_index || (label >= 0 && label < model.vocab_size),
+            ENGINE_CHECK(label == default_ignore_index || (label >= 0 && label < model_.vocab_size()),
                          where << ": label " << label << " is neither -100 nor in the vocabulary [0,"
-                               << model.vocab_size << ")");
+                               << model_.vocab_size() << ")");
     }
 }
 
 LossSum Trainer::micro_batch_loss(const nn::Batch& batch, const LossScale& scale) {
     // Uploaded with their host values, which validate_batch has checked: the ops' id checks read those
     // instead of the device, so no forward waits for the device.
-    const Device device = gpt_.device();
+    const Device device = model_.device();
     device_inputs_ = Tensor();
     device_targets_ = Tensor();
     device_inputs_ = batch.inputs.to_keeping_host_copy(device, MemoryCategory::activations);
     const Tensor& inputs = device_inputs_;
     // The logits die when this returns, before backward, so that the loss node's backward frees them (B·T·V
-    // bytes: the largest activation of a GPT-2 step).
-    if (loss_function_) return loss_function_(gpt_.forward(inputs), batch); // the real (B,T,V)
+    // bytes: the largest activation of a language model step).
+    if (loss_function_) return loss_function_(model_.forward(inputs), batch); // the real (B,T,V)
     device_targets_ = shift_targets(batch).to_keeping_host_copy(device, MemoryCategory::activations);
     const Tensor& targets = device_targets_;
     // The fused classifier: the logits' storage becomes their gradient, written now with the factor the
     // trainer multiplies the sum by, which is exactly the upstream gradient backward will bring, so no
     // rescale pass runs. The logits are the padded (B,T,Vp) ones; the loss sees only the first V columns.
-    const Tensor logits = gpt_.forward_padded(inputs);
+    const Tensor logits = model_.forward_padded(inputs);
     return {cross_entropy_in_place(logits, targets, Reduction::sum, scale.factor, default_ignore_index,
-                                   gpt_.config().vocab_size),
+                                   model_.vocab_size()),
             scale.items};
 }
 

@@ -1,5 +1,5 @@
-// The GPT trainer: the generic accumulation trainer (optim/module_trainer.h) with nn::GPT as its model and
-// nn::Batch (causal-LM token batches) as its batch. It validates and counts each window's batches before the
+// The causal-LM trainer: the generic accumulation trainer (optim/module_trainer.h) with an nn::CausalLM (GPT-2,
+// Llama) as its model and nn::Batch (causal-LM token batches) as its batch. It validates and counts each window's batches before the
 // first forward and computes the loss through the fused classifier (cross_entropy_in_place), or through a
 // custom loss on the logits. docs/TRAINING.md gives the loss formulas.
 #pragma once
@@ -9,22 +9,23 @@
 #include <optional>
 #include <vector>
 
-#include "nn/gpt.h"
+#include "nn/causal_lm.h"
+#include "nn/model_config.h" // GPT-2 and Llama, the causal LMs this trainer is mostly used with
 #include "nn/io/batch.h"
 #include "optim/module_trainer.h"
 
 namespace engine::optim {
 
-// A custom GPT loss: the (B,T,V) logits and the batch in, the SUM of its per-target losses and their count
+// A custom loss: the (B,T,V) logits and the batch in, the SUM of its per-target losses and their count
 // out (the count must be count_targets(batch)); the trainer normalises it as config.loss_normalization says.
 using LossFunction = std::function<LossSum(const Tensor& logits, const nn::Batch& batch)>;
-// What a GPT batch's items are: causal LM shifted targets (labels[:,1:] or shift_labels) or every label.
+// What a batch's items are: causal LM shifted targets (labels[:,1:] or shift_labels) or every label.
 enum class TargetCounting { causal_shifted, all_labels };
 
 class Trainer : public ModuleTrainer {
 public:
-    // ModuleTrainer's constructor, for a GPT (which applies the checkpoint policy to its blocks).
-    Trainer(nn::GPT& model, const TrainerConfig& config, distributed::Communicator* communicator = nullptr);
+    // ModuleTrainer's constructor, for a causal LM (which applies the checkpoint policy to its decoder layers).
+    Trainer(nn::CausalLM& model, const TrainerConfig& config, distributed::Communicator* communicator = nullptr);
 
     // One optimizer step over up to N micro-batches from `source` (ModuleTrainer::train_step). Every batch of
     // the window is validated before the first forward: a bad one changes nothing.
@@ -45,14 +46,14 @@ public:
     // The batch's items (its targets that are not -100), read from the host without a forward.
     int64_t count_targets(const nn::Batch& batch) const;
 
-    nn::GPT& model() { return gpt_; }
+    nn::CausalLM& model() { return model_; }
 
 private:
     void validate_batch(const nn::Batch& batch, size_t index) const;
     LossSum micro_batch_loss(const nn::Batch& batch, const LossScale& scale);
     std::vector<MicroBatch> micro_batches_of(const std::vector<nn::Batch>& batches); // validated, counted
 
-    nn::GPT& gpt_;
+    nn::CausalLM& model_;
     LossFunction loss_function_;
     TargetCounting counting_ = TargetCounting::causal_shifted;
     // The current micro-batch's device inputs and targets, held until its backward has run and released

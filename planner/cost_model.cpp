@@ -11,6 +11,8 @@
 #include <sstream>
 #include <vector>
 
+#include "planner/step_terms.h"
+
 namespace engine::planner {
 namespace {
 
@@ -100,27 +102,75 @@ std::string StepCost::to_string() const {
     return text.str();
 }
 
-StepCost predict_cost(const nn::GPTConfig& config, int micro_batch, int accumulation_steps, int seq_len,
+namespace {
+
+// One architecture's per-micro-batch work: a decoder layer's forward GEMM and attention FLOPs, its elementwise
+// bytes and op count, and the LM head's GEMM and bytes.
+struct LayerWork {
+    double layer_gemm = 0, layer_attention = 0, layer_bytes = 0, layer_ops = 0;
+    double head_gemm = 0, head_bytes = 0;
+    double parameters = 0; // what the optimizer updates
+};
+
+// Causal attention's two products over the keys 0..t, for NH heads of D (NH·D = C): 2 B T (T+1) C, both archs.
+double causal_attention_flops(double batch, double seq_len, double width) {
+    return 2.0 * batch * seq_len * (seq_len + 1.0) * width;
+}
+
+LayerWork gpt_work(const nn::GPTConfig& config, double batch, double seq_len, double element) {
+    const double rows = batch * seq_len, width = config.n_embd;
+    const double vocabulary = config.padded_vocab_size();
+    LayerWork work;
+    // qkv, attention's projection and the MLP's two GEMMs (24 N C^2). Elementwise: a block's forward streams
+    // about 22 (B,T,C) tensors (two layernorms, the residual adds, GELU over 4C, attention's qkv in and out).
+    work.layer_gemm = 24.0 * rows * width * width;
+    work.layer_attention = causal_attention_flops(batch, seq_len, width);
+    work.layer_bytes = 22.0 * rows * width * element;
+    work.layer_ops = 15.0;
+    work.head_gemm = 2.0 * rows * width * vocabulary;
+    work.head_bytes = 3.0 * rows * vocabulary * element;
+    work.parameters = static_cast<double>(parameter_count(config, config.vocab_size));
+    return work;
+}
+
+LayerWork llama_work(const nn::LlamaConfig& config, double batch, double seq_len, double element) {
+    const double rows = batch * seq_len, width = config.hidden_size;
+    const double key_value = config.key_value_width(), intermediate = config.intermediate_size;
+    LayerWork work;
+    // q and o (C x C), k and v (C x KVH·D: grouped-query attention shrinks them), gate, up and down (C x I).
+    work.layer_gemm = 2.0 * rows * (2.0 * width * width + 2.0 * width * key_value + 3.0 * width * intermediate);
+    work.layer_attention = causal_attention_flops(batch, seq_len, width);
+    // Elementwise, each tensor read and written once: two RMSNorms (4 A), rope on q and k (2 A + 2 K), the concat
+    // (2 A + 4 K), attention's packed input and output (2 A + 2 K), two residual adds (6 A), SwiGLU (3 M).
+    work.layer_bytes = rows * element * (16.0 * width + 8.0 * key_value + 3.0 * intermediate);
+    work.layer_ops = 16.0; // rms_norm, 3 projections, 2 ropes, concat, attention, o_proj, add, rms_norm, 3, swiglu, add
+    work.head_gemm = 2.0 * rows * width * config.vocab_size; // no padding
+    work.head_bytes = 3.0 * rows * config.vocab_size * element;
+    work.parameters = static_cast<double>(llama_parameter_count(config));
+    return work;
+}
+
+} // namespace
+
+StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumulation_steps, int seq_len,
                       const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
                       int optimizer_shards, const Ceilings& ceilings) {
     const double rows = static_cast<double>(micro_batch) * seq_len; // N = B*T per micro-batch
-    const double width = config.n_embd, layers = config.n_layer, vocabulary = config.padded_vocab_size();
+    const double width = config.width(), layers = config.layers();
     const double steps = accumulation_steps;
     const double element = static_cast<double>(dtype_size(dtype));
     const double wide = static_cast<double>(dtype_size(compute_dtype(dtype)));
     int recomputed = 0, offloaded = 0;
-    for (const checkpoint::Segment& segment : checkpoint::plan_segments(config.n_layer, policy)) {
+    for (const checkpoint::Segment& segment : checkpoint::plan_segments(config.layers(), policy)) {
         if (!segment.checkpointed) continue;
         recomputed += segment.layer_count;
         ++offloaded;
     }
     if (!(policy.enabled && policy.offload)) offloaded = 0;
 
-    // One block's forward: qkv, attention's projection and the MLP's two GEMMs (24 N C^2), and causal
-    // attention's two products over the keys 0..t (2 B T (T+1) C). The LM head: 2 N C Vp.
-    const double block_gemm = 24.0 * rows * width * width;
-    const double block_attention = 2.0 * micro_batch * seq_len * (seq_len + 1.0) * width;
-    const double head_gemm = 2.0 * rows * width * vocabulary;
+    const LayerWork work = config.is_llama() ? llama_work(config.llama(), micro_batch, seq_len, element)
+                                             : gpt_work(config.gpt(), micro_batch, seq_len, element);
+    const double block_gemm = work.layer_gemm, block_attention = work.layer_attention, head_gemm = work.head_gemm;
     StepCost cost;
     const double forward_gemm = layers * block_gemm + head_gemm, forward_attention = layers * block_attention;
     cost.forward_flops = steps * (forward_gemm + forward_attention);
@@ -129,23 +179,21 @@ StepCost predict_cost(const nn::GPTConfig& config, int micro_batch, int accumula
     cost.gemm_flops = steps * (3.0 * forward_gemm + recomputed * block_gemm);
     cost.attention_flops = steps * (3.5 * forward_attention + recomputed * block_attention);
 
-    // Elementwise traffic, each tensor written once and read once: a block's forward streams about 22 (B,T,C)
-    // tensors (two layernorms, the residual adds, GELU over 4C, attention's qkv in and out) and backward twice
-    // that; the fused classifier reads and writes the logits; the optimizer reads the parameters, gradients
-    // and moments and writes the parameters and moments once per step, and zero_grad and the norm touch the
-    // gradients again.
+    // Elementwise traffic (the layers' in LayerWork), backward twice the forward's; the fused classifier reads
+    // and writes the logits; the optimizer reads the parameters, gradients and moments and writes the
+    // parameters and moments once per step, and zero_grad and the norm touch the gradients again.
     const double stream = rows * width * element;
-    const double block_bytes = 22.0 * stream;
-    const double head_bytes = 3.0 * rows * vocabulary * element;
-    const double parameters = static_cast<double>(parameter_count(config, config.vocab_size));
+    const double block_bytes = work.layer_bytes;
+    const double head_bytes = work.head_bytes;
+    const double parameters = work.parameters;
     const double shard = parameters / optimizer_shards;
     const double optimizer_passes = optimizer == OptimizerKind::adamw ? 7 : optimizer == OptimizerKind::sgd ? 5 : 2;
     cost.streamed_bytes = steps * (3.0 * layers * block_bytes + recomputed * block_bytes + head_bytes) +
                           (optimizer_passes * shard + 2.0 * parameters) * wide +
                           (element != wide ? parameters * element : 0.0); // bf16: the working copies' refresh
     cost.host_device_bytes = steps * 2.0 * offloaded * stream;
-    // About 15 ops per block forward, twice as many in backward, and a dozen for embedding, head and loss.
-    cost.ops = steps * (45.0 * layers + 15.0 * recomputed + 12.0) + 4.0 * (2.0 * layers + 4.0);
+    // layer_ops per block forward (about 15), twice as many in backward, and a dozen for embedding, head and loss.
+    cost.ops = steps * (3.0 * work.layer_ops * layers + work.layer_ops * recomputed + 12.0) + 4.0 * (2.0 * layers + 4.0);
 
     cost.gemm_seconds = cost.gemm_flops / ceilings.gemm_flops_per_second;
     cost.attention_seconds = cost.attention_flops / ceilings.attention_flops_per_second;

@@ -6,7 +6,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "engine/dtype.h"
-#include "nn/gpt.h"
+#include "nn/model_config.h"
 #include "planner/memory_model.h"
 
 namespace engine::planner {
@@ -44,7 +44,7 @@ struct StepCost {
     std::string to_string() const;
 };
 
-StepCost predict_cost(const nn::GPTConfig& config, int micro_batch, int accumulation_steps, int seq_len,
+StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumulation_steps, int seq_len,
                       const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
                       int optimizer_shards, const Ceilings& ceilings);
 

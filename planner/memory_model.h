@@ -1,5 +1,5 @@
-// Predicts the memory of one GPT training step per accounting category and the step's joint peak, under a
-// checkpoint policy, from what each op allocates and saves. docs/MEMORY.md derives every term.
+// Predicts the memory of one causal-LM training step (GPT-2 or Llama) per accounting category and the step's joint
+// peak, under a checkpoint policy, from what each op allocates and saves. docs/MEMORY.md derives every term.
 #pragma once
 
 #include <array>
@@ -8,7 +8,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "engine/memory.h"
-#include "nn/gpt.h"
+#include "nn/model_config.h"
 
 namespace engine::planner {
 
@@ -23,6 +23,7 @@ struct MemoryPrediction {
     std::array<size_t, memory_category_count> peaks{};
     size_t master_parameters = 0; // what the optimizer updates (f32 under bf16 mixed precision)
     size_t working_copies = 0;    // bf16 mixed precision: the bf16 copies the forward reads; 0 otherwise
+    size_t constant_buffers = 0;  // built with the model, in `parameters`, no gradient: Llama's RoPE tables
 
     // The joint high-water mark of everything the device account holds during one Trainer::train_step (what
     // StepResult::memory.peak_bytes reports): the persistent categories, the step's micro-batches, and the
@@ -49,25 +50,27 @@ struct MemoryPrediction {
 // One training step as the trainer runs it: logits = model.forward_padded(tokens (B,T)) (B,T,Vp) in train mode;
 // loss = multiply(cross_entropy_in_place(logits, targets, sum, 1 / items, -100, V), 1 / items) (the fused
 // classifier: no separate (B,T,Vp) gradient buffer); logits dropped; backward(loss). Parameters and gradients
-// count wte's padded rows (Vp = vocab_size rounded up to 128); the optimizer state only the real ones.
+// count wte's padded rows (Vp = vocab_size rounded up to 128); the optimizer state only the real ones. Llama
+// pads nothing (Vp = V) and adds its RoPE tables to `parameters` (constant_buffers).
 // The per-category peaks leave out bytes already live before the step (tokens, targets); peak_bytes counts
 // them as Trainer::train_step holds them: all `accumulation_steps` micro-batches (inputs and labels) for the
 // whole step, the current one's device copies, and the earlier micro-batches' reported losses.
 // optimizer_shards > 1 is ZeRO stage 1 over that many ranks (optim/zero.h): the optimizer state of one rank's
 // part (the parameters padded to equal parts), and the flat gradient/parameter buffer and the part in the
 // workspace.
-MemoryPrediction predict_memory(const nn::GPTConfig& config, int batch, int seq_len,
+MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                 const checkpoint::CheckpointPolicy& policy, DType dtype = DType::f32,
                                 OptimizerKind optimizer = OptimizerKind::adamw, int optimizer_shards = 1,
                                 int accumulation_steps = 1);
 
 // The parameters' element count with wte's rows counted as `vocabulary_rows`: vocab_size gives the real count
-// (what the optimizer keeps moments for), padded_vocab_size() the stored one.
-size_t parameter_count(const nn::GPTConfig& config, int vocabulary_rows);
+// (what the optimizer keeps moments for), padded_vocab_size() the stored one. For Llama both are vocab_size
+// (another count throws); the RoPE tables are buffers, not parameters.
+size_t parameter_count(const nn::ModelConfig& config, int vocabulary_rows);
 
 // A human-readable plan for `train_gpt --plan`: the segment layout, the recompute cost and the predicted
 // peak per category, next to the same prediction without checkpointing.
-std::string plan_report(const nn::GPTConfig& config, int batch, int seq_len, const checkpoint::CheckpointPolicy& policy,
+std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const checkpoint::CheckpointPolicy& policy,
                         DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw,
                         int optimizer_shards = 1, int accumulation_steps = 1);
 

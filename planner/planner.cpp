@@ -96,15 +96,15 @@ std::string Plan::summary() const {
     return text.str();
 }
 
-PlanSearch search_plans(const nn::GPTConfig& config, size_t budget, int global_batch, const PlannerOptions& options) {
+PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global_batch, const PlannerOptions& options) {
     config.validate();
     ENGINE_CHECK(options.ranks >= 1, "planner: ranks " << options.ranks << " must be >= 1");
     ENGINE_CHECK(global_batch >= 1 && global_batch % options.ranks == 0,
                  "planner: the global batch " << global_batch << " must be a positive multiple of the "
                                               << options.ranks << " ranks");
-    const int seq_len = options.seq_len > 0 ? options.seq_len : config.max_seq_len;
-    ENGINE_CHECK(seq_len <= config.max_seq_len,
-                 "planner: seq_len " << seq_len << " exceeds the model maximum " << config.max_seq_len);
+    const int seq_len = options.seq_len > 0 ? options.seq_len : config.max_seq_len();
+    ENGINE_CHECK(seq_len <= config.max_seq_len(),
+                 "planner: seq_len " << seq_len << " exceeds the model maximum " << config.max_seq_len());
     std::vector<DType> precisions = {options.dtype};
     if (options.allow_bf16 && options.dtype != DType::bf16) precisions.push_back(DType::bf16);
     std::vector<int> zero_stages = {0};
@@ -114,7 +114,7 @@ PlanSearch search_plans(const nn::GPTConfig& config, size_t budget, int global_b
     PlanSearch search;
     search.budget = budget;
     search.global_batch = global_batch;
-    const std::vector<CheckpointPolicy> policies = candidate_policies(config.n_layer, options.allow_offload);
+    const std::vector<CheckpointPolicy> policies = candidate_policies(config.layers(), options.allow_offload);
     for (DType dtype : precisions) {
         const Ceilings ceilings = options.ceilings ? *options.ceilings : ceilings_for(options.device, dtype);
         for (int zero_stage : zero_stages) {
@@ -152,7 +152,7 @@ PlanSearch search_plans(const nn::GPTConfig& config, size_t budget, int global_b
     return search;
 }
 
-Plan plan_for_budget(const nn::GPTConfig& config, size_t budget, int global_batch, const PlannerOptions& options) {
+Plan plan_for_budget(const nn::ModelConfig& config, size_t budget, int global_batch, const PlannerOptions& options) {
     const PlanSearch search = search_plans(config, budget, global_batch, options);
     if (!search.chosen) {
         const Plan& smallest = search.plans[search.smallest];
@@ -164,9 +164,9 @@ Plan plan_for_budget(const nn::GPTConfig& config, size_t budget, int global_batc
     return search.plans[*search.chosen];
 }
 
-std::string plan_table(const PlanSearch& search, const nn::GPTConfig& config, int alternatives) {
+std::string plan_table(const PlanSearch& search, const nn::ModelConfig& config, int alternatives) {
     std::ostringstream text;
-    text << "planner: " << search.plans.size() << " plans for a global batch of " << search.global_batch
+    text << "planner: " << search.plans.size() << " plans for " << config.architecture() << ", a global batch of " << search.global_batch
          << " under a budget of " << format_bytes(search.budget) << " (" << search.budget << " B)\n";
     if (!search.chosen) return text.str() + "no plan fits\n";
     const Plan& chosen = search.plans[*search.chosen];
@@ -194,7 +194,6 @@ std::string plan_table(const PlanSearch& search, const nn::GPTConfig& config, in
     };
     row(chosen, "chosen");
     for (size_t index : shown) row(search.plans[index], why_lost(search.plans[index], chosen, search.budget));
-    (void)config;
     return text.str();
 }
 

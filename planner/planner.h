@@ -9,7 +9,7 @@
 
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
-#include "nn/gpt.h"
+#include "nn/model_config.h"
 #include "planner/cost_model.h"
 #include "planner/memory_model.h"
 
@@ -63,13 +63,13 @@ public:
 // Enumerates micro-batch b with accumulation N (b * N * ranks = global_batch), every checkpoint policy
 // (off; every_n_layers 1..L x segment_size 1..L), offload on/off, precision (fp32, and
 // bf16 when allowed) and ZeRO stage (0, and 1 with several ranks), predicting each one's peak and time.
-PlanSearch search_plans(const nn::GPTConfig& config, size_t budget, int global_batch, const PlannerOptions& options);
+PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global_batch, const PlannerOptions& options);
 
 // The fastest plan whose predicted peak is <= budget. Throws NoPlanFits when there is none.
-Plan plan_for_budget(const nn::GPTConfig& config, size_t budget, int global_batch, const PlannerOptions& options = {});
+Plan plan_for_budget(const nn::ModelConfig& config, size_t budget, int global_batch, const PlannerOptions& options = {});
 
 // The chosen plan and the best alternatives: memory by category, predicted time, and why each lost.
-std::string plan_table(const PlanSearch& search, const nn::GPTConfig& config, int alternatives = 6);
+std::string plan_table(const PlanSearch& search, const nn::ModelConfig& config, int alternatives = 6);
 
 // "3.5MiB", "16GiB", "1048576": bytes, or a number (decimals allowed) with KiB, MiB or GiB. Throws EngineError.
 size_t parse_memory_size(const std::string& text);

@@ -82,8 +82,9 @@ TEST(Bf16Gemm, BiasEpilogueRoundsOnce) {
     for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(c[i].bits, to_bfloat16(reference[i]).bits) << "element " << i;
 }
 
-// T = 80 > attention_bf16_key_tile, so the online softmax rescales across key tiles.
-constexpr AttentionShape attention_shape{2, 80, 32, 2};
+// T = 80 > attention_bf16_key_tile, so the online softmax rescales across key tiles; then grouped-query shapes
+// (NH=4, KVH=2 and NH=6, KVH=1), whose dK/dV sum several query heads in f32 before their one rounding.
+constexpr AttentionShape attention_shapes[] = {{2, 80, 32, 2}, {2, 80, 64, 4, 2}, {1, 70, 96, 6, 1}};
 
 // Forward, bf16 against the f32 kernel (double inside) on the same qkv. Per output o_id = sum_j p_ij v_jd:
 // - P rounded to bf16: each p̃_j = p_j(1 + d_j), |d_j| <= u, so |Δo_id| <= u · sum_j p_ij |v_jd| (the running-max
@@ -93,35 +94,37 @@ constexpr AttentionShape attention_shape{2, 80, 32, 2};
 //   sum_j p_ij |v_jd|, a slack far below u.
 // logsumexp stays f32 from f32 sums of the UNROUNDED probabilities: (hs + T + 8)·2^-24·(1 + |lse|).
 TEST(Bf16Attention, ForwardWithinTheRoundingOfP) {
-    std::mt19937 generator(21);
-    const auto [B, T, C, NH] = attention_shape;
-    const int hs = C / NH;
-    const Inputs qkv = random_inputs(generator, size_t(B) * T * 3 * C, 2.0f);
-    std::vector<float> out_reference(size_t(B) * T * C), lse_reference(size_t(B) * NH * T);
-    cpu::attention_forward(out_reference.data(), lse_reference.data(), qkv.f32.data(), B, T, C, NH);
-    std::vector<bfloat16> out(size_t(B) * T * C);
-    std::vector<float> lse(size_t(B) * NH * T);
-    cpu::attention_forward(out.data(), lse.data(), qkv.bf16.data(), B, T, C, NH);
-    const std::vector<double> weighted = test::attention_bounds(qkv.f32, {}, {}, {}, attention_shape).forward;
-    const double f32_slack = (hs + T + 8) * std::ldexp(1.0, -24);
-    double worst = 0.0; // the largest error as a fraction of its bound, printed for the record
-    for (int b = 0; b < B; ++b) {
-        for (int h = 0; h < NH; ++h) {
-            for (int i = 0; i < T; ++i) {
-                for (int d = 0; d < hs; ++d) {
-                    const size_t index = (size_t(b) * T + i) * C + h * hs + d;
-                    const double half_ulp = 0.5 * std::max(bfloat16_ulp(out_reference[index]), bfloat16_ulp(to_float(out[index])));
-                    const double bound = (u + f32_slack) * weighted[index] + half_ulp;
-                    const double error = std::fabs(double(to_float(out[index])) - out_reference[index]);
-                    EXPECT_LE(error, bound) << "out b=" << b << " h=" << h << " t=" << i << " d=" << d;
-                    worst = std::max(worst, error / bound);
+    for (const AttentionShape& attention_shape : attention_shapes) {
+        std::mt19937 generator(21);
+        const int B = attention_shape.B, T = attention_shape.T, C = attention_shape.C, NH = attention_shape.NH;
+        const int KVH = attention_shape.kv_heads(), hs = C / NH;
+        const Inputs qkv = random_inputs(generator, size_t(B) * T * attention_shape.qkv_width(), 2.0f);
+        std::vector<float> out_reference(size_t(B) * T * C), lse_reference(size_t(B) * NH * T);
+        cpu::attention_forward(out_reference.data(), lse_reference.data(), qkv.f32.data(), B, T, C, NH, KVH);
+        std::vector<bfloat16> out(size_t(B) * T * C);
+        std::vector<float> lse(size_t(B) * NH * T);
+        cpu::attention_forward(out.data(), lse.data(), qkv.bf16.data(), B, T, C, NH, KVH);
+        const std::vector<double> weighted = test::attention_bounds(qkv.f32, {}, {}, {}, attention_shape).forward;
+        const double f32_slack = (hs + T + 8) * std::ldexp(1.0, -24);
+        double worst = 0.0; // the largest error as a fraction of its bound, printed for the record
+        for (int b = 0; b < B; ++b) {
+            for (int h = 0; h < NH; ++h) {
+                for (int i = 0; i < T; ++i) {
+                    for (int d = 0; d < hs; ++d) {
+                        const size_t index = (size_t(b) * T + i) * C + h * hs + d;
+                        const double half_ulp = 0.5 * std::max(bfloat16_ulp(out_reference[index]), bfloat16_ulp(to_float(out[index])));
+                        const double bound = (u + f32_slack) * weighted[index] + half_ulp;
+                        const double error = std::fabs(double(to_float(out[index])) - out_reference[index]);
+                        EXPECT_LE(error, bound) << "out b=" << b << " h=" << h << " t=" << i << " d=" << d;
+                        worst = std::max(worst, error / bound);
+                    }
+                    const size_t row = (size_t(b) * NH + h) * T + i;
+                    EXPECT_LE(std::fabs(lse[row] - lse_reference[row]), f32_slack * (1.0 + std::fabs(lse_reference[row])));
                 }
-                const size_t row = (size_t(b) * NH + h) * T + i;
-                EXPECT_LE(std::fabs(lse[row] - lse_reference[row]), f32_slack * (1.0 + std::fabs(lse_reference[row])));
             }
         }
+        std::cout << "[ measured ] forward NH=" << NH << " KVH=" << KVH << ": largest error / bound = " << worst << "\n";
     }
-    std::cout << "[ measured ] forward: largest error / bound = " << worst << "\n";
 }
 
 // Backward, bf16 against the f32 kernel (double inside) on the same qkv, dout, out and logsumexp (the bf16
@@ -133,34 +136,36 @@ TEST(Bf16Attention, ForwardWithinTheRoundingOfP) {
 // (hs + 4)·2^-24·(sum|dout||v| + sum|dout||out|) passes into dS times scale·p, added here as a relative
 // (hs + T + 8)·2^-24 of the same weighted sums, plus an absolute 2^-20 for the cancellation in dP - D.
 TEST(Bf16Attention, BackwardWithinTheRoundingOfPAndDs) {
-    std::mt19937 generator(22);
-    const auto [B, T, C, NH] = attention_shape;
-    const int hs = C / NH;
-    const Inputs qkv = random_inputs(generator, size_t(B) * T * 3 * C, 2.0f);
-    const Inputs dout = random_inputs(generator, size_t(B) * T * C);
-    std::vector<bfloat16> out(size_t(B) * T * C);
-    std::vector<float> lse(size_t(B) * NH * T), out_wide(out.size());
-    cpu::attention_forward(out.data(), lse.data(), qkv.bf16.data(), B, T, C, NH);
-    for (size_t i = 0; i < out.size(); ++i) out_wide[i] = to_float(out[i]);
-    std::vector<float> dqkv_reference(qkv.f32.size(), 0.0f);
-    cpu::attention_backward(dqkv_reference.data(), dout.f32.data(), qkv.f32.data(), out_wide.data(), lse.data(), B, T,
-                            C, NH);
-    std::vector<bfloat16> dqkv(qkv.bf16.size(), bfloat16{0});
-    cpu::attention_backward(dqkv.data(), dout.bf16.data(), qkv.bf16.data(), out.data(), lse.data(), B, T, C, NH);
+    for (const AttentionShape& attention_shape : attention_shapes) {
+        std::mt19937 generator(22);
+        const int B = attention_shape.B, T = attention_shape.T, C = attention_shape.C, NH = attention_shape.NH;
+        const int KVH = attention_shape.kv_heads(), hs = C / NH;
+        const Inputs qkv = random_inputs(generator, size_t(B) * T * attention_shape.qkv_width(), 2.0f);
+        const Inputs dout = random_inputs(generator, size_t(B) * T * C);
+        std::vector<bfloat16> out(size_t(B) * T * C);
+        std::vector<float> lse(size_t(B) * NH * T), out_wide(out.size());
+        cpu::attention_forward(out.data(), lse.data(), qkv.bf16.data(), B, T, C, NH, KVH);
+        for (size_t i = 0; i < out.size(); ++i) out_wide[i] = to_float(out[i]);
+        std::vector<float> dqkv_reference(qkv.f32.size(), 0.0f);
+        cpu::attention_backward(dqkv_reference.data(), dout.f32.data(), qkv.f32.data(), out_wide.data(), lse.data(), B, T,
+                                C, NH, KVH);
+        std::vector<bfloat16> dqkv(qkv.bf16.size(), bfloat16{0});
+        cpu::attention_backward(dqkv.data(), dout.bf16.data(), qkv.bf16.data(), out.data(), lse.data(), B, T, C, NH, KVH);
 
-    const std::vector<double> weighted =
-        test::attention_bounds(qkv.f32, dout.f32, out_wide, lse, attention_shape).backward; // (B,T,3C)
-    const double f32_slack = (hs + T + 8) * std::ldexp(1.0, -24);
-    double worst = 0.0;
-    for (size_t index = 0; index < dqkv.size(); ++index) {
-        const double half_ulp = 0.5 * std::max(bfloat16_ulp(dqkv_reference[index]), bfloat16_ulp(to_float(dqkv[index])));
-        const double bound = (u + f32_slack) * weighted[index] + half_ulp +
-                             std::ldexp(1.0, -20);
-        const double error = std::fabs(double(to_float(dqkv[index])) - dqkv_reference[index]);
-        EXPECT_LE(error, bound) << "dqkv element " << index;
-        worst = std::max(worst, error / bound);
+        const std::vector<double> weighted =
+            test::attention_bounds(qkv.f32, dout.f32, out_wide, lse, attention_shape).backward; // (B,T,qkv width)
+        const double f32_slack = (hs + T + 8) * std::ldexp(1.0, -24);
+        double worst = 0.0;
+        for (size_t index = 0; index < dqkv.size(); ++index) {
+            const double half_ulp = 0.5 * std::max(bfloat16_ulp(dqkv_reference[index]), bfloat16_ulp(to_float(dqkv[index])));
+            const double bound = (u + f32_slack) * weighted[index] + half_ulp +
+                                 std::ldexp(1.0, -20);
+            const double error = std::fabs(double(to_float(dqkv[index])) - dqkv_reference[index]);
+            EXPECT_LE(error, bound) << "dqkv element " << index;
+            worst = std::max(worst, error / bound);
+        }
+        std::cout << "[ measured ] backward NH=" << NH << " KVH=" << KVH << ": largest error / bound = " << worst << "\n";
     }
-    std::cout << "[ measured ] backward: largest error / bound = " << worst << "\n";
 }
 
 // Cross-entropy: both kernels compute the row statistics in double from the same (widened) logits, so the f32

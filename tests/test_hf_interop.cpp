@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "engine/engine.h"
+#include "hf_reference.h"
 #include "nn/gpt.h"
 #include "nn/io/safetensors.h"
 #include "optim/trainer.h"
@@ -16,40 +17,8 @@
 namespace engine::testing {
 namespace {
 
-constexpr uint32_t logits_magic = 0x48464C47, logits_version = 1;
-
-struct Reference {
-    int batch = 0, time = 0, vocabulary = 0;
-    std::vector<int32_t> tokens, labels;
-    std::vector<float> logits;
-    double loss = 0.0;
-};
-
-Reference read_reference(const std::string& path) {
-    std::ifstream file(path, std::ios::binary);
-    ENGINE_CHECK(file.good(), "cannot open " << path);
-    auto read = [&](void* destination, size_t bytes) {
-        file.read(static_cast<char*>(destination), static_cast<std::streamsize>(bytes));
-        ENGINE_CHECK(file.good(), path << " is truncated");
-    };
-    uint32_t header[2];
-    read(header, sizeof header);
-    ENGINE_CHECK(header[0] == logits_magic && header[1] == logits_version, path << ": bad magic or version");
-    Reference reference;
-    int32_t dimensions[3];
-    read(dimensions, sizeof dimensions);
-    reference.batch = dimensions[0], reference.time = dimensions[1], reference.vocabulary = dimensions[2];
-    const size_t positions = static_cast<size_t>(reference.batch) * reference.time;
-    reference.tokens.resize(positions);
-    reference.labels.resize(positions);
-    reference.logits.resize(positions * reference.vocabulary);
-    read(reference.tokens.data(), positions * 4);
-    read(reference.labels.data(), positions * 4);
-    read(reference.logits.data(), reference.logits.size() * 4);
-    read(&reference.loss, 8);
-    ENGINE_CHECK(file.peek() == std::char_traits<char>::eof(), path << " has trailing bytes");
-    return reference;
-}
+using Reference = HuggingFaceReference;
+const auto read_reference = read_hf_reference;
 
 TEST(HuggingFaceInterop, CheckpointWrittenByTransformersGivesItsLogitsAndLoss) {
     const std::string directory = std::string(ENGINE_TEST_DATA_DIR);

@@ -212,11 +212,11 @@ struct AttentionBuffers {
     DeviceArray<float> logsumexp{int64_t(B) * NH * T}, row_dot_workspace{int64_t(B) * NH * T}; // (B,NH,T)
 
     void forward(bool tf32, cudaStream_t stream) {
-        gpu::attention_forward(out.get(), logsumexp.get(), qkv.get(), B, T, C, NH, tf32, stream);
+        gpu::attention_forward(out.get(), logsumexp.get(), qkv.get(), B, T, C, NH, NH, tf32, stream); // multi-head
     }
     void backward(bool tf32, cudaStream_t stream) {
         gpu::attention_backward(dqkv.get(), row_dot_workspace.get(), dout.get(), qkv.get(), out.get(),
-                                logsumexp.get(), B, T, C, NH, tf32, stream);
+                                logsumexp.get(), B, T, C, NH, NH, tf32, stream);
     }
 };
 

@@ -1,7 +1,7 @@
-// Causal multi-head self-attention backward, recomputing the probabilities from q, k and the saved logsumexp:
+// Causal grouped-query self-attention backward, recomputing the probabilities from q, k and the saved logsumexp:
 // the reference for the CUDA twin kernels/cuda/attention_backward.cu. bf16: f32 arithmetic, P and dS rounded to
-// bf16 before their products (as the tensor-core kernel's operands), gradients summed per head in f32 and
-// added into dqkv with one rounding each.
+// bf16 before their products (as the tensor-core kernel's operands), gradients summed in f32 (dK and dV of a kv
+// head over all its query heads) and added into dqkv with one rounding each.
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <algorithm>
@@ -13,22 +13,32 @@ namespace engine::kernels::cpu {
 
 namespace {
 
-// One (batch, head) of the bf16 backward; dquery, dkey, dvalue: (T, head_size) f32 sums, zeroed here.
+// Where a head's columns start in the packed (NH + 2*KVH heads) qkv row, and how long that row is.
+struct PackedQkv {
+    int C, NH, KVH, head_size;
+    int64_t row() const { return C + 2 * int64_t(KVH) * head_size; }
+    int64_t query(int h) const { return int64_t(h) * head_size; }
+    int64_t key(int h) const { return C + int64_t(h / (NH / KVH)) * head_size; } // h: a query head
+    int64_t value(int h) const { return C + int64_t(KVH + h / (NH / KVH)) * head_size; }
+};
+
+// Query head h of one batch in the bf16 backward: its dQ (T, head_size) f32 sum, zeroed here and added into dqkv
+// with one rounding; its share of dK and dV added into the kv head's f32 sums, which the caller rounds.
 void attention_head_backward_bf16(bfloat16* batch_dqkv, const bfloat16* dout, const bfloat16* batch_qkv,
-                                  const bfloat16* out, const float* logsumexp, int b, int h, int T, int C, int NH,
-                                  std::vector<float>& dquery, std::vector<float>& dkey, std::vector<float>& dvalue) {
-    const int head_size = C / NH;
-    const int64_t qkv_row = 3 * static_cast<int64_t>(C), head_offset = static_cast<int64_t>(h) * head_size;
+                                  const bfloat16* out, const float* logsumexp, int b, int h, int T,
+                                  const PackedQkv& packed, std::vector<float>& dquery, std::vector<float>& dkey,
+                                  std::vector<float>& dvalue) {
+    const int head_size = packed.head_size, C = packed.C;
+    const int64_t qkv_row = packed.row(), head_offset = packed.query(h);
+    const int64_t key_offset = packed.key(h), value_offset = packed.value(h);
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
     std::fill(dquery.begin(), dquery.end(), 0.0f);
-    std::fill(dkey.begin(), dkey.end(), 0.0f);
-    std::fill(dvalue.begin(), dvalue.end(), 0.0f);
     auto q = [&](int t, int d) { return to_float(batch_qkv[t * qkv_row + head_offset + d]); };
-    auto k = [&](int t, int d) { return to_float(batch_qkv[t * qkv_row + C + head_offset + d]); };
-    auto v = [&](int t, int d) { return to_float(batch_qkv[t * qkv_row + 2 * int64_t(C) + head_offset + d]); };
+    auto k = [&](int t, int d) { return to_float(batch_qkv[t * qkv_row + key_offset + d]); };
+    auto v = [&](int t, int d) { return to_float(batch_qkv[t * qkv_row + value_offset + d]); };
     for (int t = 0; t < T; ++t) {
         const int64_t out_offset = (static_cast<int64_t>(b) * T + t) * C + head_offset;
-        const float row_logsumexp = logsumexp[(static_cast<int64_t>(b) * NH + h) * T + t];
+        const float row_logsumexp = logsumexp[(static_cast<int64_t>(b) * packed.NH + h) * T + t];
         float row_delta = 0.0f; // D_t = dout_t . out_t
         for (int d = 0; d < head_size; ++d) row_delta += to_float(dout[out_offset + d]) * to_float(out[out_offset + d]);
         for (int t2 = 0; t2 <= t; ++t2) {
@@ -48,12 +58,19 @@ void attention_head_backward_bf16(bfloat16* batch_dqkv, const bfloat16* dout, co
         }
     }
     for (int t = 0; t < T; ++t) {
-        for (int part = 0; part < 3; ++part) {
-            const std::vector<float>& sums = part == 0 ? dquery : part == 1 ? dkey : dvalue;
-            bfloat16* destination = batch_dqkv + t * qkv_row + part * int64_t(C) + head_offset;
-            for (int d = 0; d < head_size; ++d)
-                destination[d] = to_bfloat16(to_float(destination[d]) + sums[size_t(t) * head_size + d]);
-        }
+        bfloat16* destination = batch_dqkv + t * qkv_row + head_offset;
+        for (int d = 0; d < head_size; ++d)
+            destination[d] = to_bfloat16(to_float(destination[d]) + dquery[size_t(t) * head_size + d]);
+    }
+}
+
+// Adds a kv head's f32 dK or dV sums (T, head_size) into dqkv at `offset`, one rounding each.
+void add_rounded(bfloat16* batch_dqkv, const std::vector<float>& sums, int64_t offset, int T, int head_size,
+                 int64_t qkv_row) {
+    for (int t = 0; t < T; ++t) {
+        bfloat16* destination = batch_dqkv + t * qkv_row + offset;
+        for (int d = 0; d < head_size; ++d)
+            destination[d] = to_bfloat16(to_float(destination[d]) + sums[size_t(t) * head_size + d]);
     }
 }
 
@@ -61,20 +78,32 @@ void attention_head_backward_bf16(bfloat16* batch_dqkv, const bfloat16* dout, co
 
 template <typename Scalar>
 void attention_backward(Scalar* dqkv, const Scalar* dout, const Scalar* qkv, const Scalar* out,
-                        const Compute<Scalar>* logsumexp, int B, int T, int C, int NH) {
+                        const Compute<Scalar>* logsumexp, int B, int T, int C, int NH, int KVH) {
+    const PackedQkv packed{C, NH, KVH, C / NH};
     if constexpr (std::is_same_v<Scalar, bfloat16>) {
-        const size_t head_elements = size_t(T) * (C / NH);
+        const int head_size = C / NH, group = NH / KVH;
+        const int64_t qkv_row = packed.row();
+        const size_t head_elements = size_t(T) * head_size;
         std::vector<float> dquery(head_elements), dkey(head_elements), dvalue(head_elements); // (T, head_size)
         for (int b = 0; b < B; ++b) {
-            for (int h = 0; h < NH; ++h) {
-                attention_head_backward_bf16(dqkv + int64_t(b) * T * 3 * C, dout, qkv + int64_t(b) * T * 3 * C, out,
-                                             logsumexp, b, h, T, C, NH, dquery, dkey, dvalue);
+            bfloat16* batch_dqkv = dqkv + int64_t(b) * T * qkv_row;
+            for (int kv_head = 0; kv_head < KVH; ++kv_head) {
+                // The group's query heads in ascending order, as the CUDA kernel's block owning the key tile.
+                std::fill(dkey.begin(), dkey.end(), 0.0f);
+                std::fill(dvalue.begin(), dvalue.end(), 0.0f);
+                for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+                    attention_head_backward_bf16(batch_dqkv, dout, qkv + int64_t(b) * T * qkv_row, out, logsumexp, b,
+                                                 h, T, packed, dquery, dkey, dvalue);
+                }
+                const int first_head = kv_head * group;
+                add_rounded(batch_dqkv, dkey, packed.key(first_head), T, head_size, qkv_row);
+                add_rounded(batch_dqkv, dvalue, packed.value(first_head), T, head_size, qkv_row);
             }
         }
         return;
     } else {
     const int head_size = C / NH;
-    const int64_t qkv_row = 3 * static_cast<int64_t>(C);
+    const int64_t qkv_row = packed.row();
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_size));
     std::vector<double> dquery(static_cast<size_t>(head_size));
 
@@ -82,7 +111,7 @@ void attention_backward(Scalar* dqkv, const Scalar* dout, const Scalar* qkv, con
         const Scalar* batch_qkv = qkv + static_cast<int64_t>(b) * T * qkv_row;
         Scalar* batch_dqkv = dqkv + static_cast<int64_t>(b) * T * qkv_row;
         for (int h = 0; h < NH; ++h) {
-            const int64_t head_offset = static_cast<int64_t>(h) * head_size;
+            const int64_t head_offset = packed.query(h), key_offset = packed.key(h), value_offset = packed.value(h);
             for (int t = 0; t < T; ++t) {
                 const Scalar* query = batch_qkv + t * qkv_row + head_offset;
                 const int64_t out_offset = (static_cast<int64_t>(b) * T + t) * C + head_offset;
@@ -98,10 +127,11 @@ void attention_backward(Scalar* dqkv, const Scalar* dout, const Scalar* qkv, con
 
                 for (int d = 0; d < head_size; ++d) dquery[d] = 0.0;
                 for (int t2 = 0; t2 <= t; ++t2) {
-                    const Scalar* key = batch_qkv + t2 * qkv_row + C + head_offset;
-                    const Scalar* value = batch_qkv + t2 * qkv_row + 2 * static_cast<int64_t>(C) + head_offset;
-                    Scalar* dkey = batch_dqkv + t2 * qkv_row + C + head_offset;
-                    Scalar* dvalue = batch_dqkv + t2 * qkv_row + 2 * static_cast<int64_t>(C) + head_offset;
+                    // Query heads of a group share these rows: their terms add in ascending head order.
+                    const Scalar* key = batch_qkv + t2 * qkv_row + key_offset;
+                    const Scalar* value = batch_qkv + t2 * qkv_row + value_offset;
+                    Scalar* dkey = batch_dqkv + t2 * qkv_row + key_offset;
+                    Scalar* dvalue = batch_dqkv + t2 * qkv_row + value_offset;
 
                     double dot = 0.0;
                     double dprobability = 0.0;
@@ -128,10 +158,10 @@ void attention_backward(Scalar* dqkv, const Scalar* dout, const Scalar* qkv, con
 }
 
 template void attention_backward<float>(float*, const float*, const float*, const float*, const float*, int, int,
-                                        int, int);
+                                        int, int, int);
 template void attention_backward<double>(double*, const double*, const double*, const double*, const double*, int,
-                                         int, int, int);
+                                         int, int, int, int);
 template void attention_backward<bfloat16>(bfloat16*, const bfloat16*, const bfloat16*, const bfloat16*, const float*,
-                                           int, int, int, int);
+                                           int, int, int, int, int);
 
 } // namespace engine::kernels::cpu

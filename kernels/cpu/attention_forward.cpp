@@ -1,4 +1,4 @@
-// Causal multi-head self-attention forward that keeps only the per-row logsumexp: the reference for the CUDA
+// Causal grouped-query self-attention forward that keeps only the per-row logsumexp: the reference for the CUDA
 // twin kernels/cuda/attention_forward.cu. f32/f64 compute in double; bf16 follows the CUDA bf16 kernel's online
 // softmax step by step (key tiles of attention_bf16_key_tile, P rounded to bf16 before P·V), so that its rounding
 // points are the GPU's and only f32 summation order differs.
@@ -14,21 +14,30 @@ namespace engine::kernels::cpu {
 
 namespace {
 
+// Columns of one query head and of the kv head it reads in a packed (NH + 2*KVH heads) qkv row.
+struct HeadColumns {
+    int64_t query, key, value;
+};
+HeadColumns head_columns(int h, int head_size, int C, int NH, int KVH) {
+    const int kv_head = h / (NH / KVH);
+    const int64_t kv_width = int64_t(KVH) * head_size;
+    return {int64_t(h) * head_size, C + int64_t(kv_head) * head_size, C + kv_width + int64_t(kv_head) * head_size};
+}
+
 // One (batch, head, query) row of the bf16 forward: scores in f32, per key tile the running maximum, the
 // probabilities exp(x - max) rounded to bf16 for the product with V (as FlashAttention's bf16 P), the running
 // sum of the unrounded ones (f32 statistics), and the output scaled by 1/sum and rounded once.
-void attention_row_bf16(bfloat16* out_head, float* logsumexp, const bfloat16* batch_qkv, int t, int64_t head_offset,
-                        int head_size, int C, std::vector<float>& accumulator, std::vector<float>& scores) {
-    const int64_t qkv_row = 3 * static_cast<int64_t>(C);
+void attention_row_bf16(bfloat16* out_head, float* logsumexp, const bfloat16* batch_qkv, int t, HeadColumns columns,
+                        int head_size, int64_t qkv_row, std::vector<float>& accumulator, std::vector<float>& scores) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
-    const bfloat16* query = batch_qkv + t * qkv_row + head_offset;
+    const bfloat16* query = batch_qkv + t * qkv_row + columns.query;
     float running_max = -std::numeric_limits<float>::infinity(), running_sum = 0.0f;
     std::fill(accumulator.begin(), accumulator.end(), 0.0f);
     for (int first_key = 0; first_key <= t; first_key += attention_bf16_key_tile) {
         const int last_key = std::min(t, first_key + attention_bf16_key_tile - 1); // causal: keys <= t
         float tile_max = -std::numeric_limits<float>::infinity();
         for (int t2 = first_key; t2 <= last_key; ++t2) {
-            const bfloat16* key = batch_qkv + t2 * qkv_row + C + head_offset;
+            const bfloat16* key = batch_qkv + t2 * qkv_row + columns.key;
             float dot = 0.0f;
             for (int d = 0; d < head_size; ++d) dot += to_float(query[d]) * to_float(key[d]);
             scores[t2 - first_key] = dot * scale;
@@ -42,7 +51,7 @@ void attention_row_bf16(bfloat16* out_head, float* logsumexp, const bfloat16* ba
             const float probability = std::exp(scores[t2 - first_key] - new_max);
             sum += probability;
             const float rounded = to_float(to_bfloat16(probability)); // P in bf16 for P·V
-            const bfloat16* value = batch_qkv + t2 * qkv_row + 2 * static_cast<int64_t>(C) + head_offset;
+            const bfloat16* value = batch_qkv + t2 * qkv_row + columns.value;
             for (int d = 0; d < head_size; ++d) accumulator[d] += rounded * to_float(value[d]);
         }
         running_sum = running_sum * correction + sum;
@@ -53,16 +62,19 @@ void attention_row_bf16(bfloat16* out_head, float* logsumexp, const bfloat16* ba
     *logsumexp = running_max + std::log(running_sum);
 }
 
-void attention_forward_bf16(bfloat16* out, float* logsumexp, const bfloat16* qkv, int B, int T, int C, int NH) {
+void attention_forward_bf16(bfloat16* out, float* logsumexp, const bfloat16* qkv, int B, int T, int C, int NH,
+                            int KVH) {
     const int head_size = C / NH;
+    const int64_t qkv_row = C + 2 * int64_t(KVH) * head_size;
     std::vector<float> accumulator(static_cast<size_t>(head_size)), scores(attention_bf16_key_tile);
     for (int b = 0; b < B; ++b) {
-        const bfloat16* batch_qkv = qkv + static_cast<int64_t>(b) * T * 3 * C;
+        const bfloat16* batch_qkv = qkv + static_cast<int64_t>(b) * T * qkv_row;
         for (int h = 0; h < NH; ++h) {
+            const HeadColumns columns = head_columns(h, head_size, C, NH, KVH);
             for (int t = 0; t < T; ++t) {
                 attention_row_bf16(out + (static_cast<int64_t>(b) * T + t) * C + int64_t(h) * head_size,
-                                   logsumexp + (static_cast<int64_t>(b) * NH + h) * T + t, batch_qkv, t,
-                                   int64_t(h) * head_size, head_size, C, accumulator, scores);
+                                   logsumexp + (static_cast<int64_t>(b) * NH + h) * T + t, batch_qkv, t, columns,
+                                   head_size, qkv_row, accumulator, scores);
             }
         }
     }
@@ -71,13 +83,14 @@ void attention_forward_bf16(bfloat16* out, float* logsumexp, const bfloat16* qkv
 } // namespace
 
 template <typename Scalar>
-void attention_forward(Scalar* out, Compute<Scalar>* logsumexp, const Scalar* qkv, int B, int T, int C, int NH) {
+void attention_forward(Scalar* out, Compute<Scalar>* logsumexp, const Scalar* qkv, int B, int T, int C, int NH,
+                       int KVH) {
     if constexpr (std::is_same_v<Scalar, bfloat16>) {
-        attention_forward_bf16(out, logsumexp, qkv, B, T, C, NH);
+        attention_forward_bf16(out, logsumexp, qkv, B, T, C, NH, KVH);
         return;
     } else {
     const int head_size = C / NH;
-    const int64_t qkv_row = 3 * static_cast<int64_t>(C);
+    const int64_t qkv_row = C + 2 * int64_t(KVH) * head_size;
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_size));
     std::vector<double> scores(static_cast<size_t>(T));
     std::vector<double> accumulator(static_cast<size_t>(head_size));
@@ -86,14 +99,15 @@ void attention_forward(Scalar* out, Compute<Scalar>* logsumexp, const Scalar* qk
         const Scalar* batch_qkv = qkv + static_cast<int64_t>(b) * T * qkv_row;
         for (int h = 0; h < NH; ++h) {
             const int64_t head_offset = static_cast<int64_t>(h) * head_size;
+            const HeadColumns columns = head_columns(h, head_size, C, NH, KVH);
             for (int t = 0; t < T; ++t) {
-                const Scalar* query = batch_qkv + t * qkv_row + head_offset;
+                const Scalar* query = batch_qkv + t * qkv_row + columns.query;
 
                 // Scaled scores against keys 0..t only (the causal mask), tracking the maximum so the
                 // exponentials below never overflow.
                 double max_score = -std::numeric_limits<double>::infinity();
                 for (int t2 = 0; t2 <= t; ++t2) {
-                    const Scalar* key = batch_qkv + t2 * qkv_row + C + head_offset;
+                    const Scalar* key = batch_qkv + t2 * qkv_row + columns.key;
                     double dot = 0.0;
                     for (int d = 0; d < head_size; ++d) dot += static_cast<double>(query[d]) * key[d];
                     scores[t2] = dot * scale;
@@ -108,7 +122,7 @@ void attention_forward(Scalar* out, Compute<Scalar>* logsumexp, const Scalar* qk
 
                 for (int d = 0; d < head_size; ++d) accumulator[d] = 0.0;
                 for (int t2 = 0; t2 <= t; ++t2) {
-                    const Scalar* value = batch_qkv + t2 * qkv_row + 2 * static_cast<int64_t>(C) + head_offset;
+                    const Scalar* value = batch_qkv + t2 * qkv_row + columns.value;
                     const double probability = scores[t2] / exp_sum;
                     for (int d = 0; d < head_size; ++d) accumulator[d] += probability * value[d];
                 }
@@ -123,8 +137,8 @@ void attention_forward(Scalar* out, Compute<Scalar>* logsumexp, const Scalar* qk
     }
 }
 
-template void attention_forward<float>(float*, float*, const float*, int, int, int, int);
-template void attention_forward<double>(double*, double*, const double*, int, int, int, int);
-template void attention_forward<bfloat16>(bfloat16*, float*, const bfloat16*, int, int, int, int);
+template void attention_forward<float>(float*, float*, const float*, int, int, int, int, int);
+template void attention_forward<double>(double*, double*, const double*, int, int, int, int, int);
+template void attention_forward<bfloat16>(bfloat16*, float*, const bfloat16*, int, int, int, int, int);
 
 } // namespace engine::kernels::cpu

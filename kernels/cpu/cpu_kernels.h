@@ -21,7 +21,8 @@
 namespace engine::kernels::cpu {
 
 // ---- embedding: token table plus learned position table ----
-// out[b,t,:] = token_table[tokens[b,t],:] + position_table[t,:]
+// out[b,t,:] = token_table[tokens[b,t],:] + position_table[t,:]; a null position_table (Llama) gives the token
+// rows alone, and then dposition_table must be null too.
 template <typename Scalar>
 void embedding_forward(Scalar* out,                  // (B,T,C)
                        const int32_t* tokens,   // (B,T), each in [0,V)
@@ -91,10 +92,16 @@ template <typename Scalar>
 void residual_backward(Scalar* da, Scalar* db, // (N) += dout, either may be null
                        const Scalar* dout, int64_t N);
 
-// ---- causal multi-head self-attention ----
-// qkv packs, per token, [q (C) | k (C) | v (C)]; head h owns columns [h*hs, (h+1)*hs) of each, hs = C/NH.
+// ---- causal grouped-query self-attention ----
+// qkv packs, per token, [q (C = NH*hs) | k (KVH*hs) | v (KVH*hs)], hs = C/NH: query head h owns columns
+// [h*hs, (h+1)*hs) of q, kv head j those of k and v, and query head h reads kv head h / (NH/KVH) (Hugging
+// Face's repeat_kv, without the repeat). KVH == NH is multi-head attention, KVH divides NH.
 // out = softmax(q k^T / sqrt(hs) + causal mask) v. Forward saves only logsumexp, the O(T) per-head row
 // statistic; backward recomputes the probabilities from q, k and logsumexp (no T x T matrix is kept).
+// Backward summation order (f32/f64): query heads ascending, then queries t ascending, then keys t2 <= t
+// ascending; dK/dV of a kv head thus sum its query heads in ascending order, each term rounded to Scalar and
+// added into dqkv. bf16: per kv head, f32 sums of dK/dV over its query heads in ascending order, one rounding
+// into dqkv at the end; dQ per query head, one rounding.
 // bf16: f32 arithmetic and f32 logsumexp; the forward's online softmax walks keys in tiles of
 // attention_bf16_key_tile (the CUDA bf16 kernel's) and rounds exp(score - running max) to bf16 before P·V; the
 // backward rounds P and dS = scale·P·(dP - D) to bf16 before their products, sums the gradients in f32 and adds
@@ -103,15 +110,15 @@ inline constexpr int attention_bf16_key_tile = 64;
 template <typename Scalar>
 void attention_forward(Scalar* out,                // (B,T,C)
                        Compute<Scalar>* logsumexp, // (B,NH,T)
-                       const Scalar* qkv,    // (B,T,3C)
-                       int B, int T, int C, int NH);
+                       const Scalar* qkv,          // (B,T,C+2*KVH*C/NH)
+                       int B, int T, int C, int NH, int KVH);
 template <typename Scalar>
-void attention_backward(Scalar* dqkv,            // (B,T,3C) +=
-                        const Scalar* dout,      // (B,T,C)
-                        const Scalar* qkv,       // (B,T,3C)
-                        const Scalar* out,       // (B,T,C)
+void attention_backward(Scalar* dqkv,                     // (B,T,C+2*KVH*C/NH) +=
+                        const Scalar* dout,               // (B,T,C)
+                        const Scalar* qkv,                // (B,T,C+2*KVH*C/NH)
+                        const Scalar* out,                // (B,T,C)
                         const Compute<Scalar>* logsumexp, // (B,NH,T)
-                        int B, int T, int C, int NH);
+                        int B, int T, int C, int NH, int KVH);
 
 // ---- dropout with a counter-based RNG (kernels/common/philox.h) ----
 // Element i is kept iff uniform(seed, offset + i) >= p, and kept values are scaled by 1/(1-p).

@@ -1,4 +1,5 @@
-// Token plus position embedding lookup, the CPU reference for kernels/cuda/embedding.cu.
+// Token plus position embedding lookup (or the token lookup alone, without a position table), the CPU
+// reference for kernels/cuda/embedding.cu.
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace engine::kernels::cpu {
@@ -11,6 +12,10 @@ void embedding_forward(Scalar* out, const int32_t* tokens, const Scalar* token_t
             const int64_t row = static_cast<int64_t>(b) * T + t;
             Scalar* out_row = out + row * C;
             const Scalar* token_row = token_table + static_cast<int64_t>(tokens[row]) * C;
+            if (position_table == nullptr) { // Llama: no position table, a plain copy of the token's row
+                for (int c = 0; c < C; ++c) out_row[c] = token_row[c];
+                continue;
+            }
             const Scalar* position_row = position_table + static_cast<int64_t>(t) * C;
             for (int c = 0; c < C; ++c) out_row[c] = narrow<Scalar>(widen(token_row[c]) + widen(position_row[c]));
         }
@@ -27,11 +32,10 @@ void embedding_backward(Compute<Scalar>* dtoken_table, Compute<Scalar>* dpositio
             const int64_t row = static_cast<int64_t>(b) * T + t;
             const Scalar* dout_row = dout + row * C;
             Compute<Scalar>* dtoken_row = dtoken_table + static_cast<int64_t>(tokens[row]) * C;
+            for (int c = 0; c < C; ++c) dtoken_row[c] += widen(dout_row[c]);
+            if (dposition_table == nullptr) continue; // no position table
             Compute<Scalar>* dposition_row = dposition_table + static_cast<int64_t>(t) * C;
-            for (int c = 0; c < C; ++c) {
-                dtoken_row[c] += widen(dout_row[c]);
-                dposition_row[c] += widen(dout_row[c]);
-            }
+            for (int c = 0; c < C; ++c) dposition_row[c] += widen(dout_row[c]);
         }
     }
 }

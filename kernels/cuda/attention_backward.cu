@@ -1,7 +1,9 @@
 // Causal attention backward on tensor cores, FlashAttention-2 style (twin of kernels/cpu/attention_backward.cpp).
-// Three kernels, deterministic without atomics: D_i = rowsum(dout_i * out_i); then one block per
-// key tile accumulates dK and dV over the query tiles at and after the diagonal; then one block per query
-// tile accumulates dQ over the key tiles up to the diagonal. Both recompute P from q, k and the logsumexp.
+// Three kernels, deterministic without atomics: D_i = rowsum(dout_i * out_i); then one block per (key
+// tile, kv head) accumulates dK and dV over the query heads of its group (grouped-query attention), in
+// ascending order, and for each over the query tiles at and after the diagonal; then one block per (query
+// tile, query head) accumulates dQ over the key tiles up to the diagonal. Both recompute P from q, k and the
+// logsumexp. Repeated K/V never exist: every block reads its kv head in place.
 #include <algorithm>
 #include <cmath>
 
@@ -65,7 +67,7 @@ struct QueryLayout {
 
 // The buffers every backward kernel reads, and where this block's head starts in each.
 struct HeadViews {
-    const float* queries; // (T, head_size) of (B,T,3C), rows 3C apart; keys and values likewise
+    const float* queries; // (T, head_size) of the (B,T,C+2*KVH*head_size) qkv; keys and values (its kv head's) likewise
     const float* keys;
     const float* values;
     const float* dout;      // (T, head_size) of (B,T,C), rows C apart
@@ -73,14 +75,15 @@ struct HeadViews {
     const float* row_dot;   // (T) of (B,NH,T)
 };
 
+// `head` is a query head; its keys and values are those of kv head head / group.
 __device__ HeadViews head_views(const float* dout, const float* qkv, const float* logsumexp, const float* row_dot,
-                                int batch, int head, int T, int C, int NH) {
-    const int head_size = C / NH;
+                                int batch, int head, int T, int NH, const QkvLayout& packed) {
+    const int kv_head = head / packed.group, qkv_row = packed.row();
     const int64_t statistics = (int64_t(batch) * NH + head) * T;
-    return HeadViews{head_slice(qkv, batch, 0, head, T, C, 3 * C, head_size),
-                     head_slice(qkv, batch, 1, head, T, C, 3 * C, head_size),
-                     head_slice(qkv, batch, 2, head, T, C, 3 * C, head_size),
-                     head_slice(dout, batch, 0, head, T, C, C, head_size), logsumexp + statistics,
+    return HeadViews{token_slice(qkv, batch, T, qkv_row, packed.query_column(head)),
+                     token_slice(qkv, batch, T, qkv_row, packed.key_column(kv_head)),
+                     token_slice(qkv, batch, T, qkv_row, packed.value_column(kv_head)),
+                     token_slice(dout, batch, T, packed.C, packed.query_column(head)), logsumexp + statistics,
                      row_dot + statistics};
 }
 
@@ -122,11 +125,12 @@ __device__ void hold_rows(RowOperand (&held)[count], int fragments, float* strip
     __syncwarp();
 }
 
-// dK_j += scale * sum_{i>=j} dS_ij q_i and dV_j += sum_{i>=j} P_ij dout_i; each warp owns 16 keys.
+// dK_j += scale * sum_{h in group} sum_{i>=j} dS_ij q_i and dV_j += sum_{h in group} sum_{i>=j} P_ij dout_i;
+// each warp owns 16 keys of one kv head.
 template <int max_width, bool tf32>
 __global__ void attention_backward_key_value_kernel(float* dqkv, const float* dout, const float* qkv,
                                                     const float* logsumexp, const float* row_dot, int T, int C, int NH,
-                                                    bool vectorized) {
+                                                    int KVH, bool vectorized) {
     constexpr bool hold = holds_operands(max_width, tf32);
     constexpr int max_head_fragments = max_width / fragment_width, max_depth_steps = max_width / fragment_depth;
     constexpr int query_fragments = key_pass_query_rows / fragment_width;
@@ -135,11 +139,13 @@ __global__ void attention_backward_key_value_kernel(float* dqkv, const float* do
     const int head_fragments = padded_head / fragment_width, depth_steps = padded_head / fragment_depth;
     const KeyValueLayout layout(padded_head, max_width, tf32);
     const int stride = layout.head_stride;
-    const int head = blockIdx.y, batch = blockIdx.z, warp = threadIdx.x / warp_size;
+    const int kv_head = blockIdx.y, batch = blockIdx.z, warp = threadIdx.x / warp_size;
     const int first_key = blockIdx.x * layout.rows; // the first tiles have the most query steps: they go first
     const int warp_first_key = first_key + warp * fragment_width;
     const float scale = rsqrtf(static_cast<float>(head_size));
-    const HeadViews views = head_views(dout, qkv, logsumexp, row_dot, batch, head, T, C, NH);
+    const QkvLayout packed(C, NH, KVH);
+    const int first_head = kv_head * packed.group; // the query heads kv_head serves: first_head .. + group - 1
+    const HeadViews kv_views = head_views(dout, qkv, logsumexp, row_dot, batch, first_head, T, NH, packed);
 
     ENGINE_DYNAMIC_SHARED(float, shared);
     SharedCursor cursor(shared);
@@ -158,24 +164,25 @@ __global__ void attention_backward_key_value_kernel(float* dqkv, const float* do
     float* key_stripe = hold ? probability_stripe : key + warp * fragment_width * stride;
     float* value_stripe = hold ? probability_stripe : value + warp * fragment_width * stride;
 
-    const int qkv_row = 3 * C;
+    const int qkv_row = packed.row();
     fill_position_table(position_table);
     RowOperand held_key[hold ? max_depth_steps : 1], held_value[hold ? max_depth_steps : 1];
     if constexpr (hold) {
-        hold_rows(held_key, depth_steps, key_stripe, stride, views.keys, qkv_row, warp_first_key, T, head_size,
+        hold_rows(held_key, depth_steps, key_stripe, stride, kv_views.keys, qkv_row, warp_first_key, T, head_size,
                   padded_head, vectorized);
-        hold_rows(held_value, depth_steps, value_stripe, stride, views.values, qkv_row, warp_first_key, T, head_size,
-                  padded_head, vectorized);
+        hold_rows(held_value, depth_steps, value_stripe, stride, kv_views.values, qkv_row, warp_first_key, T,
+                  head_size, padded_head, vectorized);
     } else {
-        load_tile(own_warp(), key_stripe, stride, views.keys, qkv_row, warp_first_key, fragment_width, T, head_size,
-                  padded_head, vectorized);
-        load_tile(own_warp(), value_stripe, stride, views.values, qkv_row, warp_first_key, fragment_width, T,
+        load_tile(own_warp(), key_stripe, stride, kv_views.keys, qkv_row, warp_first_key, fragment_width, T,
+                  head_size, padded_head, vectorized);
+        load_tile(own_warp(), value_stripe, stride, kv_views.values, qkv_row, warp_first_key, fragment_width, T,
                   head_size, padded_head, vectorized);
     }
     __syncthreads(); // the position table is complete
     const ElementPositions positions = load_positions(position_table);
-    float* dkeys = head_slice(dqkv, batch, 1, head, T, C, qkv_row, head_size); // (T, head_size) of (B,T,3C)
-    float* dvalues = head_slice(dqkv, batch, 2, head, T, C, qkv_row, head_size);
+    // (T, head_size) slices of the (B,T,C+2*KVH*head_size) dqkv
+    float* dkeys = token_slice(dqkv, batch, T, qkv_row, packed.key_column(kv_head));
+    float* dvalues = token_slice(dqkv, batch, T, qkv_row, packed.value_column(kv_head));
 
     // dK and dV of a 256-wide head would need all 255 registers for themselves: there the warp makes two
     // passes over the queries, each for half of the columns, recomputing P and dS (no spills, 1.5x the work).
@@ -186,37 +193,43 @@ __global__ void attention_backward_key_value_kernel(float* dqkv, const float* do
         zero_accumulators(dkey);
         zero_accumulators(dvalue);
 
-        // Key blocks start at multiples of the query step, so the first step starts on the diagonal.
-        for (int first_query = first_key; first_query < T; first_query += key_pass_query_rows) {
-            __syncthreads(); // every warp has finished reading the previous step's query and dout
-            load_tile(whole_block(), query, stride, views.queries, qkv_row, first_query, key_pass_query_rows, T,
-                      head_size, padded_head, vectorized);
-            load_tile(whole_block(), dout_step, stride, views.dout, C, first_query, key_pass_query_rows, T,
-                      head_size, padded_head, vectorized);
-            load_row_statistics(row_logsumexp, row_dot_step, views.logsumexp, views.row_dot, first_query,
-                                key_pass_query_rows, T);
-            __syncthreads();
-            // Causal: a warp whose keys all follow this step's queries, or lie past T, has nothing to add.
-            if (warp_first_key >= T || warp_first_key > first_query + key_pass_query_rows - 1) continue;
+        // The group's query heads in ascending order, each over its query steps in ascending order: dK and dV
+        // of a kv head sum in this fixed order, in the warp's accumulators, with no atomics and no repeated K/V.
+        for (int member = 0; member < packed.group; ++member) {
+            const HeadViews views =
+                head_views(dout, qkv, logsumexp, row_dot, batch, first_head + member, T, NH, packed);
+            // Key blocks start at multiples of the query step, so the first step starts on the diagonal.
+            for (int first_query = first_key; first_query < T; first_query += key_pass_query_rows) {
+                __syncthreads(); // every warp has finished reading the previous step's query and dout
+                load_tile(whole_block(), query, stride, views.queries, qkv_row, first_query, key_pass_query_rows, T,
+                          head_size, padded_head, vectorized);
+                load_tile(whole_block(), dout_step, stride, views.dout, C, first_query, key_pass_query_rows, T,
+                          head_size, padded_head, vectorized);
+                load_row_statistics(row_logsumexp, row_dot_step, views.logsumexp, views.row_dot, first_query,
+                                    key_pass_query_rows, T);
+                __syncthreads();
+                // Causal: a warp whose keys all follow this step's queries, or lie past T, has nothing to add.
+                if (warp_first_key >= T || warp_first_key > first_query + key_pass_query_rows - 1) continue;
 
-            Accumulator score[query_fragments], dprobability[query_fragments]; // S^T = K Q^T, dP^T = V dout^T
-            zero_accumulators(score);
-            zero_accumulators(dprobability);
-            add_transposed_product<tf32, hold, max_depth_steps>(score, held_key, key_stripe, query, depth_steps,
-                                                                stride);
-            add_transposed_product<tf32, hold, max_depth_steps>(dprobability, held_value, value_stripe, dout_step,
-                                                                depth_steps, stride);
-            probabilities_and_score_gradients(score, dprobability, positions, true, warp_first_key, first_query, T,
-                                              scale, row_logsumexp, row_dot_step);
-            store_accumulators(probability_stripe, layout.score_stride, score, query_fragments);
-            store_accumulators(dscore_stripe, layout.score_stride, dprobability, query_fragments);
-            __syncwarp();
-            // The stripes hold P^T and dS^T (keys, queries): dV += P^T dout, dK += dS^T Q.
-            constexpr int query_steps = key_pass_query_rows / fragment_depth;
-            add_stripe_product<tf32>(dvalue, fragments, probability_stripe, layout.score_stride, query_steps,
-                                     dout_step + first_column, stride);
-            add_stripe_product<tf32>(dkey, fragments, dscore_stripe, layout.score_stride, query_steps,
-                                     query + first_column, stride);
+                Accumulator score[query_fragments], dprobability[query_fragments]; // S^T = K Q^T, dP^T = V dout^T
+                zero_accumulators(score);
+                zero_accumulators(dprobability);
+                add_transposed_product<tf32, hold, max_depth_steps>(score, held_key, key_stripe, query, depth_steps,
+                                                                    stride);
+                add_transposed_product<tf32, hold, max_depth_steps>(dprobability, held_value, value_stripe, dout_step,
+                                                                    depth_steps, stride);
+                probabilities_and_score_gradients(score, dprobability, positions, true, warp_first_key, first_query, T,
+                                                  scale, row_logsumexp, row_dot_step);
+                store_accumulators(probability_stripe, layout.score_stride, score, query_fragments);
+                store_accumulators(dscore_stripe, layout.score_stride, dprobability, query_fragments);
+                __syncwarp();
+                // The stripes hold P^T and dS^T (keys, queries): dV += P^T dout, dK += dS^T Q.
+                constexpr int query_steps = key_pass_query_rows / fragment_depth;
+                add_stripe_product<tf32>(dvalue, fragments, probability_stripe, layout.score_stride, query_steps,
+                                         dout_step + first_column, stride);
+                add_stripe_product<tf32>(dkey, fragments, dscore_stripe, layout.score_stride, query_steps,
+                                         query + first_column, stride);
+            }
         }
         // Out through the warp's P^T stripe, a 16 x 16 fragment at a time: the key and value stripes may still
         // be read by the next column pass.
@@ -242,7 +255,7 @@ __global__ void attention_backward_key_value_kernel(float* dqkv, const float* do
 template <int max_width, bool tf32>
 __global__ void attention_backward_query_kernel(float* dqkv, const float* dout, const float* qkv,
                                                 const float* logsumexp, const float* row_dot, int T, int C, int NH,
-                                                bool vectorized) {
+                                                int KVH, bool vectorized) {
     constexpr bool hold = holds_operands(max_width, tf32);
     constexpr int max_head_fragments = max_width / fragment_width, max_depth_steps = max_width / fragment_depth;
     constexpr int key_rows = query_pass_key_rows, key_fragments = key_rows / fragment_width;
@@ -254,7 +267,8 @@ __global__ void attention_backward_query_kernel(float* dqkv, const float* dout, 
     const int warp = threadIdx.x / warp_size;
     const int first_query = query_tile * layout.rows, warp_first_query = first_query + warp * fragment_width;
     const float scale = rsqrtf(static_cast<float>(head_size));
-    const HeadViews views = head_views(dout, qkv, logsumexp, row_dot, batch, head, T, C, NH);
+    const QkvLayout packed(C, NH, KVH);
+    const HeadViews views = head_views(dout, qkv, logsumexp, row_dot, batch, head, T, NH, packed);
 
     ENGINE_DYNAMIC_SHARED(float, shared);
     SharedCursor cursor(shared);
@@ -273,7 +287,7 @@ __global__ void attention_backward_query_kernel(float* dqkv, const float* dout, 
     const float* warp_logsumexp = row_logsumexp + warp * fragment_width;
     const float* warp_row_dot = row_dot_tile + warp * fragment_width;
 
-    const int qkv_row = 3 * C;
+    const int qkv_row = packed.row();
     fill_position_table(position_table);
     load_row_statistics(row_logsumexp, row_dot_tile, views.logsumexp, views.row_dot, first_query, layout.rows, T);
     RowOperand held_query[hold ? max_depth_steps : 1], held_dout[hold ? max_depth_steps : 1];
@@ -320,7 +334,7 @@ __global__ void attention_backward_query_kernel(float* dqkv, const float* dout, 
     }
     __syncwarp();
 
-    float* dqueries = head_slice(dqkv, batch, 0, head, T, C, qkv_row, head_size); // (T, head_size) of (B,T,3C)
+    float* dqueries = token_slice(dqkv, batch, T, qkv_row, packed.query_column(head)); // (T, head_size) of dqkv
     store_accumulators(query_stripe, stride, dquery, head_fragments);
     __syncwarp();
     add_tile(own_warp(), dqueries, qkv_row, query_stripe, stride, warp_first_query, fragment_width, T, head_size,
@@ -329,7 +343,7 @@ __global__ void attention_backward_query_kernel(float* dqkv, const float* dout, 
 
 template <bool tf32>
 void launch_backward(float* dqkv, float* row_dot_workspace, const float* dout, const float* qkv, const float* out,
-                     const float* logsumexp, int B, int T, int C, int NH, cudaStream_t stream) {
+                     const float* logsumexp, int B, int T, int C, int NH, int KVH, cudaStream_t stream) {
     const int head_size = C / NH;
     const bool vectorized = float4_aligned(C, NH, {dqkv, dout, qkv});
     ENGINE_LAUNCH(attention_row_dot_kernel<float>, ceil_div(int64_t(B) * NH * T, row_dot_warps), row_dot_warps * warp_size,
@@ -343,12 +357,12 @@ void launch_backward(float* dqkv, float* row_dot_workspace, const float* dout, c
         allow_shared_bytes(key_value_kernel, key_value.bytes());
         allow_shared_bytes(query_kernel, query.bytes());
         const int threads = backward_warps * warp_size;
-        const dim3 key_value_grid((T + key_value.rows - 1) / key_value.rows, NH, B);
+        const dim3 key_value_grid((T + key_value.rows - 1) / key_value.rows, KVH, B); // one kv head per block
         const dim3 query_grid((T + query.rows - 1) / query.rows, NH, B);
         ENGINE_LAUNCH(key_value_kernel, key_value_grid, threads, key_value.bytes(), stream, dqkv, dout, qkv, logsumexp,
-                      row_dot_workspace, T, C, NH, vectorized);
+                      row_dot_workspace, T, C, NH, KVH, vectorized);
         ENGINE_LAUNCH(query_kernel, query_grid, threads, query.bytes(), stream, dqkv, dout, qkv, logsumexp,
-                      row_dot_workspace, T, C, NH, vectorized);
+                      row_dot_workspace, T, C, NH, KVH, vectorized);
     });
 }
 } // namespace
@@ -365,11 +379,12 @@ size_t attention_backward_shared_bytes(int head_size) {
 }
 
 void attention_backward(float* dqkv, float* row_dot_workspace, const float* dout, const float* qkv, const float* out,
-                        const float* logsumexp, int B, int T, int C, int NH, bool tf32, cudaStream_t stream) {
-    attention_tiles::check_shape(C, NH);
+                        const float* logsumexp, int B, int T, int C, int NH, int KVH, bool tf32,
+                        cudaStream_t stream) {
+    attention_tiles::check_shape(C, NH, KVH);
     if (int64_t(B) * NH * T == 0) return;
-    if (tf32) launch_backward<true>(dqkv, row_dot_workspace, dout, qkv, out, logsumexp, B, T, C, NH, stream);
-    else launch_backward<false>(dqkv, row_dot_workspace, dout, qkv, out, logsumexp, B, T, C, NH, stream);
+    if (tf32) launch_backward<true>(dqkv, row_dot_workspace, dout, qkv, out, logsumexp, B, T, C, NH, KVH, stream);
+    else launch_backward<false>(dqkv, row_dot_workspace, dout, qkv, out, logsumexp, B, T, C, NH, KVH, stream);
 }
 
 } // namespace engine::kernels::cuda

@@ -1,8 +1,9 @@
 // Causal attention backward in bf16 on tensor cores (wmma 16x16x16 bf16, f32 accumulators): the twin of the bf16
 // form of kernels/cpu/attention_backward.cpp. Deterministic without atomics, as the f32 kernels: D_i =
-// rowsum(dout_i * out_i); one block per 64 keys sums dK and dV over the queries at and after them; one block per 64
-// queries sums dQ over the keys up to them. P and dS = scale·P·(dP - D) are computed in f32 and rounded to bf16 as
-// the operands of their products; each gradient is added into dqkv with one rounding.
+// rowsum(dout_i * out_i); one block per (64 keys, kv head) sums dK and dV over the query heads of its group
+// (grouped-query attention) in ascending order and, for each, over the queries at and after its keys; one block
+// per (64 queries, query head) sums dQ over the keys up to them. P and dS = scale·P·(dP - D) are computed in f32
+// and rounded to bf16 as the operands of their products; each gradient is added into dqkv with one rounding.
 #include <cmath>
 
 #include "kernels/cuda/attention_bf16_tiles.cuh"
@@ -87,22 +88,24 @@ __device__ void score_products(float* score, float* dprobability, int float_stri
     }
 }
 
-// dK_j += sum_{i>=j} dS_ij q_i and dV_j += sum_{i>=j} P_ij dout_i; each warp owns 16 keys.
+// dK_j += sum_{h in group} sum_{i>=j} dS_ij q_i and dV_j += sum_{h in group} sum_{i>=j} P_ij dout_i; each warp
+// owns 16 keys of one kv head.
 template <int max_width>
 __global__ void __launch_bounds__(bf16_warps * warp_size)
 attention_backward_key_value_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, const bfloat16* qkv,
-                                         const float* logsumexp, const float* row_dot, int T, int C, int NH,
+                                         const float* logsumexp, const float* row_dot, int T, int C, int NH, int KVH,
                                          bool vectorized) {
     constexpr int max_head_fragments = max_width / fragment_width;
     constexpr int pass_fragments = max_width > 128 ? max_head_fragments / 2 : max_head_fragments;
     const int head_size = C / NH, padded_head = padded_head_size(head_size);
     const int head_fragments = padded_head / fragment_width, depth_steps = padded_head / bf16_depth;
     const BackwardBf16Layout layout(padded_head, true);
-    const int stride = layout.head_stride, qkv_row = 3 * C;
-    const int head = blockIdx.y, batch = blockIdx.z, warp = threadIdx.x / warp_size;
+    const QkvLayout packed(C, NH, KVH);
+    const int stride = layout.head_stride, qkv_row = packed.row();
+    const int kv_head = blockIdx.y, batch = blockIdx.z, warp = threadIdx.x / warp_size;
+    const int first_head = kv_head * packed.group; // the query heads kv_head serves: first_head .. + group - 1
     const int first_key = blockIdx.x * bf16_rows, warp_first_key = first_key + warp * fragment_width;
     const float scale = 1.0f / sqrtf(static_cast<float>(head_size));
-    const int64_t statistics = (int64_t(batch) * NH + head) * T;
 
     ENGINE_DYNAMIC_SHARED(unsigned char, shared);
     const BackwardShared views = take_backward_shared(shared, layout);
@@ -113,12 +116,13 @@ attention_backward_key_value_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, c
     float* dprobability = score + fragment_width * layout.float_stride;                 // dP^T
     bfloat16* probability = views.bf16_stripes + 2 * warp * fragment_width * layout.bf16_stride; // P^T
     bfloat16* dscore = probability + fragment_width * layout.bf16_stride;                        // dS^T
-    load_bf16_tile(own_warp(), key_stripe, stride, head_slice(qkv, batch, 1, head, T, C, qkv_row, head_size), qkv_row,
-                   warp_first_key, fragment_width, T, head_size, padded_head, vectorized);
-    load_bf16_tile(own_warp(), value_stripe, stride, head_slice(qkv, batch, 2, head, T, C, qkv_row, head_size),
+    load_bf16_tile(own_warp(), key_stripe, stride, token_slice(qkv, batch, T, qkv_row, packed.key_column(kv_head)),
                    qkv_row, warp_first_key, fragment_width, T, head_size, padded_head, vectorized);
-    bfloat16* dkeys = head_slice(dqkv, batch, 1, head, T, C, qkv_row, head_size); // (T, head_size) of (B,T,3C)
-    bfloat16* dvalues = head_slice(dqkv, batch, 2, head, T, C, qkv_row, head_size);
+    load_bf16_tile(own_warp(), value_stripe, stride, token_slice(qkv, batch, T, qkv_row, packed.value_column(kv_head)),
+                   qkv_row, warp_first_key, fragment_width, T, head_size, padded_head, vectorized);
+    // (T, head_size) slices of the (B,T,C+2*KVH*head_size) dqkv
+    bfloat16* dkeys = token_slice(dqkv, batch, T, qkv_row, packed.key_column(kv_head));
+    bfloat16* dvalues = token_slice(dqkv, batch, T, qkv_row, packed.value_column(kv_head));
 
     // dK and dV of a 256-wide head would need every register for themselves (ptxas spilled 548 bytes): there the
     // warp makes two passes over the queries, half of the columns each, recomputing P and dS, as the f32 kernel.
@@ -128,29 +132,39 @@ attention_backward_key_value_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, c
         Accumulator16 dkey[pass_fragments], dvalue[pass_fragments];
         zero16(dkey);
         zero16(dvalue);
-        // Key blocks start at multiples of the query step, so the first step starts on the diagonal.
-        for (int first_query = first_key; first_query < T; first_query += backward_step) {
-            __syncthreads(); // every warp has finished reading the previous step's query and dout
-            load_bf16_tile(whole_block(), query, stride, head_slice(qkv, batch, 0, head, T, C, qkv_row, head_size),
-                           qkv_row, first_query, backward_step, T, head_size, padded_head, vectorized);
-            load_bf16_tile(whole_block(), dout_step, stride, head_slice(dout, batch, 0, head, T, C, C, head_size), C,
-                           first_query, backward_step, T, head_size, padded_head, vectorized);
-            load_row_statistics(views.row_logsumexp, views.row_dot, logsumexp + statistics, row_dot + statistics,
-                                first_query, backward_step, T);
-            __syncthreads();
-            if (warp_first_key >= T || warp_first_key > first_query + backward_step - 1) continue;
+        // The group's query heads in ascending order, each over its query steps: the fixed order in which the f32
+        // accumulators sum dK and dV of the kv head, rounded to bf16 once at the end (the CPU reference's point).
+        for (int member = 0; member < packed.group; ++member) {
+            const int head = first_head + member;
+            const int64_t statistics = (int64_t(batch) * NH + head) * T;
+            const bfloat16* queries = token_slice(qkv, batch, T, qkv_row, packed.query_column(head));
+            const bfloat16* douts = token_slice(dout, batch, T, C, packed.query_column(head)); // rows C apart
+            // Key blocks start at multiples of the query step, so the first step starts on the diagonal.
+            for (int first_query = first_key; first_query < T; first_query += backward_step) {
+                __syncthreads(); // every warp has finished reading the previous step's query and dout
+                load_bf16_tile(whole_block(), query, stride, queries, qkv_row, first_query, backward_step, T, head_size,
+                               padded_head, vectorized);
+                load_bf16_tile(whole_block(), dout_step, stride, douts, C, first_query, backward_step, T, head_size,
+                               padded_head, vectorized);
+                load_row_statistics(views.row_logsumexp, views.row_dot, logsumexp + statistics, row_dot + statistics,
+                                    first_query, backward_step, T);
+                __syncthreads();
+                if (warp_first_key >= T || warp_first_key > first_query + backward_step - 1) continue;
 
-            // S^T = K Q^T, dP^T = V dout^T
-            score_products(score, dprobability, layout.float_stride, key_stripe, query, value_stripe, dout_step,
-                           depth_steps, stride);
-            __syncwarp();
-            probabilities_and_score_gradients(probability, dscore, score, dprobability, layout, true, warp_first_key,
-                                              first_query, T, scale, views.row_logsumexp, views.row_dot, first_query);
-            __syncwarp();
-            constexpr int steps = backward_step / bf16_depth;
-            add_stripe16(dvalue, fragments, probability, layout.bf16_stride, steps, dout_step + first_column,
-                         stride); // P^T dout
-            add_stripe16(dkey, fragments, dscore, layout.bf16_stride, steps, query + first_column, stride); // dS^T Q
+                // S^T = K Q^T, dP^T = V dout^T
+                score_products(score, dprobability, layout.float_stride, key_stripe, query, value_stripe, dout_step,
+                               depth_steps, stride);
+                __syncwarp();
+                probabilities_and_score_gradients(probability, dscore, score, dprobability, layout, true,
+                                                  warp_first_key, first_query, T, scale, views.row_logsumexp,
+                                                  views.row_dot, first_query);
+                __syncwarp();
+                constexpr int steps = backward_step / bf16_depth;
+                add_stripe16(dvalue, fragments, probability, layout.bf16_stride, steps, dout_step + first_column,
+                             stride); // P^T dout
+                add_stripe16(dkey, fragments, dscore, layout.bf16_stride, steps, query + first_column,
+                             stride); // dS^T Q
+            }
         }
         store_rounded(dkeys + first_column, qkv_row, dkey, fragments, score, layout.float_stride, warp_first_key, T,
                       head_size - first_column, true);
@@ -163,14 +177,16 @@ attention_backward_key_value_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, c
 template <int max_width>
 __global__ void __launch_bounds__(bf16_warps * warp_size)
 attention_backward_query_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, const bfloat16* qkv,
-                                     const float* logsumexp, const float* row_dot, int T, int C, int NH,
+                                     const float* logsumexp, const float* row_dot, int T, int C, int NH, int KVH,
                                      bool vectorized) {
     constexpr int max_head_fragments = max_width / fragment_width;
     const int head_size = C / NH, padded_head = padded_head_size(head_size);
     const int head_fragments = padded_head / fragment_width, depth_steps = padded_head / bf16_depth;
     const BackwardBf16Layout layout(padded_head, false);
-    const int stride = layout.head_stride, qkv_row = 3 * C;
+    const QkvLayout packed(C, NH, KVH);
+    const int stride = layout.head_stride, qkv_row = packed.row();
     const int query_tile = gridDim.x - 1 - blockIdx.x, head = blockIdx.y, batch = blockIdx.z; // long rows first
+    const int kv_head = head / packed.group;
     const int warp = threadIdx.x / warp_size;
     const int first_query = query_tile * bf16_rows, warp_first_query = first_query + warp * fragment_width;
     const float scale = 1.0f / sqrtf(static_cast<float>(head_size));
@@ -185,9 +201,9 @@ attention_backward_query_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, const
     float* dprobability = score + fragment_width * layout.float_stride;
     bfloat16* probability = views.bf16_stripes + 2 * warp * fragment_width * layout.bf16_stride; // unused but P
     bfloat16* dscore = probability + fragment_width * layout.bf16_stride;
-    load_bf16_tile(own_warp(), query_stripe, stride, head_slice(qkv, batch, 0, head, T, C, qkv_row, head_size), qkv_row,
-                   warp_first_query, fragment_width, T, head_size, padded_head, vectorized);
-    load_bf16_tile(own_warp(), dout_stripe, stride, head_slice(dout, batch, 0, head, T, C, C, head_size), C,
+    load_bf16_tile(own_warp(), query_stripe, stride, token_slice(qkv, batch, T, qkv_row, packed.query_column(head)),
+                   qkv_row, warp_first_query, fragment_width, T, head_size, padded_head, vectorized);
+    load_bf16_tile(own_warp(), dout_stripe, stride, token_slice(dout, batch, T, C, packed.query_column(head)), C,
                    warp_first_query, fragment_width, T, head_size, padded_head, vectorized);
     load_row_statistics(views.row_logsumexp, views.row_dot, logsumexp + statistics, row_dot + statistics, first_query,
                     bf16_rows, T);
@@ -197,9 +213,9 @@ attention_backward_query_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, const
     const int last_query = min(first_query + bf16_rows, T) - 1;
     for (int first_key = 0; first_key <= last_query; first_key += backward_step) {
         __syncthreads(); // every warp has finished reading the previous key and value tiles (and the statistics)
-        load_bf16_tile(whole_block(), key, stride, head_slice(qkv, batch, 1, head, T, C, qkv_row, head_size), qkv_row,
-                       first_key, backward_step, T, head_size, padded_head, vectorized);
-        load_bf16_tile(whole_block(), value, stride, head_slice(qkv, batch, 2, head, T, C, qkv_row, head_size),
+        load_bf16_tile(whole_block(), key, stride, token_slice(qkv, batch, T, qkv_row, packed.key_column(kv_head)),
+                       qkv_row, first_key, backward_step, T, head_size, padded_head, vectorized);
+        load_bf16_tile(whole_block(), value, stride, token_slice(qkv, batch, T, qkv_row, packed.value_column(kv_head)),
                        qkv_row, first_key, backward_step, T, head_size, padded_head, vectorized);
         __syncthreads();
         if (warp_first_query >= T || warp_first_query + fragment_width - 1 < first_key) continue;
@@ -214,16 +230,16 @@ attention_backward_query_bf16_kernel(bfloat16* dqkv, const bfloat16* dout, const
         add_stripe16(dquery, head_fragments, dscore, layout.bf16_stride, backward_step / bf16_depth, key,
                      stride); // dQ += dS K
     }
-    store_rounded(head_slice(dqkv, batch, 0, head, T, C, qkv_row, head_size), qkv_row, dquery, head_fragments, score,
-                  layout.float_stride, warp_first_query, T, head_size, true);
+    store_rounded(token_slice(dqkv, batch, T, qkv_row, packed.query_column(head)), qkv_row, dquery, head_fragments,
+                  score, layout.float_stride, warp_first_query, T, head_size, true);
 }
 
 } // namespace
 
 void attention_backward(bfloat16* dqkv, float* row_dot_workspace, const bfloat16* dout, const bfloat16* qkv,
-                        const bfloat16* out, const float* logsumexp, int B, int T, int C, int NH,
+                        const bfloat16* out, const float* logsumexp, int B, int T, int C, int NH, int KVH,
                         bool /*tf32: f32 only*/, cudaStream_t stream) {
-    attention_tiles::check_shape(C, NH);
+    attention_tiles::check_shape(C, NH, KVH);
     if (int64_t(B) * NH * T == 0) return;
     const int head_size = C / NH;
     const bool vectorized = bf16_vectorizable(C, NH, {dqkv, dout, qkv});
@@ -237,11 +253,12 @@ void attention_backward(bfloat16* dqkv, float* row_dot_workspace, const bfloat16
         auto* query_kernel = attention_backward_query_bf16_kernel<max_width>;
         allow_shared_bytes(key_value_kernel, key_value_bytes);
         allow_shared_bytes(query_kernel, query_bytes);
-        const dim3 grid((T + bf16_rows - 1) / bf16_rows, NH, B);
-        ENGINE_LAUNCH(key_value_kernel, grid, bf16_warps * warp_size, key_value_bytes, stream, dqkv, dout, qkv,
-                      logsumexp, row_dot_workspace, T, C, NH, vectorized);
-        ENGINE_LAUNCH(query_kernel, grid, bf16_warps * warp_size, query_bytes, stream, dqkv, dout, qkv, logsumexp,
-                      row_dot_workspace, T, C, NH, vectorized);
+        const int tiles = (T + bf16_rows - 1) / bf16_rows;
+        const dim3 key_value_grid(tiles, KVH, B), query_grid(tiles, NH, B); // one kv head, one query head per block
+        ENGINE_LAUNCH(key_value_kernel, key_value_grid, bf16_warps * warp_size, key_value_bytes, stream, dqkv, dout,
+                      qkv, logsumexp, row_dot_workspace, T, C, NH, KVH, vectorized);
+        ENGINE_LAUNCH(query_kernel, query_grid, bf16_warps * warp_size, query_bytes, stream, dqkv, dout, qkv,
+                      logsumexp, row_dot_workspace, T, C, NH, KVH, vectorized);
     });
 }
 

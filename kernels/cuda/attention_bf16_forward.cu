@@ -26,10 +26,11 @@ struct ForwardBf16Layout {
     }
 };
 
-// One block per (64-query tile, head, batch); each warp owns 16 query rows and their output accumulators.
+// One block per (64-query tile, query head, batch); each warp owns 16 query rows and their output accumulators.
+// Query head h reads the keys and values of kv head h / (NH / KVH) in place (grouped-query attention).
 template <int max_width>
 __global__ void __launch_bounds__(bf16_warps * warp_size)
-attention_forward_bf16_kernel(bfloat16* out, float* logsumexp, const bfloat16* qkv, int T, int C, int NH,
+attention_forward_bf16_kernel(bfloat16* out, float* logsumexp, const bfloat16* qkv, int T, int C, int NH, int KVH,
                               bool vectorized) {
     constexpr int max_head_fragments = max_width / fragment_width, key_fragments = forward_key_tile / fragment_width;
     const int head_size = C / NH, padded_head = padded_head_size(head_size);
@@ -55,10 +56,12 @@ attention_forward_bf16_kernel(bfloat16* out, float* logsumexp, const bfloat16* q
     bfloat16* probability_stripe = probabilities + warp * fragment_width * layout.probability_stride;
     float* warp_factor = row_factor + warp * fragment_width;
 
-    const int qkv_row = 3 * C;
-    const bfloat16* queries = head_slice(qkv, batch, 0, head, T, C, qkv_row, head_size); // (T, head_size) of (B,T,3C)
-    const bfloat16* keys = head_slice(qkv, batch, 1, head, T, C, qkv_row, head_size);
-    const bfloat16* values = head_slice(qkv, batch, 2, head, T, C, qkv_row, head_size);
+    const QkvLayout packed(C, NH, KVH);
+    const int qkv_row = packed.row(), kv_head = head / packed.group;
+    // (T, head_size) slices of the (B,T,C+2*KVH*head_size) qkv
+    const bfloat16* queries = token_slice(qkv, batch, T, qkv_row, packed.query_column(head));
+    const bfloat16* keys = token_slice(qkv, batch, T, qkv_row, packed.key_column(kv_head));
+    const bfloat16* values = token_slice(qkv, batch, T, qkv_row, packed.value_column(kv_head));
     fill_position_table(position_table);
     load_bf16_tile(own_warp(), query_stripe, stride, queries, qkv_row, warp_first_query, fragment_width, T, head_size,
                    padded_head, vectorized);
@@ -114,9 +117,9 @@ attention_forward_bf16_kernel(bfloat16* out, float* logsumexp, const bfloat16* q
 
 } // namespace
 
-void attention_forward(bfloat16* out, float* logsumexp, const bfloat16* qkv, int B, int T, int C, int NH,
+void attention_forward(bfloat16* out, float* logsumexp, const bfloat16* qkv, int B, int T, int C, int NH, int KVH,
                        bool /*tf32: f32 only*/, cudaStream_t stream) {
-    attention_tiles::check_shape(C, NH);
+    attention_tiles::check_shape(C, NH, KVH);
     if (int64_t(B) * NH * T == 0) return;
     const int head_size = C / NH;
     const bool vectorized = bf16_vectorizable(C, NH, {out, qkv});
@@ -125,7 +128,7 @@ void attention_forward(bfloat16* out, float* logsumexp, const bfloat16* qkv, int
         auto* kernel = attention_forward_bf16_kernel<max_width>;
         allow_shared_bytes(kernel, shared_bytes);
         const dim3 grid((T + bf16_rows - 1) / bf16_rows, NH, B);
-        ENGINE_LAUNCH(kernel, grid, bf16_warps * warp_size, shared_bytes, stream, out, logsumexp, qkv, T, C, NH,
+        ENGINE_LAUNCH(kernel, grid, bf16_warps * warp_size, shared_bytes, stream, out, logsumexp, qkv, T, C, NH, KVH,
                       vectorized);
     });
 }

@@ -1,6 +1,7 @@
 // Causal attention forward on tensor cores, FlashAttention-2 style (twin of kernels/cpu/attention_forward.cpp):
-// one block per (query tile, head, batch) streams key/value tiles through shared memory with an
-// online softmax, so no T x T matrix exists anywhere; it saves the per-row logsumexp for the backward.
+// one block per (query tile, query head, batch) streams the key/value tiles of its kv head (grouped-query
+// attention: query head h reads kv head h / (NH / KVH) in place) through shared memory with an online
+// softmax, so no T x T matrix exists anywhere; it saves the per-row logsumexp for the backward.
 #include <cmath>
 
 #include "kernels/cuda/attention_tiles.cuh"
@@ -47,8 +48,8 @@ __host__ __device__ constexpr int forward_blocks_per_sm(int max_width, bool tf32
 // max_width: the compiled maximum padded head size (64, 128, 256); the run-time one is C / NH padded.
 template <int max_width, bool tf32>
 __global__ void __launch_bounds__(forward_warps(max_width) * warp_size, forward_blocks_per_sm(max_width, tf32))
-attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, int C, int NH,
-                                         bool vectorized) {
+attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, int C, int NH, int KVH,
+                         bool vectorized) {
     constexpr bool hold_query = holds_query(max_width, tf32);
     constexpr int max_head_fragments = max_width / fragment_width, max_depth_steps = max_width / fragment_depth;
     constexpr int key_rows = forward_key_rows(max_width), key_fragments = key_rows / fragment_width;
@@ -60,6 +61,8 @@ attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, 
     const int stride = layout.head_stride;
     // The longest rows (most key tiles) go first, so the short ones fill the tail of the grid.
     const int query_tile = gridDim.x - 1 - blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+    const QkvLayout packed(C, NH, KVH);
+    const int kv_head = head / packed.group;
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
     const int first_query = query_tile * layout.rows, warp_first_query = first_query + warp * fragment_width;
     const float scale = rsqrtf(static_cast<float>(head_size));
@@ -77,10 +80,11 @@ attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, 
     float* score_stripe = scores + warp * fragment_width * layout.score_stride;
     float* warp_factor = row_factor + warp * fragment_width;
 
-    const int qkv_row = 3 * C;
-    const float* queries = head_slice(qkv, batch, 0, head, T, C, qkv_row, head_size); // (T, head_size) of (B,T,3C)
-    const float* keys = head_slice(qkv, batch, 1, head, T, C, qkv_row, head_size);
-    const float* values = head_slice(qkv, batch, 2, head, T, C, qkv_row, head_size);
+    const int qkv_row = packed.row();
+    // (T, head_size) slices of the (B,T,C+2*KVH*head_size) qkv
+    const float* queries = token_slice(qkv, batch, T, qkv_row, packed.query_column(head));
+    const float* keys = token_slice(qkv, batch, T, qkv_row, packed.key_column(kv_head));
+    const float* values = token_slice(qkv, batch, T, qkv_row, packed.value_column(kv_head));
     fill_position_table(position_table);
     load_tile(own_warp(), stripe, stride, queries, qkv_row, warp_first_query, fragment_width, T, head_size,
               padded_head, vectorized);
@@ -155,7 +159,7 @@ attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, 
 }
 
 template <bool tf32>
-void launch_forward(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH,
+void launch_forward(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH, int KVH,
                     cudaStream_t stream) {
     const int head_size = C / NH;
     const bool vectorized = float4_aligned(C, NH, {out, qkv});
@@ -166,7 +170,7 @@ void launch_forward(float* out, float* logsumexp, const float* qkv, int B, int T
         allow_shared_bytes(forward_kernel, shared_bytes);
         const dim3 grid((T + layout.rows - 1) / layout.rows, NH, B);
         ENGINE_LAUNCH(forward_kernel, grid, forward_warps(max_width) * warp_size, shared_bytes, stream, out, logsumexp,
-                      qkv, T, C, NH, vectorized);
+                      qkv, T, C, NH, KVH, vectorized);
     });
 }
 } // namespace
@@ -178,12 +182,12 @@ size_t attention_forward_shared_bytes(int head_size) {
     return tf32_bytes > fp32_bytes ? tf32_bytes : fp32_bytes;
 }
 
-void attention_forward(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH, bool tf32,
-                       cudaStream_t stream) {
-    attention_tiles::check_shape(C, NH);
+void attention_forward(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH, int KVH,
+                       bool tf32, cudaStream_t stream) {
+    attention_tiles::check_shape(C, NH, KVH);
     if (int64_t(B) * NH * T == 0) return;
-    if (tf32) launch_forward<true>(out, logsumexp, qkv, B, T, C, NH, stream);
-    else launch_forward<false>(out, logsumexp, qkv, B, T, C, NH, stream);
+    if (tf32) launch_forward<true>(out, logsumexp, qkv, B, T, C, NH, KVH, stream);
+    else launch_forward<false>(out, logsumexp, qkv, B, T, C, NH, KVH, stream);
 }
 
 } // namespace engine::kernels::cuda

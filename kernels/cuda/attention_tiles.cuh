@@ -63,12 +63,25 @@ private:
     float* next_;
 };
 
-// Head `head`'s slice of token (batch, 0) in a packed buffer of `row_length` floats per token: part 0, 1, 2
-// of the (B,T,3C) qkv are q, k and v; the (B,T,C) out and dout have only part 0.
+// Grouped-query attention's packed qkv row: NH query heads, then KVH key heads, then KVH value heads, each
+// head_size wide (KVH == NH is plain multi-head attention). Query head h reads kv head h / group, group = NH / KVH
+// (Hugging Face's repeat_kv), so K and V are read in place and never repeated in memory.
+struct QkvLayout {
+    int C, head_size, group, kv_width; // C = NH * head_size: the query and output width; kv_width = KVH * head_size
+
+    __host__ __device__ QkvLayout(int C, int NH, int KVH)
+        : C(C), head_size(C / NH), group(NH / KVH), kv_width(C / NH * KVH) {}
+    __host__ __device__ int row() const { return C + 2 * kv_width; } // floats per token of qkv and dqkv
+    __host__ __device__ int query_column(int head) const { return head * head_size; }
+    __host__ __device__ int key_column(int kv_head) const { return C + kv_head * head_size; }
+    __host__ __device__ int value_column(int kv_head) const { return C + kv_width + kv_head * head_size; }
+};
+
+// Token (batch, 0) of a packed buffer of `row_length` elements per token, offset to `column`: a head's
+// (T, head_size) slice with rows row_length apart.
 template <typename Pointer>
-__device__ Pointer head_slice(Pointer buffer, int batch, int part, int head, int T, int C, int row_length,
-                              int head_size) {
-    return buffer + int64_t(batch) * T * row_length + int64_t(part) * C + int64_t(head) * head_size;
+__device__ Pointer token_slice(Pointer buffer, int batch, int T, int row_length, int column) {
+    return buffer + int64_t(batch) * T * row_length + column;
 }
 
 // The threads that share a copy: the whole block, or one warp for its own stripe.
@@ -328,13 +341,16 @@ void dispatch_head_size(int head_size, Launch&& launch) {
     }
 }
 
-inline void check_shape(int C, int NH) {
+inline void check_shape(int C, int NH, int KVH) {
     ENGINE_CHECK(NH > 0 && C % NH == 0, "attention: C=" << C << " is not a multiple of NH=" << NH);
+    ENGINE_CHECK(KVH > 0 && NH % KVH == 0,
+                 "attention: NH=" << NH << " query heads are not a multiple of KVH=" << KVH << " kv heads");
     ENGINE_CHECK(C / NH <= attention_max_head_size,
                  "attention: head size " << C / NH << " exceeds the CUDA kernels' " << attention_max_head_size);
 }
 
-// float4 access is safe when every row, head offset and base pointer is 16-byte aligned.
+// float4 access is safe when every row, head offset and base pointer is 16-byte aligned (the qkv row,
+// C + 2 * KVH * C / NH, is then a multiple of 4 too).
 inline bool float4_aligned(int C, int NH, std::initializer_list<const void*> pointers) {
     bool aligned = C % 4 == 0 && (C / NH) % 4 == 0;
     for (const void* pointer : pointers) aligned = aligned && reinterpret_cast<uintptr_t>(pointer) % 16 == 0;

@@ -18,7 +18,7 @@
 
 namespace engine::kernels::cuda {
 
-// ---- embedding ----
+// ---- embedding (position_table and dposition_table null: the token lookup alone, Llama) ----
 void embedding_forward(float* out, const int32_t* tokens, const float* token_table, const float* position_table,
                        int B, int T, int C, cudaStream_t stream);
 void embedding_forward(bfloat16* out, const int32_t* tokens, const bfloat16* token_table,
@@ -102,25 +102,29 @@ void residual_backward(float* da, float* db, const float* dout, int64_t N, cudaS
 void residual_forward(bfloat16* out, const bfloat16* a, const bfloat16* b, int64_t N, cudaStream_t stream);
 void residual_backward(bfloat16* da, bfloat16* db, const bfloat16* dout, int64_t N, cudaStream_t stream);
 
-// ---- attention: causal, head size C/NH at most attention_max_head_size ----
+// ---- attention: causal, grouped-query, head size C/NH at most attention_max_head_size ----
+// qkv (B,T,C+2*KVH*C/NH) packs NH query heads, KVH key heads, KVH value heads (cpu_kernels.h); KVH divides NH,
+// KVH == NH is multi-head attention. out, dout (B,T,C); logsumexp (B,NH,T).
 // Tensor cores (wmma m16n16k8): TF32 products when `tf32`, else 3xTF32 (each operand split into two TF32
-// parts), as accurate as fp32. Deterministic; shared memory per block from the *_shared_bytes functions.
+// parts), as accurate as fp32. Deterministic (dK/dV of a kv head summed over its query heads in ascending
+// order by the block that owns the key tile, no atomics); shared memory per block from the *_shared_bytes
+// functions.
 inline constexpr int attention_max_head_size = 256;
-void attention_forward(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH, bool tf32,
-                       cudaStream_t stream);
+void attention_forward(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH, int KVH,
+                       bool tf32, cudaStream_t stream);
 // row_dot_workspace: B*NH*T floats of device memory for D_i = rowsum(dout * out), overwritten; it must stay
 // untouched until the launched kernels have run.
 void attention_backward(float* dqkv, float* row_dot_workspace /* (B,NH,T) */, const float* dout,
                         const float* qkv, const float* out, const float* logsumexp, int B, int T, int C, int NH,
-                        bool tf32, cudaStream_t stream);
+                        int KVH, bool tf32, cudaStream_t stream);
 // bf16 (kernels/cuda/attention_bf16_*.cu): bf16 wmma 16x16x16 with f32 accumulators, the CPU bf16 reference's
 // rounding points (P rounded to bf16 before P·V, key tiles of cpu::attention_bf16_key_tile; P and dS rounded
 // before the backward's products); out and dqkv bf16, logsumexp and row_dot_workspace f32. `tf32` is ignored.
-void attention_forward(bfloat16* out, float* logsumexp, const bfloat16* qkv, int B, int T, int C, int NH, bool tf32,
-                       cudaStream_t stream);
+void attention_forward(bfloat16* out, float* logsumexp, const bfloat16* qkv, int B, int T, int C, int NH, int KVH,
+                       bool tf32, cudaStream_t stream);
 void attention_backward(bfloat16* dqkv, float* row_dot_workspace /* (B,NH,T) */, const bfloat16* dout,
                         const bfloat16* qkv, const bfloat16* out, const float* logsumexp, int B, int T, int C, int NH,
-                        bool tf32, cudaStream_t stream);
+                        int KVH, bool tf32, cudaStream_t stream);
 size_t attention_forward_shared_bytes(int head_size);
 size_t attention_backward_shared_bytes(int head_size); // the larger of its two tiled kernels
 

@@ -1,4 +1,5 @@
-// Token plus position embedding, forward and deterministic backward (CUDA twin of kernels/cpu/embedding.cpp).
+// Token plus position embedding, forward and deterministic backward (CUDA twin of kernels/cpu/embedding.cpp);
+// without a position table (null: Llama) the forward is the token lookup alone and backward skips dposition.
 // The token-table gradient is parallel over (distinct token, channel tile), from positions the host grouped by
 // token (group_positions_by_token); the position-table gradient over (t, channel). Tables, out and dout are
 // float or bf16 storage (T); the table gradients are float, accumulated without rounding to bf16.
@@ -41,16 +42,22 @@ TokenGroups group_positions_by_token(const int32_t* tokens, int count) {
     return groups;
 }
 
-template <typename S>
+// with_positions is a template argument so that the GPT kernel (true) is the same code as before the plain
+// lookup (false, a copy of the token's row) existed.
+template <typename S, bool with_positions>
 static __global__ void embedding_forward_kernel(S* out, const int32_t* tokens, const S* token_table,
                                                 const S* position_table, int T, int C, int64_t count) {
     for (int64_t index = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; index < count;
          index += int64_t(gridDim.x) * blockDim.x) {
         const int64_t position = index / C; // b*T + t
         const int channel = static_cast<int>(index % C);
-        const int t = static_cast<int>(position % T);
-        out[index] = narrow<S>(widen(token_table[int64_t(tokens[position]) * C + channel]) +
-                               widen(position_table[int64_t(t) * C + channel]));
+        if constexpr (with_positions) {
+            const int t = static_cast<int>(position % T);
+            out[index] = narrow<S>(widen(token_table[int64_t(tokens[position]) * C + channel]) +
+                                   widen(position_table[int64_t(t) * C + channel]));
+        } else {
+            out[index] = token_table[int64_t(tokens[position]) * C + channel];
+        }
     }
 }
 
@@ -107,8 +114,12 @@ static void launch_embedding_forward(S* out, const int32_t* tokens, const S* tok
                                      int B, int T, int C, cudaStream_t stream) {
     const int64_t count = int64_t(B) * T * C;
     if (count == 0) return;
-    ENGINE_LAUNCH(embedding_forward_kernel<S>, elementwise_grid(count, block_size), block_size, 0, stream, out, tokens,
-                  token_table, position_table, T, C, count);
+    if (position_table != nullptr)
+        ENGINE_LAUNCH((embedding_forward_kernel<S, true>), elementwise_grid(count, block_size), block_size, 0, stream,
+                      out, tokens, token_table, position_table, T, C, count);
+    else
+        ENGINE_LAUNCH((embedding_forward_kernel<S, false>), elementwise_grid(count, block_size), block_size, 0, stream,
+                      out, tokens, token_table, position_table, T, C, count);
 }
 
 void embedding_forward(float* out, const int32_t* tokens, const float* token_table, const float* position_table,
@@ -133,6 +144,7 @@ static void launch_embedding_backward(float* dtoken_table, float* dposition_tabl
     else
         ENGINE_LAUNCH((embedding_backward_token_kernel<S, 1>), token_grid, token_block_size, 0, stream, dtoken_table,
                       dout, token_groups, B * T, distinct, C);
+    if (dposition_table == nullptr) return; // no position table
     ENGINE_LAUNCH_PACKED_TYPED(embedding_backward_position_kernel, S, vectorized, int64_t(T) * C, block_size, stream,
                                dposition_table, dout, B, int64_t(T) * C);
 }

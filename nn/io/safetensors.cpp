@@ -86,7 +86,7 @@ bool is_mask_buffer(const std::string& name) {
     auto ends_with = [&](const std::string& suffix) {
         return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
     };
-    return ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+    return ends_with(".attn.bias") || ends_with(".attn.masked_bias") || ends_with(".rotary_emb.inv_freq");
 }
 
 } // namespace
@@ -177,7 +177,8 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
     return tensors;
 }
 
-void save_safetensors(const Module& module, const std::string& path, std::optional<DType> file_dtype) {
+void save_safetensors(const Module& module, const std::string& path, std::optional<DType> file_dtype,
+                      const std::string& name_prefix) {
     ENGINE_CHECK(!file_dtype || *file_dtype == DType::f32 || *file_dtype == DType::f64 || *file_dtype == DType::bf16,
                  "save_safetensors '" << path << "': cannot write " << dtype_name(*file_dtype)
                                       << " (F32, F64 or BF16 only)");
@@ -198,7 +199,7 @@ void save_safetensors(const Module& module, const std::string& path, std::option
         std::vector<char> bytes(host.nbytes());
         std::memcpy(bytes.data(), host.raw_data(), bytes.size());
         const int64_t size = static_cast<int64_t>(bytes.size());
-        json[name] = {{"dtype", dtype == DType::f32 ? "F32" : dtype == DType::f64 ? "F64" : "BF16"},
+        json[name_prefix + name] = {{"dtype", dtype == DType::f32 ? "F32" : dtype == DType::f64 ? "F64" : "BF16"},
                       {"shape", parameter.shape()},
                       {"data_offsets", {offset, offset + size}}};
         offset += size;
@@ -217,60 +218,80 @@ void save_safetensors(const Module& module, const std::string& path, std::option
 }
 
 void load_safetensors_into(Module& module, const std::string& path) {
-    const SafetensorsHeader header = read_safetensors_header(path);
+    load_safetensors_into(module, std::vector<std::string>{path}, CheckpointNames{});
+}
+
+void load_safetensors_into(Module& module, const std::vector<std::string>& paths, const CheckpointNames& names) {
+    ENGINE_CHECK(!paths.empty(), "load_safetensors_into: no file given");
+    std::vector<SafetensorsHeader> headers;
+    headers.reserve(paths.size());
+    for (const std::string& path : paths) headers.push_back(read_safetensors_header(path));
+    // One file: its path; shards: the first and how many more, as errors name where a tensor was looked for.
+    const std::string where = paths.size() == 1 ? "safetensors '" + paths[0] + "'"
+                                                : "safetensors '" + paths[0] + "' (and " +
+                                                      std::to_string(paths.size() - 1) + " more shards)";
     std::map<std::string, Tensor> parameters;
     for (const auto& [name, parameter] : module.named_parameters()) parameters.emplace(name, parameter);
 
     // Map every file name to a parameter, a skipped buffer, or the tied head; anything else is an error.
-    std::map<std::string, const SafetensorsEntry*> by_parameter;
-    const SafetensorsEntry* lm_head = nullptr;
-    for (const SafetensorsEntry& entry : header.entries) {
-        std::string name = entry.name;
-        if (name.rfind(hf_prefix, 0) == 0) name = name.substr(hf_prefix.size());
-        if (parameters.count(name)) {
-            ENGINE_CHECK(!by_parameter.count(name), "safetensors '" << path << "': tensor '" << name
-                                                                    << "' appears twice (with and without '"
-                                                                    << hf_prefix << "')");
-            by_parameter[name] = &entry;
-        } else if (is_mask_buffer(name)) {
-            continue;
-        } else if (name == "lm_head.weight") {
-            lm_head = &entry;
-        } else {
-            ENGINE_FAIL("safetensors '" << path << "': tensor '" << entry.name
-                                        << "' matches no parameter of the model (wrong model size?)");
+    struct Found {
+        const SafetensorsHeader* header;
+        const SafetensorsEntry* entry;
+    };
+    std::map<std::string, Found> by_parameter;
+    std::optional<Found> lm_head;
+    const std::string& prefix = names.accepted_prefix;
+    for (const SafetensorsHeader& header : headers) {
+        for (const SafetensorsEntry& entry : header.entries) {
+            std::string name = entry.name;
+            if (!prefix.empty() && name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
+            if (parameters.count(name)) {
+                ENGINE_CHECK(!by_parameter.count(name),
+                             "safetensors '" << header.path << "': tensor '" << name << "' appears twice"
+                                             << (prefix.empty() ? "" : " (with and without '" + prefix + "')"));
+                by_parameter[name] = {&header, &entry};
+            } else if (is_mask_buffer(name)) {
+                continue;
+            } else if (name == "lm_head.weight") {
+                lm_head = Found{&header, &entry};
+            } else {
+                ENGINE_FAIL("safetensors '" << header.path << "': tensor '" << entry.name
+                                            << "' matches no parameter of the model (wrong model size?)");
+            }
         }
     }
     for (const auto& [name, parameter] : parameters) {
         const auto found = by_parameter.find(name);
-        ENGINE_CHECK(found != by_parameter.end(),
-                     "safetensors '" << path << "': parameter '" << name << "' " << shape_string(parameter.shape())
-                                     << " is missing from the file");
-        ENGINE_CHECK(found->second->shape == parameter.shape(),
-                     "safetensors '" << path << "': tensor '" << found->second->name << "' has shape "
-                                     << shape_string(found->second->shape) << " but parameter '" << name
-                                     << "' needs " << shape_string(parameter.shape()));
+        ENGINE_CHECK(found != by_parameter.end(), where << ": parameter '" << name << "' "
+                                                        << shape_string(parameter.shape()) << " is missing from the file");
+        ENGINE_CHECK(found->second.entry->shape == parameter.shape(),
+                     "safetensors '" << found->second.header->path << "': tensor '" << found->second.entry->name
+                                     << "' has shape " << shape_string(found->second.entry->shape) << " but parameter '"
+                                     << name << "' needs " << shape_string(parameter.shape()));
     }
 
     // Stage everything on the host in each parameter's dtype before touching the model.
     std::map<std::string, Tensor> staged;
-    for (const auto& [name, entry] : by_parameter) {
-        const Tensor raw = read_safetensors_tensor(header, *entry);
+    for (const auto& [name, found] : by_parameter) {
+        const Tensor raw = read_safetensors_tensor(*found.header, *found.entry);
         staged.emplace(name, convert_on_host(raw, parameters.at(name).dtype(), MemoryCategory::workspace));
     }
-    if (lm_head != nullptr) {
-        const auto wte = staged.find("wte.weight");
-        ENGINE_CHECK(wte != staged.end(), "safetensors '" << path << "': tensor '" << lm_head->name
-                                                          << "' given but the model has no wte.weight to tie it to");
-        ENGINE_CHECK(lm_head->shape == wte->second.shape(),
-                     "safetensors '" << path << "': tensor '" << lm_head->name << "' has shape "
-                                     << shape_string(lm_head->shape) << ", not wte.weight's "
-                                     << shape_string(wte->second.shape()));
-        const Tensor head = convert_on_host(read_safetensors_tensor(header, *lm_head), wte->second.dtype(),
-                                            MemoryCategory::workspace);
-        ENGINE_CHECK(std::memcmp(head.raw_data(), wte->second.raw_data(), head.nbytes()) == 0,
-                     "safetensors '" << path << "': tensor '" << lm_head->name
-                                     << "' differs from wte.weight; this model's LM head is tied to wte");
+    if (lm_head) {
+        const std::string& head_path = lm_head->header->path;
+        const std::string& head_name = lm_head->entry->name;
+        const auto table = staged.find(names.tied_table);
+        ENGINE_CHECK(table != staged.end(), "safetensors '" << head_path << "': tensor '" << head_name
+                                                            << "' given but the model has no " << names.tied_table
+                                                            << " to tie it to");
+        ENGINE_CHECK(lm_head->entry->shape == table->second.shape(),
+                     "safetensors '" << head_path << "': tensor '" << head_name << "' has shape "
+                                     << shape_string(lm_head->entry->shape) << ", not " << names.tied_table << "'s "
+                                     << shape_string(table->second.shape()));
+        const Tensor head = convert_on_host(read_safetensors_tensor(*lm_head->header, *lm_head->entry),
+                                            table->second.dtype(), MemoryCategory::workspace);
+        ENGINE_CHECK(std::memcmp(head.raw_data(), table->second.raw_data(), head.nbytes()) == 0,
+                     "safetensors '" << head_path << "': tensor '" << head_name << "' differs from " << names.tied_table
+                                     << "; this model's LM head is tied to it");
     }
     for (auto& [name, parameter] : parameters) parameter.copy_from(staged.at(name));
     module.refresh_working_copies();

@@ -42,7 +42,9 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path);
 // Conv1D weights (in,out) as stored) in its own dtype (f32 -> F32, f64 -> F64), or in `file_dtype` when given
 // (bf16 -> BF16, rounded to nearest even), with __metadata__ {"format":"pt"}. Under mixed precision the
 // parameters are the f32 masters, so the default keeps them exact. Atomic: temporary file + rename.
-void save_safetensors(const Module& module, const std::string& path, std::optional<DType> file_dtype = std::nullopt);
+// name_prefix goes in front of every name (train_gpt writes GPT-2 directories with transformers' "transformer.").
+void save_safetensors(const Module& module, const std::string& path, std::optional<DType> file_dtype = std::nullopt,
+                      const std::string& name_prefix = "");
 
 // Loads a file into `module`'s parameters (converted to each parameter's dtype and device).
 // - A `transformer.` prefix on names is accepted.
@@ -53,5 +55,15 @@ void save_safetensors(const Module& module, const std::string& path, std::option
 // All tensors are read and converted first; the module changes only after everything succeeded, so on any
 // error it is left exactly as it was. Errors name the file and the tensor.
 void load_safetensors_into(Module& module, const std::string& path);
+
+// How a checkpoint's names meet a module's, for the general loader below.
+struct CheckpointNames {
+    std::string accepted_prefix = "transformer."; // a name may carry it in front (stripped)
+    std::string tied_table = "wte.weight"; // a file's lm_head.weight must equal it bitwise when the module has no lm_head
+};
+// The same all-or-nothing load over one or several files (a sharded checkpoint): every parameter must come from
+// exactly one of them. Besides the GPT-2 mask buffers, Llama's old persistent `rotary_emb.inv_freq` buffers are
+// skipped (the model builds its own tables).
+void load_safetensors_into(Module& module, const std::vector<std::string>& paths, const CheckpointNames& names);
 
 } // namespace engine::nn

@@ -3,7 +3,8 @@
 # device gives the CPU's loss at every step within 1e-5 relative, with gradient accumulation, checkpointing
 # and offload with prefetch on, and TF32 off (--tf32 false); and with --precision bf16, CUDA's bf16 kernels
 # against the CPU's within the bf16 bound below; the --eval-data losses (eval mode under NoGradGuard, through
-# the checkpointed blocks) within the same bounds. usage: train_gpt_cuda_matches_cpu.sh TRAIN_GPT WORK_DIR
+# the checkpointed blocks) within the same bounds. Both architectures: GPT-2 (tiny) and Llama (llama-tiny:
+# RoPE, grouped-query attention, SwiGLU, RMSNorm). usage: train_gpt_cuda_matches_cpu.sh TRAIN_GPT WORK_DIR
 set -u
 train_gpt=$1
 work=$2
@@ -14,14 +15,15 @@ for index in $(seq 20); do printf 'the %02d cat sat on the warm mat.' "$index"; 
 flags=(--eval-data "$work/held_out.txt" --eval-steps 3 --eval-every 2 --max-steps "${TRAIN_GPT_CUDA_STEPS:-4}" --per-device-train-batch-size 2 --seq-len 32 --gradient-accumulation-steps 3
        --gradient-checkpointing
        --every-n-layers 1 --offload --prefetch)
+for model in tiny llama-tiny; do
 for precision in fp32 bf16; do
 for device in cpu cuda; do
     math=()
     [ "$device" = cuda ] && [ "$precision" = fp32 ] && math=(--tf32 false)
-    if ! "$train_gpt" --device "$device" --precision "$precision" "${math[@]}" "${flags[@]}" \
-        --log "$work/$device-$precision.jsonl" >"$work/$device-$precision.out" 2>&1; then
-        echo "FAIL: train_gpt --device $device --precision $precision exited non-zero:"
-        tail -5 "$work/$device-$precision.out"
+    if ! "$train_gpt" --model "$model" --device "$device" --precision "$precision" "${math[@]}" "${flags[@]}" \
+        --log "$work/$model-$device-$precision.jsonl" >"$work/$model-$device-$precision.out" 2>&1; then
+        echo "FAIL: train_gpt --model $model --device $device --precision $precision exited non-zero:"
+        tail -5 "$work/$model-$device-$precision.out"
         exit 1
     fi
 done
@@ -31,7 +33,7 @@ done
 # so it moves by a small fraction of u: 2^-10 (1e-3) bounds it and is far below what a wrong kernel gives.
 tolerance=1e-5
 [ "$precision" = bf16 ] && tolerance=9.765625e-4
-"$python" - "$work/cpu-$precision.jsonl" "$work/cuda-$precision.jsonl" "$tolerance" <<'PY' || exit 1
+"$python" - "$work/$model-cpu-$precision.jsonl" "$work/$model-cuda-$precision.jsonl" "$tolerance" <<'PY' || exit 1
 import json, sys
 tolerance = float(sys.argv[3])
 cpu = [json.loads(line) for line in open(sys.argv[1])]
@@ -52,4 +54,5 @@ for a, b in zip(cpu, cuda):
 assert cuda[-1]["peak_mib"]["pinned_host"] > 0, "offload put nothing in pinned memory on cuda"
 print(f"{sys.argv[1]}: {len(cpu)} steps, worst relative difference {worst:.2e}")
 PY
+done
 done

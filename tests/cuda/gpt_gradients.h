@@ -37,14 +37,13 @@ struct MicroBatch {
     std::vector<int32_t> targets; // (B,T), already shifted; -100 where ignored
 };
 
-// Fixed data (its own generator, not the engine RNG): `count` micro-batches of (batch, T) with a few ignored
-// targets, the last position of every row ignored as in causal shifting.
-inline std::vector<MicroBatch> make_micro_batches(const nn::GPTConfig& config, int count, int batch,
-                                                  uint32_t seed = 20240605) {
+// Fixed data (its own generator, not the engine RNG): `count` micro-batches of (batch, length) ids below
+// `vocabulary` with a few ignored targets, the last position of every row ignored as in causal shifting.
+inline std::vector<MicroBatch> make_token_micro_batches(int vocabulary, int length, int count, int batch,
+                                                        uint32_t seed) {
     std::mt19937 generator(seed);
-    std::uniform_int_distribution<int32_t> token(0, config.vocab_size - 1);
+    std::uniform_int_distribution<int32_t> token(0, vocabulary - 1);
     std::bernoulli_distribution ignored(0.1);
-    const int length = config.max_seq_len;
     std::vector<MicroBatch> batches(static_cast<size_t>(count));
     for (MicroBatch& micro : batches) {
         std::vector<int32_t> row(static_cast<size_t>(length) + 1);
@@ -59,6 +58,12 @@ inline std::vector<MicroBatch> make_micro_batches(const nn::GPTConfig& config, i
         }
     }
     return batches;
+}
+
+// The GPT tests' data: sequences of the model's full length.
+inline std::vector<MicroBatch> make_micro_batches(const nn::GPTConfig& config, int count, int batch,
+                                                  uint32_t seed = 20240605) {
+    return make_token_micro_batches(config.vocab_size, config.max_seq_len, count, batch, seed);
 }
 
 struct GptGradients {

@@ -103,26 +103,26 @@ struct Bf16AttentionResults {
 };
 
 void check_attention(Bf16KernelTest& test, AttentionShape shape) {
-    const auto [B, T, C, NH] = shape;
-    const int hs = C / NH;
+    const int B = shape.B, T = shape.T, C = shape.C, NH = shape.NH, KVH = shape.kv_heads(), hs = C / NH;
     const size_t tokens = size_t(B) * T;
-    const auto qkv = rounded(test.random_floats(tokens * 3 * C, -2.0f, 2.0f));
+    const auto qkv = rounded(test.random_floats(tokens * shape.qkv_width(), -2.0f, 2.0f));
     const auto dout = rounded(test.random_floats(tokens * C));
-    const auto dqkv_start = rounded(test.random_floats(tokens * 3 * C, -0.01f, 0.01f));
+    const auto dqkv_start = rounded(test.random_floats(tokens * shape.qkv_width(), -0.01f, 0.01f));
     Bf16AttentionResults cpu_results{std::vector<bfloat16>(tokens * C), dqkv_start,
                                      std::vector<float>(size_t(B) * NH * T)};
-    cpu::attention_forward(cpu_results.out.data(), cpu_results.logsumexp.data(), qkv.data(), B, T, C, NH);
+    cpu::attention_forward(cpu_results.out.data(), cpu_results.logsumexp.data(), qkv.data(), B, T, C, NH, KVH);
     cpu::attention_backward(cpu_results.dqkv.data(), dout.data(), qkv.data(), cpu_results.out.data(),
-                            cpu_results.logsumexp.data(), B, T, C, NH);
+                            cpu_results.logsumexp.data(), B, T, C, NH, KVH);
 
     DeviceBuffer<bfloat16> qkv_device(qkv), dout_device(dout), dqkv_device(dqkv_start), out_device(tokens * C);
     DeviceBuffer<float> logsumexp_device(nan_filled(size_t(B) * NH * T)), row_dot(size_t(B) * NH * T);
-    gpu::attention_forward(out_device.get(), logsumexp_device.get(), qkv_device.get(), B, T, C, NH, false, test.stream);
+    gpu::attention_forward(out_device.get(), logsumexp_device.get(), qkv_device.get(), B, T, C, NH, KVH, false,
+                           test.stream);
     // The backward reads the CPU's out and logsumexp, so that it is compared on the same inputs as the CPU's.
     DeviceBuffer<bfloat16> cpu_out(cpu_results.out);
     DeviceBuffer<float> cpu_logsumexp(cpu_results.logsumexp);
     gpu::attention_backward(dqkv_device.get(), row_dot.get(), dout_device.get(), qkv_device.get(), cpu_out.get(),
-                            cpu_logsumexp.get(), B, T, C, NH, false, test.stream);
+                            cpu_logsumexp.get(), B, T, C, NH, KVH, false, test.stream);
     const auto out = out_device.to_host();
     const auto logsumexp = logsumexp_device.to_host();
     const auto dqkv = dqkv_device.to_host();
@@ -130,7 +130,8 @@ void check_attention(Bf16KernelTest& test, AttentionShape shape) {
     const AttentionBounds bounds =
         attention_bounds(widened(qkv), widened(dout), widened(cpu_results.out), cpu_results.logsumexp, shape);
     const double f32_slack = (hs + T + 8) * std::ldexp(1.0, -24);
-    const std::string where = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " hs=" + std::to_string(hs);
+    const std::string where = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " hs=" + std::to_string(hs) +
+                              " NH=" + std::to_string(NH) + " KVH=" + std::to_string(KVH);
     UlpRecord out_record, dqkv_record;
     for (size_t i = 0; i < out.size(); ++i) {
         const double reference = to_float(cpu_results.out[i]), error = std::fabs(to_float(out[i]) - reference);
@@ -161,6 +162,17 @@ TEST_F(Bf16KernelTest, AttentionMatchesTheCpuBf16) {
     for (const AttentionShape shape : {AttentionShape{1, 1, 32, 2}, AttentionShape{2, 17, 48, 2},
                                        AttentionShape{1, 80, 64, 1}, AttentionShape{1, 70, 32, 2},
                                        AttentionShape{1, 20, 160, 1}, AttentionShape{1, 20, 256, 1}}) {
+        check_attention(*this, shape);
+    }
+}
+
+// Grouped-query attention (KVH < NH): the key/value pass sums dK and dV of a kv head over its query heads in f32
+// before the one rounding, as the CPU bf16 reference; the bounds sum over the same heads. T = 17 and 70 (partial
+// tiles, past one 64-key tile), head sizes 64, 128 and 256, groups of 2, 3 and 6.
+TEST_F(Bf16KernelTest, GroupedQueryAttentionMatchesTheCpuBf16) {
+    for (const AttentionShape shape : {AttentionShape{2, 17, 256, 4, 2}, AttentionShape{1, 70, 384, 6, 1},
+                                       AttentionShape{1, 20, 256, 2, 1}, AttentionShape{1, 70, 384, 3, 1},
+                                       AttentionShape{1, 20, 512, 2, 1}, AttentionShape{1, 17, 144, 6, 2}}) {
         check_attention(*this, shape);
     }
 }

@@ -1,0 +1,47 @@
+// CPU reference kernels of the Llama-family ops (rotary position embedding, fused SwiGLU); conventions as in
+// kernels/cpu/cpu_kernels.h. The CUDA twins are declared in kernels/cuda/llama_kernels.h.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/bfloat16.h"
+
+namespace engine::kernels::cpu {
+
+// ---- rope: rotary position embedding, Hugging Face's rotate-half layout ----
+// x is (B,T,H*D), head h of position t occupying columns [h*D, (h+1)*D); D = head_size is even and half = D/2.
+// For i in [0, half), with c = cos[t,i] and s = sin[t,i] (row t of a (P, half) table, P >= T):
+//   out[i] = x[i]*c - x[i+half]*s;  out[i+half] = x[i+half]*c + x[i]*s
+// computed in Compute<Scalar> (tables too) and rounded once on store.
+template <typename Scalar>
+void rope_forward(Scalar* out,                 // (B,T,H*D)
+                  const Scalar* inp,           // (B,T,H*D)
+                  const Compute<Scalar>* cos,  // (P,D/2), rows [0,T) read
+                  const Compute<Scalar>* sin,  // (P,D/2)
+                  int B, int T, int H, int D);
+// The inverse rotation (the transpose of the forward's orthogonal 2x2 blocks):
+//   dinp[i] += dout[i]*c + dout[i+half]*s;  dinp[i+half] += dout[i+half]*c - dout[i]*s
+template <typename Scalar>
+void rope_backward(Scalar* dinp,                // (B,T,H*D) +=
+                   const Scalar* dout,          // (B,T,H*D)
+                   const Compute<Scalar>* cos,  // (P,D/2)
+                   const Compute<Scalar>* sin,  // (P,D/2)
+                   int B, int T, int H, int D);
+
+// ---- swiglu: out = silu(gate) * up, elementwise (Llama's MLP activation) ----
+// silu and its derivative are kernels/common/pointwise_functions.h's, so CPU and CUDA evaluate one formula.
+template <typename Scalar>
+void swiglu_forward(Scalar* out,        // (N)
+                    const Scalar* gate, // (N)
+                    const Scalar* up,   // (N)
+                    int64_t N);
+// dgate += dout * up * silu'(gate); dup += dout * silu(gate). Either gradient may be null (not needed).
+template <typename Scalar>
+void swiglu_backward(Scalar* dgate,      // (N) += or null
+                     Scalar* dup,        // (N) += or null
+                     const Scalar* dout, // (N)
+                     const Scalar* gate, // (N)
+                     const Scalar* up,   // (N)
+                     int64_t N);
+
+} // namespace engine::kernels::cpu

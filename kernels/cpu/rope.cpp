@@ -1,0 +1,64 @@
+// Rotary position embedding (Hugging Face's rotate-half layout), the reference for kernels/cuda/rope.cu.
+#include "kernels/cpu/llama_kernels.h"
+
+namespace engine::kernels::cpu {
+
+// Each product and sum is its own statement's operand in a fixed order (a*c, then b*s, then the sum), the
+// order the CUDA twin spells out with __fmul_rn/__fadd_rn, so that the two round alike.
+template <typename S>
+void rope_forward(S* out, const S* inp, const Compute<S>* cos, const Compute<S>* sin, int B, int T, int H, int D) {
+    using C = Compute<S>;
+    const int half = D / 2;
+    for (int b = 0; b < B; ++b) {
+        for (int t = 0; t < T; ++t) {
+            const C* c = cos + static_cast<int64_t>(t) * half; // (D/2) row t
+            const C* s = sin + static_cast<int64_t>(t) * half;
+            for (int h = 0; h < H; ++h) {
+                const int64_t head = ((static_cast<int64_t>(b) * T + t) * H + h) * D;
+                const S* x = inp + head; // (D)
+                S* y = out + head;       // (D)
+                for (int i = 0; i < half; ++i) {
+                    const C first = widen(x[i]), second = widen(x[i + half]);
+                    y[i] = narrow<S>(first * c[i] - second * s[i]);
+                    y[i + half] = narrow<S>(second * c[i] + first * s[i]);
+                }
+            }
+        }
+    }
+}
+
+template <typename S>
+void rope_backward(S* dinp, const S* dout, const Compute<S>* cos, const Compute<S>* sin, int B, int T, int H,
+                   int D) {
+    using C = Compute<S>;
+    const int half = D / 2;
+    for (int b = 0; b < B; ++b) {
+        for (int t = 0; t < T; ++t) {
+            const C* c = cos + static_cast<int64_t>(t) * half;
+            const C* s = sin + static_cast<int64_t>(t) * half;
+            for (int h = 0; h < H; ++h) {
+                const int64_t head = ((static_cast<int64_t>(b) * T + t) * H + h) * D;
+                const S* dy = dout + head; // (D)
+                S* dx = dinp + head;       // (D)
+                for (int i = 0; i < half; ++i) {
+                    const C first = widen(dy[i]), second = widen(dy[i + half]);
+                    // The rotation's contribution first, then one += (one rounding for bf16).
+                    const C first_gradient = first * c[i] + second * s[i];
+                    const C second_gradient = second * c[i] - first * s[i];
+                    dx[i] = narrow<S>(widen(dx[i]) + first_gradient);
+                    dx[i + half] = narrow<S>(widen(dx[i + half]) + second_gradient);
+                }
+            }
+        }
+    }
+}
+
+#define ENGINE_INSTANTIATE_ROPE(S)                                                                           \
+    template void rope_forward<S>(S*, const S*, const Compute<S>*, const Compute<S>*, int, int, int, int);   \
+    template void rope_backward<S>(S*, const S*, const Compute<S>*, const Compute<S>*, int, int, int, int);
+ENGINE_INSTANTIATE_ROPE(float)
+ENGINE_INSTANTIATE_ROPE(double)
+ENGINE_INSTANTIATE_ROPE(bfloat16)
+#undef ENGINE_INSTANTIATE_ROPE
+
+} // namespace engine::kernels::cpu

@@ -1,0 +1,38 @@
+// The parts every causal LM shares: the checkpointed decoder stack and the real-vocabulary forward.
+#include "nn/causal_lm.h"
+
+namespace engine::nn {
+
+Tensor CausalLM::forward(const Tensor& tokens) const {
+    const Tensor logits = forward_padded(tokens); // (B,T,Vp)
+    return padded_vocab_size() == vocab_size() ? logits : first_columns(logits, vocab_size());
+}
+
+void CausalLM::set_checkpointing(const checkpoint::CheckpointPolicy& policy) {
+    segments_ = checkpoint::plan_segments(block_count(), policy);
+    policy_ = policy;
+}
+
+Tensor CausalLM::run_decoder(Tensor input) const {
+    if (!policy_.enabled) return run_blocks(input, 0, block_count());
+    Tensor x = std::move(input);
+    for (const checkpoint::Segment& segment : segments_) {
+        if (!segment.checkpointed) {
+            x = run_blocks(x, segment.first_layer, segment.layer_count);
+            continue;
+        }
+        auto blocks = [this, segment](const std::vector<Tensor>& inputs) {
+            return std::vector<Tensor>{run_blocks(inputs[0], segment.first_layer, segment.layer_count)};
+        };
+        x = checkpoint::checkpoint(blocks, {x}, policy_.offload, policy_.prefetch)[0];
+    }
+    return x;
+}
+
+void CausalLM::check_tokens(const char* model, const Tensor& tokens) const {
+    ENGINE_CHECK(tokens.dim() == 2, model << "::forward: tokens " << tokens.describe() << " must be (B,T)");
+    ENGINE_CHECK(tokens.size(1) <= max_seq_len(), model << "::forward: sequence length " << tokens.size(1)
+                                                        << " exceeds the model maximum " << max_seq_len());
+}
+
+} // namespace engine::nn

@@ -1,0 +1,54 @@
+// CausalLM: what a decoder-only language model is to the trainer, the planner and train_gpt (GPT-2 and Llama
+// derive from it): token ids in, next-token logits out, and a stack of decoder layers that checkpoint policies
+// count (Hugging Face's GradientCheckpointingLayer).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "nn/module.h"
+
+namespace engine::nn {
+
+class CausalLM : public Module {
+public:
+    // tokens (B,T) i32 -> logits (B,T,Vp), Vp = padded_vocab_size(). Columns from vocab_size() on are padding
+    // (zero): pass vocab_size() to the loss (cross_entropy_in_place's vocabulary), which keeps them out of the
+    // softmax. The trainer's built-in loss uses this.
+    virtual Tensor forward_padded(const Tensor& tokens) const = 0;
+    // tokens (B,T) i32 -> logits (B,T,V): the real vocabulary (a copy of the padded logits' first V columns
+    // when the model pads it).
+    Tensor forward(const Tensor& tokens) const;
+
+    virtual int vocab_size() const = 0;
+    virtual int padded_vocab_size() const { return vocab_size(); }
+    virtual int max_seq_len() const = 0;
+    // Hugging Face's model_type: "gpt2", "llama".
+    virtual std::string architecture() const = 0;
+
+    // The decoder layers, for the checkpoint policy: block_count() of them, run_blocks chaining [first, first+count).
+    virtual int block_count() const = 0;
+    virtual Tensor run_blocks(const Tensor& input, int first_block, int count) const = 0;
+    // Applies a checkpoint policy to the decoder layers (the only checkpointable layers); disabled = plain.
+    void set_checkpointing(const checkpoint::CheckpointPolicy& policy) override;
+    const checkpoint::CheckpointPolicy& checkpointing() const { return policy_; }
+    const std::vector<checkpoint::Segment>& segments() const { return segments_; }
+
+    virtual Device device() const = 0; // where the parameters are (Module::to moves them)
+    DType dtype() const { return compute_dtype(); } // what the forward computes in: the activations' dtype
+
+protected:
+    // All decoder layers under the policy: checkpointed segments through checkpoint::checkpoint, the rest plain.
+    // Takes its input by value and drops it after the first segment: callers move their handle in, so that an
+    // offloaded first segment's input (the embedding output) leaves the device as soon as it is copied out.
+    Tensor run_decoder(Tensor input) const;
+    // Refuses tokens that are not (B,T) or longer than max_seq_len(), naming `model`.
+    void check_tokens(const char* model, const Tensor& tokens) const;
+
+private:
+    checkpoint::CheckpointPolicy policy_;
+    std::vector<checkpoint::Segment> segments_;
+};
+
+} // namespace engine::nn
