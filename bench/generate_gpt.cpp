@@ -1,10 +1,11 @@
-// generate_gpt: samples from a GPT-2 checkpoint that train_gpt --save wrote (safetensors, Hugging Face names),
-// with a key/value cache: the prompt runs once, then each new token costs one position. The model's shape comes
-// from the file (wte (V,C), wpe (max_T,C), the h.N blocks) except the head count, which safetensors does not
-// store. With the byte vocabulary (V = 256, train_gpt's built-in corpus) the prompt and the output are text;
+// generate_gpt: samples from a GPT-2 checkpoint that train_gpt --save wrote (a Hugging Face model directory, or
+// a safetensors file with Hugging Face names), with a key/value cache: the prompt runs once, then each new token
+// costs one position. A directory's config.json gives the model's shape; a bare file gives it from its tensors
+// (wte (V,C), wpe (max_T,C), the h.N blocks) except the head count, which safetensors does not store. With the byte vocabulary (V = 256, train_gpt's built-in corpus) the prompt and the output are text;
 // otherwise comma-separated token ids. Bad flags: one "generate_gpt: error: --flag: reason" line, exit 2.
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "nn/generation.h"
+#include "nn/io/pretrained.h"
 #include "nn/io/safetensors.h"
 #include "train_gpt_options.h"
 #include "engine/cuda/runtime.h"
@@ -38,10 +40,11 @@ struct Options {
 };
 
 std::string usage() {
-    return R"(usage: generate_gpt --checkpoint FILE.safetensors --n-head N [flags]
+    return R"(usage: generate_gpt --checkpoint DIR [flags]   or   generate_gpt --checkpoint FILE.safetensors --n-head N [flags]
 
-  --checkpoint FILE     weights written by train_gpt --save (vocabulary, width, layers, max length read from it)
-  --n-head N            attention heads (safetensors does not store them; train_gpt's tiny and small: 4)
+  --checkpoint DIR|FILE a GPT-2 model directory (train_gpt --save DIR, or transformers' own: config.json gives
+                        every size), or a safetensors file train_gpt --save wrote (sizes read from its tensors)
+  --n-head N            with a FILE only: attention heads (safetensors does not store them; tiny and small: 4)
   --prompt TEXT         text for the byte vocabulary (V = 256), else comma-separated token ids
                         (default: a newline, or token 50256 / 0)
   --max-new-tokens N    tokens to sample; prompt + N must fit the model's max length (default 100, or fewer
@@ -57,7 +60,10 @@ std::string usage() {
 Options parse_options(const std::vector<std::string>& arguments) {
     Options options;
     const std::map<std::string, train_gpt::FlagSetter> valued = {
-        {"--checkpoint", [&](auto& f, auto& v) { train_gpt::require_file(f, v); options.checkpoint = v; }},
+        {"--checkpoint", [&](auto& f, auto& v) {
+             train_gpt::require(nn::is_pretrained_directory(v) || std::filesystem::is_regular_file(v), f,
+                                "no such file, or directory with a config.json, '" + v + "'");
+             options.checkpoint = v; }},
         {"--n-head", [&](auto& f, auto& v) { options.n_head = train_gpt::parse_int(f, v); train_gpt::require(options.n_head > 0, f, "must be positive"); }},
         {"--prompt", [&](auto&, auto& v) { options.prompt = v; }},
         {"--max-new-tokens", [&](auto& f, auto& v) { options.max_new_tokens = train_gpt::parse_int(f, v); train_gpt::require(*options.max_new_tokens > 0, f, "must be positive"); }},
@@ -68,8 +74,12 @@ Options parse_options(const std::vector<std::string>& arguments) {
     };
     train_gpt::apply_flags(arguments, valued, {{"--help", &options.help}});
     if (options.help) return options;
-    train_gpt::require(!options.checkpoint.empty(), "--checkpoint", "is required (a file train_gpt --save wrote)");
-    train_gpt::require(options.n_head > 0, "--n-head", "is required (safetensors does not store the head count)");
+    train_gpt::require(!options.checkpoint.empty(), "--checkpoint", "is required (a directory or file train_gpt --save wrote)");
+    // A model directory's config.json has the head count; a bare safetensors file does not.
+    if (nn::is_pretrained_directory(options.checkpoint))
+        train_gpt::require(options.n_head == 0, "--n-head", "comes from " + options.checkpoint + "/config.json; leave it out");
+    else
+        train_gpt::require(options.n_head > 0, "--n-head", "is required (safetensors does not store the head count)");
     return options;
 }
 
@@ -138,8 +148,22 @@ Device resolve_device(const std::string& device) {
     return device != "cpu" && available ? Device::cuda : Device::cpu;
 }
 
+// A train_gpt --save directory (or transformers' own GPT-2 directory): its config.json is the model.
+nn::GPTConfig directory_config(const std::string& directory) {
+    nn::ModelConfig config;
+    try {
+        config = nn::read_pretrained_config(directory);
+    } catch (const EngineError& error) {
+        throw train_gpt::flag_error("--checkpoint", error);
+    }
+    train_gpt::require(config.is_gpt(), "--checkpoint",
+                       "'" + directory + "' holds a " + config.architecture() + " model; generate_gpt samples GPT-2 only");
+    return config.gpt();
+}
+
 int run(const Options& options) {
-    const nn::GPTConfig config = infer_config(options.checkpoint, options.n_head);
+    const bool directory = nn::is_pretrained_directory(options.checkpoint);
+    const nn::GPTConfig config = directory ? directory_config(options.checkpoint) : infer_config(options.checkpoint, options.n_head);
     const std::vector<int32_t> prompt = parse_prompt(options.prompt, config.vocab_size);
     const int room = config.max_seq_len - static_cast<int>(prompt.size()); // positions left after the prompt
     train_gpt::require(room > 0 || options.prompt.has_value(), "--checkpoint", "the model has a single position");
@@ -157,7 +181,8 @@ int run(const Options& options) {
 
     nn::GPT model(config, 0, device, DType::f32);
     try {
-        nn::load_safetensors_into(model, options.checkpoint);
+        if (directory) nn::load_pretrained_into(model, options.checkpoint);
+        else nn::load_safetensors_into(model, options.checkpoint);
     } catch (const EngineError& error) {
         throw train_gpt::flag_error("--checkpoint", error);
     }

@@ -290,6 +290,14 @@ measure_offload() {
             --log "$out/offload_bf16_offload.jsonl"
         require_ok offload_bf16_offload
     fi
+    # A Llama-family step (RoPE, grouped-query attention, SwiGLU, RMSNorm): SmolLM-135M's shape at T 2048 in
+    # bf16, every decoder layer checkpointed and offloaded, when train_gpt knows the model.
+    if "${runner[@]}" "$train_gpt" --help 2>&1 | grep -q -- 'smollm-135m'; then
+        run_step llama_smollm 90 "${runner[@]}" "$train_gpt" --device cuda --model smollm-135m --seq-len 2048 \
+            --per-device-train-batch-size 4 --gradient-accumulation-steps 1 --max-steps 6 --lr-scheduler-type constant \
+            --gradient-checkpointing --offload --precision bf16 --log "$out/llama_smollm.jsonl"
+        require_ok llama_smollm
+    fi
 }
 
 # The NCCL backend, which only a GPU machine can run: one rank's NCCL all-reduce, broadcast and bootstrap over
@@ -393,12 +401,14 @@ for path in sorted(glob.glob(sys.argv[1] + "/*.json")):
         else:
             print(f"{name:40s} {time:>12s}{' ' * 28}{versus}")
 # train_gpt JSON lines: the first two steps warm the caches and are left out of the mean.
-for path in sorted(glob.glob(sys.argv[1] + "/offload_*.jsonl")):
+runs = [(path, "train_gpt 124M B4 T1024 " + path.rsplit("/", 1)[1][len("offload_"):-len(".jsonl")])
+        for path in sorted(glob.glob(sys.argv[1] + "/offload_*.jsonl"))]
+runs += [(path, "train_gpt smollm-135m B4 T2048 bf16 offload") for path in glob.glob(sys.argv[1] + "/llama_smollm.jsonl")]
+for path, name in runs:
     try:
         steps = [json.loads(line) for line in open(path) if line.strip()]
     except (OSError, ValueError):
         continue
-    name = "train_gpt 124M B4 T1024 " + path.rsplit("/", 1)[1][len("offload_"):-len(".jsonl")]
     steady = steps[2:] or steps
     if not steady:
         print(f"{name:40s} {'no steps logged':>40s}")

@@ -84,5 +84,17 @@ expect --prompt "${expect_ids[@]}" --prompt 1,300
 expect --prompt "${expect_ids[@]}" --prompt 1,x
 expect --max-new-tokens "${expect_ids[@]}" --prompt 1,2 --max-new-tokens 15
 
+# A model directory (train_gpt --save DIR): its config.json gives the head count, so --n-head is not needed,
+# and the same weights sample the same text as the file.
+"$train_gpt" --max-steps 20 --save "$work/tiny_dir" >"$work/train_dir.out" 2>&1
+check "train_gpt --save DIR" $? "$(tail -3 "$work/train_dir.out")"
+"$generate_gpt" --checkpoint "$work/tiny_dir" --prompt "The " --max-new-tokens 40 --seed 7 >"$work/dir.out" 2>"$work/dir.err"
+check "generate_gpt --checkpoint DIR exits 0" $? "$(cat "$work/dir.err")"
+cmp -s "$work/a.out" "$work/dir.out"
+check "the directory samples what the file does" $? "$(cat "$work/a.out") vs $(cat "$work/dir.out")"
+expect --n-head --checkpoint "$work/tiny_dir" --n-head 4
+"$train_gpt" --model llama-tiny --max-steps 1 --save "$work/llama_dir" >/dev/null 2>&1
+expect --checkpoint --checkpoint "$work/llama_dir"
+
 echo "$((total - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]
