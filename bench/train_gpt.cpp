@@ -375,7 +375,11 @@ int run(const Options& flags) {
                   << "data: " << (options.data.empty() ? "built-in corpus" : options.data) << ", "
                   << loader->window_count()
                   << (options.data_layout == nn::DataLayout::padded ? " documents padded to " : " windows of ")
-                  << options.seq_len << " tokens\n";
+                  << options.seq_len << " tokens"
+                  << (options.data_layout == nn::DataLayout::padded
+                          ? " (end of text " + std::to_string(options.eot_token) + ")"
+                          : std::string())
+                  << "\n";
         if (validation)
             std::cout << "validation: " << options.eval_data << ", the first " << validation->batch_count() << " of its "
                       << validation->batch_count_available() << " batches of " << config.per_device_train_batch_size

@@ -172,15 +172,17 @@ model:
                                  model.safetensors or sharded files): its config decides the architecture and
                                  every size, so --model and the size flags are refused. FILE: Hugging Face
                                  names of the --model architecture
-  --save DIR|FILE.safetensors    write the trained weights (the f32 masters; see --save-dtype). DIR (any path not
-                                 ending in .safetensors): a directory transformers' from_pretrained loads
-                                 (config.json, model.safetensors, and --init DIR's tokenizer files)
+  --save DIR|FILE.safetensors    write the trained weights (the f32 masters; see --save-dtype). A path ending in
+                                 .safetensors: that one file. Any other path (model.bin included, which before
+                                 Llama support wrote a file) is a directory transformers' from_pretrained loads:
+                                 config.json, model.safetensors, and --init DIR's tokenizer files
   --save-dtype fp32|bf16         the dtype --save writes (default fp32; bf16 rounds to nearest even)
 data:
   --data FILE                    llm.c token shard or any file as bytes (default: built-in corpus)
   --data-layout packed|padded    packed: windows of --seq-len tokens (default); padded: one document per
                                  sequence, split at --eot-token, truncated or padded (labels -100)
-  --eot-token N                  end of text for padded (default 50256 if the vocabulary has it, else 10, '\n')
+  --eot-token N                  end of text for padded (default: --init DIR's eos_token_id; else 50256 if the
+                                 vocabulary has it, else 10, '\n')
 data parallelism (mpirun -np N train_gpt ...; docs/DISTRIBUTED.md):
   --communicator auto|none|mpi|nccl   auto: nccl on CUDA, mpi on the CPU when launched with several ranks
   --check-replicas[=true|false]  after every step, check every rank holds bitwise the same weights and moments
@@ -301,10 +303,19 @@ Options parse_options(const std::vector<std::string>& arguments) {
                      "no such file or directory '" + v + "'");
              options.init = v; }},
         {"--save", [&](auto& f, auto& v) {
-             const std::filesystem::path parent = std::filesystem::path(v).parent_path();
+             // Checked now, not after training: a path that cannot become what --save writes would lose the run.
+             namespace fs = std::filesystem;
+             require(!v.empty(), f, "needs a path");
              std::error_code error;
-             require(!v.empty() && (parent.empty() || std::filesystem::is_directory(parent, error)), f,
-                     "no directory for '" + v + "'");
+             const fs::path path = fs::path(v).lexically_normal();
+             const fs::path target = path.has_filename() ? path : path.parent_path(); // "out/" is the directory out
+             const fs::path parent = target.parent_path();
+             require(parent.empty() || fs::is_directory(parent, error), f, "no directory for '" + v + "'");
+             if (saves_directory(v))
+                 require(!fs::exists(target, error) || fs::is_directory(target, error), f,
+                         "'" + v + "' is a file; a path not ending in .safetensors names a model directory");
+             else
+                 require(!fs::is_directory(target, error), f, "'" + v + "' is a directory, not a .safetensors file");
              options.save = v; }},
         {"--log", [&](auto& f, auto& v) { require(!v.empty(), f, "needs a file name"); options.log = v; }},
         {"--out", [&](auto& f, auto& v) { require(!v.empty(), f, "needs a directory"); options.out = v; }},
@@ -349,7 +360,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
     given = apply_flags(arguments, valued, switches);
     if (options.help) return options;
     require(options.save_every == 0 || !options.out.empty(), "--save-every", "needs --out DIR");
-    require(!options.save_dtype || !options.save.empty(), "--save-dtype", "needs --save FILE");
+    require(!options.save_dtype || !options.save.empty(), "--save-dtype", "needs --save FILE|DIR");
     for (const char* eval_flag : {"--eval-steps", "--eval-every"})
         require(!options.eval_data.empty() || !given.contains(eval_flag), eval_flag, "needs --eval-data FILE");
 
@@ -371,6 +382,13 @@ Options parse_options(const std::vector<std::string>& arguments) {
     if (const std::optional<engine::ConfigProblem> problem = model.problem())
         throw UsageError(flag_for_field(problem->field), problem->reason);
     if (options.seq_len == 0) options.seq_len = model.max_seq_len();
+    // The end of text that splits padded documents: the directory's eos_token_id when it names a token of the
+    // vocabulary (transformers' tiny test configs keep GPT-2's 50256 over 64 ids), else GPT-2's rule.
+    if (options.eot_token < 0 && init_directory) {
+        const std::optional<int> end_of_text =
+            as_flag("--init", [&] { return engine::nn::pretrained_end_of_text(options.init); });
+        if (end_of_text && *end_of_text < model.vocab_size()) options.eot_token = *end_of_text;
+    }
     if (options.eot_token < 0) options.eot_token = model.vocab_size() > 50256 ? 50256 : '\n';
     require(options.eot_token < model.vocab_size(), "--eot-token",
             std::to_string(options.eot_token) + " is outside the vocabulary of " + std::to_string(model.vocab_size()));

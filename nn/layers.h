@@ -81,8 +81,8 @@ public:
     double eps;
 };
 
-// A table of `rows` vectors of `channels` values. It has no forward of its own yet (no single-table lookup
-// op): GPT reads its tables through embedding(tokens, wte, wpe).
+// A table of `rows` vectors of `channels` values: forward looks rows up (torch.nn.Embedding; Llama's
+// embed_tokens). GPT reads its two tables together through embedding(tokens, wte, wpe).
 class Embedding : public Module {
 public:
     // PyTorch's default initialisation: weight ~ N(0, 1).
@@ -92,6 +92,8 @@ public:
     // (rows, C) is a parameter: the optimizer, the files and the parameter count see the real rows, so the
     // padding is never updated and stays exactly zero.
     Embedding(int rows, int channels, const InitOptions& init, int padded_rows = 0);
+    // tokens (B,T) i32 -> (B,T,C): row tokens[b,t] of the table (ids checked against `rows`).
+    Tensor forward(const Tensor& tokens) const { return embedding(tokens, working(weight)); }
     Tensor weight;        // (rows, C)
     Tensor padded_weight; // (padded_rows, C): the same storage and gradient buffer; weight itself if unpadded
 };

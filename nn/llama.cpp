@@ -174,7 +174,7 @@ Tensor Llama::run_blocks(const Tensor& input, int first_block, int count) const 
 
 Tensor Llama::forward_padded(const Tensor& tokens) const {
     check_tokens("Llama", tokens);
-    Tensor x = embedding(tokens, model.embed_tokens.working(model.embed_tokens.weight)); // (B,T,C)
+    Tensor x = model.embed_tokens.forward(tokens); // (B,T,C)
     x = model.norm.forward(run_decoder(std::move(x)));
     if (lm_head) return lm_head->forward(x); // (B,T,V)
     return matmul(x, model.embed_tokens.working(model.embed_tokens.weight), /*transpose_b=*/true);

@@ -224,6 +224,17 @@ TEST(LlamaCheckpointFiles, ErrorsNameTheFileAndTheKey) {
     expect_error([&] { nn::read_pretrained_config(heads.string()); }, {"config.json", "num_key_value_heads"});
     const fs::path missing = edited_copy("missing_key", [](auto& c) { c.erase("hidden_size"); });
     expect_error([&] { nn::read_pretrained_config(missing.string()); }, {"config.json", "hidden_size", "missing"});
+    const fs::path rope_type = edited_copy("rope_type", [](auto& c) {
+        c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 500000.0}};
+    });
+    expect_error([&] { nn::read_pretrained_config(rope_type.string()); },
+                 {"config.json", "rope_parameters.rope_type", "yarn"});
+    const fs::path rope_theta = edited_copy("rope_theta", [](auto& c) {
+        c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}}; // top level says 500000
+    });
+    expect_error([&] { nn::read_pretrained_config(rope_theta.string()); }, {"config.json", "rope_parameters.rope_theta"});
+    const fs::path dropout = edited_copy("dropout", [](auto& c) { c["attention_dropout"] = 0.1; });
+    expect_error([&] { nn::read_pretrained_config(dropout.string()); }, {"config.json", "attention_dropout"});
     const fs::path shard = edited_copy("shard", [](auto&) {});
     fs::remove(shard / "model-00003-of-00010.safetensors");
     nn::Llama model(nn::read_pretrained_config(shard.string()).llama(), 1);
@@ -231,7 +242,79 @@ TEST(LlamaCheckpointFiles, ErrorsNameTheFileAndTheKey) {
     expect_error([&] { nn::load_pretrained_into(model, shard.string()); },
                             {"model.safetensors.index.json", "model-00003-of-00010.safetensors", "missing"});
     EXPECT_EQ(model.named_parameters()[0].second.to_vector<float>(), before); // nothing changed
-    for (const fs::path& directory : {qwen, scaled, biased, heads, missing, shard}) fs::remove_all(directory);
+    // A later shard whose tensor has the wrong shape: found only after earlier shards were read, and still
+    // nothing of the model changes.
+    const fs::path wrong = edited_copy("wrong_shape", [](auto&) {});
+    nn::Llama narrow_model(nn::read_pretrained_config(wrong.string()).llama(), 1);
+    {
+        nn::LlamaConfig other = nn::read_pretrained_config(wrong.string()).llama();
+        other.intermediate_size = 40;
+        nn::Llama narrow(other, 3);
+        nn::save_safetensors(narrow, (wrong / "model-00010-of-00010.safetensors").string()); // every tensor, narrower MLP
+    }
+    const auto snapshot = [&] {
+        std::vector<std::vector<float>> values;
+        for (const auto& [name, parameter] : narrow_model.named_parameters()) values.push_back(parameter.to_vector<float>());
+        return values;
+    };
+    const auto unchanged = snapshot();
+    expect_error([&] { nn::load_pretrained_into(narrow_model, wrong.string()); }, {"model-000"});
+    EXPECT_EQ(snapshot(), unchanged);
+    // the rotary settings of transformers 5 are read: a default rope_type with its theta
+    const fs::path modern = edited_copy("modern", [](auto& c) {
+        c.erase("rope_theta");
+        c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 250000.0}};
+    });
+    EXPECT_EQ(nn::read_pretrained_config(modern.string()).llama().rope_theta, 250000.0);
+    for (const fs::path& directory :
+         {qwen, scaled, biased, heads, missing, shard, rope_type, rope_theta, dropout, wrong, modern})
+        fs::remove_all(directory);
+}
+
+// transformers' order: model.safetensors wins over an index beside it; and a save over a sharded directory
+// leaves one set of weights (the index and its shards removed), which reads back as what was saved.
+TEST(LlamaCheckpointFiles, SingleFileWinsAndSavingOverShardsRemovesThem) {
+    const fs::path directory = fs::temp_directory_path() / "engine_llama_shards_then_single";
+    fs::remove_all(directory);
+    fs::copy(data_directory + "/hf_llama_tiny_sharded", directory);
+    const nn::ModelConfig config = nn::read_pretrained_config(directory.string());
+    nn::Llama saved(config.llama(), 42); // other weights than the shards'
+    nn::save_pretrained(saved, directory.string(), std::nullopt, directory.string());
+    EXPECT_FALSE(fs::exists(directory / "model.safetensors.index.json"));
+    EXPECT_FALSE(fs::exists(directory / "model-00001-of-00010.safetensors"));
+    EXPECT_EQ(nn::pretrained_weight_files(directory.string()).size(), 1u);
+    const auto loaded = config.build(1, Device::cpu, DType::f32);
+    nn::load_pretrained_into(*loaded, directory.string());
+    const auto expected = saved.named_parameters();
+    const auto actual = loaded->named_parameters();
+    for (size_t index = 0; index < actual.size(); ++index)
+        EXPECT_TRUE(bitwise_equal(actual[index].second, expected[index].second)) << actual[index].first;
+    // An index put back beside the single file is ignored, as transformers ignores it.
+    fs::copy_file(data_directory + "/hf_llama_tiny_sharded/model.safetensors.index.json",
+                  directory / "model.safetensors.index.json");
+    EXPECT_EQ(nn::pretrained_weight_files(directory.string()), std::vector<std::string>{(directory / "model.safetensors").string()});
+    fs::remove_all(directory);
+}
+
+// transformers' LlamaRotaryEmbedding (float32) at positions up to 2047, head size 64: the tables are where a
+// difference in inv_freq's f32 power would show, multiplied by the position. Each value within 2 ulp of 1 (2^-22):
+// the f32 angle is the same product on both sides, and each side's cos/sin is within an ulp of the true value.
+TEST(LlamaTransformersParity, RopeTablesMatchTransformersAtLongPositions) {
+    const std::map<std::string, Tensor> golden = nn::read_safetensors(data_directory + "/hf_llama_rope_tables.safetensors");
+    for (const double theta : {10000.0, 500000.0}) {
+        const RopeTables tables = rope_tables(2048, 64, theta, DType::f32, Device::cpu);
+        const std::string suffix = "_" + std::to_string(static_cast<int>(theta));
+        for (const auto& [name, ours] : {std::pair{"cos", tables.cos}, std::pair{"sin", tables.sin}}) {
+            const std::vector<float> expected = golden.at(name + suffix).to_vector<float>();
+            const std::vector<float> actual = ours.to_vector<float>();
+            ASSERT_EQ(actual.size(), expected.size());
+            double worst = 0.0;
+            for (size_t index = 0; index < actual.size(); ++index)
+                worst = std::max(worst, std::fabs(double(actual[index]) - expected[index]));
+            std::printf("[ %s theta %g: max |engine - transformers| %.3g ]\n", name, theta, worst);
+            EXPECT_LE(worst, std::ldexp(1.0, -22)) << name << suffix;
+        }
+    }
 }
 
 // ---- the engine's guarantees on Llama ----

@@ -309,6 +309,21 @@ TEST(ModuleDefaults, EveryDefaultedArgumentBuildsAUsableLayer) {
     EXPECT_EQ(table.padded_weight.raw_data(), table.weight.raw_data());
     nn::Embedding padded(5, 3, nn::InitOptions{}); // GPT-2's, padded_rows defaulted: unpadded
     EXPECT_EQ(padded.padded_weight.shape(), (Shape{5, 3}));
+    // forward looks rows up; its gradient adds each position's upstream row into the token's row
+    const Tensor ids = Tensor::from_vector<int32_t>({4, 0, 4}, {1, 3}, Device::cpu);
+    const std::vector<float> rows = table.weight.to_vector<float>();
+    const Tensor looked_up = table.forward(ids);
+    EXPECT_EQ(looked_up.shape(), (Shape{1, 3, 3}));
+    const std::vector<float> values = looked_up.to_vector<float>();
+    for (int position = 0; position < 3; ++position)
+        for (int channel = 0; channel < 3; ++channel)
+            EXPECT_EQ(values[position * 3 + channel], rows[(position == 1 ? 0 : 4) * 3 + channel]);
+    backward(sum(looked_up));
+    const std::vector<float> gradient = table.weight.grad().to_vector<float>();
+    for (int row = 0; row < 5; ++row)
+        for (int channel = 0; channel < 3; ++channel)
+            EXPECT_EQ(gradient[row * 3 + channel], row == 4 ? 2.0f : row == 0 ? 1.0f : 0.0f) << row;
+    expect_error([&] { table.forward(Tensor::from_vector<int32_t>({5}, {1, 1}, Device::cpu)); }, {"embedding", "5"});
     nn::Dropout drop;
     EXPECT_EQ(drop(input).shape(), (Shape{2, 3}));
     nn::GELU activation;

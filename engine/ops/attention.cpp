@@ -19,9 +19,9 @@ Tensor attention(const Tensor& qkv, int num_heads, int num_kv_heads) {
                  op << ": num_kv_heads=" << num_kv_heads << " must divide num_heads=" << num_heads
                     << " (both positive) for qkv " << shape_string(qkv.shape()));
     const int64_t packed_heads = int64_t(num_heads) + 2 * int64_t(num_kv_heads);
-    ENGINE_CHECK(qkv.size(2) % packed_heads == 0,
+    ENGINE_CHECK(qkv.size(2) > 0 && qkv.size(2) % packed_heads == 0,
                  op << ": the width " << qkv.size(2) << " of qkv " << shape_string(qkv.shape())
-                    << " is not (NH+2*KVH)*D for an integer head size D, with num_heads=" << num_heads
+                    << " is not (NH+2*KVH)*D for an integer head size D > 0, with num_heads=" << num_heads
                     << " and num_kv_heads=" << num_kv_heads);
     const int batch = static_cast<int>(qkv.size(0)), time = static_cast<int>(qkv.size(1));
     const int head_size = static_cast<int>(qkv.size(2) / packed_heads);

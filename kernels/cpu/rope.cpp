@@ -3,8 +3,10 @@
 
 namespace engine::kernels::cpu {
 
-// Each product and sum is its own statement's operand in a fixed order (a*c, then b*s, then the sum), the
-// order the CUDA twin spells out with __fmul_rn/__fadd_rn, so that the two round alike.
+// Two products, each rounded, then their sum: the order the CUDA twin spells out with __fmul_rn/__fadd_rn, so
+// that the two round alike. Nothing may fuse a product into the sum: the build is ISO C++ (CMAKE_CXX_EXTENSIONS
+// OFF), under which GCC does not contract across operations (-ffp-contract=off); a compiler that did would
+// break the bitwise CPU/CUDA tests, which is how it would be noticed.
 template <typename S>
 void rope_forward(S* out, const S* inp, const Compute<S>* cos, const Compute<S>* sin, int B, int T, int H, int D) {
     using C = Compute<S>;

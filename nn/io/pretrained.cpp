@@ -30,7 +30,8 @@ json read_json(const std::string& path) {
 // Typed reads of config.json keys: each error names the file and the key.
 class ConfigReader {
 public:
-    ConfigReader(std::string path, const json& config) : path_(std::move(path)), config_(config) {
+    ConfigReader(std::string path, const json& config, std::string prefix = "")
+        : path_(std::move(path)), config_(config), prefix_(std::move(prefix)) {
         ENGINE_CHECK(config_.is_object(), "'" << path_ << "': the config is not a JSON object");
     }
     bool has(const std::string& key) const { return config_.contains(key) && !config_[key].is_null(); }
@@ -38,7 +39,7 @@ public:
         require(key);
         const json& value = config_[key];
         ENGINE_CHECK(value.is_number_integer() && value.get<int64_t>() > 0 && value.get<int64_t>() <= INT32_MAX,
-                     "'" << path_ << "': key '" << key << "' must be a positive integer, got " << value.dump());
+                     "'" << path_ << "': key '" << prefix_ << key << "' must be a positive integer, got " << value.dump());
         return static_cast<int>(value.get<int64_t>());
     }
     int integer_or(const std::string& key, int fallback) const { return has(key) ? integer(key) : fallback; }
@@ -46,38 +47,45 @@ public:
         if (!has(key)) return fallback;
         const json& value = config_[key];
         ENGINE_CHECK(value.is_number() && std::isfinite(value.get<double>()),
-                     "'" << path_ << "': key '" << key << "' must be a finite number, got " << value.dump());
+                     "'" << path_ << "': key '" << prefix_ << key << "' must be a finite number, got " << value.dump());
         return value.get<double>();
     }
     bool boolean_or(const std::string& key, bool fallback) const {
         if (!has(key)) return fallback;
-        ENGINE_CHECK(config_[key].is_boolean(), "'" << path_ << "': key '" << key << "' must be true or false, got "
+        ENGINE_CHECK(config_[key].is_boolean(), "'" << path_ << "': key '" << prefix_ << key << "' must be true or false, got "
                                                     << config_[key].dump());
         return config_[key].get<bool>();
     }
     std::string string_or(const std::string& key, const std::string& fallback) const {
         if (!has(key)) return fallback;
         ENGINE_CHECK(config_[key].is_string(),
-                     "'" << path_ << "': key '" << key << "' must be a string, got " << config_[key].dump());
+                     "'" << path_ << "': key '" << prefix_ << key << "' must be a string, got " << config_[key].dump());
         return config_[key].get<std::string>();
     }
     // A key whose only supported value is `expected`; absent counts as the default `expected` too.
     void require_value(const std::string& key, const json& expected, const std::string& why) const {
         if (!has(key)) return;
-        ENGINE_CHECK(config_[key] == expected, "'" << path_ << "': key '" << key << "' is " << config_[key].dump() << "; "
+        ENGINE_CHECK(config_[key] == expected, "'" << path_ << "': key '" << prefix_ << key << "' is " << config_[key].dump() << "; "
                                                    << why);
     }
+    // A nested object (transformers 5's rope_parameters), read with the same checks; its errors name "key.inner".
+    ConfigReader object(const std::string& key) const {
+        ENGINE_CHECK(config_[key].is_object(),
+                     "'" << path_ << "': key '" << prefix_ << key << "' must be an object, got " << config_[key].dump());
+        return ConfigReader(path_, config_[key], prefix_ + key + ".");
+    }
     void fail(const std::string& key, const std::string& why) const {
-        ENGINE_FAIL("'" << path_ << "': key '" << key << "' " << why);
+        ENGINE_FAIL("'" << path_ << "': key '" << prefix_ << key << "' " << why);
     }
     const std::string& path() const { return path_; }
 
 private:
     void require(const std::string& key) const {
-        ENGINE_CHECK(has(key), "'" << path_ << "': key '" << key << "' is missing");
+        ENGINE_CHECK(has(key), "'" << path_ << "': key '" << prefix_ << key << "' is missing");
     }
     std::string path_;
     const json& config_;
+    std::string prefix_; // "" at the top level, "rope_parameters." inside it
 };
 
 GPTConfig gpt_from(const ConfigReader& config) {
@@ -112,6 +120,19 @@ LlamaConfig llama_from(const ConfigReader& config) {
     llama.max_position_embeddings = config.integer("max_position_embeddings");
     llama.rms_norm_eps = config.number_or("rms_norm_eps", 1e-6);
     llama.rope_theta = config.number_or("rope_theta", 10000.0);
+    // transformers 5 moves the rotary settings into rope_parameters {rope_type, rope_theta, ...}: only the
+    // default rotation is implemented, and a theta given twice must agree.
+    if (config.has("rope_parameters")) {
+        const ConfigReader rope = config.object("rope_parameters");
+        const std::string type = rope.string_or("rope_type", "default");
+        if (type != "default") rope.fail("rope_type", "is '" + type + "'; only the default rotary embedding is supported");
+        if (rope.has("rope_theta")) {
+            const double theta = rope.number_or("rope_theta", llama.rope_theta);
+            if (config.has("rope_theta") && theta != llama.rope_theta)
+                rope.fail("rope_theta", "disagrees with the top-level rope_theta " + std::to_string(llama.rope_theta));
+            llama.rope_theta = theta;
+        }
+    }
     llama.tie_word_embeddings = config.boolean_or("tie_word_embeddings", false);
     llama.initializer_range = config.number_or("initializer_range", 0.02);
     if (config.has("rope_scaling"))
@@ -119,7 +140,10 @@ LlamaConfig llama_from(const ConfigReader& config) {
     config.require_value("hidden_act", "silu", "only SwiGLU with silu is supported");
     config.require_value("attention_bias", false, "attention biases are not supported");
     config.require_value("mlp_bias", false, "MLP biases are not supported");
-    if (config.has("head_dim") && config.integer("head_dim") * llama.num_attention_heads != llama.hidden_size)
+    if (config.number_or("attention_dropout", 0.0) != 0.0)
+        config.fail("attention_dropout", "is not 0; attention dropout is not supported");
+    if (config.has("head_dim") &&
+        int64_t{config.integer("head_dim")} * llama.num_attention_heads != int64_t{llama.hidden_size})
         config.fail("head_dim", "times num_attention_heads must equal hidden_size (" + std::to_string(llama.hidden_size) +
                                     "); other head sizes are not supported");
     if (const std::optional<ConfigProblem> problem = llama.problem()) config.fail(problem->field, problem->reason);
@@ -129,7 +153,9 @@ LlamaConfig llama_from(const ConfigReader& config) {
 // The config.json transformers writes for the model, over `base` (the source's other keys, or empty).
 json config_json(const CausalLM& model, json base, std::optional<DType> file_dtype) {
     if (!base.is_object()) base = json::object();
-    const char* torch_dtype = file_dtype == DType::bf16 ? "bfloat16" : file_dtype == DType::f64 ? "float64" : "float32";
+    // What the file holds: file_dtype, else the masters' own dtype (f32, or f64 for an f64 model).
+    const DType stored = file_dtype.value_or(model.parameters().front().dtype());
+    const char* torch_dtype = stored == DType::bf16 ? "bfloat16" : stored == DType::f64 ? "float64" : "float32";
     if (const auto* llama = dynamic_cast<const Llama*>(&model)) {
         const LlamaConfig& c = llama->config();
         base["architectures"] = {"LlamaForCausalLM"};
@@ -173,6 +199,7 @@ json config_json(const CausalLM& model, json base, std::optional<DType> file_dty
         ENGINE_FAIL("save_pretrained: a " << model.architecture() << " model has no Hugging Face config");
     }
     base["torch_dtype"] = torch_dtype;
+    if (base.contains("dtype")) base["dtype"] = torch_dtype; // transformers 5's name for it
     return base;
 }
 
@@ -183,6 +210,31 @@ const char* const companion_files[] = {"generation_config.json", "tokenizer.json
 
 void write_text_atomically(const std::string& path, const std::string& text) {
     io::write_file_atomically(path, [&](const io::ByteSink& sink) { sink(text.data(), text.size()); });
+}
+
+// Removes model.safetensors.index.json and the shards it names (never model.safetensors itself); throws naming
+// the file that could not be removed.
+void remove_stale_shards(const fs::path& root) {
+    const fs::path index = root / "model.safetensors.index.json";
+    if (!fs::exists(index)) return;
+    std::set<std::string> shards;
+    try {
+        const json parsed = read_json(index.string());
+        if (parsed.is_object() && parsed.contains("weight_map") && parsed["weight_map"].is_object())
+            for (const auto& [tensor, file] : parsed["weight_map"].items())
+                if (file.is_string() && file.get<std::string>().find('/') == std::string::npos)
+                    shards.insert(file.get<std::string>());
+    } catch (const EngineError&) {
+        // an unreadable index still goes; its shards cannot be known
+    }
+    shards.erase("model.safetensors");
+    shards.insert("model.safetensors.index.json");
+    for (const std::string& name : shards) {
+        std::error_code error;
+        fs::remove(root / name, error);
+        ENGINE_CHECK(!error, "save_pretrained: cannot remove the stale '" << (root / name).string() << "' ("
+                                                                           << error.message() << ")");
+    }
 }
 
 } // namespace
@@ -209,30 +261,29 @@ std::vector<std::string> pretrained_weight_files(const std::string& directory) {
     const fs::path root(directory);
     const fs::path single = root / "model.safetensors";
     const fs::path index = root / "model.safetensors.index.json";
-    if (fs::is_regular_file(index)) {
-        const json parsed = read_json(index.string());
-        ENGINE_CHECK(parsed.is_object() && parsed.contains("weight_map") && parsed["weight_map"].is_object(),
-                     "'" << index.string() << "': key 'weight_map' is missing or not an object");
-        std::vector<std::string> files;
-        std::set<std::string> seen;
-        for (const auto& [tensor, file] : parsed["weight_map"].items()) {
-            ENGINE_CHECK(file.is_string(), "'" << index.string() << "': weight_map['" << tensor << "'] is not a file name");
-            const std::string name = file.get<std::string>();
-            ENGINE_CHECK(name.find('/') == std::string::npos && name != ".." && !name.empty(),
-                         "'" << index.string() << "': weight_map['" << tensor << "'] names '" << name
-                             << "', which is not a file of the directory");
-            if (!seen.insert(name).second) continue;
-            const fs::path shard = root / name;
-            ENGINE_CHECK(fs::is_regular_file(shard), "'" << index.string() << "': shard '" << name << "' (holding '"
-                                                         << tensor << "') is missing from " << directory);
-            files.push_back(shard.string());
-        }
-        ENGINE_CHECK(!files.empty(), "'" << index.string() << "': weight_map names no file");
-        return files;
+    // transformers' order: the single file first, the sharded index only without it.
+    if (fs::is_regular_file(single)) return {single.string()};
+    ENGINE_CHECK(fs::is_regular_file(index), "'" << directory << "' has neither model.safetensors nor "
+                                                 << "model.safetensors.index.json");
+    const json parsed = read_json(index.string());
+    ENGINE_CHECK(parsed.is_object() && parsed.contains("weight_map") && parsed["weight_map"].is_object(),
+                 "'" << index.string() << "': key 'weight_map' is missing or not an object");
+    std::vector<std::string> files;
+    std::set<std::string> seen;
+    for (const auto& [tensor, file] : parsed["weight_map"].items()) {
+        ENGINE_CHECK(file.is_string(), "'" << index.string() << "': weight_map['" << tensor << "'] is not a file name");
+        const std::string name = file.get<std::string>();
+        ENGINE_CHECK(name.find('/') == std::string::npos && name != ".." && !name.empty(),
+                     "'" << index.string() << "': weight_map['" << tensor << "'] names '" << name
+                         << "', which is not a file of the directory");
+        if (!seen.insert(name).second) continue;
+        const fs::path shard = root / name;
+        ENGINE_CHECK(fs::is_regular_file(shard), "'" << index.string() << "': shard '" << name << "' (holding '"
+                                                     << tensor << "') is missing from " << directory);
+        files.push_back(shard.string());
     }
-    ENGINE_CHECK(fs::is_regular_file(single), "'" << directory << "' has neither model.safetensors nor "
-                                                  << "model.safetensors.index.json");
-    return {single.string()};
+    ENGINE_CHECK(!files.empty(), "'" << index.string() << "': weight_map names no file");
+    return files;
 }
 
 void load_pretrained_into(CausalLM& model, const std::string& directory) {
@@ -242,6 +293,15 @@ void load_pretrained_into(CausalLM& model, const std::string& directory) {
         names.tied_table = "model.embed_tokens.weight";
     }
     load_safetensors_into(model, pretrained_weight_files(directory), names);
+}
+
+std::optional<int> pretrained_end_of_text(const std::string& directory) {
+    const json config = read_json(config_path(directory));
+    if (!config.is_object() || !config.contains("eos_token_id")) return std::nullopt;
+    const json& value = config["eos_token_id"];
+    const json& first = value.is_array() && !value.empty() ? value[0] : value;
+    if (!first.is_number_integer() || first.get<int64_t>() < 0 || first.get<int64_t>() > INT32_MAX) return std::nullopt;
+    return static_cast<int>(first.get<int64_t>());
 }
 
 void save_pretrained(const CausalLM& model, const std::string& directory, std::optional<DType> file_dtype,
@@ -258,8 +318,9 @@ void save_pretrained(const CausalLM& model, const std::string& directory, std::o
     // The weights first: a directory whose config.json exists is taken for a whole model by readers.
     save_safetensors(model, (root / "model.safetensors").string(), file_dtype,
                      model.architecture() == "gpt2" ? "transformer." : "");
-    // A sharded index left by an earlier save would win over the new single file in from_pretrained.
-    fs::remove(root / "model.safetensors.index.json", error);
+    // Shards an earlier save (or the source itself) left here would be stale next to the new single file:
+    // remove the index and every shard it names, so the directory holds one set of weights.
+    remove_stale_shards(root);
     write_text_atomically((root / "config.json").string(), config.dump(2) + "\n");
     if (source_directory.empty() || fs::equivalent(source_directory, directory, error)) return;
     for (const char* name : companion_files) {

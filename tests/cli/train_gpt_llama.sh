@@ -54,6 +54,10 @@ for file in config.json model.safetensors generation_config.json; do
 done
 "$train_gpt" --init "$work/finetuned" --data "$work/train.bin" --max-steps 1 --seq-len 16 --per-device-train-batch-size 2 >"$work/reinit.out" 2>&1
 check "the saved directory is a valid --init" $? "$(tail -3 "$work/reinit.out")"
+"$train_gpt" --init "$data/hf_llama_tiny" --data "$work/train.bin" --data-layout padded --max-steps 1 --seq-len 16 \
+  --per-device-train-batch-size 2 >"$work/padded.out" 2>&1
+grep -q "(end of text 2)" "$work/padded.out"
+check "--data-layout padded splits at the directory's eos_token_id" $? "$(grep data: "$work/padded.out")"
 "$train_gpt" --init "$data/hf_llama_tiny_sharded" --data "$work/train.bin" --max-steps 1 --seq-len 16 --per-device-train-batch-size 2 \
   >"$work/sharded.out" 2>&1
 check "--init reads a sharded directory" $? "$(tail -3 "$work/sharded.out")"
@@ -95,6 +99,9 @@ expect_usage "--dropout on Llama" --dropout --model llama-tiny --dropout 0.1
 expect_usage "--n-kv-head not dividing the heads" --n-kv-head --model llama-tiny --n-kv-head 3
 mkdir -p "$work/qwen" && printf '{"model_type": "qwen2"}' >"$work/qwen/config.json"
 expect_usage "unsupported model_type" --init --init "$work/qwen"
+expect_usage "--save naming an existing file as a directory" --save --model llama-tiny --save "$work/train.bin"
+mkdir -p "$work/directory.safetensors"
+expect_usage "--save FILE.safetensors naming a directory" --save --model llama-tiny --save "$work/directory.safetensors"
 
 echo "$((total - failures)) passed, $failures failed"
 [ $failures -eq 0 ]

@@ -79,6 +79,7 @@ TEST(LlamaCudaBf16, LossAndGradientsFollowTheCpuBf16Step) {
     EXPECT_NEAR(cuda.loss, cpu.loss, std::ldexp(std::fabs(cpu.loss), -10));
     double worst = 0.0;
     for (size_t index = 0; index < cpu.gradients.size(); ++index) {
+        ASSERT_EQ(cuda.gradients[index].first, cpu.gradients[index].first);
         const std::vector<float> expected = cpu.gradients[index].second.to_vector<float>();
         const std::vector<float> actual = cuda.gradients[index].second.to_vector<float>();
         ASSERT_EQ(actual.size(), expected.size());

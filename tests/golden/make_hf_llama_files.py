@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes tiny Llama checkpoints with Hugging Face transformers itself, plus that model's logits, loss and
-parameter gradients: the oracle tests/test_hf_llama.cpp compares libengine's Llama against.
+parameter gradients: the oracle tests/test_llama.cpp compares libengine's Llama against.
 
 Run with Debian's python3 (python3-torch) and transformers installed (4.45 was used):
     /usr/bin/python3 tests/golden/make_hf_llama_files.py
@@ -13,6 +13,9 @@ Output, under tests/data/:
   hf_llama_tiny_sharded/    the same weights saved in several shards with model.safetensors.index.json
   hf_llama_tiny_tied/       a tied-embedding variant (1 key/value head), and hf_llama_tiny_tied.logits
   hf_llama_tiny_bf16/       hf_llama_tiny's weights in bfloat16 (torch_dtype bfloat16)
+  hf_llama_rope_tables.safetensors  transformers' LlamaRotaryEmbedding cos and sin (float32) for head size 64 at
+                            positions 0..2047, theta 10000 and 500000 ("cos_10000", "sin_10000", ...), each
+                            (2048, 32): the first half of the (2048, 64) tables, whose halves are equal
 """
 import pathlib
 import struct
@@ -20,6 +23,7 @@ import struct
 import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 MAGIC, VERSION = 0x48464C47, 1
 root = pathlib.Path(__file__).resolve().parents[1] / "data"
@@ -77,4 +81,14 @@ model.to(torch.bfloat16).save_pretrained(root / "hf_llama_tiny_bf16", safe_seria
 tied = make_model(1203, tie_word_embeddings=True, num_key_value_heads=1)
 tied.save_pretrained(root / "hf_llama_tiny_tied", safe_serialization=True)
 tied_loss = write_logits(root / "hf_llama_tiny_tied.logits", tied, tokens, labels)
+tables = {}
+for theta in (10000, 500000):
+    rotary = LlamaRotaryEmbedding(config=LlamaConfig(hidden_size=64 * 4, num_attention_heads=4, rope_theta=float(theta),
+                                                     max_position_embeddings=2048))
+    positions = torch.arange(2048).unsqueeze(0)
+    cos, sin = rotary(torch.zeros(1, 2048, 64, dtype=torch.float32), positions)
+    assert torch.equal(cos[0, :, :32], cos[0, :, 32:]) and torch.equal(sin[0, :, :32], sin[0, :, 32:])
+    tables[f"cos_{theta}"] = cos[0, :, :32].contiguous()
+    tables[f"sin_{theta}"] = sin[0, :, :32].contiguous()
+save_file(tables, str(root / "hf_llama_rope_tables.safetensors"))
 print("wrote", root, "loss", loss, "tied loss", tied_loss)
