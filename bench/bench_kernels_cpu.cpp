@@ -9,9 +9,10 @@
 //
 // At these shapes the activation-sized working sets (0.1-2 MiB) live in L2 and the parameter-sized ones
 // (4-16 MiB) in L3, so their bytes/s are cache bandwidth; the large variants of axpy and adamw stream
-// 256 MiB arrays (0.5-1 GiB in all, beyond any cache) to show DRAM bandwidth. GEMM is timed on the
-// wall clock because OpenBLAS runs its own threads; the single-threaded kernels use the thread's CPU time,
-// which a shared machine disturbs less.
+// 256 MiB arrays (0.5-1 GiB in all, beyond any cache) to show DRAM bandwidth. Every kernel is timed on the
+// wall clock: OpenBLAS runs its own threads for GEMM, and the other kernels run on OpenMP threads
+// (kernels/cpu/parallel.h; OMP_NUM_THREADS=1 for one core). The CPU column is the whole process's CPU time,
+// so CPU/Time is how many cores a kernel kept busy.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -71,8 +72,12 @@ void report_flops(benchmark::State& state, double flops_per_iteration) {
 // The fastest repetition is the one least disturbed by other processes on a shared machine.
 double minimum(const std::vector<double>& samples) { return *std::min_element(samples.begin(), samples.end()); }
 
-#define KERNEL_BENCHMARK(function) \
-    BENCHMARK(function)->Unit(benchmark::kMicrosecond)->ComputeStatistics("min", minimum)
+#define KERNEL_BENCHMARK(function)                                                                           \
+    BENCHMARK(function)                                                                                      \
+        ->Unit(benchmark::kMicrosecond)                                                                      \
+        ->ComputeStatistics("min", minimum)                                                                  \
+        ->MeasureProcessCPUTime()                                                                            \
+        ->UseRealTime()
 
 // ---- embedding ----
 
@@ -124,7 +129,7 @@ void BM_gemm(benchmark::State& state) {
     }
     report_flops(state, 2.0 * m * n * k);
 }
-KERNEL_BENCHMARK(BM_gemm)->DenseRange(0, 3)->UseRealTime();
+KERNEL_BENCHMARK(BM_gemm)->DenseRange(0, 3);
 
 // ---- bias (the MLP's 4C-wide layer) ----
 

@@ -17,6 +17,7 @@
 #include "planner/memory_model.h"
 #include "planner/planner.h"
 #include "engine/distributed/communicator.h"
+#include "engine/profiling.h"
 #include "nn/io/pretrained.h"
 #include "nn/io/safetensors.h"
 #include "nn/io/token_data.h"
@@ -189,6 +190,35 @@ nlohmann::json step_record(const optim::StepResult& result) {
                                {"barriers", calls.barriers},
                                {"backend_calls", calls.backend_calls},
                                {"bytes_reduced", calls.bytes_reduced}}}};
+}
+
+// --profile: the first steps fill the caches, the allocator's pools and OpenBLAS's buffers, so the table
+// covers the steps after them (all steps when the run has no more).
+constexpr int64_t profile_warmup_steps = 2;
+
+// The profiler's table with the steps' wall time it covers, for the last --log line.
+nlohmann::json profile_record(const profiling::Snapshot& snapshot, double step_seconds, int64_t steps,
+                              int64_t warmup_steps_excluded) {
+    nlohmann::json ops = nlohmann::json::array();
+    for (const profiling::OpRecord& record : snapshot.records)
+        ops.push_back({{"op", record.op},
+                       {"phase", profiling::phase_name(record.phase)},
+                       {"category", record.category},
+                       {"calls", record.calls},
+                       {"seconds", record.seconds}});
+    nlohmann::json categories = nlohmann::json::object();
+    for (const profiling::OpRecord& record : snapshot.records)
+        categories[record.category] = categories.value(record.category, 0.0) + record.seconds;
+    const double gemm = snapshot.seconds_in_category("gemm");
+    return {{"steps", steps},
+            {"warmup_steps_excluded", warmup_steps_excluded},
+            {"step_seconds", step_seconds},
+            {"profiled_seconds", snapshot.total_seconds},
+            {"unprofiled_seconds", step_seconds - snapshot.total_seconds},
+            {"gemm_share_of_step", step_seconds > 0.0 ? gemm / step_seconds : 0.0},
+            {"gemm_share_of_profiled", snapshot.total_seconds > 0.0 ? gemm / snapshot.total_seconds : 0.0},
+            {"category_seconds", categories},
+            {"ops", ops}};
 }
 
 std::string step_line(const optim::StepResult& result, int64_t max_steps) {
@@ -400,9 +430,27 @@ int run(const Options& flags) {
     double first_loss = 0.0, last_loss = 0.0, seconds = 0.0;
     int64_t first_logged_step = 0; // the first step that updated the weights in this run
     const int64_t first_step = trainer.step() + 1; // 1, or the step after a resumed state
+    // The profiler runs only inside train_step, so evaluation, replica checks and saves stay out of its table.
+    const bool profile = options.profile || profiling::enabled();
+    const int64_t profile_warmup =
+        config.max_steps - first_step + 1 > profile_warmup_steps ? profile_warmup_steps : 0;
+    double profiled_step_seconds = 0.0;
+    int64_t profiled_steps = 0;
+    profiling::set_enabled(false);
+    profiling::reset();
     for (int64_t step = first_step; step <= config.max_steps; ++step) {
+        profiling::set_enabled(profile);
         const std::optional<optim::StepResult> result = trainer.train_step(source);
+        profiling::set_enabled(false);
         if (!result) break; // cannot happen with a cycling loader; kept for finite sources
+        if (profile) {
+            if (step - first_step < profile_warmup) {
+                profiling::reset(); // a warm-up step: its kernels fill caches, so they stay out of the table
+            } else {
+                profiled_step_seconds += result->seconds;
+                ++profiled_steps;
+            }
+        }
         if (!result->skipped) {
             if (first_logged_step == 0) first_loss = result->loss, first_logged_step = step;
             last_loss = result->loss;
@@ -425,6 +473,8 @@ int run(const Options& flags) {
             record["eval_batches"] = validation->batch_count();
             record["eval_num_items"] = evaluation->num_items_in_batch;
         }
+        if (profile && step == config.max_steps)
+            record["profile"] = profile_record(profiling::snapshot(), profiled_step_seconds, profiled_steps, profile_warmup);
         // An evaluated step is always logged, so that its eval_loss reaches the log.
         if (lead && (step % config.logging_steps == 0 || step == 1 || step == config.max_steps || evaluating)) {
             std::cout << step_line(*result, config.max_steps) << std::endl;
@@ -457,6 +507,15 @@ int run(const Options& flags) {
     }
     if (trainer.skipped_steps() > 0)
         std::printf("skipped %lld steps with non-finite loss or gradients\n", static_cast<long long>(trainer.skipped_steps()));
+    if (profile && profiled_steps > 0) {
+        std::printf("\nop profile (CPU kernels) over %lld steps%s:\n", static_cast<long long>(profiled_steps),
+                    profile_warmup > 0 ? ", the first 2 left out (they warm caches and buffers)"
+                                       : " (all of them: too few to leave out the 2 warm-up steps)");
+        if (options.resolved_device != Device::cpu)
+            std::printf("(the run is on %s: only host-side kernels are timed; device kernels are in the unprofiled "
+                        "remainder)\n", device_name(options.resolved_device));
+        std::cout << profiling::format_report(profiling::snapshot(), profiled_step_seconds) << std::flush;
+    }
     if (!options.save.empty()) {
         if (train_gpt::saves_directory(options.save)) {
             const bool from_directory = !options.init.empty() && nn::is_pretrained_directory(options.init);

@@ -231,6 +231,9 @@ output:
   --out DIR --save-every K       training state (weights, optimizer, RNG, data cursor, config) every K steps
                                  and at the end; DIR keeps the newest two (docs/RELIABILITY.md)
   --resume DIR                   continue from the newest valid training state in DIR
+  --profile[=true|false]         time every CPU kernel per op and phase (forward, backward, grad_norm,
+                                 optimizer) over the steps after the first two; print the table and the GEMM
+                                 share after training, and log it under "profile" on the last --log line
   --help
 )";
 }
@@ -354,6 +357,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--skip-nonfinite", &trainer.skip_nonfinite},
         {"--plan", &options.plan},
         {"--check-replicas", &options.check_replicas},
+        {"--profile", &options.profile},
         {"--help", &options.help},
     };
 

@@ -90,6 +90,9 @@ struct Options {
     bool max_memory_auto = false;     // free device memory minus 10%
     int global_batch_size = 0;
     bool precision_auto = false;      // --precision auto: the planner also tries bf16
+    // --profile (or ENGINE_PROFILE=1): the op profiler (engine/profiling.h) over the training steps after the
+    // first two; its table is printed after training and logged under "profile" on the last --log line.
+    bool profile = false;
     bool help = false;
 };
 

@@ -6,6 +6,7 @@
 
 #include "engine/ops.h"
 #include "engine/elementwise.h"
+#include "engine/profiling.h"
 
 namespace engine {
 namespace {
@@ -136,6 +137,8 @@ Tensor BackwardContext::take(uint64_t id) {
 
 void run_backward(Tape& tape, BackwardContext& context) {
     NoGradGuard no_grad; // backward computations are never recorded
+    // The op profiler files every kernel of the walk (checkpoint recomputation included) under backward.
+    const profiling::PhaseScope phase(profiling::Phase::backward);
     auto& nodes = tape.nodes();
     tape.walking_ = true;
     try {

@@ -1,7 +1,8 @@
 // One switch per op entry point: CPU kernels by storage type (f32, f64, bf16), CUDA kernels (f32, bf16) on the
-// compute stream.
+// compute stream. The CPU helpers also time the kernel for the op profiler (engine/profiling.h) when it is on.
 #pragma once
 
+#include "engine/profiling.h"
 #include "engine/tensor.h"
 #include "kernels/cpu/cpu_kernels.h"
 #if ENGINE_HAS_CUDA
@@ -13,7 +14,7 @@ namespace engine::detail {
 
 // Calls fn.template operator()<T>() with T = float or double: the kernels that have no bf16 form.
 template <typename Function>
-void dispatch_floating(const char* op, DType dtype, Function&& function) {
+void select_floating(const char* op, DType dtype, Function& function) {
     switch (dtype) {
     case DType::f32: function.template operator()<float>(); return;
     case DType::f64: function.template operator()<double>(); return;
@@ -25,7 +26,7 @@ void dispatch_floating(const char* op, DType dtype, Function&& function) {
 
 // Calls fn.template operator()<T>() with T = float, double or bfloat16: a CPU kernel in every storage type.
 template <typename Function>
-void dispatch_cpu(const char* op, DType dtype, Function&& function) {
+void select_cpu(const char* op, DType dtype, Function& function) {
     switch (dtype) {
     case DType::f32: function.template operator()<float>(); return;
     case DType::f64: function.template operator()<double>(); return;
@@ -33,6 +34,30 @@ void dispatch_cpu(const char* op, DType dtype, Function&& function) {
     case DType::i32: break;
     }
     ENGINE_FAIL(op << ": expected a floating-point tensor, got " << dtype_name(dtype));
+}
+
+// The CPU entry points. Profiling off costs the one branch; on, the kernel call is one profiler region named
+// `op` (a string literal: the region keeps the pointer). Only the CPU is timed: a CUDA kernel returns at
+// launch, so timing ENGINE_DISPATCH_CUDA would measure launches, not kernels; CUDA time stays in the
+// profiler's unprofiled remainder.
+template <typename Function>
+void dispatch_floating(const char* op, DType dtype, Function&& function) {
+    if (profiling::enabled()) [[unlikely]] {
+        const profiling::Region region(op);
+        select_floating(op, dtype, function);
+        return;
+    }
+    select_floating(op, dtype, function);
+}
+
+template <typename Function>
+void dispatch_cpu(const char* op, DType dtype, Function&& function) {
+    if (profiling::enabled()) [[unlikely]] {
+        const profiling::Region region(op);
+        select_cpu(op, dtype, function);
+        return;
+    }
+    select_cpu(op, dtype, function);
 }
 
 inline void require_cuda_f32(const char* op, DType dtype) {

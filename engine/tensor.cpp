@@ -11,6 +11,7 @@
 
 #include "engine/autograd.h"
 #include "engine/cuda/runtime.h"
+#include "engine/profiling.h"
 
 namespace engine {
 
@@ -44,6 +45,12 @@ void copy_bytes(void* destination, Device destination_device, const void* source
                 size_t bytes) {
     if (bytes == 0) return;
     if (destination_device == Device::cpu && source_device == Device::cpu) {
+        // Host copies and memsets bypass the dispatch helpers, so they open their own profiler regions.
+        if (profiling::enabled()) [[unlikely]] {
+            const profiling::Region region("copy");
+            std::memcpy(destination, source, bytes);
+            return;
+        }
         std::memcpy(destination, source, bytes);
         return;
     }
@@ -53,6 +60,11 @@ void copy_bytes(void* destination, Device destination_device, const void* source
 void zero_bytes(void* destination, Device device, size_t bytes) {
     if (bytes == 0) return;
     if (device == Device::cpu) {
+        if (profiling::enabled()) [[unlikely]] {
+            const profiling::Region region("zero"); // the zeroed gradient buffers of backward, zero_grad
+            std::memset(destination, 0, bytes);
+            return;
+        }
         std::memset(destination, 0, bytes);
         return;
     }

@@ -4,10 +4,12 @@
 #include <cmath>
 
 #include "engine/elementwise.h"
+#include "engine/profiling.h"
 
 namespace engine::optim {
 
 double global_grad_norm(const std::vector<Tensor>& parameters) {
+    const profiling::PhaseScope phase(profiling::Phase::grad_norm); // for callers outside the trainer too
     std::vector<Tensor> gradients;
     gradients.reserve(parameters.size());
     for (const Tensor& parameter : parameters) {
@@ -25,6 +27,7 @@ double clip_coefficient(double norm, double max_norm) {
 double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
     const double norm = global_grad_norm(parameters);
     const double coefficient = clip_coefficient(norm, max_norm);
+    const profiling::PhaseScope phase(profiling::Phase::grad_norm);
     if (coefficient != 1.0)
         for (const Tensor& parameter : parameters) scale_in_place(parameter.grad(), coefficient);
     return norm;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "engine/elementwise.h"
+#include "engine/profiling.h"
 #include "optim/clip.h"
 #include "engine/cuda/runtime.h"
 
@@ -284,8 +285,11 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
             for (const Tensor& parameter : parameters_) gradients.push_back(parameter.grad());
             communicator_->all_reduce_gradients(gradients);
         }
-        result.grad_norm =
-            (zero_ ? std::sqrt(zero_->gradient_sum_of_squares()) : global_grad_norm(parameters_)) * gradient_scale;
+        {
+            const profiling::PhaseScope phase(profiling::Phase::grad_norm); // the op profiler's clip share
+            result.grad_norm =
+                (zero_ ? std::sqrt(zero_->gradient_sum_of_squares()) : global_grad_norm(parameters_)) * gradient_scale;
+        }
         loss_sum = window.loss_sum(); // after the norm's read: the device is idle, nothing waits
         if (communicator_ != nullptr) loss_sum = communicator_->all_reduce_value(loss_sum); // the loss sum's reduction
     } catch (...) {
@@ -308,6 +312,7 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
         ++skipped_steps_;
         result.skipped = true;
     } else {
+        const profiling::PhaseScope phase(profiling::Phase::optimizer); // the update, as the op profiler files it
         optimizer_->set_learning_rate(result.learning_rate);
         optimizer_->step(clip_coefficient(result.grad_norm, config_.max_grad_norm) * gradient_scale); // the one clip
         if (zero_) zero_->all_gather_parameters(); // every rank's updated part, to every replica

@@ -3,6 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
+# The CPU kernels' OpenMP threads sleep when idle instead of spinning: on a shared or oversubscribed machine
+# (ctest -j, other builds) libgomp's default spin-wait starves the GEMMs (docs/PERF.md, "Threads for the non-GEMM CPU kernels").
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 build_dir=${ENGINE_BUILD_DIR:-build}
 # ENGINE_MPI=ON: the data-parallel tests (label mpi) need Open MPI, which install_deps.sh installs.
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENGINE_CUDA="${ENGINE_CUDA:-AUTO}" \

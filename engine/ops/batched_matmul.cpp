@@ -13,7 +13,8 @@ namespace {
 
 // One batched GEMM on the tensors' device: c_i = op(a_i) op(b_i) + beta c_i with the given element strides
 // (stride_b 0: one b for every entry; stride_c 0: the entries summed into one c). c has a's dtype, or its
-// compute dtype (an f32 parameter gradient of bf16 operands).
+// compute dtype (an f32 parameter gradient of bf16 operands). Dispatched as batched_matmul, which the op
+// profiler tells apart from the 2-D matmul (the LM head).
 struct BatchedGemm {
     int64_t batch;
     int m, n, k;
@@ -24,7 +25,7 @@ struct BatchedGemm {
 void batched_gemm_tensors(const Tensor& c, const Tensor& a, const Tensor& b, const BatchedGemm& gemm, double beta) {
     const bool compute_c = c.dtype() != a.dtype();
     if (c.device() == Device::cpu) {
-        dispatch_cpu("matmul", a.dtype(), [&]<typename T>() {
+        dispatch_cpu("batched_matmul", a.dtype(), [&]<typename T>() {
             using C = Compute<T>;
             auto run = [&]<typename Out>() {
                 kernels::cpu::batched_gemm<T, Out>(c.data<Out>(), a.data<T>(), b.data<T>(), gemm.batch, gemm.m, gemm.n,
@@ -37,7 +38,7 @@ void batched_gemm_tensors(const Tensor& c, const Tensor& a, const Tensor& b, con
                                                << dtype_name(a.dtype()));
         });
     } else {
-        ENGINE_DISPATCH_CUDA("matmul", a.dtype(), [&]<typename T>() {
+        ENGINE_DISPATCH_CUDA("batched_matmul", a.dtype(), [&]<typename T>() {
             auto run = [&]<typename Out>() {
                 kernels::cuda::batched_gemm(c.data<Out>(), a.data<T>(), b.data<T>(), gemm.batch, gemm.m, gemm.n, gemm.k,
                                             gemm.transpose_a, gemm.transpose_b, gemm.stride_a, gemm.stride_b,

@@ -12,15 +12,16 @@ namespace {
 
 // c(m,n) = alpha·op(a)·op(b) + beta·c on the tensors' device. a and b share a dtype; c has it too, or is
 // compute_dtype of it (an f32 parameter gradient of bf16 operands, accumulated in f32 straight from the GEMM).
-void gemm_tensors(const Tensor& c, const Tensor& a, const Tensor& b, int m, int n, int k, bool transpose_a,
-                  bool transpose_b, double beta) {
+// `op` (linear or matmul) names the dispatch, so that the op profiler files the GEMM under the op that ran it.
+void gemm_tensors(const char* op, const Tensor& c, const Tensor& a, const Tensor& b, int m, int n, int k,
+                  bool transpose_a, bool transpose_b, double beta) {
     const bool compute_c = c.dtype() != a.dtype();
     ENGINE_CHECK(!compute_c || c.dtype() == compute_dtype(a.dtype()),
                  "gemm: c " << c.describe() << " must be " << dtype_name(a.dtype()) << " or "
                             << dtype_name(compute_dtype(a.dtype())) << " for operands " << a.describe() << " and "
                             << b.describe());
     if (c.device() == Device::cpu) {
-        dispatch_cpu("gemm", a.dtype(), [&]<typename T>() {
+        dispatch_cpu(op, a.dtype(), [&]<typename T>() {
             using C = Compute<T>;
             if (compute_c) {
                 if constexpr (!std::is_same_v<T, C>)
@@ -32,7 +33,7 @@ void gemm_tensors(const Tensor& c, const Tensor& a, const Tensor& b, int m, int 
             }
         });
     } else {
-        ENGINE_DISPATCH_CUDA("gemm", a.dtype(), [&]<typename T>() {
+        ENGINE_DISPATCH_CUDA(op, a.dtype(), [&]<typename T>() {
             if (compute_c) {
                 kernels::cuda::gemm(c.data<float>(), a.data<T>(), b.data<T>(), m, n, k, transpose_a, transpose_b, 1.0f,
                                     static_cast<float>(beta), cuda::tf32_enabled(), cuda::cublas_handle(),
@@ -65,14 +66,15 @@ void gemm_bias_tensors(const Tensor& out, const Tensor& input, const Tensor& wei
     }
 }
 
-// dbias (compute dtype: f32 for bf16 dout) += column sums of dout.
+// dbias (compute dtype: f32 for bf16 dout) += column sums of dout. Named linear_bias, not linear: the op
+// profiler's GEMM share must not include this column walk.
 void bias_backward_tensors(const Tensor& dbias, const Tensor& dout, int rows, int columns) {
     if (dbias.device() == Device::cpu) {
-        dispatch_cpu("linear", dout.dtype(), [&]<typename T>() {
+        dispatch_cpu("linear_bias", dout.dtype(), [&]<typename T>() {
             kernels::cpu::bias_backward<T>(dbias.data<Compute<T>>(), dout.data<T>(), rows, columns);
         });
     } else {
-        ENGINE_DISPATCH_CUDA("linear", dout.dtype(), [&]<typename T>() {
+        ENGINE_DISPATCH_CUDA("linear_bias", dout.dtype(), [&]<typename T>() {
             const cuda::Scratch<float> partials(kernels::cuda::bias_backward_workspace_count(rows, columns),
                                                 cuda::compute_stream()); // (row chunks, OC)
             kernels::cuda::bias_backward(dbias.data<float>(), partials.get(), dout.data<T>(), rows, columns,
@@ -106,7 +108,7 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
     const int rows = leading_rows(op, input);
     Tensor out = Tensor::empty(with_last(input.shape(), out_features), input.dtype(), input.device()); // (...,out)
     if (bias.defined()) gemm_bias_tensors(out, input, weight, bias, rows, out_features, in_features);
-    else gemm_tensors(out, input, weight, rows, out_features, in_features, false, false, 0.0);
+    else gemm_tensors(op, out, input, weight, rows, out_features, in_features, false, false, 0.0);
 
     GradTarget input_target(input), weight_target(weight), bias_target;
     if (bias.defined()) bias_target = GradTarget(bias);
@@ -114,10 +116,10 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
                 [=, saved_input = input, saved_weight = weight, output_id = out.id()](BackwardContext& context) {
                     Tensor dout = context.output_grad(output_id); // (rows,out)
                     if (Tensor dinput = context.input_grad(input_target); dinput.defined())
-                        gemm_tensors(dinput, dout, saved_weight, rows, in_features, out_features, false, true, 1.0);
+                        gemm_tensors(op, dinput, dout, saved_weight, rows, in_features, out_features, false, true, 1.0);
                     // Parameter gradients in the compute dtype: f32 for bf16, accumulated by the GEMM itself.
                     if (Tensor dweight = context.parameter_grad(weight_target); dweight.defined())
-                        gemm_tensors(dweight, saved_input, dout, in_features, out_features, rows, true, false, 1.0);
+                        gemm_tensors(op, dweight, saved_input, dout, in_features, out_features, rows, true, false, 1.0);
                     if (Tensor dbias = context.parameter_grad(bias_target); dbias.defined())
                         bias_backward_tensors(dbias, dout, rows, out_features);
                 });
@@ -136,17 +138,17 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_b) {
                                          << shape_string(b.shape()) << ": inner dimensions differ");
     const int rows = leading_rows(op, a);
     Tensor out = Tensor::empty(with_last(a.shape(), columns), a.dtype(), a.device()); // (...,N)
-    gemm_tensors(out, a, b, rows, columns, inner, false, transpose_b, 0.0);
+    gemm_tensors(op, out, a, b, rows, columns, inner, false, transpose_b, 0.0);
 
     GradTarget a_target(a), b_target(b);
     record_node(op, {&a, &b}, {&out}, [=, saved_a = a, saved_b = b, output_id = out.id()](BackwardContext& context) {
         Tensor dout = context.output_grad(output_id); // (rows,N)
         if (Tensor da = context.input_grad(a_target); da.defined())
-            gemm_tensors(da, dout, saved_b, rows, inner, columns, false, !transpose_b, 1.0);
+            gemm_tensors(op, da, dout, saved_b, rows, inner, columns, false, !transpose_b, 1.0);
         // b is the parameter side (the LM head's tied token table): its gradient in the compute dtype.
         if (Tensor db = context.parameter_grad(b_target); db.defined()) {
-            if (transpose_b) gemm_tensors(db, dout, saved_a, columns, inner, rows, true, false, 1.0); // (N,K)
-            else gemm_tensors(db, saved_a, dout, inner, columns, rows, true, false, 1.0);              // (K,N)
+            if (transpose_b) gemm_tensors(op, db, dout, saved_a, columns, inner, rows, true, false, 1.0); // (N,K)
+            else gemm_tensors(op, db, saved_a, dout, inner, columns, rows, true, false, 1.0);              // (K,N)
         }
     });
     return out;

@@ -3,6 +3,7 @@
 // bf16 before their products (as the tensor-core kernel's operands), gradients summed in f32 (dK and dV of a kv
 // head over all its query heads) and added into dqkv with one rounding each.
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -80,14 +81,21 @@ template <typename Scalar>
 void attention_backward(Scalar* dqkv, const Scalar* dout, const Scalar* qkv, const Scalar* out,
                         const Compute<Scalar>* logsumexp, int B, int T, int C, int NH, int KVH) {
     const PackedQkv packed{C, NH, KVH, C / NH};
+    const int head_size = C / NH, group = NH / KVH;
+    const int64_t qkv_row = packed.row();
+    // dK and dV of a kv head gather from its whole group of query heads, so the unit of work is a (batch, kv head)
+    // block with the group's query heads in ascending order inside, the order a serial loop over heads takes.
+    // Blocks write disjoint columns of dqkv. A block is about group*T*(T+1)/2*head_size multiply-adds (several per
+    // element), so small ones are grouped up to cheap_elements_per_chunk of them.
+    const int64_t blocks_per_chunk =
+        items_per_chunk(int64_t(T) * (T + 1) / 2 * head_size * group, cheap_elements_per_chunk);
     if constexpr (std::is_same_v<Scalar, bfloat16>) {
-        const int head_size = C / NH, group = NH / KVH;
-        const int64_t qkv_row = packed.row();
         const size_t head_elements = size_t(T) * head_size;
-        std::vector<float> dquery(head_elements), dkey(head_elements), dvalue(head_elements); // (T, head_size)
-        for (int b = 0; b < B; ++b) {
-            bfloat16* batch_dqkv = dqkv + int64_t(b) * T * qkv_row;
-            for (int kv_head = 0; kv_head < KVH; ++kv_head) {
+        parallel_for(int64_t(B) * KVH, blocks_per_chunk, [&](int64_t first, int64_t end) {
+            std::vector<float> dquery(head_elements), dkey(head_elements), dvalue(head_elements); // (T, head_size)
+            for (int64_t block = first; block < end; ++block) {
+                const int b = int(block / KVH), kv_head = int(block % KVH);
+                bfloat16* batch_dqkv = dqkv + int64_t(b) * T * qkv_row;
                 // The group's query heads in ascending order, as the CUDA kernel's block owning the key tile.
                 std::fill(dkey.begin(), dkey.end(), 0.0f);
                 std::fill(dvalue.begin(), dvalue.end(), 0.0f);
@@ -99,61 +107,61 @@ void attention_backward(Scalar* dqkv, const Scalar* dout, const Scalar* qkv, con
                 add_rounded(batch_dqkv, dkey, packed.key(first_head), T, head_size, qkv_row);
                 add_rounded(batch_dqkv, dvalue, packed.value(first_head), T, head_size, qkv_row);
             }
-        }
+        });
         return;
     } else {
-    const int head_size = C / NH;
-    const int64_t qkv_row = packed.row();
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_size));
-    std::vector<double> dquery(static_cast<size_t>(head_size));
+    parallel_for(int64_t(B) * KVH, blocks_per_chunk, [&](int64_t first, int64_t end) {
+        std::vector<double> dquery(static_cast<size_t>(head_size));
+        for (int64_t block = first; block < end; ++block) {
+            const int b = int(block / KVH), kv_head = int(block % KVH);
+            const Scalar* batch_qkv = qkv + static_cast<int64_t>(b) * T * qkv_row;
+            Scalar* batch_dqkv = dqkv + static_cast<int64_t>(b) * T * qkv_row;
+            for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+                const int64_t head_offset = packed.query(h), key_offset = packed.key(h), value_offset = packed.value(h);
+                for (int t = 0; t < T; ++t) {
+                    const Scalar* query = batch_qkv + t * qkv_row + head_offset;
+                    const int64_t out_offset = (static_cast<int64_t>(b) * T + t) * C + head_offset;
+                    const Scalar* dout_head = dout + out_offset;
+                    const Scalar* out_head = out + out_offset;
+                    const double row_logsumexp =
+                        static_cast<double>(logsumexp[(static_cast<int64_t>(b) * NH + h) * T + t]);
 
-    for (int b = 0; b < B; ++b) {
-        const Scalar* batch_qkv = qkv + static_cast<int64_t>(b) * T * qkv_row;
-        Scalar* batch_dqkv = dqkv + static_cast<int64_t>(b) * T * qkv_row;
-        for (int h = 0; h < NH; ++h) {
-            const int64_t head_offset = packed.query(h), key_offset = packed.key(h), value_offset = packed.value(h);
-            for (int t = 0; t < T; ++t) {
-                const Scalar* query = batch_qkv + t * qkv_row + head_offset;
-                const int64_t out_offset = (static_cast<int64_t>(b) * T + t) * C + head_offset;
-                const Scalar* dout_head = dout + out_offset;
-                const Scalar* out_head = out + out_offset;
-                const double row_logsumexp =
-                    static_cast<double>(logsumexp[(static_cast<int64_t>(b) * NH + h) * T + t]);
+                    // D_i = dout_i . out_i equals sum_j P_ij dP_ij, the softmax Jacobian's shared term, without
+                    // needing the whole probability row first.
+                    double row_delta = 0.0;
+                    for (int d = 0; d < head_size; ++d) row_delta += static_cast<double>(dout_head[d]) * out_head[d];
 
-                // D_i = dout_i . out_i equals sum_j P_ij dP_ij, the softmax Jacobian's shared term, without
-                // needing the whole probability row first.
-                double row_delta = 0.0;
-                for (int d = 0; d < head_size; ++d) row_delta += static_cast<double>(dout_head[d]) * out_head[d];
+                    for (int d = 0; d < head_size; ++d) dquery[d] = 0.0;
+                    for (int t2 = 0; t2 <= t; ++t2) {
+                        // Query heads of a group share these rows: their terms add in ascending head order.
+                        const Scalar* key = batch_qkv + t2 * qkv_row + key_offset;
+                        const Scalar* value = batch_qkv + t2 * qkv_row + value_offset;
+                        Scalar* dkey = batch_dqkv + t2 * qkv_row + key_offset;
+                        Scalar* dvalue = batch_dqkv + t2 * qkv_row + value_offset;
 
-                for (int d = 0; d < head_size; ++d) dquery[d] = 0.0;
-                for (int t2 = 0; t2 <= t; ++t2) {
-                    // Query heads of a group share these rows: their terms add in ascending head order.
-                    const Scalar* key = batch_qkv + t2 * qkv_row + key_offset;
-                    const Scalar* value = batch_qkv + t2 * qkv_row + value_offset;
-                    Scalar* dkey = batch_dqkv + t2 * qkv_row + key_offset;
-                    Scalar* dvalue = batch_dqkv + t2 * qkv_row + value_offset;
+                        double dot = 0.0;
+                        double dprobability = 0.0;
+                        for (int d = 0; d < head_size; ++d) {
+                            dot += static_cast<double>(query[d]) * key[d];
+                            dprobability += static_cast<double>(dout_head[d]) * value[d];
+                        }
+                        const double probability = std::exp(dot * scale - row_logsumexp);
+                        const double dscore = probability * (dprobability - row_delta);
 
-                    double dot = 0.0;
-                    double dprobability = 0.0;
-                    for (int d = 0; d < head_size; ++d) {
-                        dot += static_cast<double>(query[d]) * key[d];
-                        dprobability += static_cast<double>(dout_head[d]) * value[d];
+                        for (int d = 0; d < head_size; ++d) {
+                            dquery[d] += dscore * key[d];
+                            dkey[d] += static_cast<Scalar>(scale * dscore * query[d]);
+                            dvalue[d] += static_cast<Scalar>(probability * dout_head[d]);
+                        }
                     }
-                    const double probability = std::exp(dot * scale - row_logsumexp);
-                    const double dscore = probability * (dprobability - row_delta);
 
-                    for (int d = 0; d < head_size; ++d) {
-                        dquery[d] += dscore * key[d];
-                        dkey[d] += static_cast<Scalar>(scale * dscore * query[d]);
-                        dvalue[d] += static_cast<Scalar>(probability * dout_head[d]);
-                    }
+                    Scalar* dquery_head = batch_dqkv + t * qkv_row + head_offset;
+                    for (int d = 0; d < head_size; ++d) dquery_head[d] += static_cast<Scalar>(scale * dquery[d]);
                 }
-
-                Scalar* dquery_head = batch_dqkv + t * qkv_row + head_offset;
-                for (int d = 0; d < head_size; ++d) dquery_head[d] += static_cast<Scalar>(scale * dquery[d]);
             }
         }
-    }
+    });
     }
 }
 

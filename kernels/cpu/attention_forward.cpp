@@ -3,6 +3,7 @@
 // softmax step by step (key tiles of attention_bf16_key_tile, P rounded to bf16 before P·V), so that its rounding
 // points are the GPU's and only f32 summation order differs.
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -62,14 +63,21 @@ void attention_row_bf16(bfloat16* out_head, float* logsumexp, const bfloat16* ba
     *logsumexp = running_max + std::log(running_sum);
 }
 
+// (batch, head) blocks are independent; a block is about T*(T+1)/2*head_size multiply-adds, each ~1 ns on one core,
+// so chunks group small blocks up to cheap_elements_per_chunk of them (one block each at T = 64, head size 32).
+int64_t attention_blocks_per_chunk(int T, int head_size, int query_heads_per_block) {
+    return items_per_chunk(int64_t(T) * (T + 1) / 2 * head_size * query_heads_per_block, cheap_elements_per_chunk);
+}
+
 void attention_forward_bf16(bfloat16* out, float* logsumexp, const bfloat16* qkv, int B, int T, int C, int NH,
                             int KVH) {
     const int head_size = C / NH;
     const int64_t qkv_row = C + 2 * int64_t(KVH) * head_size;
-    std::vector<float> accumulator(static_cast<size_t>(head_size)), scores(attention_bf16_key_tile);
-    for (int b = 0; b < B; ++b) {
-        const bfloat16* batch_qkv = qkv + static_cast<int64_t>(b) * T * qkv_row;
-        for (int h = 0; h < NH; ++h) {
+    parallel_for(int64_t(B) * NH, attention_blocks_per_chunk(T, head_size, 1), [&](int64_t first, int64_t end) {
+        std::vector<float> accumulator(static_cast<size_t>(head_size)), scores(attention_bf16_key_tile);
+        for (int64_t block = first; block < end; ++block) {
+            const int b = int(block / NH), h = int(block % NH);
+            const bfloat16* batch_qkv = qkv + static_cast<int64_t>(b) * T * qkv_row;
             const HeadColumns columns = head_columns(h, head_size, C, NH, KVH);
             for (int t = 0; t < T; ++t) {
                 attention_row_bf16(out + (static_cast<int64_t>(b) * T + t) * C + int64_t(h) * head_size,
@@ -77,7 +85,7 @@ void attention_forward_bf16(bfloat16* out, float* logsumexp, const bfloat16* qkv
                                    head_size, qkv_row, accumulator, scores);
             }
         }
-    }
+    });
 }
 
 } // namespace
@@ -92,12 +100,12 @@ void attention_forward(Scalar* out, Compute<Scalar>* logsumexp, const Scalar* qk
     const int head_size = C / NH;
     const int64_t qkv_row = C + 2 * int64_t(KVH) * head_size;
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_size));
-    std::vector<double> scores(static_cast<size_t>(T));
-    std::vector<double> accumulator(static_cast<size_t>(head_size));
-
-    for (int b = 0; b < B; ++b) {
-        const Scalar* batch_qkv = qkv + static_cast<int64_t>(b) * T * qkv_row;
-        for (int h = 0; h < NH; ++h) {
+    parallel_for(int64_t(B) * NH, attention_blocks_per_chunk(T, head_size, 1), [&](int64_t first, int64_t end) {
+        std::vector<double> scores(static_cast<size_t>(T));
+        std::vector<double> accumulator(static_cast<size_t>(head_size));
+        for (int64_t block = first; block < end; ++block) {
+            const int b = int(block / NH), h = int(block % NH);
+            const Scalar* batch_qkv = qkv + static_cast<int64_t>(b) * T * qkv_row;
             const int64_t head_offset = static_cast<int64_t>(h) * head_size;
             const HeadColumns columns = head_columns(h, head_size, C, NH, KVH);
             for (int t = 0; t < T; ++t) {
@@ -133,7 +141,7 @@ void attention_forward(Scalar* out, Compute<Scalar>* logsumexp, const Scalar* qk
                     static_cast<Scalar>(max_score + std::log(exp_sum));
             }
         }
-    }
+    });
     }
 }
 

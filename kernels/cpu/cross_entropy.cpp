@@ -1,6 +1,7 @@
 // Softmax cross-entropy over the last dimension, the reference for kernels/cuda/cross_entropy.cu. bf16 logits:
 // the row statistics and the losses in full precision (losses f32), the gradient rounded once on store.
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 
 #include <cmath>
 
@@ -35,64 +36,74 @@ double row_logsumexp(const T* row, int V) {
 
 template <typename T>
 void cross_entropy_forward(Compute<T>* losses, const T* logits, const int32_t* targets, int N, int V, int ignore_index) {
-    for (int n = 0; n < N; ++n) {
-        if (targets[n] == ignore_index) {
-            losses[n] = Compute<T>(0);
-            continue;
+    // Rows are independent (one loss each; the op layer sums them, in row order, afterwards): chunks of rows on
+    // threads. Likewise in the three kernels below.
+    parallel_for(N, items_per_chunk(V, costly_elements_per_chunk), [&](int64_t first_row, int64_t end_row) {
+        for (int64_t n = first_row; n < end_row; ++n) {
+            if (targets[n] == ignore_index) {
+                losses[n] = Compute<T>(0);
+                continue;
+            }
+            // (N,V) logits can pass 2^31 elements for a large vocabulary, hence the 64-bit row offset.
+            const T* row = logits + n * V;
+            losses[n] = static_cast<Compute<T>>(row_logsumexp(row, V) - logit(row[targets[n]]));
         }
-        // (N,V) logits can pass 2^31 elements for a large vocabulary, hence the 64-bit row offset.
-        const T* row = logits + static_cast<int64_t>(n) * V;
-        losses[n] = static_cast<Compute<T>>(row_logsumexp(row, V) - logit(row[targets[n]]));
-    }
+    });
 }
 
 template <typename T>
 void cross_entropy_backward(T* dlogits, const Compute<T>* dlosses, const T* logits, const int32_t* targets, int N, int V,
                             int ignore_index) {
-    for (int n = 0; n < N; ++n) {
-        if (targets[n] == ignore_index) continue;
-        const T* row = logits + static_cast<int64_t>(n) * V;
-        T* drow = dlogits + static_cast<int64_t>(n) * V;
-        const double logsumexp = row_logsumexp(row, V);
-        const double dloss = static_cast<double>(dlosses[n]);
-        for (int v = 0; v < V; ++v) {
-            const double probability = std::exp(logit(row[v]) - logsumexp);
-            const double indicator = (v == targets[n]) ? 1.0 : 0.0;
-            drow[v] = narrow<T>(widen(drow[v]) + static_cast<Compute<T>>((probability - indicator) * dloss));
+    parallel_for(N, items_per_chunk(V, costly_elements_per_chunk), [&](int64_t first_row, int64_t end_row) {
+        for (int64_t n = first_row; n < end_row; ++n) {
+            if (targets[n] == ignore_index) continue;
+            const T* row = logits + n * V;
+            T* drow = dlogits + n * V;
+            const double logsumexp = row_logsumexp(row, V);
+            const double dloss = static_cast<double>(dlosses[n]);
+            for (int v = 0; v < V; ++v) {
+                const double probability = std::exp(logit(row[v]) - logsumexp);
+                const double indicator = (v == targets[n]) ? 1.0 : 0.0;
+                drow[v] = narrow<T>(widen(drow[v]) + static_cast<Compute<T>>((probability - indicator) * dloss));
+            }
         }
-    }
+    });
 }
 
 template <typename T>
 void cross_entropy_fused_forward(Compute<T>* losses, T* logits, const int32_t* targets, Compute<T> dloss, int N, int V,
                                  int padded_V, int ignore_index) {
-    for (int n = 0; n < N; ++n) {
-        T* row = logits + static_cast<int64_t>(n) * padded_V;
-        const int target = targets[n];
-        if (target == ignore_index) {
-            losses[n] = Compute<T>(0);
-            for (int v = 0; v < padded_V; ++v) row[v] = narrow<T>(0);
-            continue;
+    parallel_for(N, items_per_chunk(V, costly_elements_per_chunk), [&](int64_t first_row, int64_t end_row) {
+        for (int64_t n = first_row; n < end_row; ++n) {
+            T* row = logits + n * padded_V;
+            const int target = targets[n];
+            if (target == ignore_index) {
+                losses[n] = Compute<T>(0);
+                for (int v = 0; v < padded_V; ++v) row[v] = narrow<T>(0);
+                continue;
+            }
+            // Everything this row's gradient needs is read before the first write over it.
+            const double logsumexp = row_logsumexp(row, V);
+            losses[n] = static_cast<Compute<T>>(logsumexp - logit(row[target]));
+            // The same expression as cross_entropy_backward's, so with dloss equal to its dlosses[n] and a zeroed
+            // dlogits the two paths agree bitwise.
+            for (int v = 0; v < V; ++v) {
+                const double probability = std::exp(logit(row[v]) - logsumexp);
+                const double indicator = (v == target) ? 1.0 : 0.0;
+                row[v] = store<T>((probability - indicator) * static_cast<double>(dloss));
+            }
+            for (int v = V; v < padded_V; ++v) row[v] = narrow<T>(0);
         }
-        // Everything this row's gradient needs is read before the first write over it.
-        const double logsumexp = row_logsumexp(row, V);
-        losses[n] = static_cast<Compute<T>>(logsumexp - logit(row[target]));
-        // The same expression as cross_entropy_backward's, so with dloss equal to its dlosses[n] and a zeroed
-        // dlogits the two paths agree bitwise.
-        for (int v = 0; v < V; ++v) {
-            const double probability = std::exp(logit(row[v]) - logsumexp);
-            const double indicator = (v == target) ? 1.0 : 0.0;
-            row[v] = store<T>((probability - indicator) * static_cast<double>(dloss));
-        }
-        for (int v = V; v < padded_V; ++v) row[v] = narrow<T>(0);
-    }
+    });
 }
 
 template <typename T>
 void cross_entropy_fused_rescale(T* dlogits, const Compute<T>* dout, Compute<T> expected_dout, int64_t count) {
     const Compute<T> ratio = dout[0] / expected_dout;
     if (ratio == Compute<T>(1)) return;
-    for (int64_t i = 0; i < count; ++i) dlogits[i] = narrow<T>(widen(dlogits[i]) * ratio);
+    parallel_for(count, cheap_elements_per_chunk, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) dlogits[i] = narrow<T>(widen(dlogits[i]) * ratio);
+    });
 }
 
 template void cross_entropy_forward<float>(float*, const float*, const int32_t*, int, int, int);

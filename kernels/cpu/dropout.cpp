@@ -1,5 +1,6 @@
 // Dropout whose mask is redrawn from the shared Philox stream, the reference for kernels/cuda/dropout.cu.
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 
 #include "kernels/common/philox.h"
 
@@ -9,28 +10,37 @@ template <typename T>
 void dropout_forward(T* out, const T* inp, float p, uint64_t seed, uint64_t offset, int64_t N) {
     // p == 0 is an exact copy: multiplying by a computed 1/(1-p) could still round, and no draws are needed.
     if (p == 0.0f) {
-        for (int64_t i = 0; i < N; ++i) out[i] = inp[i];
+        parallel_for(N, cheap_elements_per_chunk, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) out[i] = inp[i];
+        });
         return;
     }
     // In Compute<T>: for bf16 the float scale the CUDA twin's host computes, 1/(1-p).
     const Compute<T> keep_scale = Compute<T>(1) / (Compute<T>(1) - Compute<T>(p));
-    for (int64_t i = 0; i < N; ++i) {
-        const bool keep = philox_uniform(seed, offset, static_cast<uint64_t>(i)) >= p;
-        out[i] = keep ? narrow<T>(widen(inp[i]) * keep_scale) : narrow<T>(0);
-    }
+    // Counter-based: element i's draw depends on (seed, offset, i) alone, so any split gives the same mask.
+    parallel_for(N, costly_elements_per_chunk, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const bool keep = philox_uniform(seed, offset, static_cast<uint64_t>(i)) >= p;
+            out[i] = keep ? narrow<T>(widen(inp[i]) * keep_scale) : narrow<T>(0);
+        }
+    });
 }
 
 template <typename T>
 void dropout_backward(T* dinp, const T* dout, float p, uint64_t seed, uint64_t offset, int64_t N) {
     if (p == 0.0f) {
-        for (int64_t i = 0; i < N; ++i) dinp[i] = narrow<T>(widen(dinp[i]) + widen(dout[i]));
+        parallel_for(N, cheap_elements_per_chunk, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) dinp[i] = narrow<T>(widen(dinp[i]) + widen(dout[i]));
+        });
         return;
     }
     const Compute<T> keep_scale = Compute<T>(1) / (Compute<T>(1) - Compute<T>(p));
-    for (int64_t i = 0; i < N; ++i) {
-        const bool keep = philox_uniform(seed, offset, static_cast<uint64_t>(i)) >= p;
-        if (keep) dinp[i] = narrow<T>(widen(dinp[i]) + widen(dout[i]) * keep_scale);
-    }
+    parallel_for(N, costly_elements_per_chunk, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const bool keep = philox_uniform(seed, offset, static_cast<uint64_t>(i)) >= p;
+            if (keep) dinp[i] = narrow<T>(widen(dinp[i]) + widen(dout[i]) * keep_scale);
+        }
+    });
 }
 
 template void dropout_forward<float>(float*, const float*, float, uint64_t, uint64_t, int64_t);

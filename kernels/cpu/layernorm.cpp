@@ -1,5 +1,6 @@
 // Layer normalisation over the last dimension, the reference for kernels/cuda/layernorm.cu.
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 
 #include <cmath>
 
@@ -11,9 +12,11 @@ template <typename T>
 void layernorm_forward(T* out, Compute<T>* mean, Compute<T>* rstd, const T* inp, const T* weight, const T* bias,
                        int N, int C) {
     using C_ = Compute<T>;
-    for (int n = 0; n < N; ++n) {
-        const T* x = inp + static_cast<int64_t>(n) * C;
-        T* y = out + static_cast<int64_t>(n) * C;
+    // Rows are independent: chunks of rows on threads, each row's arithmetic as in a single-threaded loop.
+    parallel_for(N, items_per_chunk(C, row_elements_per_chunk), [&](int64_t first_row, int64_t end_row) {
+    for (int64_t n = first_row; n < end_row; ++n) {
+        const T* x = inp + n * C;
+        T* y = out + n * C;
         double sum = 0.0;
         for (int c = 0; c < C; ++c) sum += static_cast<double>(widen(x[c]));
         const double row_mean = sum / C;
@@ -33,40 +36,58 @@ void layernorm_forward(T* out, Compute<T>* mean, Compute<T>* rstd, const T* inp,
         mean[n] = row_mean_t;
         rstd[n] = row_rstd;
     }
+    });
 }
 
 template <typename T>
 void layernorm_backward(T* dinp, Compute<T>* dweight, Compute<T>* dbias, const T* dout, const T* inp, const T* weight,
                         const Compute<T>* mean, const Compute<T>* rstd, int N, int C) {
     using C_ = Compute<T>;
-    for (int n = 0; n < N; ++n) {
-        const T* x = inp + static_cast<int64_t>(n) * C;
-        const T* dy = dout + static_cast<int64_t>(n) * C;
-        T* dx = dinp + static_cast<int64_t>(n) * C;
-        const C_ row_mean = mean[n];
-        const C_ row_rstd = rstd[n];
+    // Two passes, so that each can be split without changing any element's arithmetic: dinp by rows (a row's two
+    // means, then its elements), the parameter gradients by columns (each column summed over rows 0..N-1 in order,
+    // the order of the single loop this replaced). The normalised value is recomputed by the same expression.
+    parallel_for(N, items_per_chunk(C, row_elements_per_chunk), [&](int64_t first_row, int64_t end_row) {
+        for (int64_t n = first_row; n < end_row; ++n) {
+            const T* x = inp + n * C;
+            const T* dy = dout + n * C;
+            T* dx = dinp + n * C;
+            const C_ row_mean = mean[n];
+            const C_ row_rstd = rstd[n];
 
-        // The two row means the input gradient needs: mean(dnorm) and mean(dnorm * norm).
-        double dnorm_sum = 0.0;
-        double dnorm_norm_sum = 0.0;
-        for (int c = 0; c < C; ++c) {
-            const C_ norm = (widen(x[c]) - row_mean) * row_rstd;
-            const C_ dnorm = widen(weight[c]) * widen(dy[c]);
-            dnorm_sum += static_cast<double>(dnorm);
-            dnorm_norm_sum += static_cast<double>(dnorm) * static_cast<double>(norm);
-        }
-        const C_ dnorm_mean = static_cast<C_>(dnorm_sum / C);
-        const C_ dnorm_norm_mean = static_cast<C_>(dnorm_norm_sum / C);
+            // The two row means the input gradient needs: mean(dnorm) and mean(dnorm * norm).
+            double dnorm_sum = 0.0;
+            double dnorm_norm_sum = 0.0;
+            for (int c = 0; c < C; ++c) {
+                const C_ norm = (widen(x[c]) - row_mean) * row_rstd;
+                const C_ dnorm = widen(weight[c]) * widen(dy[c]);
+                dnorm_sum += static_cast<double>(dnorm);
+                dnorm_norm_sum += static_cast<double>(dnorm) * static_cast<double>(norm);
+            }
+            const C_ dnorm_mean = static_cast<C_>(dnorm_sum / C);
+            const C_ dnorm_norm_mean = static_cast<C_>(dnorm_norm_sum / C);
 
-        for (int c = 0; c < C; ++c) {
-            const C_ norm = (widen(x[c]) - row_mean) * row_rstd;
-            const C_ gradient = widen(dy[c]);
-            const C_ dnorm = widen(weight[c]) * gradient;
-            dbias[c] += gradient;
-            dweight[c] += norm * gradient;
-            dx[c] = narrow<T>(widen(dx[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * row_rstd);
+            for (int c = 0; c < C; ++c) {
+                const C_ norm = (widen(x[c]) - row_mean) * row_rstd;
+                const C_ dnorm = widen(weight[c]) * widen(dy[c]);
+                dx[c] = narrow<T>(widen(dx[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * row_rstd);
+            }
         }
-    }
+    });
+    // Column chunks walk the rows in order, each row's segment contiguous (no strided column walk).
+    parallel_for(C, columns_per_chunk(N), [&](int64_t first_column, int64_t end_column) {
+        for (int64_t n = 0; n < N; ++n) {
+            const T* x = inp + n * C;
+            const T* dy = dout + n * C;
+            const C_ row_mean = mean[n];
+            const C_ row_rstd = rstd[n];
+            for (int64_t c = first_column; c < end_column; ++c) {
+                const C_ norm = (widen(x[c]) - row_mean) * row_rstd;
+                const C_ gradient = widen(dy[c]);
+                dbias[c] += gradient;
+                dweight[c] += norm * gradient;
+            }
+        }
+    });
 }
 
 template void layernorm_forward<float>(float*, float*, float*, const float*, const float*, const float*, int, int);

@@ -1,5 +1,6 @@
 // Rotary position embedding (Hugging Face's rotate-half layout), the reference for kernels/cuda/rope.cu.
 #include "kernels/cpu/llama_kernels.h"
+#include "kernels/cpu/parallel.h"
 
 namespace engine::kernels::cpu {
 
@@ -11,12 +12,14 @@ template <typename S>
 void rope_forward(S* out, const S* inp, const Compute<S>* cos, const Compute<S>* sin, int B, int T, int H, int D) {
     using C = Compute<S>;
     const int half = D / 2;
-    for (int b = 0; b < B; ++b) {
-        for (int t = 0; t < T; ++t) {
+    // Positions (b, t) are independent: chunks of them on threads.
+    parallel_for(int64_t(B) * T, items_per_chunk(int64_t(H) * D, cheap_elements_per_chunk), [&](int64_t first, int64_t end) {
+        for (int64_t position = first; position < end; ++position) {
+            const int64_t b = position / T, t = position % T;
             const C* c = cos + static_cast<int64_t>(t) * half; // (D/2) row t
             const C* s = sin + static_cast<int64_t>(t) * half;
             for (int h = 0; h < H; ++h) {
-                const int64_t head = ((static_cast<int64_t>(b) * T + t) * H + h) * D;
+                const int64_t head = ((b * T + t) * H + h) * D;
                 const S* x = inp + head; // (D)
                 S* y = out + head;       // (D)
                 for (int i = 0; i < half; ++i) {
@@ -26,7 +29,7 @@ void rope_forward(S* out, const S* inp, const Compute<S>* cos, const Compute<S>*
                 }
             }
         }
-    }
+    });
 }
 
 template <typename S>
@@ -34,12 +37,13 @@ void rope_backward(S* dinp, const S* dout, const Compute<S>* cos, const Compute<
                    int D) {
     using C = Compute<S>;
     const int half = D / 2;
-    for (int b = 0; b < B; ++b) {
-        for (int t = 0; t < T; ++t) {
+    parallel_for(int64_t(B) * T, items_per_chunk(int64_t(H) * D, cheap_elements_per_chunk), [&](int64_t first, int64_t end) {
+        for (int64_t position = first; position < end; ++position) {
+            const int64_t b = position / T, t = position % T;
             const C* c = cos + static_cast<int64_t>(t) * half;
             const C* s = sin + static_cast<int64_t>(t) * half;
             for (int h = 0; h < H; ++h) {
-                const int64_t head = ((static_cast<int64_t>(b) * T + t) * H + h) * D;
+                const int64_t head = ((b * T + t) * H + h) * D;
                 const S* dy = dout + head; // (D)
                 S* dx = dinp + head;       // (D)
                 for (int i = 0; i < half; ++i) {
@@ -52,7 +56,7 @@ void rope_backward(S* dinp, const S* dout, const Compute<S>* cos, const Compute<
                 }
             }
         }
-    }
+    });
 }
 
 #define ENGINE_INSTANTIATE_ROPE(S)                                                                           \

@@ -1,5 +1,6 @@
 // softmax and log_softmax over one dimension, the reference for kernels/cuda/softmax.cu.
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
 
 #include <cmath>
 
@@ -8,12 +9,13 @@ namespace engine::kernels::cpu {
 namespace {
 
 // One (outer, inner) column of `size` elements, `inner` apart. The max is subtracted before exp so that no
-// term overflows; the sum of the exponentials runs in double.
+// term overflows; the sum of the exponentials runs in double. Columns are independent: chunks of them on threads.
 template <typename S, bool logarithm>
 void normalise_columns(S* out, const S* inp, int64_t outer, int64_t size, int64_t inner) {
     using T = Compute<S>;
-    for (int64_t o = 0; o < outer; ++o) {
-        for (int64_t n = 0; n < inner; ++n) {
+    parallel_for(outer * inner, items_per_chunk(size, costly_elements_per_chunk), [&](int64_t first, int64_t end) {
+        for (int64_t column = first; column < end; ++column) {
+            const int64_t o = column / inner, n = column % inner;
             const S* x = inp + o * size * inner + n;
             S* y = out + o * size * inner + n;
             T maximum = widen(x[0]);
@@ -30,14 +32,15 @@ void normalise_columns(S* out, const S* inp, int64_t outer, int64_t size, int64_
                     y[i * inner] = narrow<S>(std::exp(widen(x[i * inner]) - maximum) * reciprocal);
             }
         }
-    }
+    });
 }
 
 template <typename S, bool logarithm>
 void normalise_columns_backward(S* dinp, const S* dout, const S* out, int64_t outer, int64_t size, int64_t inner) {
     using T = Compute<S>;
-    for (int64_t o = 0; o < outer; ++o) {
-        for (int64_t n = 0; n < inner; ++n) {
+    parallel_for(outer * inner, items_per_chunk(size, costly_elements_per_chunk), [&](int64_t first, int64_t end) {
+        for (int64_t column = first; column < end; ++column) {
+            const int64_t o = column / inner, n = column % inner;
             const int64_t base = o * size * inner + n;
             const S* dy = dout + base;
             const S* y = out + base;
@@ -54,7 +57,7 @@ void normalise_columns_backward(S* dinp, const S* dout, const S* out, int64_t ou
                 dx[i * inner] = narrow<S>(widen(dx[i * inner]) + local);
             }
         }
-    }
+    });
 }
 
 } // namespace

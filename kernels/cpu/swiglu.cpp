@@ -1,28 +1,33 @@
 // Fused SwiGLU, silu(gate) * up, the reference for kernels/cuda/swiglu.cu.
 #include "kernels/common/pointwise_functions.h"
 #include "kernels/cpu/llama_kernels.h"
+#include "kernels/cpu/parallel.h"
 
 namespace engine::kernels::cpu {
 
 template <typename S>
 void swiglu_forward(S* out, const S* gate, const S* up, int64_t N) {
     using C = Compute<S>;
-    for (int64_t i = 0; i < N; ++i)
-        out[i] = narrow<S>(unary_value<C>(UnaryFunction::silu, widen(gate[i])) * widen(up[i]));
+    parallel_for(N, costly_elements_per_chunk, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i)
+            out[i] = narrow<S>(unary_value<C>(UnaryFunction::silu, widen(gate[i])) * widen(up[i]));
+    });
 }
 
 template <typename S>
 void swiglu_backward(S* dgate, S* dup, const S* dout, const S* gate, const S* up, int64_t N) {
     using C = Compute<S>;
-    for (int64_t i = 0; i < N; ++i) {
-        const C g = widen(gate[i]), gradient = widen(dout[i]);
-        // silu' is pointwise_functions.h's, from the input (silu's backward reads its input).
-        if (dgate) {
-            const C slope = unary_derivative<C>(UnaryFunction::silu, g);
-            dgate[i] = narrow<S>(widen(dgate[i]) + gradient * widen(up[i]) * slope);
+    parallel_for(N, costly_elements_per_chunk, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const C g = widen(gate[i]), gradient = widen(dout[i]);
+            // silu' is pointwise_functions.h's, from the input (silu's backward reads its input).
+            if (dgate) {
+                const C slope = unary_derivative<C>(UnaryFunction::silu, g);
+                dgate[i] = narrow<S>(widen(dgate[i]) + gradient * widen(up[i]) * slope);
+            }
+            if (dup) dup[i] = narrow<S>(widen(dup[i]) + gradient * unary_value<C>(UnaryFunction::silu, g));
         }
-        if (dup) dup[i] = narrow<S>(widen(dup[i]) + gradient * unary_value<C>(UnaryFunction::silu, g));
-    }
+    });
 }
 
 #define ENGINE_INSTANTIATE_SWIGLU(S)                                                                         \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ctest train_gpt_runs: the main job as a user runs it. With no flags its loss falls; --log writes one JSON
 # line per step with the printed fields; --plan predicts without training; a run saved at step 3 and
-# resumed gives bitwise the losses of an uninterrupted run. usage: train_gpt_runs.sh TRAIN_GPT WORK_DIR
+# resumed gives bitwise the losses of an uninterrupted run; --profile prints and logs the op table.
+# usage: train_gpt_runs.sh TRAIN_GPT WORK_DIR
 set -u
 train_gpt=$1
 work=$2
@@ -60,6 +61,27 @@ for step, loss in resumed.items():
 print("resumed losses equal the straight run's bitwise")
 PY
 check "resume is bitwise the straight run" $? "see above"
+
+# --profile: the table after training (steps 3-4: the first two warm up) and "profile" on the last log line only.
+"$train_gpt" --max-steps 4 --profile --log "$work/profile.jsonl" >"$work/profile.out" 2>&1
+check "--profile run exits 0" $? "$(tail -2 "$work/profile.out")"
+grep -q "^op profile (CPU kernels) over 2 steps, the first 2 left out" "$work/profile.out" &&
+  grep -q "^GEMM share: " "$work/profile.out"
+check "--profile prints the table and the GEMM share" $? "$(tail -5 "$work/profile.out")"
+"$python" - "$work/profile.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(line) for line in open(sys.argv[1])]
+assert all("profile" not in line for line in lines[:-1]), "profile before the last line"
+profile = lines[-1]["profile"]
+assert profile["steps"] == 2 and profile["warmup_steps_excluded"] == 2, profile
+assert 0 < profile["profiled_seconds"] <= profile["step_seconds"], profile
+assert 0 < profile["gemm_share_of_step"] < 1, profile
+ops = {(op["op"], op["phase"]) for op in profile["ops"]}
+for expected in [("linear", "forward"), ("linear", "backward"), ("adamw", "optimizer")]:
+    assert expected in ops, f"{expected} missing from {sorted(ops)}"
+print(f"GEMM share {profile['gemm_share_of_step']:.2f}")
+PY
+check "--log's last line carries the profile" $? "see above"
 
 echo "$((total - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]
