@@ -204,7 +204,10 @@ TEST_F(LlamaOpsGradcheck, RopeTablesFollowTransformersFloat32Recipe) {
                 for (const bool is_cos : {true, false}) {
                     const double exact = is_cos ? std::cos(double(angle)) : std::sin(double(angle));
                     const double table = is_cos ? cos[k] : sin[k];
-                    const double ulp = std::max(std::ldexp(1.0, std::ilogb(std::fabs(exact)) - 23), std::ldexp(1.0, -149));
+                    // ilogb(0) is FP_ILOGB0 (INT_MIN): exact zeros (sin at t = 0) take the smallest subnormal.
+                    const double ulp = exact == 0.0 ? std::ldexp(1.0, -149)
+                                                    : std::max(std::ldexp(1.0, std::ilogb(std::fabs(exact)) - 23),
+                                                               std::ldexp(1.0, -149));
                     worst_ulps = std::max(worst_ulps, std::fabs(table - exact) / ulp);
                     // Independently of the recipe: the exact angle t / theta^(2i/D) in double. The recipe's
                     // angle is off by its f32 roundings, (ln(theta)·2i/D + 4)·2^-24 relative at most (the exponent's
