@@ -48,7 +48,6 @@ class RopeCache {
 public:
     RopeCache(int positions, int head_size, double theta, DType dtype, Device device);
     const RopeTables& tables_for(const Tensor& activations) const;
-    const RopeTables& tables() const { return tables_; }
 
 private:
     int positions_, head_size_;
@@ -114,7 +113,6 @@ public:
     Tensor run_blocks(const Tensor& input, int first_block, int count) const override;
 
     const LlamaConfig& config() const { return config_; }
-    const RopeCache& rope() const { return rope_; }
 
     LlamaModel model;
     std::unique_ptr<TorchLinear> lm_head; // null when tie_word_embeddings: the head reads model.embed_tokens

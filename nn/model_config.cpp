@@ -38,7 +38,6 @@ int ModelConfig::padded_vocab_size() const { return is_llama() ? llama().vocab_s
 int ModelConfig::max_seq_len() const { return is_llama() ? llama().max_position_embeddings : gpt().max_seq_len; }
 int ModelConfig::layers() const { return is_llama() ? llama().num_hidden_layers : gpt().n_layer; }
 int ModelConfig::width() const { return is_llama() ? llama().hidden_size : gpt().n_embd; }
-int ModelConfig::heads() const { return is_llama() ? llama().num_attention_heads : gpt().n_head; }
 std::string ModelConfig::to_string() const { return is_llama() ? llama().to_string() : gpt().to_string(); }
 std::optional<ConfigProblem> ModelConfig::problem() const { return is_llama() ? llama().problem() : gpt().problem(); }
 void ModelConfig::validate() const { is_llama() ? llama().validate() : gpt().validate(); }

@@ -35,7 +35,6 @@ public:
     int max_seq_len() const;
     int layers() const;
     int width() const;
-    int heads() const;
     std::string to_string() const;
     std::optional<ConfigProblem> problem() const;
     void validate() const;
