@@ -2,7 +2,7 @@
 # Installs what libengine builds with, when missing (Open MPI for data parallelism included): idempotent and
 # quiet. Needs root (apt-get) on Debian.
 set -euo pipefail
-packages=(cmake ninja-build g++ libopenblas-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
+packages=(cmake ninja-build g++ libopenblas-dev libhwy-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
           libboost-context-dev libopenmpi-dev openmpi-bin python3-matplotlib)
 missing=()
 for package in "${packages[@]}"; do

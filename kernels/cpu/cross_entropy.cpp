@@ -1,9 +1,12 @@
 // Softmax cross-entropy over the last dimension, the reference for kernels/cuda/cross_entropy.cu. bf16 logits:
-// the row statistics and the losses in full precision (losses f32), the gradient rounded once on store.
+// the row statistics and the losses in full precision (losses f32), the gradient rounded once on store. f32 logits
+// take the SIMD loops of vector_math.h: the same f64 arithmetic with Highway's f64 exp and a lane-wise sum.
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vector_math.h"
 
 #include <cmath>
+#include <type_traits>
 
 namespace engine::kernels::cpu {
 
@@ -23,6 +26,10 @@ T store(double value) {
 // Subtracting the row maximum first keeps every exponential in (0, 1], so large logits cannot overflow.
 template <typename T>
 double row_logsumexp(const T* row, int V) {
+    if constexpr (std::is_same_v<T, float>) {
+        const double max_logit = simd::row_max(row, V);
+        return max_logit + std::log(simd::exp_sum(row, max_logit, V));
+    }
     double max_logit = logit(row[0]);
     for (int v = 1; v < V; ++v) {
         if (logit(row[v]) > max_logit) max_logit = logit(row[v]);
@@ -61,6 +68,10 @@ void cross_entropy_backward(T* dlogits, const Compute<T>* dlosses, const T* logi
             T* drow = dlogits + n * V;
             const double logsumexp = row_logsumexp(row, V);
             const double dloss = static_cast<double>(dlosses[n]);
+            if constexpr (std::is_same_v<T, float>) {
+                simd::softmax_cross_entropy_gradient(drow, row, logsumexp, targets[n], dloss, V, /*accumulate=*/true);
+                continue;
+            }
             for (int v = 0; v < V; ++v) {
                 const double probability = std::exp(logit(row[v]) - logsumexp);
                 const double indicator = (v == targets[n]) ? 1.0 : 0.0;
@@ -87,10 +98,15 @@ void cross_entropy_fused_forward(Compute<T>* losses, T* logits, const int32_t* t
             losses[n] = static_cast<Compute<T>>(logsumexp - logit(row[target]));
             // The same expression as cross_entropy_backward's, so with dloss equal to its dlosses[n] and a zeroed
             // dlogits the two paths agree bitwise.
-            for (int v = 0; v < V; ++v) {
-                const double probability = std::exp(logit(row[v]) - logsumexp);
-                const double indicator = (v == target) ? 1.0 : 0.0;
-                row[v] = store<T>((probability - indicator) * static_cast<double>(dloss));
+            if constexpr (std::is_same_v<T, float>) {
+                simd::softmax_cross_entropy_gradient(row, row, logsumexp, target, static_cast<double>(dloss), V,
+                                                     /*accumulate=*/false);
+            } else {
+                for (int v = 0; v < V; ++v) {
+                    const double probability = std::exp(logit(row[v]) - logsumexp);
+                    const double indicator = (v == target) ? 1.0 : 0.0;
+                    row[v] = store<T>((probability - indicator) * static_cast<double>(dloss));
+                }
             }
             for (int v = V; v < padded_V; ++v) row[v] = narrow<T>(0);
         }

@@ -1,0 +1,186 @@
+// The Highway loops behind kernels/cpu/vector_math.h: this file is compiled once per x86 target by
+// hwy/foreach_target.h, and the exported entry points pick the best target the running CPU supports.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/vector_math.cpp"
+#include "hwy/foreach_target.h" // IWYU pragma: keep
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+
+#include "kernels/cpu/vector_math.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+HWY_BEFORE_NAMESPACE();
+namespace engine::kernels::cpu::simd::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// A whole vector's room in floats or doubles for any x86 target (AVX-512: 16 floats), so tails can run through
+// the same vector code as the body: an element's result never depends on where it sits in the array.
+constexpr size_t tail_room = 64;
+
+constexpr float sqrt_2_over_pi = 0.7978845608028654f;
+constexpr float cubic_coefficient = 0.044715f;
+
+// tanh(s * (x + a x^3)) and x, the shared start of GELU's value and slope.
+template <class D, class V>
+HWY_INLINE V gelu_tanh(D d, V x) {
+    const V inner = hn::MulAdd(hn::Mul(hn::Set(d, cubic_coefficient), hn::Mul(x, x)), x, x); // x + a x^3
+    return hn::Tanh(d, hn::Mul(hn::Set(d, sqrt_2_over_pi), inner));
+}
+
+template <class D, class V>
+HWY_INLINE V gelu_value(D d, V x) {
+    const V half = hn::Set(d, 0.5f);
+    return hn::Mul(hn::Mul(half, x), hn::Add(hn::Set(d, 1.0f), gelu_tanh(d, x)));
+}
+
+// 0.5 (1 + t) + 0.5 x (1 - t^2) s (1 + 3 a x^2): d tanh(u)/du = 1 - tanh(u)^2 and du/dx = s (1 + 3 a x^2).
+template <class D, class V>
+HWY_INLINE V gelu_slope(D d, V x) {
+    const V one = hn::Set(d, 1.0f), half = hn::Set(d, 0.5f);
+    const V t = gelu_tanh(d, x);
+    const V sech_squared = hn::NegMulAdd(t, t, one);
+    const V inner_slope = hn::MulAdd(hn::Set(d, 3.0f * cubic_coefficient), hn::Mul(x, x), one);
+    const V tail = hn::Mul(hn::Mul(hn::Mul(half, x), sech_squared), hn::Mul(hn::Set(d, sqrt_2_over_pi), inner_slope));
+    return hn::MulAdd(half, hn::Add(one, t), tail);
+}
+
+void GeluForward(float* HWY_RESTRICT out, const float* HWY_RESTRICT inp, int64_t count) {
+    const hn::ScalableTag<float> d;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    int64_t i = 0;
+    for (; i + lanes <= count; i += lanes) hn::StoreU(gelu_value(d, hn::LoadU(d, inp + i)), d, out + i);
+    if (i < count) {
+        HWY_ALIGN float buffer[tail_room] = {};
+        std::memcpy(buffer, inp + i, size_t(count - i) * sizeof(float));
+        hn::Store(gelu_value(d, hn::Load(d, buffer)), d, buffer);
+        std::memcpy(out + i, buffer, size_t(count - i) * sizeof(float));
+    }
+}
+
+void GeluBackward(float* HWY_RESTRICT dinp, const float* HWY_RESTRICT dout, const float* HWY_RESTRICT inp,
+                  int64_t count) {
+    const hn::ScalableTag<float> d;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    auto step = [&](const float* x, const float* dy, float* dx) {
+        hn::StoreU(hn::MulAdd(gelu_slope(d, hn::LoadU(d, x)), hn::LoadU(d, dy), hn::LoadU(d, dx)), d, dx);
+    };
+    int64_t i = 0;
+    for (; i + lanes <= count; i += lanes) step(inp + i, dout + i, dinp + i);
+    if (i < count) {
+        const size_t bytes = size_t(count - i) * sizeof(float);
+        HWY_ALIGN float x[tail_room] = {}, dy[tail_room] = {}, dx[tail_room] = {};
+        std::memcpy(x, inp + i, bytes);
+        std::memcpy(dy, dout + i, bytes);
+        std::memcpy(dx, dinp + i, bytes);
+        step(x, dy, dx);
+        std::memcpy(dinp + i, dx, bytes);
+    }
+}
+
+float RowMax(const float* HWY_RESTRICT row, int64_t count) {
+    const hn::ScalableTag<float> d;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    auto maximum = hn::Set(d, row[0]);
+    int64_t i = 0;
+    for (; i + lanes <= count; i += lanes) maximum = hn::Max(maximum, hn::LoadU(d, row + i));
+    float result = hn::GetLane(hn::MaxOfLanes(d, maximum));
+    for (; i < count; ++i) result = std::max(result, row[i]); // max is exact: any order gives the same value
+    return result;
+}
+
+// Doubles and the floats that widen into them, half as many lanes as a float vector.
+using Doubles = hn::ScalableTag<double>;
+using HalfFloats = hn::Rebind<float, Doubles>;
+
+double ExpSum(const float* HWY_RESTRICT row, double shift, int64_t count) {
+    const Doubles d;
+    const HalfFloats f;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    const auto shift_vector = hn::Set(d, shift);
+    auto sum = hn::Zero(d);
+    int64_t i = 0;
+    for (; i + lanes <= count; i += lanes) {
+        const auto x = hn::PromoteTo(d, hn::LoadU(f, row + i));
+        sum = hn::Add(sum, hn::Exp(d, hn::Sub(x, shift_vector)));
+    }
+    if (i < count) {
+        HWY_ALIGN float buffer[tail_room] = {};
+        std::memcpy(buffer, row + i, size_t(count - i) * sizeof(float));
+        const auto x = hn::PromoteTo(d, hn::Load(f, buffer));
+        const auto terms = hn::Exp(d, hn::Sub(x, shift_vector));
+        sum = hn::Add(sum, hn::IfThenElseZero(hn::FirstN(d, size_t(count - i)), terms));
+    }
+    return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+void SoftmaxCrossEntropyGradient(float* out, const float* row, double logsumexp, int64_t target, double dloss,
+                                 int64_t count, bool accumulate) {
+    const Doubles d;
+    const HalfFloats f;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    const auto shift = hn::Set(d, logsumexp), scale = hn::Set(d, dloss);
+    // out may alias row, so the target's logit and starting gradient are read before the pass writes over them.
+    const bool has_target = target >= 0 && target < count;
+    const float target_logit = has_target ? row[target] : 0.0f, target_start = has_target ? out[target] : 0.0f;
+    auto probability = [&](const float* x) { return hn::Exp(d, hn::Sub(hn::PromoteTo(d, hn::LoadU(f, x)), shift)); };
+    // p * dloss in f64, rounded once. The target's -dloss is applied after the pass rather than through a lane
+    // mask: GCC 12 at -O3 miscompiled the masked form for AVX-512 (Iota/Eq on f64 lanes gave wrong lanes).
+    auto gradient = [&](const float* x, float* destination) {
+        auto rounded = hn::DemoteTo(f, hn::Mul(probability(x), scale));
+        if (accumulate) rounded = hn::Add(hn::LoadU(f, destination), rounded);
+        hn::StoreU(rounded, f, destination);
+    };
+    int64_t i = 0;
+    for (; i + lanes <= count; i += lanes) gradient(row + i, out + i);
+    if (i < count) {
+        const size_t bytes = size_t(count - i) * sizeof(float);
+        HWY_ALIGN float x[tail_room] = {}, destination[tail_room] = {};
+        std::memcpy(x, row + i, bytes);
+        std::memcpy(destination, out + i, bytes);
+        gradient(x, destination);
+        std::memcpy(out + i, destination, bytes);
+    }
+    if (has_target) {
+        // The same vector exp as every other element, then (p - 1) * dloss in f64 and one rounding.
+        HWY_ALIGN float x[tail_room] = {};
+        x[0] = target_logit;
+        const double target_probability = hn::GetLane(probability(x));
+        const float value = static_cast<float>((target_probability - 1.0) * dloss);
+        out[target] = accumulate ? target_start + value : value;
+    }
+}
+
+} // namespace engine::kernels::cpu::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace engine::kernels::cpu::simd {
+
+HWY_EXPORT(GeluForward);
+HWY_EXPORT(GeluBackward);
+HWY_EXPORT(RowMax);
+HWY_EXPORT(ExpSum);
+HWY_EXPORT(SoftmaxCrossEntropyGradient);
+
+void gelu_forward(float* out, const float* inp, int64_t count) {
+    if (count > 0) HWY_DYNAMIC_DISPATCH(GeluForward)(out, inp, count);
+}
+void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t count) {
+    if (count > 0) HWY_DYNAMIC_DISPATCH(GeluBackward)(dinp, dout, inp, count);
+}
+float row_max(const float* row, int64_t count) { return HWY_DYNAMIC_DISPATCH(RowMax)(row, count); }
+double exp_sum(const float* row, double shift, int64_t count) {
+    return count > 0 ? HWY_DYNAMIC_DISPATCH(ExpSum)(row, shift, count) : 0.0;
+}
+void softmax_cross_entropy_gradient(float* out, const float* row, double logsumexp, int64_t target, double dloss,
+                                    int64_t count, bool accumulate) {
+    if (count > 0) HWY_DYNAMIC_DISPATCH(SoftmaxCrossEntropyGradient)(out, row, logsumexp, target, dloss, count,
+                                                                     accumulate);
+}
+
+} // namespace engine::kernels::cpu::simd
+#endif

@@ -1,0 +1,29 @@
+// SIMD loops for the CPU kernels whose cost is a transcendental per element (GELU's tanh, cross-entropy's exp),
+// through Google Highway with runtime dispatch: one binary, the widest vectors the machine has (SSE4, AVX2,
+// AVX-512). Each element's arithmetic is one fixed sequence of vector operations whatever its position, so the
+// chunked threads of parallel.h still give bitwise the same results for any thread count. Across instruction
+// sets the bits may differ (FMA on AVX2/AVX-512, not on SSE4; lane counts of the sums), so a run is bitwise
+// reproducible on one kind of machine. docs/PERF.md, "SIMD through Highway", states each kernel's agreement with
+// the scalar loops these replace.
+#pragma once
+
+#include <cstdint>
+
+namespace engine::kernels::cpu::simd {
+
+// out[i] = GELU(inp[i]), the tanh approximation, all in f32: s*(x + a*x^3) as one FMA chain, Highway's tanh.
+void gelu_forward(float* out, const float* inp, int64_t count);
+// dinp[i] += GELU'(inp[i]) * dout[i], the same tanh as gelu_forward.
+void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t count);
+
+// The largest of row[0..count), count >= 1 (NaN handling as the vector max instruction: do not pass NaN).
+float row_max(const float* row, int64_t count);
+// sum over i of exp(double(row[i]) - shift), in f64: the exponentials in f64 vectors, summed lane-wise.
+double exp_sum(const float* row, double shift, int64_t count);
+// The softmax cross-entropy gradient of one row: g_i = (exp(double(row[i]) - logsumexp) - [i == target]) * dloss,
+// each computed in f64 and rounded once to f32. `accumulate` adds it into out (out[i] += float(g_i)); otherwise
+// out[i] = float(g_i). out may be row (the fused kernel overwrites the logits in place).
+void softmax_cross_entropy_gradient(float* out, const float* row, double logsumexp, int64_t target, double dloss,
+                                    int64_t count, bool accumulate);
+
+} // namespace engine::kernels::cpu::simd

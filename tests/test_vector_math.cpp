@@ -1,0 +1,147 @@
+// The Highway SIMD loops (kernels/cpu/vector_math.h) against float64 references, at every tail length a vector
+// can leave and at a GPT-2 vocabulary row, with bounds derived from the f32 operations each loop performs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/vector_math.h"
+
+namespace engine::test {
+namespace {
+
+namespace simd = engine::kernels::cpu::simd;
+
+constexpr double unit_roundoff = 0x1p-24;  // f32
+constexpr double double_roundoff = 0x1p-53;
+// Highway's f32 tanh is documented to within 4 ulp; an ulp of t is at most 2u|t|.
+constexpr double tanh_relative_error = 8 * unit_roundoff;
+constexpr double sqrt_2_over_pi = 0.7978845608028654, cubic = 0.044715;
+
+std::vector<float> gelu_inputs() {
+    std::vector<float> x{0.0f, -0.0f, 1e-30f, -1e-30f, 1e-3f, -1e-3f, 30.0f, -30.0f, 1e4f, -1e4f};
+    std::mt19937 generator(5);
+    std::uniform_real_distribution<float> wide(-8.0f, 8.0f);
+    while (x.size() < 4099) x.push_back(wide(generator)); // 4099: an odd tail on every vector width
+    return x;
+}
+
+// f32 error terms of the shared start: arg = s * fma(a x x, x, x) and t = tanh(arg). Returns |error of t|.
+double tanh_error_bound(double x, double t) {
+    const double x3 = cubic * std::fabs(x) * x * x;
+    const double inner_error = unit_roundoff * (std::fabs(x) + x3) + 2 * unit_roundoff * x3;
+    const double argument = sqrt_2_over_pi * std::fabs(x + cubic * x * x * x);
+    const double argument_error = sqrt_2_over_pi * inner_error + unit_roundoff * argument;
+    return (1 - t * t) * argument_error + tanh_relative_error * std::fabs(t);
+}
+
+double tanh_f64(double x) { return std::tanh(sqrt_2_over_pi * (x + cubic * x * x * x)); }
+
+TEST(VectorMath, GeluForwardWithinItsF32ErrorBound) {
+    const std::vector<float> x = gelu_inputs();
+    for (const size_t count : {size_t(1), size_t(7), size_t(15), size_t(17), x.size()}) {
+        std::vector<float> out(count, -7.0f);
+        simd::gelu_forward(out.data(), x.data(), int64_t(count));
+        double worst_ratio = 0;
+        for (size_t i = 0; i < count; ++i) {
+            const double xi = x[i], t = tanh_f64(xi), exact = 0.5 * xi * (1 + t);
+            // value = (0.5 x) * (1 + t): t's error scaled by 0.5|x|, then two roundings.
+            const double bound = 0.5 * std::fabs(xi) * (tanh_error_bound(xi, t) + unit_roundoff * std::fabs(1 + t)) +
+                                 unit_roundoff * std::fabs(exact) + 1e-45;
+            const double error = std::fabs(double(out[i]) - exact);
+            ASSERT_LE(error, bound) << "gelu_forward x=" << xi << " count " << count;
+            worst_ratio = std::max(worst_ratio, error / bound);
+        }
+        if (count == x.size()) std::cout << "[ measured ] gelu_forward: worst error / bound " << worst_ratio << "\n";
+    }
+}
+
+TEST(VectorMath, GeluBackwardWithinItsF32ErrorBound) {
+    const std::vector<float> x = gelu_inputs();
+    std::mt19937 generator(6);
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    std::vector<float> dout(x.size()), start(x.size());
+    for (size_t i = 0; i < x.size(); ++i) dout[i] = unit(generator), start[i] = unit(generator);
+    for (const size_t count : {size_t(1), size_t(9), size_t(31), x.size()}) {
+        std::vector<float> dinp(start.begin(), start.begin() + count);
+        simd::gelu_backward(dinp.data(), dout.data(), x.data(), int64_t(count));
+        double worst_ratio = 0;
+        for (size_t i = 0; i < count; ++i) {
+            const double xi = x[i], t = tanh_f64(xi);
+            const double tail = 0.5 * xi * (1 - t * t) * sqrt_2_over_pi * (1 + 3 * cubic * xi * xi);
+            const double slope = 0.5 * (1 + t) + tail;
+            const double exact = start[i] + slope * dout[i];
+            // t's error enters 0.5(1+t) directly and the tail through (1-t^2) (derivative 2|t|); each of the ~8
+            // products and sums after it rounds once; the final fma rounds once more.
+            const double t_error = tanh_error_bound(xi, t);
+            const double slope_bound = 0.5 * t_error + std::fabs(tail) * (2 * std::fabs(t) * t_error / std::max(1 - t * t, 1e-30)) +
+                                       8 * unit_roundoff * (0.5 * std::fabs(1 + t) + std::fabs(tail));
+            const double bound = std::fabs(dout[i]) * std::min(slope_bound, 2.0) + unit_roundoff * std::fabs(exact) + 1e-45;
+            const double error = std::fabs(double(dinp[i]) - exact);
+            ASSERT_LE(error, bound) << "gelu_backward x=" << xi << " count " << count;
+            worst_ratio = std::max(worst_ratio, error / bound);
+        }
+        if (count == x.size()) std::cout << "[ measured ] gelu_backward: worst error / bound " << worst_ratio << "\n";
+    }
+}
+
+std::vector<float> logit_row(int64_t count, uint32_t seed) {
+    std::mt19937 generator(seed);
+    std::normal_distribution<float> normal(0.0f, 4.0f);
+    std::vector<float> row(static_cast<size_t>(count));
+    for (float& value : row) value = normal(generator);
+    return row;
+}
+
+TEST(VectorMath, RowMaxAndExpSumAtEveryTailLength) {
+    for (int64_t count = 1; count <= 70; ++count) {
+        const std::vector<float> row = logit_row(count, uint32_t(count));
+        const float expected_max = *std::max_element(row.begin(), row.end());
+        ASSERT_EQ(simd::row_max(row.data(), count), expected_max) << "row_max count " << count; // max is exact
+        double sum = 0;
+        for (float value : row) sum += std::exp(double(value) - expected_max);
+        // Each term within a few f64 ulps (Highway's f64 exp and libm's), each sum rounds once: count + 4 ulps.
+        EXPECT_LE(std::fabs(simd::exp_sum(row.data(), expected_max, count) - sum), (count + 4) * 2 * double_roundoff * sum)
+            << "exp_sum count " << count;
+    }
+}
+
+// The gradient in f64 then one rounding, as the scalar loop computed it with libm's exp: the f64 values differ by
+// a few f64 ulps, so the rounded f32 results agree to within one f32 ulp (almost always exactly).
+TEST(VectorMath, CrossEntropyGradientWithinOneUlpOfTheF64Formula) {
+    int64_t differing = 0, total = 0;
+    for (const int64_t count : {int64_t(1), int64_t(2), int64_t(13), int64_t(16), int64_t(37), int64_t(50257)}) {
+        const std::vector<float> row = logit_row(count, uint32_t(100 + count));
+        const double max_logit = *std::max_element(row.begin(), row.end());
+        double sum = 0;
+        for (float value : row) sum += std::exp(double(value) - max_logit);
+        const double logsumexp = max_logit + std::log(sum), dloss = 0.37;
+        for (const int64_t target : {int64_t(0), count - 1, count / 2, int64_t(-100)}) {
+            for (const bool accumulate : {true, false}) {
+                std::vector<float> start = logit_row(count, 7), out = accumulate ? start : row;
+                // Not accumulating: in place over the logits, as the fused kernel calls it.
+                simd::softmax_cross_entropy_gradient(out.data(), accumulate ? row.data() : out.data(), logsumexp,
+                                                     target, dloss, count, accumulate);
+                for (int64_t v = 0; v < count; ++v) {
+                    const float gradient =
+                        static_cast<float>((std::exp(double(row[v]) - logsumexp) - (v == target ? 1.0 : 0.0)) * dloss);
+                    const float expected = accumulate ? start[v] + gradient : gradient;
+                    const float ulp = std::nextafter(std::fabs(expected), INFINITY) - std::fabs(expected);
+                    ASSERT_LE(std::fabs(out[v] - expected), ulp)
+                        << "count " << count << " target " << target << " v " << v << " accumulate " << accumulate;
+                    differing += out[v] != expected;
+                    ++total;
+                }
+            }
+        }
+    }
+    std::cout << "[ measured ] cross-entropy gradient: " << differing << " of " << total
+              << " elements differ from the libm f64 formula (by one ulp)\n";
+}
+
+} // namespace
+} // namespace engine::test
