@@ -54,7 +54,7 @@ TEST(CpuThreads, KernelShapesSplitIntoSeveralChunks) {
     EXPECT_GE(k::chunk_count(N, k::items_per_chunk(C, k::row_elements_per_chunk)), 4);
     EXPECT_GE(k::chunk_count(C, k::columns_per_chunk(N)), 4);
     EXPECT_GE(k::chunk_count(N, k::items_per_chunk(C, k::cheap_elements_per_chunk)), 4);
-    // element kernels: costly (gelu, dropout, swiglu, unary), cheap (residual, sgd, copies), adamw
+    // element kernels: costly (dropout, swiglu, unary), cheap (gelu, residual, sgd, sum_of_squares, copies), adamw
     EXPECT_GE(k::chunk_count(E, k::costly_elements_per_chunk), 4);
     EXPECT_GE(k::chunk_count(E, k::cheap_elements_per_chunk), 4);
     EXPECT_GE(k::chunk_count(E, k::costly_elements_per_chunk * 4), 4);

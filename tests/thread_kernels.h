@@ -206,6 +206,9 @@ void run_optimizer_kernels(Outputs& outputs, const std::string& type) {
     std::vector<T> momentum = random_values<T>(E, 44);
     k::sgd_update(param.data(), grad.data(), momentum.data(), int64_t(E), 1e-2f, 0.9f, 0.01f, 0.5f);
     keep(outputs, type + " sgd param", param), keep(outputs, type + " sgd momentum", momentum);
+    std::vector<double> squares(1);
+    k::sum_of_squares(squares.data(), grad.data(), int64_t(E)); // the gradient norm: chunk sums in chunk order
+    keep(outputs, type + " sum_of_squares", squares);
 }
 
 inline Outputs run_kernels() {
