@@ -1,5 +1,6 @@
 // Layer normalisation over the last dimension, the reference for kernels/cuda/layernorm.cu.
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/lane_sums.h"
 #include "kernels/cpu/parallel.h"
 
 #include <cmath>
@@ -17,15 +18,13 @@ void layernorm_forward(T* out, Compute<T>* mean, Compute<T>* rstd, const T* inp,
     for (int64_t n = first_row; n < end_row; ++n) {
         const T* x = inp + n * C;
         T* y = out + n * C;
-        double sum = 0.0;
-        for (int c = 0; c < C; ++c) sum += static_cast<double>(widen(x[c]));
-        const double row_mean = sum / C;
+        // The row sums in lane_sum's eight chains, not one (the chain's add latency was the kernel's cost).
+        const double row_mean = lane_sum(C, [&](int64_t c) { return static_cast<double>(widen(x[c])); }) / C;
         // Two passes (centre, then square) rather than E[x^2] - E[x]^2, which cancels badly when the mean is large.
-        double squares = 0.0;
-        for (int c = 0; c < C; ++c) {
+        const double squares = lane_sum(C, [&](int64_t c) {
             const double centred = static_cast<double>(widen(x[c])) - row_mean;
-            squares += centred * centred;
-        }
+            return centred * centred;
+        });
         const double variance = squares / C; // biased, as in PyTorch's LayerNorm
         const C_ row_rstd = static_cast<C_>(1.0 / std::sqrt(variance + layernorm_eps));
         const C_ row_mean_t = static_cast<C_>(row_mean);
@@ -55,14 +54,13 @@ void layernorm_backward(T* dinp, Compute<T>* dweight, Compute<T>* dbias, const T
             const C_ row_rstd = rstd[n];
 
             // The two row means the input gradient needs: mean(dnorm) and mean(dnorm * norm).
-            double dnorm_sum = 0.0;
-            double dnorm_norm_sum = 0.0;
-            for (int c = 0; c < C; ++c) {
+            const double dnorm_sum =
+                lane_sum(C, [&](int64_t c) { return static_cast<double>(widen(weight[c]) * widen(dy[c])); });
+            const double dnorm_norm_sum = lane_sum(C, [&](int64_t c) {
                 const C_ norm = (widen(x[c]) - row_mean) * row_rstd;
                 const C_ dnorm = widen(weight[c]) * widen(dy[c]);
-                dnorm_sum += static_cast<double>(dnorm);
-                dnorm_norm_sum += static_cast<double>(dnorm) * static_cast<double>(norm);
-            }
+                return static_cast<double>(dnorm) * static_cast<double>(norm);
+            });
             const C_ dnorm_mean = static_cast<C_>(dnorm_sum / C);
             const C_ dnorm_norm_mean = static_cast<C_>(dnorm_norm_sum / C);
 

@@ -1,5 +1,6 @@
 // Whole-tensor sums (scaled sum for a loss mean, sum of squares for gradient norms), the CPU references.
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/lane_sums.h"
 #include "kernels/cpu/parallel.h"
 
 #include <vector>
@@ -20,41 +21,19 @@ void sum_backward(T* dinp, const Compute<T>* dout, int64_t N, Compute<T> scale) 
     for (int64_t i = 0; i < N; ++i) dinp[i] = narrow<T>(widen(dinp[i]) + gradient);
 }
 
-namespace {
-
-// Lanes of the partial sums: eight independent f64 chains, which the compiler keeps in vector registers, instead
-// of one chain whose add latency (4 cycles an element) made the gradient norm of GPT-2 124M take 0.11 s.
-constexpr int square_lanes = 8;
-
-template <typename T>
-double chunk_sum_of_squares(const T* inp, int64_t count) {
-    double lanes[square_lanes] = {};
-    int64_t i = 0;
-    for (; i + square_lanes <= count; i += square_lanes) {
-        for (int lane = 0; lane < square_lanes; ++lane) {
-            const double x = static_cast<double>(inp[i + lane]);
-            lanes[lane] += x * x;
-        }
-    }
-    for (int lane = 0; i < count; ++i, ++lane) {
-        const double x = static_cast<double>(inp[i]);
-        lanes[lane] += x * x;
-    }
-    double sum = 0.0;
-    for (const double lane : lanes) sum += lane;
-    return sum;
-}
-
-} // namespace
-
-// Fixed chunks of cheap_elements_per_chunk, each summed in square_lanes chains, and the chunk sums added in chunk
-// order: the same association for any thread count (and any machine: no runtime dispatch here).
+// Fixed chunks of cheap_elements_per_chunk, each summed in lane_sum's eight chains (one chain made the gradient
+// norm of GPT-2 124M take 0.11 s), and the chunk sums added in chunk order: the same association for any thread
+// count (and any machine: no runtime dispatch here).
 template <typename T>
 void sum_of_squares(double* out, const T* inp, int64_t N) {
     const int64_t chunk = cheap_elements_per_chunk;
     std::vector<double> partial(static_cast<size_t>(chunk_count(N, chunk)), 0.0);
     parallel_for(N, chunk, [&](int64_t begin, int64_t end) {
-        partial[static_cast<size_t>(begin / chunk)] = chunk_sum_of_squares(inp + begin, end - begin);
+        const T* values = inp + begin;
+        partial[static_cast<size_t>(begin / chunk)] = lane_sum(end - begin, [&](int64_t i) {
+            const double x = static_cast<double>(values[i]);
+            return x * x;
+        });
     });
     double sum = 0.0;
     for (const double value : partial) sum += value;
