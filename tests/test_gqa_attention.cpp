@@ -136,10 +136,10 @@ TEST_F(GqaAttention, EqualsMultiHeadOnRepeatedKeysAndValuesFloat64) {
     }
 }
 
-// float32: the CPU kernel computes in double and rounds the forward once, so the forward is again bitwise equal.
-// The backward rounds every term to f32 before adding it into dqkv (cpu_kernels.h): G*T terms of size <= ~10,
-// each sum off by at most (G*T)·2^-24 of the sum of magnitudes, 66 · 6e-8 · 10 ~ 4e-5 in the worst case;
-// bound 1e-4 relative to 1 + |value|.
+// float32: the forward makes the same sgemm calls on the same numbers (only the leading dimensions differ), so it
+// is again bitwise equal. The backward adds one product per (query head, panel) into dK/dV (cpu_kernels.h), where
+// the repeated multi-head layout keeps per-head sums: G*T terms of size <= ~10, each sum off by at most (G*T)·2^-24 of the sum of magnitudes,
+// 66 · 6e-8 · 10 ~ 4e-5 in the worst case; bound 1e-4 relative to 1 + |value|.
 TEST_F(GqaAttention, EqualsMultiHeadOnRepeatedKeysAndValuesFloat32) {
     for (const GqaShape& shape : oracle_shapes) {
         const Errors errors = compare_with_repeated(generator, shape, DType::f32);

@@ -1,8 +1,11 @@
 // Causal grouped-query self-attention backward, recomputing the probabilities from q, k and the saved logsumexp:
-// the reference for the CUDA twin kernels/cuda/attention_backward.cu. bf16: f32 arithmetic, P and dS rounded to
-// bf16 before their products (as the tensor-core kernel's operands), gradients summed in f32 (dK and dV of a kv
-// head over all its query heads) and added into dqkv with one rounding each.
+// the reference for the CUDA twin kernels/cuda/attention_backward.cu. f64 is the specification (plain loops in
+// double, used by the gradchecks). f32 computes in float through the BLAS: per (batch, kv head) block and query
+// head, S and dP by sgemm, dS elementwise, and dV, dQ, dK added into dqkv by sgemm with beta = 1. bf16: f32
+// arithmetic, P and dS rounded to bf16 before their products (as the tensor-core kernel's operands), gradients
+// summed in f32 (dK and dV of a kv head over all its query heads) and added into dqkv with one rounding each.
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/attention_panels.h"
 #include "kernels/cpu/parallel.h"
 
 #include <algorithm>
@@ -75,6 +78,59 @@ void add_rounded(bfloat16* batch_dqkv, const std::vector<float>& sums, int64_t o
     }
 }
 
+// Query head h of one batch in the f32 backward, panel by panel of queries r0..r1-1 (attention_panels.h) against
+// keys 0..r1-1, with `probabilities` and `dscores` (rows, T) scratch:
+//   S = scale·Q K^T, P = exp(S - logsumexp) on and below the diagonal, 0 above (the forward's P, recomputed);
+//   dP = dO V^T; D_t = dO_t·O_t (= sum_t2 P dP, the softmax Jacobian's shared term); dS = P∘(dP - D);
+//   dQ += scale·dS K, dV += P^T dO, dK += scale·dS^T Q, straight into dqkv (beta = 1: dqkv is +=).
+// Every product is an sgemm reading q, k, v, out and dout in place (leading dimensions: the packed qkv row, C). dV
+// and dK of a key thus receive one rounded term per (query head, panel), heads and panels ascending.
+void attention_head_backward_f32(float* batch_dqkv, const float* batch_dout, const float* batch_qkv,
+                                 const float* batch_out, const float* head_logsumexp, int h, int T, int panel_rows,
+                                 const PackedQkv& packed, std::vector<float>& probabilities,
+                                 std::vector<float>& dscores) {
+    const int head_size = packed.head_size, C = packed.C, ld = int(packed.row());
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
+    const float* query = batch_qkv + packed.query(h); // (T, head_size), ld qkv row; dquery etc. likewise
+    const float* key = batch_qkv + packed.key(h);
+    const float* value = batch_qkv + packed.value(h);
+    const float* dout = batch_dout + packed.query(h); // (T, head_size), ld C
+    const float* out = batch_out + packed.query(h);   // (T, head_size), ld C
+    float* dquery = batch_dqkv + packed.query(h);
+    float* dkey = batch_dqkv + packed.key(h);
+    float* dvalue = batch_dqkv + packed.value(h);
+    for (int r0 = 0; r0 < T; r0 += panel_rows) {
+        const int r1 = std::min(T, r0 + panel_rows), rows = r1 - r0; // queries r0..r1-1, keys 0..r1-1
+        float* P = probabilities.data();                              // (rows, r1), ld r1
+        float* dS = dscores.data();                                   // (rows, r1), ld r1: dP, then dS in place
+        const float* panel_query = query + int64_t(r0) * ld;
+        const float* panel_dout = dout + int64_t(r0) * C;
+        sgemm_in_pieces(CblasNoTrans, CblasTrans, rows, r1, head_size, scale, panel_query, ld, key, ld,
+                    0.0f, P, r1);
+        sgemm_in_pieces(CblasNoTrans, CblasTrans, rows, r1, head_size, 1.0f, panel_dout, C, value, ld,
+                    0.0f, dS, r1);
+        for (int t = r0; t < r1; ++t) {
+            float row_delta = 0.0f; // D_t
+            for (int d = 0; d < head_size; ++d) row_delta += dout[int64_t(t) * C + d] * out[int64_t(t) * C + d];
+            float* p_row = P + int64_t(t - r0) * r1;
+            float* ds_row = dS + int64_t(t - r0) * r1;
+            const float row_logsumexp = head_logsumexp[t];
+            for (int t2 = 0; t2 <= t; ++t2) {
+                p_row[t2] = std::exp(p_row[t2] - row_logsumexp);
+                ds_row[t2] = p_row[t2] * (ds_row[t2] - row_delta);
+            }
+            std::fill(p_row + t + 1, p_row + r1, 0.0f); // the causal mask
+            std::fill(ds_row + t + 1, ds_row + r1, 0.0f);
+        }
+        sgemm_in_pieces(CblasNoTrans, CblasNoTrans, rows, head_size, r1, scale, dS, r1, key, ld, 1.0f,
+                    dquery + int64_t(r0) * ld, ld);
+        sgemm_in_pieces(CblasTrans, CblasNoTrans, r1, head_size, rows, 1.0f, P, r1, panel_dout, C, 1.0f,
+                    dvalue, ld);
+        sgemm_in_pieces(CblasTrans, CblasNoTrans, r1, head_size, rows, scale, dS, r1, panel_query, ld, 1.0f,
+                    dkey, ld);
+    }
+}
+
 } // namespace
 
 template <typename Scalar>
@@ -106,6 +162,23 @@ void attention_backward(Scalar* dqkv, const Scalar* dout, const Scalar* qkv, con
                 const int first_head = kv_head * group;
                 add_rounded(batch_dqkv, dkey, packed.key(first_head), T, head_size, qkv_row);
                 add_rounded(batch_dqkv, dvalue, packed.value(first_head), T, head_size, qkv_row);
+            }
+        });
+        return;
+    } else if constexpr (std::is_same_v<Scalar, float>) {
+        const int panel_rows = attention_panel_rows(T);
+        parallel_for(int64_t(B) * KVH, blocks_per_chunk, [&](int64_t first, int64_t end) {
+            std::vector<float> probabilities(size_t(panel_rows) * T), dscores(size_t(panel_rows) * T); // (rows, T)
+            for (int64_t block = first; block < end; ++block) {
+                const int b = int(block / KVH), kv_head = int(block % KVH);
+                // The group's query heads in ascending order: dK and dV of the kv head receive their products in
+                // that order, whichever thread runs the block.
+                for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+                    attention_head_backward_f32(dqkv + int64_t(b) * T * qkv_row, dout + int64_t(b) * T * C,
+                                                qkv + int64_t(b) * T * qkv_row, out + int64_t(b) * T * C,
+                                                logsumexp + (int64_t(b) * NH + h) * T, h, T, panel_rows, packed,
+                                                probabilities, dscores);
+                }
             }
         });
         return;

@@ -1,8 +1,11 @@
 // Causal grouped-query self-attention forward that keeps only the per-row logsumexp: the reference for the CUDA
-// twin kernels/cuda/attention_forward.cu. f32/f64 compute in double; bf16 follows the CUDA bf16 kernel's online
-// softmax step by step (key tiles of attention_bf16_key_tile, P rounded to bf16 before P·V), so that its rounding
-// points are the GPU's and only f32 summation order differs.
+// twin kernels/cuda/attention_forward.cu. f64 is the specification (plain loops in double, used by the
+// gradchecks); f32 computes in float through the BLAS, per (batch, head) block S = Q K^T and O = P V by sgemm
+// around a causal row softmax; bf16 follows the CUDA bf16 kernel's online softmax step by step (key tiles of
+// attention_bf16_key_tile, P rounded to bf16 before P·V), so that its rounding points are the GPU's and only f32
+// summation order differs.
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/attention_panels.h"
 #include "kernels/cpu/parallel.h"
 
 #include <algorithm>
@@ -88,6 +91,54 @@ void attention_forward_bf16(bfloat16* out, float* logsumexp, const bfloat16* qkv
     });
 }
 
+// f32 through sgemm, per (batch, head) block on OpenMP threads and per panel of queries r0..r1-1
+// (attention_panels.h: the products are cut so that OpenBLAS does not start threads of its own): scores
+// S = scale·Q K^T against keys 0..r1-1 (the causal triangle, squared off per panel), then per query t the softmax
+// over keys 0..t in float with the maximum subtracted, zeros for keys t+1..r1-1, and O = P V written straight into
+// out. Q, K and V are read in place (leading dimension: the packed qkv row), O written in place (leading
+// dimension C). The panel cut and the products depend on the shape only, so each output element is one fixed
+// sequence of float operations whichever thread runs its block.
+void attention_forward_f32(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH, int KVH) {
+    const int head_size = C / NH;
+    const int ld = int(C + 2 * int64_t(KVH) * head_size); // the packed qkv row
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
+    const int panel_rows = attention_panel_rows(T);
+    parallel_for(int64_t(B) * NH, attention_blocks_per_chunk(T, head_size, 1), [&](int64_t first, int64_t end) {
+        std::vector<float> probabilities(size_t(panel_rows) * T); // (panel_rows, T): scores, then P in place
+        for (int64_t block = first; block < end; ++block) {
+            const int b = int(block / NH), h = int(block % NH);
+            const float* batch_qkv = qkv + static_cast<int64_t>(b) * T * ld;
+            const HeadColumns columns = head_columns(h, head_size, C, NH, KVH);
+            float* block_logsumexp = logsumexp + (static_cast<int64_t>(b) * NH + h) * T;       // (T)
+            float* block_out = out + static_cast<int64_t>(b) * T * C + int64_t(h) * head_size; // (T, head_size), ld C
+            for (int r0 = 0; r0 < T; r0 += panel_rows) {
+                const int r1 = std::min(T, r0 + panel_rows), rows = r1 - r0; // queries r0..r1-1, keys 0..r1-1
+                float* P = probabilities.data();                                // (rows, r1), ld r1
+                sgemm_in_pieces(CblasNoTrans, CblasTrans, rows, r1, head_size, scale,
+                                batch_qkv + int64_t(r0) * ld + columns.query, ld, batch_qkv + columns.key, ld, 0.0f, P, r1);
+                for (int t = r0; t < r1; ++t) {
+                    float* row = P + int64_t(t - r0) * r1; // keys 0..t live, t+1..r1-1 masked
+                    // The maximum is exact in any order: a vector reduction (the scalar chain took a third of
+                    // the softmax's time).
+                    float max_score = row[0];
+#pragma omp simd reduction(max : max_score)
+                    for (int t2 = 1; t2 <= t; ++t2) max_score = row[t2] > max_score ? row[t2] : max_score;
+                    float exp_sum = 0.0f;
+                    for (int t2 = 0; t2 <= t; ++t2) {
+                        row[t2] = std::exp(row[t2] - max_score);
+                        exp_sum += row[t2];
+                    }
+                    for (int t2 = 0; t2 <= t; ++t2) row[t2] /= exp_sum;
+                    std::fill(row + t + 1, row + r1, 0.0f); // the causal mask: P V sums keys 0..t only
+                    block_logsumexp[t] = max_score + std::log(exp_sum);
+                }
+                sgemm_in_pieces(CblasNoTrans, CblasNoTrans, rows, head_size, r1, 1.0f, P, r1, batch_qkv + columns.value,
+                                ld, 0.0f, block_out + int64_t(r0) * C, C);
+            }
+        }
+    });
+}
+
 } // namespace
 
 template <typename Scalar>
@@ -95,6 +146,9 @@ void attention_forward(Scalar* out, Compute<Scalar>* logsumexp, const Scalar* qk
                        int KVH) {
     if constexpr (std::is_same_v<Scalar, bfloat16>) {
         attention_forward_bf16(out, logsumexp, qkv, B, T, C, NH, KVH);
+        return;
+    } else if constexpr (std::is_same_v<Scalar, float>) {
+        attention_forward_f32(out, logsumexp, qkv, B, T, C, NH, KVH);
         return;
     } else {
     const int head_size = C / NH;

@@ -98,10 +98,12 @@ void residual_backward(Scalar* da, Scalar* db, // (N) += dout, either may be nul
 // Face's repeat_kv, without the repeat). KVH == NH is multi-head attention, KVH divides NH.
 // out = softmax(q k^T / sqrt(hs) + causal mask) v. Forward saves only logsumexp, the O(T) per-head row
 // statistic; backward recomputes the probabilities from q, k and logsumexp (no T x T matrix is kept).
-// Backward summation order (f32/f64): query heads ascending, then queries t ascending, then keys t2 <= t
-// ascending; dK/dV of a kv head thus sum its query heads in ascending order, each term rounded to Scalar and
-// added into dqkv. bf16: per kv head, f32 sums of dK/dV over its query heads in ascending order, one rounding
-// into dqkv at the end; dQ per query head, one rounding.
+// f64 (the specification) loops in double. Backward summation order: query heads ascending, then queries t
+// ascending, then keys t2 <= t ascending; dK/dV of a kv head thus sum its query heads in ascending order, each term
+// added into dqkv. f32 computes in float through sgemm per block (attention_panels.h): per query head ascending
+// and panel of queries ascending, one product added into dqkv (dQ, dK, dV), the same whatever the thread counts.
+// bf16: per kv head, f32 sums of dK/dV over its query heads in ascending order, one rounding into dqkv at the end;
+// dQ per query head, one rounding.
 // bf16: f32 arithmetic and f32 logsumexp; the forward's online softmax walks keys in tiles of
 // attention_bf16_key_tile (the CUDA bf16 kernel's) and rounds exp(score - running max) to bf16 before P·V; the
 // backward rounds P and dS = scale·P·(dP - D) to bf16 before their products, sums the gradients in f32 and adds
