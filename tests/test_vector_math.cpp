@@ -1,4 +1,4 @@
-// The Highway SIMD loops (kernels/cpu/vector_math.h) and the vectorised gradient-norm sum against float64
+// The Highway SIMD loops (kernels/cpu/vector_math.h: GELU, cross-entropy, Philox draws) and the vectorised gradient-norm sum against float64
 // references, at every tail length a vector can leave and at a GPT-2 vocabulary row, with bounds derived from the
 // operations each loop performs.
 #include <gtest/gtest.h>
@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/common/philox.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/vector_math.h"
 
@@ -143,6 +144,23 @@ TEST(VectorMath, CrossEntropyGradientWithinOneUlpOfTheF64Formula) {
     }
     std::cout << "[ measured ] cross-entropy gradient: " << differing << " of " << total
               << " elements differ from the libm f64 formula (by one ulp)\n";
+}
+
+// The vector Philox draws are the scalar generator's bits, for keys and counters whose high words are zero, all
+// ones, or cross 2^32 and 2^64 inside the run (the counter's two 32-bit words and its wrap), at every tail length.
+TEST(VectorMath, PhiloxDrawsAreTheScalarGeneratorsBits) {
+    for (const uint64_t seed : {uint64_t(0), uint64_t(99), ~uint64_t(0), uint64_t(0x0123456789ABCDEF)}) {
+        for (const uint64_t offset : {uint64_t(0), uint64_t(17), uint64_t(0xFFFFFFF0u), ~uint64_t(0) - 40}) {
+            for (const int64_t count : {int64_t(1), int64_t(5), int64_t(16), int64_t(33), int64_t(1000)}) {
+                std::vector<uint32_t> draws(static_cast<size_t>(count));
+                simd::philox_draws(draws.data(), seed, offset, 3, count);
+                for (int64_t j = 0; j < count; ++j) {
+                    ASSERT_EQ(draws[j], engine::kernels::philox4x32_10(offset + 3 + uint64_t(j), seed).value[0] >> 8)
+                        << "seed " << seed << " offset " << offset << " element " << j << " of " << count;
+                }
+            }
+        }
+    }
 }
 
 // The gradient norm's sum of squares (kernels/cpu/reduce.cpp: eight f64 chains per fixed chunk, chunk sums in

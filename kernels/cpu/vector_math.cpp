@@ -7,6 +7,7 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
+#include "kernels/common/philox.h"
 #include "kernels/cpu/vector_math.h"
 
 #include <algorithm>
@@ -154,6 +155,45 @@ void SoftmaxCrossEntropyGradient(float* out, const float* row, double logsumexp,
     }
 }
 
+// Philox4x32-10 with one counter per lane, each 32-bit word in a u64 lane (so that MulEven, the 32x32 -> 64
+// multiply, reads it in place). The scalar target has no lanes to split a u64 into: it calls the scalar generator.
+void PhiloxDraws(uint32_t* HWY_RESTRICT draws, uint64_t seed, uint64_t offset, uint64_t first_index, int64_t count) {
+#if HWY_TARGET == HWY_SCALAR
+    for (int64_t j = 0; j < count; ++j)
+        draws[j] = philox4x32_10(offset + first_index + uint64_t(j), seed).value[0] >> 8;
+#else
+    const hn::ScalableTag<uint64_t> d;
+    const hn::Repartition<uint32_t, decltype(d)> words;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    const auto low_half = hn::Set(d, uint64_t(0xFFFFFFFFu));
+    const auto multiplier0 = hn::BitCast(words, hn::Set(d, uint64_t(0xD2511F53u)));
+    const auto multiplier1 = hn::BitCast(words, hn::Set(d, uint64_t(0xCD9E8D57u)));
+    HWY_ALIGN uint64_t block[tail_room];
+    for (int64_t j = 0; j < count; j += lanes) {
+        // Counters wrap modulo 2^64 as the scalar offset + index does.
+        const auto counter = hn::Add(hn::Iota(d, uint64_t(0)), hn::Set(d, offset + first_index + uint64_t(j)));
+        auto c0 = hn::And(counter, low_half), c1 = hn::ShiftRight<32>(counter);
+        auto c2 = hn::Zero(d), c3 = hn::Zero(d);
+        uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+        for (int round = 0; round < 10; ++round) {
+            const auto product0 = hn::MulEven(multiplier0, hn::BitCast(words, c0));
+            const auto product1 = hn::MulEven(multiplier1, hn::BitCast(words, c2));
+            const auto next0 = hn::Xor(hn::Xor(hn::ShiftRight<32>(product1), c1), hn::Set(d, uint64_t(k0)));
+            const auto next2 = hn::Xor(hn::Xor(hn::ShiftRight<32>(product0), c3), hn::Set(d, uint64_t(k1)));
+            c0 = next0;
+            c1 = hn::And(product1, low_half);
+            c2 = next2;
+            c3 = hn::And(product0, low_half);
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        hn::Store(hn::ShiftRight<8>(c0), d, block);
+        const int64_t filled = std::min(lanes, count - j);
+        for (int64_t lane = 0; lane < filled; ++lane) draws[j + lane] = static_cast<uint32_t>(block[lane]);
+    }
+#endif
+}
+
 } // namespace engine::kernels::cpu::simd::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -165,6 +205,7 @@ HWY_EXPORT(GeluBackward);
 HWY_EXPORT(RowMax);
 HWY_EXPORT(ExpSum);
 HWY_EXPORT(SoftmaxCrossEntropyGradient);
+HWY_EXPORT(PhiloxDraws);
 
 void gelu_forward(float* out, const float* inp, int64_t count) {
     if (count > 0) HWY_DYNAMIC_DISPATCH(GeluForward)(out, inp, count);
@@ -180,6 +221,10 @@ void softmax_cross_entropy_gradient(float* out, const float* row, double logsume
                                     int64_t count, bool accumulate) {
     if (count > 0) HWY_DYNAMIC_DISPATCH(SoftmaxCrossEntropyGradient)(out, row, logsumexp, target, dloss, count,
                                                                      accumulate);
+}
+
+void philox_draws(uint32_t* draws, uint64_t seed, uint64_t offset, uint64_t first_index, int64_t count) {
+    if (count > 0) HWY_DYNAMIC_DISPATCH(PhiloxDraws)(draws, seed, offset, first_index, count);
 }
 
 } // namespace engine::kernels::cpu::simd

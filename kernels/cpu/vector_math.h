@@ -1,4 +1,5 @@
-// SIMD loops for the CPU kernels whose cost is a transcendental per element (GELU's tanh, cross-entropy's exp),
+// SIMD loops for the CPU kernels whose cost is a transcendental or a generator per element (GELU's tanh,
+// cross-entropy's exp, dropout's Philox draws),
 // through Google Highway with runtime dispatch: one binary, the widest vectors the machine has (SSE4, AVX2,
 // AVX-512). Each element's arithmetic is one fixed sequence of vector operations whatever its position, so the
 // chunked threads of parallel.h still give bitwise the same results for any thread count. Across instruction
@@ -25,5 +26,9 @@ double exp_sum(const float* row, double shift, int64_t count);
 // out[i] = float(g_i). out may be row (the fused kernel overwrites the logits in place).
 void softmax_cross_entropy_gradient(float* out, const float* row, double logsumexp, int64_t target, double dloss,
                                     int64_t count, bool accumulate);
+
+// draws[j] = philox4x32_10(offset + first_index + j, seed).value[0] >> 8 (kernels/common/philox.h): the 24 random
+// bits behind philox_uniform, bitwise, for count consecutive elements of the stream; one counter per vector lane.
+void philox_draws(uint32_t* draws, uint64_t seed, uint64_t offset, uint64_t first_index, int64_t count);
 
 } // namespace engine::kernels::cpu::simd
