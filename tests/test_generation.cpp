@@ -34,8 +34,10 @@ std::vector<double> as_doubles(const Tensor& tensor) {
     return cast(tensor.to(Device::cpu), DType::f64).to_vector<double>();
 }
 
-// The bound on |cached - full| for a model whose only difference between the two paths is the GEMMs'
-// summation order (the decode kernel is attention_forward's arithmetic in the same order, bitwise at past 0):
+// The bound on |cached - full| for a model whose only difference between the two paths is summation order: the
+// GEMMs', and attention's in f32 (the forward sums in float through sgemm, the decode kernel in double; in f64 the
+// decode kernel is attention_forward's arithmetic in the same order, bitwise at past 0). Every such sum here (a
+// GEMM dot, a head's q·k of head-size terms, P·V over at most T keys) has at most 4C terms, and
 // each dot of at most 4C terms is within 4C·u of Σ|a·b| either way, over L blocks, times the gain G of what
 // follows it (LayerNorm's 1/σ of a residual stream of σ ≥ 0.02 at GPT-2's init: G ≤ 100), relative to the
 // logits' scale.

@@ -12,7 +12,8 @@ namespace engine::kernels::cpu {
 template <typename Scalar>
 void attention_decode(Scalar* out, Scalar* key_cache, Scalar* value_cache, const Scalar* qkv, int B, int Tnew,
                       int past, int max_T, int C, int NH) {
-    // f32/f64 accumulate in double as attention_forward does; bf16 in its compute type.
+    // f32/f64 accumulate in double, as attention_forward<double> does (so f64 decode at past 0 is the forward
+    // bitwise; the f32 forward sums in float through sgemm, so f32 agrees to rounding); bf16 in its compute type.
     using Accumulator = std::conditional_t<std::is_same_v<Scalar, bfloat16>, float, double>;
     const int head_size = C / NH;
     const int64_t qkv_row = 3 * static_cast<int64_t>(C);

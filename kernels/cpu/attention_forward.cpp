@@ -129,7 +129,10 @@ void attention_forward_f32(float* out, float* logsumexp, const float* qkv, int B
                         exp_sum += row[t2];
                     }
                     for (int t2 = 0; t2 <= t; ++t2) row[t2] /= exp_sum;
-                    std::fill(row + t + 1, row + r1, 0.0f); // the causal mask: P V sums keys 0..t only
+                    // The causal mask: P V sums keys 0..t only. The product still multiplies the zeros by the
+                    // panel's later values, so a non-finite V there makes earlier rows NaN too (0·inf), where the
+                    // f64 loops never read it; that value's own query reads it anyway, so the loss is NaN either way.
+                    std::fill(row + t + 1, row + r1, 0.0f);
                     block_logsumexp[t] = max_score + std::log(exp_sum);
                 }
                 sgemm_in_pieces(CblasNoTrans, CblasNoTrans, rows, head_size, r1, 1.0f, P, r1, batch_qkv + columns.value,

@@ -27,8 +27,10 @@ T store(double value) {
 template <typename T>
 double row_logsumexp(const T* row, int V) {
     if constexpr (std::is_same_v<T, float>) {
+        // A finite maximum means every logit is finite or -inf, the vector exp's domain; NaN or +inf anywhere (the
+        // maximum is then NaN or +inf) takes the scalar loop below, whose NaN the loss must carry.
         const double max_logit = simd::row_max(row, V);
-        return max_logit + std::log(simd::exp_sum(row, max_logit, V));
+        if (std::isfinite(max_logit)) return max_logit + std::log(simd::exp_sum(row, max_logit, V));
     }
     double max_logit = logit(row[0]);
     for (int v = 1; v < V; ++v) {
@@ -69,8 +71,10 @@ void cross_entropy_backward(T* dlogits, const Compute<T>* dlosses, const T* logi
             const double logsumexp = row_logsumexp(row, V);
             const double dloss = static_cast<double>(dlosses[n]);
             if constexpr (std::is_same_v<T, float>) {
-                simd::softmax_cross_entropy_gradient(drow, row, logsumexp, targets[n], dloss, V, /*accumulate=*/true);
-                continue;
+                if (std::isfinite(logsumexp)) { // else the scalar loop: its NaN or inf is the answer to carry
+                    simd::softmax_cross_entropy_gradient(drow, row, logsumexp, targets[n], dloss, V, /*accumulate=*/true);
+                    continue;
+                }
             }
             for (int v = 0; v < V; ++v) {
                 const double probability = std::exp(logit(row[v]) - logsumexp);
@@ -98,10 +102,15 @@ void cross_entropy_fused_forward(Compute<T>* losses, T* logits, const int32_t* t
             losses[n] = static_cast<Compute<T>>(logsumexp - logit(row[target]));
             // The same expression as cross_entropy_backward's, so with dloss equal to its dlosses[n] and a zeroed
             // dlogits the two paths agree bitwise.
+            bool vector_done = false;
             if constexpr (std::is_same_v<T, float>) {
-                simd::softmax_cross_entropy_gradient(row, row, logsumexp, target, static_cast<double>(dloss), V,
-                                                     /*accumulate=*/false);
-            } else {
+                if (std::isfinite(logsumexp)) { // else the scalar loop: its NaN or inf is the answer to carry
+                    simd::softmax_cross_entropy_gradient(row, row, logsumexp, target, static_cast<double>(dloss), V,
+                                                         /*accumulate=*/false);
+                    vector_done = true;
+                }
+            }
+            if (!vector_done) {
                 for (int v = 0; v < V; ++v) {
                     const double probability = std::exp(logit(row[v]) - logsumexp);
                     const double indicator = (v == target) ? 1.0 : 0.0;

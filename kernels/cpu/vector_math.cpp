@@ -85,12 +85,23 @@ void GeluBackward(float* HWY_RESTRICT dinp, const float* HWY_RESTRICT dout, cons
 float RowMax(const float* HWY_RESTRICT row, int64_t count) {
     const hn::ScalableTag<float> d;
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    // The vector max drops NaN (x86 max returns its second operand when either is NaN), so NaN is tracked on the
+    // side and returned: a NaN logit must give a NaN loss, as the scalar loop and the CUDA kernel give.
     auto maximum = hn::Set(d, row[0]);
+    auto has_nan = hn::IsNaN(maximum);
     int64_t i = 0;
-    for (; i + lanes <= count; i += lanes) maximum = hn::Max(maximum, hn::LoadU(d, row + i));
+    for (; i + lanes <= count; i += lanes) {
+        const auto values = hn::LoadU(d, row + i);
+        has_nan = hn::Or(has_nan, hn::IsNaN(values));
+        maximum = hn::Max(maximum, values);
+    }
+    bool nan_seen = !hn::AllFalse(d, has_nan);
     float result = hn::GetLane(hn::MaxOfLanes(d, maximum));
-    for (; i < count; ++i) result = std::max(result, row[i]); // max is exact: any order gives the same value
-    return result;
+    for (; i < count; ++i) { // max is exact: any order gives the same value
+        nan_seen = nan_seen || row[i] != row[i];
+        result = std::max(result, row[i]);
+    }
+    return nan_seen ? std::numeric_limits<float>::quiet_NaN() : result;
 }
 
 // Doubles and the floats that widen into them, half as many lanes as a float vector.
@@ -194,6 +205,8 @@ void PhiloxDraws(uint32_t* HWY_RESTRICT draws, uint64_t seed, uint64_t offset, u
 #endif
 }
 
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+
 } // namespace engine::kernels::cpu::simd::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -206,6 +219,7 @@ HWY_EXPORT(RowMax);
 HWY_EXPORT(ExpSum);
 HWY_EXPORT(SoftmaxCrossEntropyGradient);
 HWY_EXPORT(PhiloxDraws);
+HWY_EXPORT(TargetName);
 
 void gelu_forward(float* out, const float* inp, int64_t count) {
     if (count > 0) HWY_DYNAMIC_DISPATCH(GeluForward)(out, inp, count);
@@ -222,6 +236,8 @@ void softmax_cross_entropy_gradient(float* out, const float* row, double logsume
     if (count > 0) HWY_DYNAMIC_DISPATCH(SoftmaxCrossEntropyGradient)(out, row, logsumexp, target, dloss, count,
                                                                      accumulate);
 }
+
+const char* dispatched_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
 void philox_draws(uint32_t* draws, uint64_t seed, uint64_t offset, uint64_t first_index, int64_t count) {
     if (count > 0) HWY_DYNAMIC_DISPATCH(PhiloxDraws)(draws, seed, offset, first_index, count);
