@@ -27,7 +27,8 @@ inline int attention_panel_rows(int T) { return std::min(T, T <= 256 ? 32 : 64);
 // c (m,n), leading dimension ldc, = alpha·op(a)·op(b) + beta·c, as row-major cblas_sgemm, in pieces of at most
 // blas_single_thread_work multiply-adds: K in slices of at most 128 (the first with beta, the rest adding with
 // beta = 1: the only split that changes an element's arithmetic, a fixed one), then M and N in tiles of at least
-// 16 rows (the microkernel's). Head sizes up to 128 keep S = Q K^T whole along K.
+// 16 rows (the microkernel's). Head sizes up to 128 keep S = Q K^T whole along K. k >= 1 in every call (a head
+// size, a panel's rows or its keys), so the BLAS never sees the k = 0 some implementations reject.
 inline void sgemm_in_pieces(CBLAS_TRANSPOSE op_a, CBLAS_TRANSPOSE op_b, int m, int n, int k, float alpha,
                             const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
     if (m <= 0 || n <= 0) return;
@@ -43,11 +44,6 @@ inline void sgemm_in_pieces(CBLAS_TRANSPOSE op_a, CBLAS_TRANSPOSE op_b, int m, i
         for (int j = 0; j < n; j += n_tile) {
             const int columns = std::min(n_tile, n - j);
             float* c_tile = c + int64_t(i) * ldc + j;
-            if (k <= 0) { // the BLAS may reject k = 0: c = beta·c
-                for (int r = 0; r < rows; ++r)
-                    for (int q = 0; q < columns; ++q) c_tile[int64_t(r) * ldc + q] = beta == 0.0f ? 0.0f : beta * c_tile[int64_t(r) * ldc + q];
-                continue;
-            }
             for (int l = 0; l < k; l += k_slice) {
                 cblas_sgemm(CblasRowMajor, op_a, op_b, rows, columns, std::min(k_slice, k - l), alpha, a_at(i, l), lda,
                             b_at(l, j), ldb, l == 0 ? beta : 1.0f, c_tile, ldc);
