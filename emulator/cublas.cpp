@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "emulator/blas.h"
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 #include "emulator/testing.h"
 
 struct cublasContext {

@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 
 namespace engine::test {
 

@@ -20,7 +20,7 @@ namespace {
 
 // The oracle: among the two bf16 values around x (its truncation and the next one up in magnitude), the one
 // nearer in exact double arithmetic, the one with an even last bit on a tie. Independent of the bit trick in
-// engine/bfloat16.h, which adds a rounding bias.
+// base/bfloat16.h, which adds a rounding bias.
 uint16_t nearest_even_bfloat16(float x) {
     uint32_t bits;
     std::memcpy(&bits, &x, 4);

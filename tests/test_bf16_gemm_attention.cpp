@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/autograd.h"
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 #include "engine/ops.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "tests/attention_bf16_bounds.h"

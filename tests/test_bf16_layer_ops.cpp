@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "engine/autograd.h"
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 #include "engine/ops.h"
 #include "kernels/cpu/cpu_kernels.h"
 

@@ -2,7 +2,7 @@
 // nearest even, through float when the source is double (double → float → bf16).
 #include "kernels/cpu/cpu_kernels.h"
 
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 
 namespace engine::kernels::cpu {
 

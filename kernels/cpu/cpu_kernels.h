@@ -10,13 +10,13 @@
 //   happen in the engine's op layer before a kernel runs, so a kernel never sees bad input.
 // - Templated on the storage type: float for training, double for float64 gradient checks, bfloat16 for mixed
 //   precision. A bf16 kernel computes in Compute<Scalar> (float) and rounds once on each store (widen/narrow,
-//   engine/bfloat16.h); its statistics (mean, rstd, logsumexp, losses) and its parameter gradients are
+//   base/bfloat16.h); its statistics (mean, rstd, logsumexp, losses) and its parameter gradients are
 //   Compute<Scalar>, which is Scalar itself for float and double.
 #pragma once
 
 #include <cstdint>
 
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 
 namespace engine::kernels::cpu {
 

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 
 namespace engine::kernels::cpu {
 

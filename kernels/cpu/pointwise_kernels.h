@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 #include "kernels/common/pointwise_functions.h"
 
 namespace engine::kernels::cpu {

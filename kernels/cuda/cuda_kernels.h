@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "base/cuda/headers.h"
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 
 namespace engine::kernels::cuda {
 

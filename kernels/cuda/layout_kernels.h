@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "base/cuda/headers.h"
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 
 namespace engine::kernels::cuda {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "base/cuda/headers.h"
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 #include "base/cuda/launch.h"
 #include "kernels/cuda/grid.h"
 

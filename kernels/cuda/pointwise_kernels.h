@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "base/cuda/headers.h"
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 #include "kernels/common/pointwise_functions.h"
 
 namespace engine::kernels::cuda {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 #include "engine/engine.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "engine/autograd.h"
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 #include "engine/ops.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"

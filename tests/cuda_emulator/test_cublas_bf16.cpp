@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "emulator/testing.h"
-#include "engine/bfloat16.h"
+#include "base/bfloat16.h"
 #include "tests/bf16_vectors.h"
 #include "tests/cuda/cuda_test.h"
 
