@@ -26,6 +26,14 @@ struct ConfigProblem {
     std::string reason;
 };
 
+// A value as an error message streams it ("1.5", "1e-08", "nan"), for reasons built as strings.
+template <typename Value>
+std::string value_text(const Value& value) {
+    std::ostringstream text;
+    text << value;
+    return text.str();
+}
+
 [[noreturn]] inline void throw_error(const char* file, int line, const std::string& message) {
     std::ostringstream text;
     text << message << " (" << file << ":" << line << ")";

@@ -68,8 +68,8 @@ TrainShape resolve(const Options& options, Device device) {
 struct Session {
     explicit Session(const TrainShape& shape) : model(shape.model, 1, shape.device, DType::f32) {
         optim::TrainerConfig config;
-        config.per_device_train_batch_size = shape.batch;
-        config.gradient_accumulation_steps = shape.accum;
+        config.shape.per_device_train_batch_size = shape.batch;
+        config.shape.gradient_accumulation_steps = shape.accum;
         config.learning_rate = 3e-4;
         config.weight_decay = 0.1;
         config.max_steps = int64_t(1) << 40; // the constant schedule never ends inside a benchmark
@@ -109,7 +109,7 @@ constexpr double mebibyte = 1024.0 * 1024.0;
 void run_train_step(benchmark::State& state, const TrainShape& shape, std::shared_ptr<Session>* session, bool tf32) {
     if (shape.device == Device::cuda) {
         if (!engine::cuda::device_available()) {
-            state.SkipWithError(ENGINE_HAS_CUDA ? "no CUDA device" : "this build of libengine has no CUDA backend");
+            state.SkipWithError(engine::cuda::backend_built ? "no CUDA device" : "this build of libengine has no CUDA backend");
             return;
         }
         engine::cuda::set_tf32_enabled(tf32);

@@ -144,7 +144,7 @@ std::vector<int32_t> parse_prompt(const std::optional<std::string>& prompt, int 
 Device resolve_device(const std::string& device) {
     const bool available = engine::cuda::device_available();
     train_gpt::require(available || device != "cuda", "--device",
-                       ENGINE_HAS_CUDA ? "no CUDA device is present" : "this build of libengine has no CUDA backend");
+                       engine::cuda::backend_built ? "no CUDA device is present" : "this build of libengine has no CUDA backend");
     return device != "cpu" && available ? Device::cuda : Device::cpu;
 }
 

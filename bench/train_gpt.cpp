@@ -52,7 +52,7 @@ nn::DataLoaderOptions loader_options(const Options& options, const distributed::
     loader.end_of_text = options.eot_token;
     loader.rank = communicator.rank();
     loader.world_size = communicator.world_size();
-    loader.batch_size = options.trainer.per_device_train_batch_size;
+    loader.batch_size = options.trainer.shape.per_device_train_batch_size;
     loader.sequence_length = options.seq_len;
     loader.seed = options.trainer.seed;
     loader.drop_last = true;
@@ -248,21 +248,17 @@ std::string run_config_json(const Options& options) {
                           {"seq_len", options.seq_len},
                           {"data", options.data.empty() ? "built-in corpus" : options.data},
                           {"data_layout", nn::data_layout_name(options.data_layout)},
-                          {"per_device_train_batch_size", trainer.per_device_train_batch_size},
-                          {"gradient_accumulation_steps", trainer.gradient_accumulation_steps},
+                          {"per_device_train_batch_size", trainer.shape.per_device_train_batch_size},
+                          {"gradient_accumulation_steps", trainer.shape.gradient_accumulation_steps},
                           {"learning_rate", trainer.learning_rate},
                           {"lr_scheduler_type", trainer.lr_scheduler_type},
                           {"max_steps", trainer.max_steps},
                           {"seed", trainer.seed},
-                          {"optimizer", optim::optimizer_kind_name(trainer.optimizer)},
-                          {"gradient_checkpointing", trainer.gradient_checkpointing},
-                          {"zero_stage", trainer.zero_stage},
-                          {"precision", trainer.bf16 ? "bf16" : "fp32"}}
+                          {"optimizer", optimizer_kind_name(trainer.optimizer)},
+                          {"gradient_checkpointing", trainer.shape.checkpointing.enabled},
+                          {"zero_stage", trainer.shape.zero_stage},
+                          {"precision", precision_name(trainer.shape.precision)}}
         .dump();
-}
-
-planner::OptimizerKind planner_optimizer(const optim::TrainerConfig& config) {
-    return config.optimizer == optim::OptimizerKind::sgd ? planner::OptimizerKind::sgd : planner::OptimizerKind::adamw;
 }
 
 // --max-memory: the planner's choice written into the trainer's flags, before anything is allocated. Prints
@@ -275,13 +271,14 @@ Options apply_memory_plan(const Options& options) {
     planner::PlannerOptions search;
     search.device = options.resolved_device;
     search.seq_len = options.seq_len;
-    search.optimizer = planner_optimizer(config);
-    search.dtype = config.bf16 ? DType::bf16 : DType::f32;
-    search.allow_bf16 = options.precision_auto;
+    search.optimizer = config.optimizer;
+    search.precisions = options.precision_auto ? std::vector<Precision>{Precision::fp32, Precision::bf16}
+                                               : std::vector<Precision>{config.shape.precision};
     search.ranks = ranks;
-    const int global_batch = options.global_batch_size > 0
-                                 ? options.global_batch_size
-                                 : config.per_device_train_batch_size * config.gradient_accumulation_steps * ranks;
+    const int global_batch =
+        options.global_batch_size > 0
+            ? options.global_batch_size
+            : config.shape.per_device_train_batch_size * config.shape.gradient_accumulation_steps * ranks;
     if (global_batch % ranks != 0)
         throw train_gpt::UsageError("--global-batch-size", std::to_string(global_batch) + " does not split over " +
                                                                std::to_string(ranks) + " ranks");
@@ -299,22 +296,8 @@ Options apply_memory_plan(const Options& options) {
                         planner::format_bytes(automatic.margin_bytes);
     }
     const planner::PlanSearch result = planner::search_plans(options.model, budget, global_batch, search);
-    if (!result.chosen) {
-        try {
-            planner::plan_for_budget(options.model, budget, global_batch, search);
-        } catch (const planner::NoPlanFits& error) {
-            throw train_gpt::UsageError("--max-memory", error.what());
-        }
-    }
-    const planner::Plan& plan = result.plans[*result.chosen];
-    config.per_device_train_batch_size = plan.micro_batch;
-    config.gradient_accumulation_steps = plan.accumulation_steps;
-    config.gradient_checkpointing = plan.policy.enabled;
-    config.every_n_layers = plan.policy.every_n_layers;
-    config.segment_size = plan.policy.segment_size;
-    config.offload = plan.policy.offload;
-    config.bf16 = plan.dtype == DType::bf16;
-    config.zero_stage = plan.zero_stage;
+    if (!result.chosen) throw train_gpt::UsageError("--max-memory", result.no_fit_message());
+    config.shape = result.plans[*result.chosen].shape;
     if (launch.rank == 0)
         std::cout << "budget " << planner::format_bytes(budget) << " (" << budget_source << ")\n"
                   << planner::plan_table(result, options.model);
@@ -325,14 +308,14 @@ int run(const Options& flags) {
     const Options options = flags.max_memory || flags.max_memory_auto ? apply_memory_plan(flags) : flags;
     const optim::TrainerConfig& config = options.trainer;
     if (options.plan) {
-        const auto kind = planner_optimizer(config);
         // Per rank: ZeRO-1 over the launcher's ranks (mpirun -np N train_gpt --plan --zero-stage 1), printed once.
         const distributed::LaunchEnvironment launch = distributed::launch_environment();
+        const StepShape& shape = config.shape;
         if (launch.rank == 0)
-            std::cout << planner::plan_report(options.model, config.per_device_train_batch_size, options.seq_len,
-                                              config.checkpoint_policy(), config.bf16 ? DType::bf16 : DType::f32, kind,
-                                              config.zero_stage == 1 ? launch.world_size : 1,
-                                              config.gradient_accumulation_steps);
+            std::cout << planner::plan_report(options.model, shape.per_device_train_batch_size, options.seq_len,
+                                              shape.checkpointing, precision_dtype(shape.precision), config.optimizer,
+                                              shape.zero_stage == 1 ? launch.world_size : 1,
+                                              shape.gradient_accumulation_steps);
         return 0;
     }
 
@@ -393,8 +376,9 @@ int run(const Options& flags) {
         log.open(options.log, options.resume.empty() ? std::ios::trunc : std::ios::app);
         if (!log) throw train_gpt::UsageError("--log", "cannot write '" + options.log + "'");
     }
-    const int64_t tokens_per_step =
-        int64_t{config.per_device_train_batch_size} * config.gradient_accumulation_steps * world_size * options.seq_len;
+    const StepShape& shape = config.shape;
+    const int64_t tokens_per_step = int64_t{shape.per_device_train_batch_size} * shape.gradient_accumulation_steps *
+                                    world_size * options.seq_len;
     const int padded_vocabulary = options.model.padded_vocab_size();
     const std::string padding = padded_vocabulary == options.model.vocab_size()
                                     ? ""
@@ -412,18 +396,18 @@ int run(const Options& flags) {
                   << "\n";
         if (validation)
             std::cout << "validation: " << options.eval_data << ", the first " << validation->batch_count() << " of its "
-                      << validation->batch_count_available() << " batches of " << config.per_device_train_batch_size
+                      << validation->batch_count_available() << " batches of " << shape.per_device_train_batch_size
                       << " x " << world_size << " ranks, every " << options.eval_every << " steps\n";
         std::cout
                   << "device: " << device_name(options.resolved_device)
-                  << (config.bf16 ? " (bf16 mixed precision)"
+                  << (shape.precision == Precision::bf16 ? " (bf16 mixed precision)"
                       : options.resolved_device == Device::cpu ? "" : options.tf32.value_or(true) ? " (tf32)" : " (fp32)")
-                  << " | batch " << config.per_device_train_batch_size << " x " << config.gradient_accumulation_steps
+                  << " | batch " << shape.per_device_train_batch_size << " x " << shape.gradient_accumulation_steps
                   << " micro-batches x " << world_size << " ranks (" << distributed::backend_name(communicator->backend())
                   << ") = " << tokens_per_step << " token positions per step | "
-                  << nn::data_layout_name(options.data_layout) << " data | loss normalization " << optim::loss_normalization_name(config.loss_normalization)
-                  << " | optimizer " << optim::optimizer_kind_name(config.optimizer) << " | checkpointing "
-                  << config.checkpoint_policy().to_string() << "\n";
+                  << nn::data_layout_name(options.data_layout) << " data | loss normalization "
+                  << config.loss_normalization.name() << " | optimizer " << optimizer_kind_name(config.optimizer)
+                  << " | checkpointing " << shape.checkpointing.to_string() << "\n";
     }
 
     const nn::BatchSource source = loader->source();

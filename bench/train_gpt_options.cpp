@@ -77,7 +77,6 @@ auto as_flag(const std::string& flag, Function&& function) {
 } // namespace
 
 std::string flag_for_field(const std::string& field) {
-    if (field == "bf16") return "--precision";
     // LlamaConfig's fields share the GPT-2 flags where the meaning is the same.
     static const std::map<std::string, std::string> llama_flags = {
         {"hidden_size", "--n-embd"},          {"num_hidden_layers", "--n-layer"},
@@ -141,8 +140,8 @@ Options default_options() {
     Options options;
     options.model = engine::nn::GPTConfig::named("tiny");
     engine::optim::TrainerConfig& trainer = options.trainer;
-    trainer.per_device_train_batch_size = 8;
-    trainer.gradient_accumulation_steps = 2;
+    trainer.shape.per_device_train_batch_size = 8;
+    trainer.shape.gradient_accumulation_steps = 2;
     trainer.learning_rate = 3e-3;
     trainer.weight_decay = 0.1;
     trainer.adam_beta1 = 0.9;
@@ -241,6 +240,7 @@ output:
 Options parse_options(const std::vector<std::string>& arguments) {
     Options options = default_options();
     engine::optim::TrainerConfig& trainer = options.trainer;
+    engine::StepShape& shape = trainer.shape;
     // Dimension overrides apply after --model, whatever the order on the command line.
     std::map<std::string, std::function<void(engine::nn::ModelConfig&)>> overrides;
     // A size flag sets the field of the same meaning in either architecture; a Llama-only flag is refused for
@@ -279,8 +279,8 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--seq-len", [&](auto& f, auto& v) { options.seq_len = parse_int(f, v); require(options.seq_len > 0, f, "must be positive"); }},
         // TrainerConfig's fields: a flag only parses its value; TrainerConfig::problem() is the one check of the
         // values, after every flag (check_trainer_config names the flag).
-        {"--per-device-train-batch-size", [&](auto& f, auto& v) { trainer.per_device_train_batch_size = parse_int(f, v); }},
-        {"--gradient-accumulation-steps", [&](auto& f, auto& v) { trainer.gradient_accumulation_steps = parse_int(f, v); }},
+        {"--per-device-train-batch-size", [&](auto& f, auto& v) { shape.per_device_train_batch_size = parse_int(f, v); }},
+        {"--gradient-accumulation-steps", [&](auto& f, auto& v) { shape.gradient_accumulation_steps = parse_int(f, v); }},
         {"--learning-rate", [&](auto& f, auto& v) { trainer.learning_rate = parse_number(f, v); }},
         {"--weight-decay", [&](auto& f, auto& v) { trainer.weight_decay = parse_number(f, v); }},
         {"--adam-beta1", [&](auto& f, auto& v) { trainer.adam_beta1 = parse_number(f, v); }},
@@ -294,11 +294,11 @@ Options parse_options(const std::vector<std::string>& arguments) {
         // A negative seed has no uint64_t to become: a parse error, not a rule.
         {"--seed", [&](auto& f, auto& v) { const int64_t seed = parse_integer(f, v); require(seed >= 0, f, "must be >= 0"); trainer.seed = static_cast<uint64_t>(seed); }},
         {"--logging-steps", [&](auto& f, auto& v) { trainer.logging_steps = parse_integer(f, v); }},
-        {"--loss-normalization", [&](auto& f, auto& v) { trainer.loss_normalization = as_flag(f, [&] { return engine::optim::parse_loss_normalization(v); }); }},
-        {"--optimizer", [&](auto& f, auto& v) { trainer.optimizer = as_flag(f, [&] { return engine::optim::parse_optimizer_kind(v); }); }},
+        {"--loss-normalization", [&](auto& f, auto& v) { trainer.loss_normalization = as_flag(f, [&] { return engine::optim::LossNormalization::parse(v); }); }},
+        {"--optimizer", [&](auto& f, auto& v) { trainer.optimizer = as_flag(f, [&] { return engine::parse_optimizer_kind(v); }); }},
         {"--sgd-momentum", [&](auto& f, auto& v) { trainer.sgd_momentum = parse_number(f, v); }},
-        {"--every-n-layers", [&](auto& f, auto& v) { trainer.every_n_layers = parse_int(f, v); }},
-        {"--segment-size", [&](auto& f, auto& v) { trainer.segment_size = v == "sqrt" ? 0 : parse_int(f, v); }},
+        {"--every-n-layers", [&](auto& f, auto& v) { shape.checkpointing.every_n_layers = parse_int(f, v); }},
+        {"--segment-size", [&](auto& f, auto& v) { shape.checkpointing.segment_size = v == "sqrt" ? 0 : parse_int(f, v); }},
         {"--data", [&](auto& f, auto& v) { require_file(f, v); options.data = v; }},
         {"--init", [&](auto& f, auto& v) {
              std::error_code error;
@@ -332,9 +332,13 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--eval-every", [&](auto& f, auto& v) { options.eval_every = parse_integer(f, v); require(options.eval_every >= 1, f, "must be >= 1"); }},
         {"--tf32", [&](auto& f, auto& v) { options.tf32 = parse_bool(f, v); }},
         {"--precision", [&](auto& f, auto& v) {
-             require(v == "fp32" || v == "bf16" || v == "auto", f, "'" + v + "' is not fp32, bf16 or auto");
              options.precision_auto = v == "auto";
-             trainer.bf16 = v == "bf16"; }},
+             if (options.precision_auto) return;
+             try {
+                 shape.precision = engine::parse_precision(v);
+             } catch (const EngineError&) {
+                 throw UsageError(f, "'" + v + "' is not fp32, bf16 or auto");
+             } }},
         {"--max-memory", [&](auto& f, auto& v) {
              options.max_memory_auto = v == "auto";
              if (!options.max_memory_auto) options.max_memory = as_flag(f, [&] { return engine::planner::parse_memory_size(v); }); }},
@@ -342,7 +346,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--save-dtype", [&](auto& f, auto& v) {
              require(v == "fp32" || v == "bf16", f, "'" + v + "' is not fp32 or bf16");
              options.save_dtype = v == "bf16" ? engine::DType::bf16 : engine::DType::f32; }},
-        {"--zero-stage", [&](auto& f, auto& v) { trainer.zero_stage = parse_int(f, v); }},
+        {"--zero-stage", [&](auto& f, auto& v) { shape.zero_stage = parse_int(f, v); }},
         {"--data-layout", [&](auto& f, auto& v) { options.data_layout = as_flag(f, [&] { return engine::nn::parse_data_layout(v); }); }},
         {"--eot-token", [&](auto& f, auto& v) { options.eot_token = parse_int(f, v); require(options.eot_token >= 0, f, "must be >= 0"); }},
         {"--communicator", [&](auto& f, auto& v) {
@@ -351,9 +355,9 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--device", [&](auto& f, auto& v) { require(v == "auto" || v == "cpu" || v == "cuda", f, "'" + v + "' is not auto, cpu or cuda"); options.device = v; }},
     };
     const std::map<std::string, bool*> switches = {
-        {"--gradient-checkpointing", &trainer.gradient_checkpointing},
-        {"--offload", &trainer.offload},
-        {"--prefetch", &trainer.prefetch},
+        {"--gradient-checkpointing", &shape.checkpointing.enabled},
+        {"--offload", &shape.checkpointing.offload},
+        {"--prefetch", &shape.checkpointing.prefetch},
         {"--skip-nonfinite", &trainer.skip_nonfinite},
         {"--plan", &options.plan},
         {"--check-replicas", &options.check_replicas},
@@ -411,7 +415,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
     if (options.device == "cuda" || options.device == "auto") {
         const bool available = engine::cuda::device_available();
         require(available || options.device == "auto", "--device",
-                ENGINE_HAS_CUDA ? "no CUDA device is present" : "this build of libengine has no CUDA backend");
+                engine::cuda::backend_built ? "no CUDA device is present" : "this build of libengine has no CUDA backend");
         options.resolved_device = available ? engine::Device::cuda : engine::Device::cpu;
     }
     // TF32 is a CUDA math mode: asking for it on the CPU is a mistake worth naming (false is harmless).

@@ -28,8 +28,8 @@ public:
 // An engine error reported against the flag that caused it (without the source file:line suffix).
 UsageError flag_error(const std::string& flag, const std::exception& error);
 
-// The flag of a TrainerConfig field: "--" and the field with '-' for '_' (Hugging Face's names), except
-// bf16, which --precision sets.
+// The flag of a TrainerConfig field: "--" and the field with '-' for '_' (Hugging Face's names; the step
+// shape's fields and its checkpoint policy's are named so too).
 std::string flag_for_field(const std::string& field);
 // TrainerConfig::problem(), the one check of the training flags' values, as a UsageError naming the flag.
 void check_trainer_config(const engine::optim::TrainerConfig& config);
@@ -79,7 +79,7 @@ struct Options {
     // CUDA GEMM and attention math: TF32 tensor cores (true) or full fp32 (false). Unset: TF32 on CUDA (the
     // engine's default). Hugging Face's `tf32`.
     std::optional<bool> tf32;
-    // --precision bf16 sets trainer.bf16 (mixed precision); --save-dtype: what --save writes (default the
+    // --precision fp32|bf16 sets trainer.shape.precision; --save-dtype: what --save writes (default the
     // parameters' dtype: the f32 masters).
     std::optional<engine::DType> save_dtype;
     bool plan = false;     // print the memory plan and exit

@@ -123,10 +123,16 @@ std::string CheckpointPolicy::to_string() const {
     return text.str();
 }
 
+std::optional<ConfigProblem> CheckpointPolicy::problem() const {
+    if (every_n_layers < 1) return ConfigProblem{"every_n_layers", "must be >= 1, got " + std::to_string(every_n_layers)};
+    if (segment_size < 0)
+        return ConfigProblem{"segment_size", "must be >= 1, or 0 for sqrt(layers), got " + std::to_string(segment_size)};
+    return std::nullopt;
+}
+
 std::vector<Segment> plan_segments(int layer_count, const CheckpointPolicy& policy) {
-    ENGINE_CHECK(policy.every_n_layers >= 1, "checkpoint: every_n_layers must be >= 1, got " << policy.every_n_layers);
-    ENGINE_CHECK(policy.segment_size >= 0, "checkpoint: segment_size must be >= 1, or 0 for sqrt, got "
-                                               << policy.segment_size);
+    if (const std::optional<ConfigProblem> found = policy.problem())
+        ENGINE_FAIL("checkpoint: " << found->field << " " << found->reason);
     std::vector<Segment> segments;
     if (!policy.enabled) {
         for (int layer = 0; layer < layer_count; ++layer) segments.push_back({layer, 1, false});

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,12 @@ struct CheckpointPolicy {
     // Costs one segment input of device memory more; ignored without offload.
     bool prefetch = false;
     std::string to_string() const;
+    // The rules without which no segments can be planned (every_n_layers, segment_size, named as Hugging Face
+    // and train_gpt spell them): the first broken one, or nullopt. plan_segments and the trainer's step shape
+    // both ask this, so no rule is written twice. offload without enabled, or prefetch without offload, is
+    // ignored here; a training run refuses it (StepShape::problem, planner/step_shape.h).
+    std::optional<ConfigProblem> problem() const;
+    bool operator==(const CheckpointPolicy&) const = default;
 };
 
 // A run of consecutive checkpointable layers (0-based first layer), and whether it is checkpointed.
@@ -45,7 +52,7 @@ struct Segment {
 // Splits `layer_count` checkpointable layers into segments under the policy. Layers are grouped into runs
 // of segment_size; of those runs, the 1st and every n-th after it (1-based 1, 1+n, 1+2n, ...) are
 // checkpointed and the rest keep their activations. With segment_size 1 this is Hugging Face's
-// every_n_layers. A disabled policy gives one plain segment per layer. Throws on n < 1 or size < 0.
+// every_n_layers. A disabled policy gives one plain segment per layer. Throws on a policy with a problem().
 std::vector<Segment> plan_segments(int layer_count, const CheckpointPolicy& policy);
 
 // Segments recomputed since the counter was last reset (per thread), for tests and benchmarks.

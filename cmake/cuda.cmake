@@ -37,6 +37,7 @@ message(STATUS "libengine: CUDA backend ${ENGINE_HAS_CUDA}, emulated ${ENGINE_CU
 # Sources of the CUDA backend for this mode, into the variable `out`.
 function(engine_cuda_sources out)
   file(GLOB sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/engine/cuda/*.cpp ${PROJECT_SOURCE_DIR}/kernels/cuda/*.cu)
+  list(FILTER sources EXCLUDE REGEX "/engine/cuda/absent\\.cpp$") # the stubs of builds without CUDA
   if(ENGINE_CUDA_EMULATED)
     file(GLOB emulator CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/emulator/*.cpp)
     list(APPEND sources ${emulator})

@@ -6,6 +6,7 @@ install(TARGETS engine EXPORT engineTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION include/libengine)
+install(FILES libengine.h DESTINATION include/libengine) # the umbrella, above every room
 set(ENGINE_HEADER_DIRS base engine kernels nn optim checkpoint planner)
 if(ENGINE_CUDA_EMULATED)
   list(APPEND ENGINE_HEADER_DIRS emulator) # base/cuda/headers.h includes it in that mode

@@ -5,10 +5,7 @@
 #include "engine/profiling.h"
 #include "engine/tensor.h"
 #include "kernels/cpu/cpu_kernels.h"
-#if ENGINE_HAS_CUDA
-#include "engine/cuda/runtime.h"
-#include "kernels/cuda/cuda_kernels.h"
-#endif
+#include "kernels/cpu/llama_kernels.h"
 
 namespace engine::detail {
 
@@ -111,22 +108,6 @@ T* grad_pointer(const Tensor& gradient) {
 
 } // namespace engine::detail
 
-#if ENGINE_HAS_CUDA
-#define ENGINE_ON_CUDA(op, dtype, ...)                                                                   \
-    do {                                                                                                 \
-        ::engine::detail::require_cuda_f32(op, dtype);                                                   \
-        __VA_ARGS__;                                                                                     \
-    } while (0)
-// ENGINE_DISPATCH_CUDA(op, dtype, [&]<typename T>() { kernels::cuda::...(x.data<T>(), ...); }): dispatch_cuda,
-// or the "built without CUDA" error in a CPU-only build, where the lambda (naming CUDA kernels) is not compiled.
-#define ENGINE_DISPATCH_CUDA(op, dtype, ...) ::engine::detail::dispatch_cuda(op, dtype, __VA_ARGS__)
-// ENGINE_CUDA_ONLY(op, statement): the statement (naming CUDA kernels), or the "built without CUDA" error.
-#define ENGINE_CUDA_ONLY(op, ...)                                                                        \
-    do {                                                                                                 \
-        __VA_ARGS__;                                                                                     \
-    } while (0)
-#else
-#define ENGINE_ON_CUDA(op, dtype, ...) ::engine::detail::fail_without_cuda(op)
-#define ENGINE_DISPATCH_CUDA(op, dtype, ...) ::engine::detail::fail_without_cuda(op)
-#define ENGINE_CUDA_ONLY(op, ...) ::engine::detail::fail_without_cuda(op)
-#endif
+// The CUDA side of the switch (ENGINE_DISPATCH_CUDA, ENGINE_ON_CUDA, ENGINE_CUDA_ONLY) and the CUDA kernels'
+// declarations: the device layer's, whichever backend this build has.
+#include "engine/cuda/dispatch.h"

@@ -59,18 +59,6 @@ void scale_in_place(const Tensor& tensor, double factor) {
     }
 }
 
-void fill_in_place(const Tensor& tensor, double value) {
-    if (tensor.device() == Device::cpu) {
-        dispatch_floating("fill", tensor.dtype(), [&]<typename T>() {
-            kernels::cpu::fill<T>(tensor.data<T>(), static_cast<T>(value), tensor.numel());
-        });
-    } else {
-        ENGINE_ON_CUDA("fill", tensor.dtype(),
-                       kernels::cuda::fill(tensor.data<float>(), static_cast<float>(value), tensor.numel(),
-                                           cuda::compute_stream()));
-    }
-}
-
 double sum_of_squares(const Tensor& tensor) {
     double result = 0.0;
     if (tensor.device() == Device::cpu) {

@@ -7,7 +7,6 @@ namespace engine {
 
 void accumulate_into(const Tensor& destination, const Tensor& source, double alpha = 1.0); // dst += alpha*src
 void scale_in_place(const Tensor& tensor, double factor);
-void fill_in_place(const Tensor& tensor, double value);
 double sum_of_squares(const Tensor& tensor); // in double, whatever the dtype
 // The sum of squares of all the tensors (same device and dtype) with one read of the device: one result
 // for the global gradient norm instead of a synchronising read per tensor.

@@ -28,8 +28,6 @@ struct MemoryStats {
     size_t system_allocations_for(MemoryCategory category) const {
         return system_allocations_by_category[static_cast<int>(category)];
     }
-    // Everything except the pinned host tier: what the device itself holds.
-    size_t device_resident_bytes() const { return current_bytes - current(MemoryCategory::pinned_host); }
     std::string to_string() const;
 };
 

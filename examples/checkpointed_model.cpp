@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/all.h"
+#include "libengine.h"
 
 using namespace engine;
 
@@ -148,13 +148,13 @@ ClassificationBatch training_batch(uint64_t index) {
 
 optim::TrainerConfig config_for(bool checkpointing) {
     optim::TrainerConfig config;
-    config.gradient_accumulation_steps = 3;
+    config.shape.gradient_accumulation_steps = 3;
     config.learning_rate = 3e-3;
     config.max_steps = 40;
-    config.gradient_checkpointing = checkpointing;
-    config.every_n_layers = 1; // every block is a checkpointed segment...
-    config.segment_size = 1;   // ...of one block
-    config.offload = checkpointing;
+    config.shape.checkpointing.enabled = checkpointing;
+    config.shape.checkpointing.every_n_layers = 1; // every block is a checkpointed segment...
+    config.shape.checkpointing.segment_size = 1;   // ...of one block
+    config.shape.checkpointing.offload = checkpointing;
     return config;
 }
 
@@ -227,7 +227,7 @@ int main() {
         for (uint64_t index = 0; index < 4; ++index) held_out.push_back(task.micro_batch(make_batch(64, 0, 1000000 + index)));
         const double initial = trainer.evaluate(held_out).loss;
         std::printf("checkpointed_model: %zu parameters, policy %s, held-out loss before training %.5f\n",
-                    model.parameter_count(), config.checkpoint_policy().to_string().c_str(), initial);
+                    model.parameter_count(), config.shape.checkpointing.to_string().c_str(), initial);
 
         optim::StepResult last;
         while (trainer.step() < config.max_steps) {

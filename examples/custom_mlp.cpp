@@ -8,7 +8,7 @@
 #include <optional>
 #include <vector>
 
-#include "engine/all.h" // one include: tensors and ops, nn, checkpoint and optim
+#include "libengine.h" // one include: tensors and ops, nn, checkpoint and optim
 
 using namespace engine;
 
@@ -73,7 +73,7 @@ int main() {
         // step's gradient is exactly that of the mean squared error over all 32 rows, as if they had been one
         // batch, whatever the split. Memory holds only one micro-batch's activations at a time.
         optim::TrainerConfig config;
-        config.gradient_accumulation_steps = 3;
+        config.shape.gradient_accumulation_steps = 3;
         config.loss_normalization = optim::LossNormalization::tokens;
         config.learning_rate = 1e-2;
         config.lr_scheduler_type = "cosine";

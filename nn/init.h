@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "engine/random.h"
 #include "engine/tensor.h"
 
 namespace engine::nn {
@@ -33,11 +34,9 @@ const std::shared_ptr<Generator>& default_generator();
 // default_generator() see the restart), and seeds the engine's dropout stream with it (engine::manual_seed).
 void manual_seed(uint64_t seed);
 
-// A host tensor of N(0, std²) values drawn from Philox stream (seed, stream); same on every platform.
-// dtype f64 gives f64 values, any other dtype f32.
-Tensor normal_tensor(const Shape& shape, double standard_deviation, uint64_t seed, uint64_t stream, DType dtype);
-// A host tensor of U[-bound, bound) values from Philox stream (seed, stream), 53 random bits per value,
-// rounded once to the dtype (f64 or f32, as normal_tensor); same on every platform.
-Tensor uniform_tensor(const Shape& shape, double bound, uint64_t seed, uint64_t stream, DType dtype);
+// Normals and uniforms from a Philox stream (seed, stream), the same on every platform: the engine draws them
+// (engine/random.h); a layer takes its stream from a Generator.
+using engine::normal_tensor;
+using engine::uniform_tensor;
 
 } // namespace engine::nn

@@ -7,7 +7,7 @@
 #include <set>
 
 #include "checkpoint/checkpoint.h"
-#include "engine/dispatch.h"
+#include "engine/cuda/runtime.h"
 
 namespace engine::nn {
 
@@ -128,7 +128,8 @@ void Module::collect_storage_holders(std::vector<Tensor>& out) const {
 
 void Module::to(Device device) {
     // Before anything else, so that a parameterless tree (Sequential of GELUs) fails the same way.
-    if (device == Device::cuda) ENGINE_DISPATCH_CUDA("Module::to(cuda)", DType::f32, [&]<typename T>() {});
+    ENGINE_CHECK(device != Device::cuda || cuda::backend_built,
+                 "Module::to(cuda): tensor is on cuda, but libengine was built without CUDA");
     // In place, all or nothing, keeping shared storage shared (the padded table and its rows, a working copy
     // and its master's gradient): handles held before the move see the moved parameters.
     std::vector<Tensor> holders;

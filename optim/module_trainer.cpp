@@ -1,5 +1,4 @@
-// The generic accumulation step: count the window, forward/backward per micro-batch, then one update; and
-// TrainerConfig's rules, in one place.
+// The generic accumulation step: count the window, forward/backward per micro-batch, then one update.
 #include "optim/module_trainer.h"
 
 #include <cmath>
@@ -12,108 +11,18 @@
 
 namespace engine::optim {
 
-LossNormalization LossNormalization::parse(const std::string& name) {
-    if (name == "tokens") return tokens;
-    if (name == "mean") return mean;
-    ENGINE_FAIL("loss_normalization: unknown mode '" << name << "' (known: tokens, mean)");
-}
-
-double LossNormalization::factor(int64_t items, int64_t num_items_in_batch, int micro_batches, DType dtype) const {
-    if (mode == Mode::tokens) return 1.0 / static_cast<double>(num_items_in_batch);
-    const double per_item = items > 0 ? 1.0 / static_cast<double>(items) : 1.0;
-    const double per_batch = 1.0 / static_cast<double>(micro_batches);
-    if (dtype == DType::f64) return per_item * per_batch;
-    return static_cast<double>(static_cast<float>(per_item) * static_cast<float>(per_batch)); // f32, bf16: float
-}
-
-LossNormalization parse_loss_normalization(const std::string& name) { return LossNormalization::parse(name); }
-
-OptimizerKind parse_optimizer_kind(const std::string& name) {
-    if (name == "adamw") return OptimizerKind::adamw;
-    if (name == "sgd") return OptimizerKind::sgd;
-    ENGINE_FAIL("optimizer: unknown optimizer '" << name << "' (known: adamw, sgd)");
-}
-
-const char* loss_normalization_name(LossNormalization normalization) { return normalization.name(); }
-const char* optimizer_kind_name(OptimizerKind kind) { return kind == OptimizerKind::sgd ? "sgd" : "adamw"; }
-
-namespace {
-template <typename Value>
-std::string text(const Value& value) {
-    std::ostringstream out;
-    out << value;
-    return out.str();
-}
-} // namespace
-
-std::optional<ConfigProblem> TrainerConfig::problem() const {
-    struct Rule {
-        bool holds;
-        const char* field;
-        std::string reason;
-    };
-    // Every field with a rule, in declaration order; seed, skip_nonfinite and bf16 take any value.
-    const Rule rules[] = {
-        {per_device_train_batch_size > 0, "per_device_train_batch_size", "must be positive, got " + text(per_device_train_batch_size)},
-        {gradient_accumulation_steps > 0, "gradient_accumulation_steps", "must be positive, got " + text(gradient_accumulation_steps)},
-        {std::isfinite(learning_rate) && learning_rate >= 0.0, "learning_rate", "must be >= 0, got " + text(learning_rate)},
-        {std::isfinite(weight_decay) && weight_decay >= 0.0, "weight_decay", "must be >= 0, got " + text(weight_decay)},
-        {adam_beta1 >= 0.0 && adam_beta1 < 1.0, "adam_beta1", "must be in [0,1), got " + text(adam_beta1)},
-        {adam_beta2 >= 0.0 && adam_beta2 < 1.0, "adam_beta2", "must be in [0,1), got " + text(adam_beta2)},
-        {std::isfinite(adam_epsilon) && adam_epsilon > 0.0, "adam_epsilon", "must be > 0, got " + text(adam_epsilon)},
-        {!std::isnan(max_grad_norm), "max_grad_norm", "is NaN (<= 0 turns clipping off)"},
-        {lr_scheduler_type == "constant" || lr_scheduler_type == "cosine", "lr_scheduler_type",
-         "unknown schedule '" + lr_scheduler_type + "' (known: constant, cosine)"},
-        {warmup_steps >= 0, "warmup_steps", "must be >= 0, got " + text(warmup_steps)},
-        {min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0, "min_lr_ratio", "must be in [0,1], got " + text(min_lr_ratio)},
-        {max_steps >= 0, "max_steps", "must be >= 0, got " + text(max_steps)},
-        {logging_steps > 0, "logging_steps", "must be positive, got " + text(logging_steps)},
-        {loss_normalization.mode == LossNormalization::Mode::tokens || loss_normalization.mode == LossNormalization::Mode::mean,
-         "loss_normalization", "is neither tokens nor mean"},
-        {optimizer == OptimizerKind::adamw || optimizer == OptimizerKind::sgd, "optimizer", "is neither adamw nor sgd"},
-        {std::isfinite(sgd_momentum) && sgd_momentum >= 0.0, "sgd_momentum", "must be >= 0, got " + text(sgd_momentum)},
-        {every_n_layers >= 1, "every_n_layers", "must be >= 1, got " + text(every_n_layers)},
-        {segment_size >= 0, "segment_size", "must be >= 1, or 0 for sqrt(layers), got " + text(segment_size)},
-        {!offload || gradient_checkpointing, "offload",
-         "moves checkpointed segment inputs to host memory, so it needs gradient_checkpointing"},
-        {!prefetch || offload, "prefetch", "prefetches offloaded inputs, so it needs offload"},
-        {zero_stage == 0 || zero_stage == 1, "zero_stage", "must be 0 or 1, got " + text(zero_stage)},
-    };
-    for (const Rule& rule : rules)
-        if (!rule.holds) return ConfigProblem{rule.field, rule.reason};
-    return std::nullopt;
-}
-
-void TrainerConfig::validate() const {
-    if (const std::optional<ConfigProblem> found = problem()) ENGINE_FAIL(found->field << " " << found->reason);
-}
-
-checkpoint::CheckpointPolicy TrainerConfig::checkpoint_policy() const {
-    return checkpoint::CheckpointPolicy{gradient_checkpointing, every_n_layers, segment_size, offload, prefetch};
-}
-
 namespace {
 
+// The schedule of a config checked first: every field's rule before anything is built.
 ScheduleConfig schedule_config(const TrainerConfig& config) {
     config.validate();
-    ScheduleConfig schedule;
-    schedule.type = parse_schedule_type(config.lr_scheduler_type);
-    schedule.learning_rate = config.learning_rate;
-    schedule.warmup_steps = config.warmup_steps;
-    schedule.total_steps = config.max_steps;
-    schedule.min_lr_ratio = config.min_lr_ratio;
-    return schedule;
+    return config.schedule_config();
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const nn::Module& model, const TrainerConfig& config, ShardRange shard) {
     if (config.optimizer == OptimizerKind::sgd)
-        return std::make_unique<SGD>(model.named_parameters(),
-                                     SGDOptions{config.learning_rate, config.sgd_momentum, config.weight_decay},
-                                     decay_matrices_only, shard);
-    return std::make_unique<AdamW>(model.named_parameters(),
-                                   AdamWOptions{config.learning_rate, config.adam_beta1, config.adam_beta2,
-                                                config.adam_epsilon, config.weight_decay},
-                                   decay_matrices_only, shard);
+        return std::make_unique<SGD>(model.named_parameters(), config.sgd_options(), decay_matrices_only, shard);
+    return std::make_unique<AdamW>(model.named_parameters(), config.adamw_options(), decay_matrices_only, shard);
 }
 
 void synchronize_device(Device device) {
@@ -132,13 +41,14 @@ std::string first_nonfinite_gradient(const nn::Module& model) {
 ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator)
     : model_(model), config_(config), schedule_(schedule_config(config)), communicator_(communicator) {
     ENGINE_CHECK(!model_.parameters().empty(), "trainer: the module has no parameters to train");
-    if (config_.bf16) model_.set_compute_dtype(DType::bf16); // before anything sizes itself on the activations
-    model_.set_checkpointing(config.checkpoint_policy());
+    // Before anything sizes itself on the activations.
+    if (config_.shape.precision == Precision::bf16) model_.set_compute_dtype(DType::bf16);
+    model_.set_checkpointing(config.shape.checkpointing);
     parameters_ = model_.parameters();
     device_ = parameters_.front().device();
     loss_dtype_ = model_.compute_dtype() == DType::bf16 ? DType::f32 : parameters_.front().dtype();
     // Without a communicator there is one process, whose one part is the whole: zero_stage 1 changes nothing.
-    if (config_.zero_stage == 1 && communicator_ != nullptr)
+    if (config_.shape.zero_stage == 1 && communicator_ != nullptr)
         zero_ = std::make_unique<ZeroShards>(parameters_, *communicator_);
     optimizer_ = make_optimizer(model_, config_, zero_ ? zero_->range() : ShardRange{});
     manual_seed(config_.seed);
@@ -149,7 +59,7 @@ void ModuleTrainer::set_communicator(distributed::Communicator* communicator) {
                  "trainer: with zero_stage 1 the optimizer state is sharded over the constructor's communicator; "
                  "it cannot change");
     // Sharding is decided at construction: a communicator given later would silently train unsharded.
-    ENGINE_CHECK(zero_ || config_.zero_stage != 1 || communicator == nullptr || communicator->world_size() == 1,
+    ENGINE_CHECK(zero_ || config_.shape.zero_stage != 1 || communicator == nullptr || communicator->world_size() == 1,
                  "trainer: zero_stage 1 needs its communicator at construction (Trainer(model, config, communicator))");
     communicator_ = communicator;
 }
@@ -168,9 +78,9 @@ Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batc
                  "trainer: the tape holds " << current_tape().size()
                      << " nodes of a forward that was never backpropagated; run evaluation under NoGradGuard");
     ENGINE_CHECK(!micro_batches.empty(), "trainer: an accumulation window needs at least one micro-batch");
-    ENGINE_CHECK(static_cast<int>(micro_batches.size()) <= config_.gradient_accumulation_steps,
+    ENGINE_CHECK(static_cast<int>(micro_batches.size()) <= config_.shape.gradient_accumulation_steps,
                  "trainer: " << micro_batches.size() << " micro-batches exceed gradient_accumulation_steps "
-                             << config_.gradient_accumulation_steps);
+                             << config_.shape.gradient_accumulation_steps);
     synchronize_device(device_);
     reset_peak(device_);
     if (device_ != Device::cpu) reset_peak(Device::cpu); // the pinned host tier is accounted on the host
@@ -341,12 +251,7 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
 }
 
 std::optional<StepResult> ModuleTrainer::train_step(const MicroBatchSource& source) {
-    std::vector<MicroBatch> micro_batches;
-    while (static_cast<int>(micro_batches.size()) < config_.gradient_accumulation_steps) {
-        std::optional<MicroBatch> micro = source();
-        if (!micro) break; // a last partial window normalises by what it has
-        micro_batches.push_back(std::move(*micro));
-    }
+    const std::vector<MicroBatch> micro_batches = pull_window(source, config_.shape.gradient_accumulation_steps);
     if (micro_batches.empty()) return std::nullopt;
     return apply_update(accumulate(micro_batches));
 }

@@ -1,7 +1,8 @@
 // The generic gradient-accumulation trainer: any nn::Module, any batch type, a loss the user writes that
 // returns (sum of losses, number of items). It owns the optimizer step's boundaries: the window's item count
 // (all-reduced over data-parallel ranks), loss normalisation, the one clip, the update, the schedule, the
-// non-finite guard and ZeRO-1. optim/trainer.h builds the GPT trainer on it; docs/TRAINING.md has the formulas.
+// non-finite guard and ZeRO-1. What it is told is optim/trainer_config.h; optim/trainer.h builds the causal-LM
+// trainer on it; docs/TRAINING.md has the formulas.
 #pragma once
 
 #include <chrono>
@@ -12,98 +13,14 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/checkpoint.h"
 #include "engine/distributed/communicator.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "optim/trainer_config.h"
 #include "optim/zero.h"
 
 namespace engine::optim {
-
-// How the micro-batches' loss sums become the window's loss (SPEC.md §1, "Loss scaling"): the one place that
-// knows it. Micro-batch k of a window of N returns (sum_k, items_k); its loss, whose backward is its share of
-// the step's gradient, is sum_k · factor(...):
-//   tokens: sum_k / num_items_in_batch, num_items_in_batch = Σ items over the window (and every rank): the
-//           window's gradient is that of the item mean over the whole effective batch, whatever the padding;
-//   mean:   (sum_k / items_k) / N, the per-micro-batch mean divided by the micro-batches present (k < N in a
-//           last partial window): equal to tokens mode only when every micro-batch has as many items (the
-//           "gradient accumulation bug" otherwise).
-struct LossNormalization {
-    enum class Mode { tokens, mean };
-    Mode mode = Mode::tokens;
-
-    constexpr LossNormalization() = default;
-    constexpr LossNormalization(Mode mode) : mode(mode) {} // NOLINT: a mode is a normalisation
-    static const LossNormalization tokens;
-    static const LossNormalization mean;
-    bool operator==(const LossNormalization&) const = default;
-
-    // The factor micro-batch k's loss sum is multiplied by. Mean mode forms it as C(1/items)·C(1/N) in the
-    // compute type C of `dtype` (float for f32 and bf16, double for f64), a value exact in double: so a
-    // fused loss that writes its gradient with it (the GPT classifier) gets bitwise the gradient of a mean
-    // scaled by 1/N. A micro-batch without items adds nothing in mean mode (its sum is 0): factor C(1/N).
-    double factor(int64_t items, int64_t num_items_in_batch, int micro_batches, DType dtype) const;
-    // tokens divides every rank's loss by the global count, so the ranks' gradients add; mean mode is a
-    // per-rank mean, so they are averaged (DDP).
-    bool divides_by_global_count() const { return mode == Mode::tokens; }
-    const char* name() const { return mode == Mode::mean ? "mean" : "tokens"; }
-    static LossNormalization parse(const std::string& name); // "tokens" | "mean"
-};
-inline constexpr LossNormalization LossNormalization::tokens{LossNormalization::Mode::tokens};
-inline constexpr LossNormalization LossNormalization::mean{LossNormalization::Mode::mean};
-
-enum class OptimizerKind { adamw, sgd };
-LossNormalization parse_loss_normalization(const std::string& name); // LossNormalization::parse
-OptimizerKind parse_optimizer_kind(const std::string& name);         // "adamw" | "sgd"
-const char* loss_normalization_name(LossNormalization normalization);
-const char* optimizer_kind_name(OptimizerKind kind);
-
-// A bad TrainerConfig field: its name (the struct's, which is also the Hugging Face argument's) and why.
-using engine::ConfigProblem;
-
-// Field names follow Hugging Face TrainingArguments where one exists.
-struct TrainerConfig {
-    int per_device_train_batch_size = 8; // sequences per micro-batch; the data source makes them
-    int gradient_accumulation_steps = 1; // N micro-batches per optimizer step
-    double learning_rate = 1e-3;
-    double weight_decay = 0.0; // applied to 2-D weights only (optim/optimizer.h)
-    double adam_beta1 = 0.9;
-    double adam_beta2 = 0.999;
-    double adam_epsilon = 1e-8;
-    double max_grad_norm = 1.0; // <= 0 turns clipping off
-    std::string lr_scheduler_type = "constant"; // "constant" | "cosine"
-    int64_t warmup_steps = 0;
-    double min_lr_ratio = 0.0; // cosine floor as a fraction of learning_rate
-    int64_t max_steps = 100;   // optimizer steps; the cosine schedule ends here
-    uint64_t seed = 42;        // the engine RNG stream (dropout); model init takes its own seed
-    int64_t logging_steps = 1;
-    LossNormalization loss_normalization = LossNormalization::tokens;
-    OptimizerKind optimizer = OptimizerKind::adamw;
-    double sgd_momentum = 0.9;
-    // Checkpoint policy, applied through Module::set_checkpointing (checkpoint/checkpoint.h).
-    bool gradient_checkpointing = false;
-    int every_n_layers = 1;
-    int segment_size = 1; // 0 = ceil(sqrt(layers))
-    bool offload = false; // needs gradient_checkpointing: it moves the checkpointed segments' inputs
-    bool skip_nonfinite = false; // a NaN/Inf loss or gradient norm skips the update instead of throwing
-    bool prefetch = false; // needs offload: copy the next segment's input host→device ahead, on a copy stream
-    // 1: ZeRO stage 1 over the constructor's communicator, each rank keeping the optimizer state of 1/N of
-    // the parameters (optim/zero.h); 0: every rank keeps all of it.
-    int zero_stage = 0;
-    // Mixed precision, Hugging Face's `bf16`: the trainer gives the model bf16 working copies of its f32
-    // parameters (Module::set_compute_dtype), so activations, saved tensors and offloaded inputs are bf16
-    // while the optimizer updates the f32 masters from f32 gradient buffers (docs/TRAINING.md, "bf16").
-    // false leaves the model's own dtype (a GPT built with DType::bf16 is mixed precision already).
-    bool bf16 = false;
-
-    checkpoint::CheckpointPolicy checkpoint_policy() const;
-
-    // Every rule on the fields, in one place: the first bad field, or nullopt. Programs map the field back
-    // to their own flag (train_gpt: --per-device-train-batch-size for per_device_train_batch_size).
-    std::optional<ConfigProblem> problem() const;
-    void validate() const; // throws EngineError "<field> <reason>" for problem()
-};
 
 // What one optimizer step did.
 struct StepResult {
@@ -154,6 +71,19 @@ struct MicroBatch {
     std::function<LossSum(const LossScale& scale)> loss;
 };
 using MicroBatchSource = std::function<std::optional<MicroBatch>()>;
+
+// The one loop that pulls a window: up to `count` items from `source`, fewer when it runs dry (a last partial
+// window normalises by what it has).
+template <typename Item>
+std::vector<Item> pull_window(const std::function<std::optional<Item>()>& source, int count) {
+    std::vector<Item> window;
+    while (static_cast<int>(window.size()) < count) {
+        std::optional<Item> item = source();
+        if (!item) break;
+        window.push_back(std::move(*item));
+    }
+    return window;
+}
 
 // How to train on a user's batch type: counting comes before the forward (see MicroBatch).
 template <typename Batch>

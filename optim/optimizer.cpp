@@ -4,10 +4,45 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/dispatch.h"
+#include "engine/optimizer_updates.h"
+#include "optim/schedule.h"
 
 namespace engine::optim {
-using namespace engine::detail;
+namespace {
+
+// The options' rule shared by SGD and AdamW: a weight decay finite and >= 0.
+std::optional<ConfigProblem> weight_decay_problem(double weight_decay) {
+    if (std::isfinite(weight_decay) && weight_decay >= 0.0) return std::nullopt;
+    return ConfigProblem{"weight_decay", "must be finite and >= 0, got " + value_text(weight_decay)};
+}
+
+// The options, or the constructor's one error naming the optimizer and the field.
+template <typename Options>
+const Options& checked(const char* optimizer, const Options& options) {
+    if (const std::optional<ConfigProblem> found = options.problem())
+        ENGINE_FAIL(optimizer << ": " << found->field << " " << found->reason);
+    return options;
+}
+
+} // namespace
+
+std::optional<ConfigProblem> SGDOptions::problem() const {
+    if (const std::optional<std::string> reason = learning_rate_problem(learning_rate))
+        return ConfigProblem{"learning_rate", *reason};
+    if (!(std::isfinite(momentum) && momentum >= 0.0))
+        return ConfigProblem{"momentum", "must be finite and >= 0, got " + value_text(momentum)};
+    return weight_decay_problem(weight_decay);
+}
+
+std::optional<ConfigProblem> AdamWOptions::problem() const {
+    if (const std::optional<std::string> reason = learning_rate_problem(learning_rate))
+        return ConfigProblem{"learning_rate", *reason};
+    if (!(beta1 >= 0.0 && beta1 < 1.0)) return ConfigProblem{"beta1", "must be in [0,1), got " + value_text(beta1)};
+    if (!(beta2 >= 0.0 && beta2 < 1.0)) return ConfigProblem{"beta2", "must be in [0,1), got " + value_text(beta2)};
+    if (!(std::isfinite(epsilon) && epsilon > 0.0))
+        return ConfigProblem{"epsilon", "must be finite and > 0, got " + value_text(epsilon)};
+    return weight_decay_problem(weight_decay);
+}
 
 bool decay_matrices_only(const std::string&, const Tensor& parameter) { return parameter.dim() >= 2; }
 
@@ -16,10 +51,6 @@ Optimizer::Optimizer(const NamedTensors& named_parameters, double learning_rate,
     : learning_rate_(learning_rate), weight_decay_(weight_decay) {
     ENGINE_CHECK(shard.begin >= 0 && shard.begin <= shard.end,
                  "optimizer: shard [" << shard.begin << ", " << shard.end << ") is not a range of elements");
-    ENGINE_CHECK(std::isfinite(learning_rate) && learning_rate >= 0.0,
-                 "optimizer: learning rate must be finite and >= 0, got " << learning_rate);
-    ENGINE_CHECK(std::isfinite(weight_decay) && weight_decay >= 0.0,
-                 "optimizer: weight decay must be finite and >= 0, got " << weight_decay);
     ENGINE_CHECK(!named_parameters.empty(), "optimizer: no parameters to optimise");
     for (const auto& [name, parameter] : named_parameters) {
         ENGINE_CHECK(parameter.defined() && parameter.is_leaf() && parameter.grad().defined(),
@@ -61,8 +92,8 @@ void Optimizer::zero_grad() {
 }
 
 void Optimizer::set_learning_rate(double learning_rate) {
-    ENGINE_CHECK(std::isfinite(learning_rate) && learning_rate >= 0.0,
-                 "optimizer: learning rate must be finite and >= 0, got " << learning_rate);
+    if (const std::optional<std::string> reason = learning_rate_problem(learning_rate))
+        ENGINE_FAIL("optimizer: learning rate " << *reason);
     learning_rate_ = learning_rate;
 }
 
@@ -100,11 +131,8 @@ bool Optimizer::decays(const std::string& parameter_name) const {
 // ---- SGD ----
 
 SGD::SGD(const NamedTensors& named_parameters, const SGDOptions& options, const DecayRule& decays, ShardRange shard)
-    : Optimizer(named_parameters, options.learning_rate, options.weight_decay, decays, 1, shard),
-      momentum_(options.momentum) {
-    ENGINE_CHECK(std::isfinite(options.momentum) && options.momentum >= 0.0,
-                 "SGD: momentum must be finite and >= 0, got " << options.momentum);
-}
+    : Optimizer(named_parameters, checked("SGD", options).learning_rate, options.weight_decay, decays, 1, shard),
+      momentum_(options.momentum) {}
 
 void SGD::step(double grad_scale) {
     const float lr = static_cast<float>(learning_rate_);
@@ -114,21 +142,8 @@ void SGD::step(double grad_scale) {
     for (const Slot& slot : slots_) {
         if (slot.shard_count == 0) continue; // another rank's parameter
         const float decay = slot.decays ? static_cast<float>(weight_decay_) : 0.0f;
-        const Tensor gradient = slot.parameter.grad();
-        const Tensor& buffer = slot.state[0];
-        if (slot.parameter.device() == Device::cpu) {
-            dispatch_floating("sgd", slot.parameter.dtype(), [&]<typename T>() {
-                kernels::cpu::sgd_update<T>(slot.parameter.data<T>() + slot.shard_begin,
-                                            gradient.data<T>() + slot.shard_begin, buffer.data<T>(),
-                                            slot.shard_count, lr, momentum, decay, scale);
-            });
-        } else {
-            ENGINE_ON_CUDA("sgd", slot.parameter.dtype(),
-                           kernels::cuda::sgd_update(slot.parameter.data<float>() + slot.shard_begin,
-                                                     gradient.data<float>() + slot.shard_begin,
-                                                     buffer.data<float>(), slot.shard_count, lr, momentum,
-                                                     decay, scale, cuda::compute_stream()));
-        }
+        sgd_update(slot.parameter, slot.parameter.grad(), slot.state[0], slot.shard_begin, slot.shard_count,
+                   SGDUpdate{lr, momentum, decay, scale});
     }
     ++step_count_;
 }
@@ -144,12 +159,8 @@ NamedTensors SGD::named_state() const {
 
 AdamW::AdamW(const NamedTensors& named_parameters, const AdamWOptions& options, const DecayRule& decays,
              ShardRange shard)
-    : Optimizer(named_parameters, options.learning_rate, options.weight_decay, decays, 2, shard), options_(options) {
-    ENGINE_CHECK(options.beta1 >= 0.0 && options.beta1 < 1.0, "AdamW: beta1 must be in [0,1), got " << options.beta1);
-    ENGINE_CHECK(options.beta2 >= 0.0 && options.beta2 < 1.0, "AdamW: beta2 must be in [0,1), got " << options.beta2);
-    ENGINE_CHECK(std::isfinite(options.epsilon) && options.epsilon > 0.0,
-                 "AdamW: epsilon must be finite and > 0, got " << options.epsilon);
-}
+    : Optimizer(named_parameters, checked("AdamW", options).learning_rate, options.weight_decay, decays, 2, shard),
+      options_(options) {}
 
 void AdamW::step(double grad_scale) {
     const int64_t t = step_count_ + 1;
@@ -165,25 +176,9 @@ void AdamW::step(double grad_scale) {
     for (const Slot& slot : slots_) {
         if (slot.shard_count == 0) continue; // another rank's parameter
         const float decay = slot.decays ? static_cast<float>(weight_decay_) : 0.0f;
-        const Tensor gradient = slot.parameter.grad();
-        const Tensor& exp_avg = slot.state[0];
-        const Tensor& exp_avg_sq = slot.state[1];
-        if (slot.parameter.device() == Device::cpu) {
-            dispatch_floating("adamw", slot.parameter.dtype(), [&]<typename T>() {
-                kernels::cpu::adamw_update<T>(slot.parameter.data<T>() + slot.shard_begin,
-                                              gradient.data<T>() + slot.shard_begin, exp_avg.data<T>(),
-                                              exp_avg_sq.data<T>(), slot.shard_count, lr, beta1, beta2, epsilon,
-                                              decay, bias_correction1, bias_correction2, scale);
-            });
-        } else {
-            ENGINE_ON_CUDA("adamw", slot.parameter.dtype(),
-                           kernels::cuda::adamw_update(slot.parameter.data<float>() + slot.shard_begin,
-                                                     gradient.data<float>() + slot.shard_begin,
-                                                       exp_avg.data<float>(), exp_avg_sq.data<float>(),
-                                                       slot.shard_count, lr, beta1, beta2, epsilon, decay,
-                                                       bias_correction1, bias_correction2, scale,
-                                                       cuda::compute_stream()));
-        }
+        adamw_update(slot.parameter, slot.parameter.grad(), slot.state[0], slot.state[1], slot.shard_begin,
+                     slot.shard_count,
+                     AdamWUpdate{lr, beta1, beta2, epsilon, decay, bias_correction1, bias_correction2, scale});
     }
     step_count_ = t;
 }

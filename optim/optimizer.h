@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,7 +35,8 @@ bool decay_matrices_only(const std::string& name, const Tensor& parameter);
 class Optimizer {
 public:
     // Every parameter must be a leaf with a gradient buffer. State is allocated here, once, in
-    // MemoryCategory::optimizer_state, on each parameter's device and dtype.
+    // MemoryCategory::optimizer_state, on each parameter's device and dtype. The learning rate and weight
+    // decay are the subclass's options, which it has checked (SGDOptions::problem, AdamWOptions::problem).
     Optimizer(const NamedTensors& named_parameters, double learning_rate, double weight_decay,
               const DecayRule& decays, int state_tensors_per_parameter, ShardRange shard = {});
     virtual ~Optimizer() = default;
@@ -94,6 +96,8 @@ struct SGDOptions {
     double learning_rate = 1e-3;
     double momentum = 0.9;   // 0 turns the buffer into plain SGD
     double weight_decay = 0; // coupled (added to the gradient), as torch.optim.SGD
+    // The rules on these fields (named as here): the first broken one, or nullopt. The constructor throws it.
+    std::optional<ConfigProblem> problem() const;
 };
 
 // torch.optim.SGD without dampening or Nesterov: g = s·grad + wd·p; buf = momentum·buf + g; p -= lr·buf.
@@ -115,6 +119,8 @@ struct AdamWOptions {
     double beta2 = 0.999;
     double epsilon = 1e-8;
     double weight_decay = 0.01;
+    // The rules on these fields (named as here): the first broken one, or nullopt. The constructor throws it.
+    std::optional<ConfigProblem> problem() const;
 };
 
 // torch.optim.AdamW: p -= lr·wd·p; m, v moving averages of g and g²; p -= lr·m̂ / (sqrt(v̂) + eps), with

@@ -17,13 +17,26 @@ ScheduleType parse_schedule_type(const std::string& name) {
 
 const char* schedule_type_name(ScheduleType type) { return type == ScheduleType::cosine ? "cosine" : "constant"; }
 
+std::optional<std::string> learning_rate_problem(double learning_rate) {
+    if (std::isfinite(learning_rate) && learning_rate >= 0.0) return std::nullopt;
+    return "must be finite and >= 0, got " + value_text(learning_rate);
+}
+
+std::optional<ConfigProblem> ScheduleConfig::problem() const {
+    if (type != ScheduleType::constant && type != ScheduleType::cosine)
+        return ConfigProblem{"type", "is neither constant nor cosine"};
+    if (const std::optional<std::string> reason = learning_rate_problem(learning_rate))
+        return ConfigProblem{"learning_rate", *reason};
+    if (warmup_steps < 0) return ConfigProblem{"warmup_steps", "must be >= 0, got " + std::to_string(warmup_steps)};
+    if (total_steps < 0) return ConfigProblem{"total_steps", "must be >= 0, got " + std::to_string(total_steps)};
+    if (!(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0))
+        return ConfigProblem{"min_lr_ratio", "must be in [0,1], got " + value_text(min_lr_ratio)};
+    return std::nullopt;
+}
+
 LearningRateSchedule::LearningRateSchedule(const ScheduleConfig& config) : config_(config) {
-    ENGINE_CHECK(std::isfinite(config.learning_rate) && config.learning_rate >= 0.0,
-                 "schedule: learning_rate must be finite and >= 0, got " << config.learning_rate);
-    ENGINE_CHECK(config.warmup_steps >= 0, "schedule: warmup_steps must be >= 0, got " << config.warmup_steps);
-    ENGINE_CHECK(config.total_steps >= 0, "schedule: total_steps must be >= 0, got " << config.total_steps);
-    ENGINE_CHECK(config.min_lr_ratio >= 0.0 && config.min_lr_ratio <= 1.0,
-                 "schedule: min_lr_ratio must be in [0,1], got " << config.min_lr_ratio);
+    if (const std::optional<ConfigProblem> found = config.problem())
+        ENGINE_FAIL("schedule: " << found->field << " " << found->reason);
 }
 
 double LearningRateSchedule::at(int64_t optimizer_step) const {

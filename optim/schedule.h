@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "base/error.h"
 
 namespace engine::optim {
 
@@ -17,14 +20,20 @@ struct ScheduleConfig {
     int64_t warmup_steps = 0;    // linear ramp: lr · step / warmup_steps for step < warmup_steps
     int64_t total_steps = 0;     // cosine only: where it reaches the floor
     double min_lr_ratio = 0.0;   // cosine only: the floor as a fraction of the peak
+    // The rules on these fields (named as here): the first broken one, or nullopt. The constructor throws it.
+    std::optional<ConfigProblem> problem() const;
 };
+
+// The one rule on a learning rate, shared by the schedule, the optimizers' options and set_learning_rate:
+// finite and >= 0. The reason, or nullopt.
+std::optional<std::string> learning_rate_problem(double learning_rate);
 
 // constant: warmup ramp, then the peak.
 // cosine: warmup ramp, then peak · (r + (1 − r) · ½(1 + cos(π · p))), p = (step − warmup) / (total − warmup)
 // clamped to [0,1], r = min_lr_ratio.
 class LearningRateSchedule {
 public:
-    explicit LearningRateSchedule(const ScheduleConfig& config); // throws on negative counts or a bad ratio
+    explicit LearningRateSchedule(const ScheduleConfig& config); // throws config.problem()
     double at(int64_t optimizer_step) const;
     const ScheduleConfig& config() const { return config_; }
 

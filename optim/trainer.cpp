@@ -118,12 +118,7 @@ ModuleTrainer::Evaluation Trainer::evaluate(const std::vector<nn::Batch>& batche
 }
 
 std::optional<StepResult> Trainer::train_step(const nn::BatchSource& source) {
-    std::vector<nn::Batch> batches;
-    while (static_cast<int>(batches.size()) < config().gradient_accumulation_steps) {
-        std::optional<nn::Batch> batch = source();
-        if (!batch) break; // a last partial window normalises by what it has
-        batches.push_back(std::move(*batch));
-    }
+    const std::vector<nn::Batch> batches = pull_window(source, config().shape.gradient_accumulation_steps);
     if (batches.empty()) return std::nullopt;
     return apply_update(accumulate_gradients(batches));
 }

@@ -89,10 +89,6 @@ std::string mebibytes(size_t bytes) {
     return text.str();
 }
 
-const char* optimizer_kind_name(OptimizerKind kind) {
-    return kind == OptimizerKind::adamw ? "adamw" : kind == OptimizerKind::sgd ? "sgd" : "none";
-}
-
 size_t MemoryPrediction::device_total_bound() const {
     size_t total = 0;
     for (int index = 0; index < memory_category_count; ++index)
@@ -230,7 +226,7 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     // The optimizer sees only the real rows. ZeRO-1: one rank's part of them laid end to end, padded to equal parts.
     const size_t shards = static_cast<size_t>(optimizer_shards);
     const size_t part = (counts.real + shards - 1) / shards * wide;
-    const size_t state_per_element = optimizer == OptimizerKind::adamw ? 2 : optimizer == OptimizerKind::sgd ? 1 : 0;
+    const size_t state_per_element = static_cast<size_t>(optimizer_state_tensors(optimizer));
     prediction.at(MemoryCategory::optimizer_state) = state_per_element * (shards > 1 ? part : counts.real * wide);
 
     for (const Segment& segment : segments) {

@@ -9,12 +9,13 @@
 #include "checkpoint/checkpoint.h"
 #include "engine/memory.h"
 #include "nn/model_config.h"
+#include "planner/step_shape.h"
 
 namespace engine::planner {
 
-// Which optimizer's state to count: AdamW keeps two moments per parameter, SGD with momentum one.
-enum class OptimizerKind { none, sgd, adamw };
-const char* optimizer_kind_name(OptimizerKind kind);
+// Which optimizer's state to count (planner/step_shape.h): AdamW keeps two moments per parameter, SGD with
+// momentum one, none none.
+using engine::OptimizerKind;
 
 struct MemoryPrediction {
     // Peak bytes of each category over one step, indexed by engine/memory.h's MemoryCategory (the one list of

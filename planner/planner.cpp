@@ -48,10 +48,12 @@ std::string why_lost(const Plan& plan, const Plan& chosen, size_t budget) {
     if (plan.memory.recomputed_blocks > chosen.memory.recomputed_blocks)
         reasons.push_back("recomputes " + std::to_string(plan.memory.recomputed_blocks) + " blocks per micro-batch");
     if (plan.cost.transfer_seconds > chosen.cost.transfer_seconds) reasons.push_back("offload copies");
-    if (plan.accumulation_steps > chosen.accumulation_steps)
-        reasons.push_back(std::to_string(plan.accumulation_steps) + " micro-batches (more ops)");
-    if (plan.cost.gemm_seconds > chosen.cost.gemm_seconds && plan.dtype != chosen.dtype) reasons.push_back("slower GEMMs");
-    if (plan.zero_stage != chosen.zero_stage) reasons.push_back("ZeRO stage " + std::to_string(plan.zero_stage));
+    const StepShape& shape = plan.shape;
+    if (shape.gradient_accumulation_steps > chosen.shape.gradient_accumulation_steps)
+        reasons.push_back(std::to_string(shape.gradient_accumulation_steps) + " micro-batches (more ops)");
+    if (plan.cost.gemm_seconds > chosen.cost.gemm_seconds && shape.precision != chosen.shape.precision)
+        reasons.push_back("slower GEMMs");
+    if (shape.zero_stage != chosen.shape.zero_stage) reasons.push_back("ZeRO stage " + std::to_string(shape.zero_stage));
     if (reasons.empty()) reasons.push_back("larger predicted time");
     for (size_t index = 0; index < reasons.size(); ++index) text << (index ? ", " : " ") << reasons[index];
     return text.str();
@@ -69,31 +71,13 @@ std::string format_bytes(size_t bytes) {
     return text.str();
 }
 
-std::string Plan::flags() const {
-    std::ostringstream text;
-    text << "--per-device-train-batch-size " << micro_batch << " --gradient-accumulation-steps " << accumulation_steps;
-    if (policy.enabled) {
-        text << " --gradient-checkpointing --every-n-layers " << policy.every_n_layers << " --segment-size "
-             << policy.segment_size;
-        if (policy.offload) text << " --offload";
-    }
-    text << " --precision " << (dtype == DType::bf16 ? "bf16" : "fp32");
-    if (zero_stage > 0) text << " --zero-stage " << zero_stage;
-    return text.str();
-}
-
-std::string Plan::summary() const {
-    std::ostringstream text;
-    text << "b " << micro_batch << " x " << accumulation_steps;
-    if (ranks > 1) text << " x " << ranks << " ranks";
-    text << ", ";
-    if (!policy.enabled) text << "no checkpointing";
-    else if (policy.segment_size != 1) text << "segments of " << policy.segment_size;
-    else text << "checkpoint every " << policy.every_n_layers;
-    if (policy.offload) text << " + offload";
-    text << ", " << (dtype == DType::bf16 ? "bf16" : "fp32");
-    if (zero_stage > 0) text << ", ZeRO-" << zero_stage;
-    return text.str();
+std::string PlanSearch::no_fit_message() const {
+    ENGINE_CHECK(!plans.empty(), "planner: no plan was searched");
+    const Plan& least = plans[smallest];
+    std::ostringstream message;
+    message << "no plan fits in " << format_bytes(budget) << " (" << budget << " B): the smallest peak any plan reaches is "
+            << format_bytes(least.peak_bytes) << " (" << least.peak_bytes << " B), with " << least.flags();
+    return message.str();
 }
 
 PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global_batch, const PlannerOptions& options) {
@@ -105,8 +89,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
     const int seq_len = options.seq_len > 0 ? options.seq_len : config.max_seq_len();
     ENGINE_CHECK(seq_len <= config.max_seq_len(),
                  "planner: seq_len " << seq_len << " exceeds the model maximum " << config.max_seq_len());
-    std::vector<DType> precisions = {options.dtype};
-    if (options.allow_bf16 && options.dtype != DType::bf16) precisions.push_back(DType::bf16);
+    ENGINE_CHECK(!options.precisions.empty(), "planner: no precision to search");
     std::vector<int> zero_stages = {0};
     if (options.ranks > 1 && options.allow_zero) zero_stages.push_back(1);
     const int per_rank = global_batch / options.ranks;
@@ -115,7 +98,8 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
     search.budget = budget;
     search.global_batch = global_batch;
     const std::vector<CheckpointPolicy> policies = candidate_policies(config.layers(), options.allow_offload);
-    for (DType dtype : precisions) {
+    for (Precision precision : options.precisions) {
+        const DType dtype = precision_dtype(precision);
         const Ceilings ceilings = options.ceilings ? *options.ceilings : ceilings_for(options.device, dtype);
         for (int zero_stage : zero_stages) {
             const int shards = zero_stage == 1 ? options.ranks : 1;
@@ -123,15 +107,12 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                 if (per_rank % micro_batch != 0) continue;
                 for (const CheckpointPolicy& policy : policies) {
                     Plan plan;
-                    plan.micro_batch = micro_batch;
-                    plan.accumulation_steps = per_rank / micro_batch;
+                    plan.shape = StepShape{micro_batch, per_rank / micro_batch, policy, precision, zero_stage};
                     plan.ranks = options.ranks;
-                    plan.policy = policy;
-                    plan.dtype = dtype;
-                    plan.zero_stage = zero_stage;
+                    const int accumulation_steps = plan.shape.gradient_accumulation_steps;
                     plan.memory = predict_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer, shards,
-                                                 plan.accumulation_steps);
-                    plan.cost = predict_cost(config, micro_batch, plan.accumulation_steps, seq_len, policy, dtype,
+                                                 accumulation_steps);
+                    plan.cost = predict_cost(config, micro_batch, accumulation_steps, seq_len, policy, dtype,
                                              options.optimizer, shards, ceilings);
                     plan.peak_bytes = plan.memory.peak_on(options.device);
                     search.plans.push_back(std::move(plan));
@@ -154,13 +135,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
 
 Plan plan_for_budget(const nn::ModelConfig& config, size_t budget, int global_batch, const PlannerOptions& options) {
     const PlanSearch search = search_plans(config, budget, global_batch, options);
-    if (!search.chosen) {
-        const Plan& smallest = search.plans[search.smallest];
-        std::ostringstream message;
-        message << "no plan fits in " << format_bytes(budget) << " (" << budget << " B): the smallest peak any plan reaches is "
-                << format_bytes(smallest.peak_bytes) << " (" << smallest.peak_bytes << " B), with " << smallest.flags();
-        throw NoPlanFits(message.str(), smallest);
-    }
+    if (!search.chosen) throw NoPlanFits(search.no_fit_message(), search.plans[search.smallest]);
     return search.plans[*search.chosen];
 }
 

@@ -12,6 +12,7 @@
 #include "nn/model_config.h"
 #include "planner/cost_model.h"
 #include "planner/memory_model.h"
+#include "planner/step_shape.h"
 
 namespace engine::planner {
 
@@ -19,8 +20,9 @@ struct PlannerOptions {
     Device device = Device::cpu; // whose memory the budget is (on the CPU it holds the offloaded inputs too)
     int seq_len = 0;             // 0: the model's max_seq_len
     OptimizerKind optimizer = OptimizerKind::adamw;
-    DType dtype = DType::f32;    // the precision when allow_bf16 is false
-    bool allow_bf16 = false;     // also search bf16 mixed precision (changes what is learned: opt in)
+    // The precisions searched, in this order. bf16 changes what is learned, so it is opt-in: train_gpt's
+    // --precision auto asks for both.
+    std::vector<Precision> precisions = {Precision::fp32};
     int ranks = 1;               // data-parallel ranks; the global batch is split over them
     bool allow_zero = true;      // with ranks > 1, also search ZeRO stage 1
     bool allow_offload = true;
@@ -28,20 +30,14 @@ struct PlannerOptions {
 };
 
 struct Plan {
-    int micro_batch = 1;         // per rank
-    int accumulation_steps = 1;
+    StepShape shape; // what the trainer runs: TrainerConfig::shape = plan.shape
     int ranks = 1;
-    checkpoint::CheckpointPolicy policy;
-    DType dtype = DType::f32;
-    int zero_stage = 0;
     MemoryPrediction memory;
     StepCost cost;
     size_t peak_bytes = 0; // memory.peak_on(device): what the budget is compared with
 
-    // train_gpt's flags for this plan, e.g. "--per-device-train-batch-size 4 --gradient-accumulation-steps 2
-    // --gradient-checkpointing --every-n-layers 1 --segment-size 1".
-    std::string flags() const;
-    std::string summary() const; // "b 4 x 2, checkpoint every 1 (segments of 1), fp32"
+    std::string flags() const { return shape.flags(); }          // train_gpt's flags for this plan
+    std::string summary() const { return shape.summary(ranks); } // "b 4 x 2, checkpoint every 1, fp32"
 };
 
 // Every plan searched, and which one won.
@@ -51,6 +47,10 @@ struct PlanSearch {
     std::vector<Plan> plans;       // all candidates, least predicted time first (ties: smaller peak)
     std::optional<size_t> chosen;  // index into plans of the fastest plan that fits
     size_t smallest = 0;           // index of the plan with the smallest peak
+
+    // Why nothing fits, when nothing does: the budget, the smallest peak any plan reaches and that plan's flags
+    // (what NoPlanFits and train_gpt's --max-memory error say, without searching again).
+    std::string no_fit_message() const;
 };
 
 // Thrown by plan_for_budget when no plan fits: the message names the smallest peak and that plan's flags.

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/engine.h"
@@ -80,4 +82,26 @@ inline GradcheckResult gradcheck(const std::function<Tensor()>& loss_function, c
     return result;
 }
 
+// The op gradchecks' bound on the max relative error. Central differences with step 1e-5 in f64 carry a
+// truncation error of about h²·f'''/6 ~ 1e-10 relative and a rounding error of about u/h ~ 1e-11; 1e-6 leaves
+// four orders of margin above both while any wrong term of a backward (a missing factor, a transposed index)
+// shows as an error of order 1.
+inline constexpr double gradcheck_tolerance = 1e-6;
+
+// One gradcheck's verdict: prints the measured error (with `what`, when given) and expects it within
+// `tolerance`, naming the worst element. Use EXPECT_GRADCHECK, which reports the caller's line.
+inline void expect_gradcheck(const GradcheckResult& result, const std::string& what,
+                             double tolerance = gradcheck_tolerance) {
+    std::printf("[ measured ] %s: max relative error %.3g\n", what.empty() ? "gradcheck" : what.c_str(),
+                result.max_relative_error);
+    EXPECT_LE(result.max_relative_error, tolerance) << what << " worst: " << result.worst;
+}
+
 } // namespace engine::testing
+
+// EXPECT_GRADCHECK(result) or EXPECT_GRADCHECK(result, what): the result within gradcheck_tolerance.
+#define EXPECT_GRADCHECK(result, ...)                                                                      \
+    do {                                                                                                   \
+        SCOPED_TRACE("EXPECT_GRADCHECK");                                                                  \
+        ::engine::testing::expect_gradcheck((result), std::string(__VA_ARGS__));                           \
+    } while (0)

@@ -151,8 +151,8 @@ TEST(Communicator, TrainerReducesOncePerStepAndWorldSizeOneChangesNothing) {
             const auto communicator = distributed::make_communicator(distributed::Backend::none);
             nn::GPT model({16, 8, 1, 2, 8, 0.0f}, 3, Device::cpu, DType::f32);
             optim::TrainerConfig config;
-            config.per_device_train_batch_size = 2;
-            config.gradient_accumulation_steps = accumulation;
+            config.shape.per_device_train_batch_size = 2;
+            config.shape.gradient_accumulation_steps = accumulation;
             optim::Trainer trainer(model, config);
             if (with_communicator) trainer.set_communicator(communicator.get());
             nn::DataLoader loader(tokens, padded_options(2));

@@ -101,7 +101,7 @@ std::vector<optim::MicroBatch> micro_batches_of(const std::vector<MlpBatch>& bat
 
 TrainerConfig config_with(int accumulation, LossNormalization mode) {
     TrainerConfig config;
-    config.gradient_accumulation_steps = accumulation;
+    config.shape.gradient_accumulation_steps = accumulation;
     config.loss_normalization = mode;
     return config;
 }
@@ -393,7 +393,7 @@ TEST_F(GenericTrainerTest, SeamsRefuseWhatTheyCannotDo) {
     TinyMlp model(DType::f32);
     // A checkpoint policy for a module without checkpointable layers is refused, not ignored.
     TrainerConfig checkpointed = config_with(1, LossNormalization::tokens);
-    checkpointed.gradient_checkpointing = true;
+    checkpointed.shape.checkpointing.enabled = true;
     try {
         ModuleTrainer refused(model, checkpointed);
         FAIL() << "gradient_checkpointing on a module without checkpointable layers must throw";
@@ -418,7 +418,7 @@ TEST_F(GenericTrainerTest, SeamsRefuseWhatTheyCannotDo) {
     EXPECT_TRUE(current_tape().empty());
     // validate() names the field.
     TrainerConfig bad = config_with(1, LossNormalization::tokens);
-    bad.prefetch = true;
+    bad.shape.checkpointing.prefetch = true;
     ASSERT_TRUE(bad.problem().has_value());
     EXPECT_EQ(bad.problem()->field, "prefetch");
     EXPECT_THROW(bad.validate(), EngineError);

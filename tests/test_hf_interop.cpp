@@ -78,8 +78,8 @@ TEST(HuggingFaceInterop, Bf16CheckpointLoadsIntoF32MastersAndTrains) {
     nn::GPT model(config, 1, Device::cpu, DType::f32);
     nn::load_safetensors_into(model, weights);
     optim::TrainerConfig training;
-    training.bf16 = true;
-    training.per_device_train_batch_size = reference.batch;
+    training.shape.precision = Precision::bf16;
+    training.shape.per_device_train_batch_size = reference.batch;
     training.learning_rate = 3e-3;
     training.max_steps = 30;
     optim::Trainer trainer(model, training);

@@ -118,7 +118,7 @@ TEST(LlamaTransformersParity, EveryParameterGradientMatchesTransformers) {
     const Reference reference = read_reference(data_directory + "/hf_llama_tiny.logits");
     const std::map<std::string, Tensor> expected = nn::read_safetensors(data_directory + "/hf_llama_tiny.grads.safetensors");
     optim::TrainerConfig config;
-    config.per_device_train_batch_size = reference.batch;
+    config.shape.per_device_train_batch_size = reference.batch;
     config.max_grad_norm = 0.0;
     optim::Trainer trainer(*model, config);
     nn::Batch batch;

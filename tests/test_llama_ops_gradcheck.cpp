@@ -11,7 +11,6 @@
 namespace engine::testing {
 namespace {
 
-constexpr double tolerance = 1e-6; // as tests/test_ops_gradcheck.cpp: max relative error of the finite differences
 constexpr double float_unit = 1.0 / 16777216.0;              // 2^-24, f32's unit roundoff
 constexpr double double_unit = 1.0 / 9007199254740992.0;     // 2^-53
 
@@ -26,13 +25,6 @@ protected:
     void SetUp() override { current_tape().clear(); }
     std::mt19937_64 generator = fresh_generator();
 };
-
-#define EXPECT_GRADCHECK(result, what)                                                                   \
-    do {                                                                                                 \
-        std::printf("[ measured ] %s: max relative error %.3g\n", std::string(what).c_str(),                \
-                    (result).max_relative_error);                                                        \
-        EXPECT_LE((result).max_relative_error, tolerance) << (what) << " worst: " << (result).worst;      \
-    } while (0)
 
 struct RopeShape {
     int B, T, H, D, P;

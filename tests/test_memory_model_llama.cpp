@@ -94,15 +94,12 @@ Trained train(const nn::LlamaConfig& config, int micro_batch, int accumulation, 
     trained.before = memory_stats(Device::cpu).current_bytes;
     nn::Llama model(config, 11, Device::cpu, DType::f32);
     optim::TrainerConfig trainer_config;
-    trainer_config.per_device_train_batch_size = micro_batch;
-    trainer_config.gradient_accumulation_steps = accumulation;
-    trainer_config.gradient_checkpointing = policy.enabled;
-    trainer_config.every_n_layers = policy.every_n_layers;
-    trainer_config.segment_size = policy.segment_size;
-    trainer_config.offload = policy.offload;
+    trainer_config.shape.per_device_train_batch_size = micro_batch;
+    trainer_config.shape.gradient_accumulation_steps = accumulation;
+    trainer_config.shape.checkpointing = policy;
     trainer_config.learning_rate = 1e-2;
     trainer_config.max_steps = steps;
-    trainer_config.bf16 = bf16;
+    trainer_config.shape.precision = bf16 ? Precision::bf16 : Precision::fp32;
     optim::Trainer trainer(model, trainer_config);
     int cursor = 0;
     const nn::BatchSource source = batches_of(config, micro_batch, length, cursor);
@@ -299,7 +296,7 @@ TEST(PlannerLlama, ChoosesAPlanThatFitsAndIsExactWhenTrained) {
     constexpr int global_batch = 4;
     planner::PlannerOptions options;
     options.ceilings = planner::cpu_ceilings();
-    options.allow_bf16 = true;
+    options.precisions = {Precision::fp32, Precision::bf16};
     const planner::PlanSearch everything = planner::search_plans(config, SIZE_MAX, global_batch, options);
     ASSERT_TRUE(everything.chosen.has_value());
     const size_t smallest = everything.plans[everything.smallest].peak_bytes;
@@ -308,9 +305,9 @@ TEST(PlannerLlama, ChoosesAPlanThatFitsAndIsExactWhenTrained) {
     for (size_t budget : {smallest, (smallest + fastest) / 2, fastest}) {
         const planner::Plan plan = planner::plan_for_budget(config, budget, global_batch, options);
         EXPECT_LE(plan.peak_bytes, budget);
-        EXPECT_EQ(plan.micro_batch * plan.accumulation_steps, global_batch);
-        const Trained trained = train(config, plan.micro_batch, plan.accumulation_steps, config.max_position_embeddings,
-                                      plan.policy, plan.dtype == DType::bf16);
+        EXPECT_EQ(plan.shape.per_device_train_batch_size * plan.shape.gradient_accumulation_steps, global_batch);
+        const Trained trained = train(config, plan.shape.per_device_train_batch_size, plan.shape.gradient_accumulation_steps, config.max_position_embeddings,
+                                      plan.shape.checkpointing, plan.shape.precision == Precision::bf16);
         std::printf("  budget %9zu B -> %-50s predicted %8zu B, measured %8zu / %8zu B\n", budget,
                     plan.summary().c_str(), plan.peak_bytes, trained.peaks[0], trained.peaks[1]);
         for (size_t peak : trained.peaks) {

@@ -52,7 +52,7 @@ protected:
     nn::GPT model{nn::GPTConfig{vocabulary, 8, 2, 2, 16, 0.0f}, 7, Device::cpu, DType::f32};
     optim::TrainerConfig config() const {
         optim::TrainerConfig result;
-        result.gradient_accumulation_steps = 2;
+        result.shape.gradient_accumulation_steps = 2;
         result.max_steps = 10;
         return result;
     }

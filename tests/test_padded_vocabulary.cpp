@@ -118,8 +118,8 @@ TEST(PaddedVocabulary, PaddingRowsStayZeroThroughAdamWSteps) {
     std::mt19937_64 generator = fresh_generator();
     nn::GPT model(config_with_vocabulary(50), 9, Device::cpu, DType::f32);
     optim::TrainerConfig config;
-    config.per_device_train_batch_size = 2;
-    config.gradient_accumulation_steps = 2;
+    config.shape.per_device_train_batch_size = 2;
+    config.shape.gradient_accumulation_steps = 2;
     config.weight_decay = 0.1;
     config.learning_rate = 1e-2;
     config.max_steps = 3;

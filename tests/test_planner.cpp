@@ -51,15 +51,12 @@ Trained train(const nn::GPTConfig& config, int micro_batch, int accumulation, co
     {
         nn::GPT model(config, 11, Device::cpu, DType::f32);
         optim::TrainerConfig trainer_config;
-        trainer_config.per_device_train_batch_size = micro_batch;
-        trainer_config.gradient_accumulation_steps = accumulation;
-        trainer_config.gradient_checkpointing = policy.enabled;
-        trainer_config.every_n_layers = policy.every_n_layers;
-        trainer_config.segment_size = policy.segment_size;
-        trainer_config.offload = policy.offload;
+        trainer_config.shape.per_device_train_batch_size = micro_batch;
+        trainer_config.shape.gradient_accumulation_steps = accumulation;
+        trainer_config.shape.checkpointing = policy;
         trainer_config.learning_rate = 1e-2;
         trainer_config.max_steps = step_count;
-        trainer_config.bf16 = bf16;
+        trainer_config.shape.precision = bf16 ? Precision::bf16 : Precision::fp32;
         optim::Trainer trainer(model, trainer_config);
         int cursor = 0;
         const nn::BatchSource source = global_batches(config, micro_batch, cursor);
@@ -126,7 +123,7 @@ TEST(Planner, GridOfBudgetsFitsMatchesThePredictionAndLearnsTheSame) {
             const planner::Plan plan = planner::plan_for_budget(config, budget, global_batch, options);
             const std::string context = std::string(name) + ", budget " + std::to_string(budget) + ": " + plan.flags();
             if (!runs.contains(plan.flags()))
-                runs[plan.flags()] = train(config, plan.micro_batch, plan.accumulation_steps, plan.policy);
+                runs[plan.flags()] = train(config, plan.shape.per_device_train_batch_size, plan.shape.gradient_accumulation_steps, plan.shape.checkpointing);
             const Trained& trained = runs[plan.flags()];
             std::printf("  %-6s budget %9zu B -> %-44s predicted %8zu B, measured %8zu / %8zu B, %.3f ms\n", name,
                         budget == SIZE_MAX ? 0 : budget, plan.summary().c_str(), plan.peak_bytes, trained.peaks[0],
@@ -134,11 +131,11 @@ TEST(Planner, GridOfBudgetsFitsMatchesThePredictionAndLearnsTheSame) {
             for (int step = 0; step < steps; ++step) {
                 EXPECT_LE(trained.peaks[step], budget) << context;
                 EXPECT_EQ(trained.peaks[step], plan.peak_bytes) << context << ", step " << step + 1;
-                if (plan.micro_batch == global_batch)
+                if (plan.shape.per_device_train_batch_size == global_batch)
                     EXPECT_EQ(trained.losses[step], plain.losses[step]) << context << ": only checkpointing differs";
                 else
                     EXPECT_NEAR(trained.losses[step], plain.losses[step], 1e-5 * plain.losses[step])
-                        << context << ": accumulation over " << plan.accumulation_steps << " micro-batches";
+                        << context << ": accumulation over " << plan.shape.gradient_accumulation_steps << " micro-batches";
             }
             for (const Alternative& alternative : alternatives)
                 if (alternative.peak <= budget)
@@ -237,15 +234,15 @@ TEST(Planner, SearchesPrecisionAndZeroOnlyWhereAllowed) {
     options.device = Device::cuda; // CUDA constants: no measurement, and offload saves device memory there
     options.seq_len = 1024;
     const auto fp32 = planner::search_plans(config, SIZE_MAX, 64, options);
-    for (const planner::Plan& plan : fp32.plans) EXPECT_TRUE(plan.dtype == DType::f32 && plan.zero_stage == 0);
-    options.allow_bf16 = true;
+    for (const planner::Plan& plan : fp32.plans) EXPECT_TRUE(plan.shape.precision == Precision::fp32 && plan.shape.zero_stage == 0);
+    options.precisions = {Precision::fp32, Precision::bf16};
     options.ranks = 8;
     const auto both = planner::search_plans(config, size_t(16) << 30, 64, options);
     const planner::Plan& chosen = both.plans[*both.chosen];
-    EXPECT_EQ(chosen.dtype, DType::bf16) << "bf16 is predicted faster on the tensor cores";
-    EXPECT_EQ(chosen.micro_batch * chosen.accumulation_steps * 8, 64);
+    EXPECT_EQ(chosen.shape.precision, Precision::bf16) << "bf16 is predicted faster on the tensor cores";
+    EXPECT_EQ(chosen.shape.per_device_train_batch_size * chosen.shape.gradient_accumulation_steps * 8, 64);
     bool zero_searched = false;
-    for (const planner::Plan& plan : both.plans) zero_searched = zero_searched || plan.zero_stage == 1;
+    for (const planner::Plan& plan : both.plans) zero_searched = zero_searched || plan.shape.zero_stage == 1;
     EXPECT_TRUE(zero_searched);
     EXPECT_NE(planner::plan_table(both, config).find("why it lost"), std::string::npos);
 }

@@ -8,16 +8,11 @@
 namespace engine::testing {
 namespace {
 
-constexpr double tolerance = 1e-6; // as tests/test_ops_gradcheck.cpp
-
 class PointwiseGradcheck : public ::testing::Test {
 protected:
     void SetUp() override { current_tape().clear(); }
     std::mt19937_64 generator = fresh_generator();
 };
-
-#define EXPECT_GRADCHECK(result) \
-    EXPECT_LE((result).max_relative_error, tolerance) << "worst: " << (result).worst
 
 // Moves values out of [-margin, margin], where relu's kink would meet the finite difference's step.
 void keep_away_from_zero(Tensor& tensor, double margin) {

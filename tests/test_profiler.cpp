@@ -148,7 +148,7 @@ TEST_F(Profiler, TrainerStepFilesTheNormAndTheUpdate) {
     constexpr int vocabulary = 32, time = 12;
     nn::GPT model(nn::GPTConfig{vocabulary, 16, 2, 2, 16, 0.0f}, 1234, Device::cpu, DType::f32);
     optim::TrainerConfig config;
-    config.per_device_train_batch_size = 2;
+    config.shape.per_device_train_batch_size = 2;
     config.max_steps = 3;
     optim::Trainer trainer(model, config);
     std::uniform_int_distribution<int> token(0, vocabulary - 1);

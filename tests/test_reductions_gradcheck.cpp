@@ -11,20 +11,11 @@
 namespace engine::testing {
 namespace {
 
-constexpr double tolerance = 1e-6; // as tests/test_ops_gradcheck.cpp: max relative error of the finite differences
-
 class ReductionsGradcheck : public ::testing::Test {
 protected:
     void SetUp() override { current_tape().clear(); }
     std::mt19937_64 generator = fresh_generator();
 };
-
-#define EXPECT_GRADCHECK(result, what)                                                                   \
-    do {                                                                                                 \
-        std::printf("[ measured ] %s: max relative error %.3g\n", std::string(what).c_str(),                \
-                    (result).max_relative_error);                                                        \
-        EXPECT_LE((result).max_relative_error, tolerance) << (what) << " worst: " << (result).worst;      \
-    } while (0)
 
 const Shape cube = {3, 4, 5};
 const std::vector<int64_t> every_dimension = {0, 1, 2, -1, -2, -3};

@@ -30,15 +30,15 @@ nn::GPTConfig model_config() {
 
 optim::TrainerConfig trainer_config() {
     optim::TrainerConfig config;
-    config.per_device_train_batch_size = 2;
-    config.gradient_accumulation_steps = 3;
+    config.shape.per_device_train_batch_size = 2;
+    config.shape.gradient_accumulation_steps = 3;
     config.learning_rate = 3e-3;
     config.weight_decay = 0.1;
     config.lr_scheduler_type = "cosine";
     config.warmup_steps = 2;
     config.max_steps = 2 * half_steps;
-    config.gradient_checkpointing = true;
-    config.every_n_layers = 1;
+    config.shape.checkpointing.enabled = true;
+    config.shape.checkpointing.every_n_layers = 1;
     config.seed = 7;
     return config;
 }

@@ -77,8 +77,8 @@ nn::BatchSource source_of(std::vector<Batch> batches, int* pulled = nullptr) {
 
 TrainerConfig config_with(int accumulation, LossNormalization mode) {
     TrainerConfig config;
-    config.per_device_train_batch_size = 2;
-    config.gradient_accumulation_steps = accumulation;
+    config.shape.per_device_train_batch_size = 2;
+    config.shape.gradient_accumulation_steps = accumulation;
     config.loss_normalization = mode;
     config.max_steps = 10;
     return config;
@@ -237,8 +237,8 @@ TEST_F(TrainerTest, AdamWStepAfterAccumulationEqualsStepOnBigBatch) {
     Trainer accumulated_trainer(accumulated, config);
     const optim::StepResult small_steps = *accumulated_trainer.train_step(source_of(micro));
 
-    config.gradient_accumulation_steps = 1;
-    config.per_device_train_batch_size = 6;
+    config.shape.gradient_accumulation_steps = 1;
+    config.shape.per_device_train_batch_size = 6;
     nn::GPT big(small_config(), model_seed, Device::cpu, DType::f64);
     Trainer big_trainer(big, config);
     const optim::StepResult big_step = *big_trainer.train_step(source_of({concatenate(micro)}));
@@ -337,7 +337,7 @@ TEST_F(TrainerTest, ReportedLossIsTheTrueTokenMeanInBothModes) {
         nn::GPT model(small_config(), model_seed, Device::cpu, DType::f64);
         Trainer trainer(model, config_with(3, mode));
         const optim::StepResult result = *trainer.train_step(source_of(micro));
-        EXPECT_NEAR(result.loss, expected, 1e-12 * expected) << optim::loss_normalization_name(mode);
+        EXPECT_NEAR(result.loss, expected, 1e-12 * expected) << mode.name();
         EXPECT_EQ(result.num_items_in_batch, 32);
         EXPECT_EQ(result.tokens, 3 * 2 * time_steps);
         EXPECT_GT(result.tokens_per_second, 0.0);

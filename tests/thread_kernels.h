@@ -225,8 +225,8 @@ inline Outputs run_kernels() {
 // the steps and every gradient of the last backward.
 inline void run_training(Outputs& outputs, const std::string& name, nn::CausalLM& model, int vocab) {
     optim::TrainerConfig config;
-    config.per_device_train_batch_size = batch;
-    config.gradient_accumulation_steps = 2;
+    config.shape.per_device_train_batch_size = batch;
+    config.shape.gradient_accumulation_steps = 2;
     config.learning_rate = 1e-3;
     config.weight_decay = 0.1;
     config.max_grad_norm = 1.0;

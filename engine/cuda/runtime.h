@@ -1,5 +1,5 @@
 // The CUDA device layer as the rest of the engine sees it: plain C++ declarations, no CUDA headers. Every
-// build has them: without CUDA they are engine/cuda_absent.cpp's stubs (device_available() is false, the rest
+// build has them: without CUDA they are engine/cuda/absent.cpp's stubs (device_available() is false, the rest
 // throw "built without CUDA"), so no code outside the device layer needs an `#if ENGINE_HAS_CUDA`.
 #pragma once
 
@@ -16,6 +16,9 @@ struct cublasLtContext;
 using cublasLtHandle_t = cublasLtContext*;
 
 namespace engine::cuda {
+
+// Whether this build has the CUDA backend (nvcc, or the emulated device); a device may still be absent.
+inline constexpr bool backend_built = ENGINE_HAS_CUDA != 0;
 
 // True when the runtime finds at least one CUDA device; never throws.
 bool device_available();

@@ -6,10 +6,6 @@
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
 #include "engine/ops.h"
-#include "kernels/cpu/llama_kernels.h"
-#if ENGINE_HAS_CUDA
-#include "kernels/cuda/llama_kernels.h"
-#endif
 
 namespace engine {
 using namespace detail;

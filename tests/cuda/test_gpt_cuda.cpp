@@ -57,11 +57,11 @@ TEST(GptCudaAllocator, SteadyStateStepMakesNoSystemAllocation) {
     const nn::GPTConfig config = small_gpt_config();
     nn::GPT model(config, 7, Device::cuda);
     optim::TrainerConfig trainer_config;
-    trainer_config.per_device_train_batch_size = batch;
-    trainer_config.gradient_accumulation_steps = micro_batch_count;
-    trainer_config.gradient_checkpointing = true;
-    trainer_config.every_n_layers = 2;
-    trainer_config.offload = true;
+    trainer_config.shape.per_device_train_batch_size = batch;
+    trainer_config.shape.gradient_accumulation_steps = micro_batch_count;
+    trainer_config.shape.checkpointing.enabled = true;
+    trainer_config.shape.checkpointing.every_n_layers = 2;
+    trainer_config.shape.checkpointing.offload = true;
     optim::Trainer trainer(model, trainer_config);
 
     const auto micro_batches = make_micro_batches(config, micro_batch_count, batch);

@@ -3,8 +3,8 @@
 // Why a second header rather than more includes in engine/engine.h: engine.h is the engine layer's own
 // umbrella, and nn/, checkpoint/ and optim/ include it (docs/ARCHITECTURE.md: each layer uses only the layers
 // before it), so engine.h including them would point the arrows back up the list and make the includes
-// circular. This header sits in engine/ only so that a program writes `#include "engine/all.h"`; it belongs to
-// no layer, and no library source includes it: it is for programs (examples/, bench/, downstream users).
+// circular. This header sits at the top of the tree, above every room it includes, and no library source
+// includes it: it is for programs (examples/, downstream users), which write `#include "libengine.h"`.
 #pragma once
 
 #include "engine/engine.h"

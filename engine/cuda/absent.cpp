@@ -1,6 +1,6 @@
 // The one stub of the CUDA device layer (engine/cuda/runtime.h) for builds without CUDA: no device is
-// available, and anything that needs one throws "built without CUDA" naming the call.
-#if !ENGINE_HAS_CUDA
+// available, and anything that needs one throws "built without CUDA" naming the call. CMake compiles it only
+// when the backend is absent (ENGINE_CUDA=OFF, or AUTO without nvcc).
 #include "base/error.h"
 #include "engine/cuda/runtime.h"
 
@@ -48,4 +48,3 @@ void copy_to_device_async(void*, const void*, size_t, StreamEvent&) { absent("co
 void copy_to_host_async(void*, const void*, size_t, StreamEvent&) { absent("copy_to_host_async"); }
 
 } // namespace engine::cuda
-#endif

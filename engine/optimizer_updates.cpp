@@ -1,0 +1,76 @@
+// The optimizers' update kernels behind tensors: range and device checks, then one dispatch per update.
+#include "engine/optimizer_updates.h"
+
+#include "engine/dispatch.h"
+
+namespace engine {
+using namespace detail;
+namespace {
+
+// The parameter's range [first, first + count) and every state tensor: one device, one dtype, state of `count`
+// elements. Checked before any kernel runs, so a bad call changes nothing.
+void check_update(const char* op, const Tensor& parameter, const Tensor& gradient,
+                  std::initializer_list<const Tensor*> states, int64_t first, int64_t count) {
+    ENGINE_CHECK(parameter.defined() && gradient.defined(), op << ": parameter and gradient must be defined");
+    ENGINE_CHECK(is_floating(parameter.dtype()), op << ": parameter " << parameter.describe() << " is not floating");
+    ENGINE_CHECK(gradient.numel() == parameter.numel(),
+                 op << ": gradient " << gradient.describe() << " does not match parameter " << parameter.describe());
+    ENGINE_CHECK(first >= 0 && count >= 0 && first + count <= parameter.numel(),
+                 op << ": range [" << first << ", " << first + count << ") is outside parameter "
+                    << parameter.describe());
+    check_same_device(op, parameter, gradient);
+    check_same_dtype(op, parameter, gradient);
+    for (const Tensor* state : states) {
+        ENGINE_CHECK(state->defined() && state->numel() == count,
+                     op << ": state " << (state->defined() ? state->describe() : std::string("none")) << " must hold "
+                        << count << " elements");
+        check_same_device(op, parameter, *state);
+        check_same_dtype(op, parameter, *state);
+    }
+}
+
+} // namespace
+
+void adamw_update(const Tensor& parameter, const Tensor& gradient, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                  int64_t first, int64_t count, const AdamWUpdate& update) {
+    constexpr const char* op = "adamw";
+    check_update(op, parameter, gradient, {&exp_avg, &exp_avg_sq}, first, count);
+    if (count == 0) return;
+    const AdamWUpdate& u = update;
+    if (parameter.device() == Device::cpu) {
+        dispatch_floating(op, parameter.dtype(), [&]<typename T>() {
+            kernels::cpu::adamw_update<T>(parameter.data<T>() + first, gradient.data<T>() + first, exp_avg.data<T>(),
+                                          exp_avg_sq.data<T>(), count, u.learning_rate, u.beta1, u.beta2, u.epsilon,
+                                          u.weight_decay, u.bias_correction1, u.bias_correction2, u.grad_scale);
+        });
+    } else {
+        ENGINE_ON_CUDA(op, parameter.dtype(),
+                       kernels::cuda::adamw_update(parameter.data<float>() + first, gradient.data<float>() + first,
+                                                   exp_avg.data<float>(), exp_avg_sq.data<float>(), count,
+                                                   u.learning_rate, u.beta1, u.beta2, u.epsilon, u.weight_decay,
+                                                   u.bias_correction1, u.bias_correction2, u.grad_scale,
+                                                   cuda::compute_stream()));
+    }
+}
+
+void sgd_update(const Tensor& parameter, const Tensor& gradient, const Tensor& momentum_buffer, int64_t first,
+                int64_t count, const SGDUpdate& update) {
+    constexpr const char* op = "sgd";
+    check_update(op, parameter, gradient, {&momentum_buffer}, first, count);
+    if (count == 0) return;
+    const SGDUpdate& u = update;
+    if (parameter.device() == Device::cpu) {
+        dispatch_floating(op, parameter.dtype(), [&]<typename T>() {
+            kernels::cpu::sgd_update<T>(parameter.data<T>() + first, gradient.data<T>() + first,
+                                        momentum_buffer.data<T>(), count, u.learning_rate, u.momentum,
+                                        u.weight_decay, u.grad_scale);
+        });
+    } else {
+        ENGINE_ON_CUDA(op, parameter.dtype(),
+                       kernels::cuda::sgd_update(parameter.data<float>() + first, gradient.data<float>() + first,
+                                                 momentum_buffer.data<float>(), count, u.learning_rate, u.momentum,
+                                                 u.weight_decay, u.grad_scale, cuda::compute_stream()));
+    }
+}
+
+} // namespace engine

@@ -1,0 +1,42 @@
+// The optimizers' update kernels on tensors: the checks and the CPU/CUDA dispatch, so that optim/ reaches the
+// kernels only through the engine, as every op does. Each updates one contiguous range of a parameter (the
+// whole tensor, or a ZeRO-1 shard) from the same range of its gradient and the range's own state tensors.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/tensor.h"
+
+namespace engine {
+
+// Hyperparameters of one AdamW update, as the kernels take them (float; the bias corrections computed in
+// double by the caller and rounded once).
+struct AdamWUpdate {
+    float learning_rate = 0.0f;
+    float beta1 = 0.0f;
+    float beta2 = 0.0f;
+    float epsilon = 0.0f;
+    float weight_decay = 0.0f; // decoupled: p -= lr * weight_decay * p
+    float bias_correction1 = 1.0f;
+    float bias_correction2 = 1.0f;
+    float grad_scale = 1.0f; // the clip coefficient (and the ranks' average), fused into the update
+};
+
+// p, grad: elements [first, first + count) of parameter and gradient; exp_avg, exp_avg_sq: count elements
+// (docs/TRAINING.md has the formula). All on one device, one floating dtype (f32 on CUDA).
+void adamw_update(const Tensor& parameter, const Tensor& gradient, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                  int64_t first, int64_t count, const AdamWUpdate& update);
+
+// SGD with momentum, PyTorch's semantics (coupled weight decay, no dampening, no Nesterov).
+struct SGDUpdate {
+    float learning_rate = 0.0f;
+    float momentum = 0.0f;
+    float weight_decay = 0.0f;
+    float grad_scale = 1.0f;
+};
+
+// p, grad: elements [first, first + count) of parameter and gradient; momentum_buffer: count elements.
+void sgd_update(const Tensor& parameter, const Tensor& gradient, const Tensor& momentum_buffer, int64_t first,
+                int64_t count, const SGDUpdate& update);
+
+} // namespace engine

@@ -1,0 +1,79 @@
+// The step shape's rules, names and flags (planner/step_shape.h).
+#include "planner/step_shape.h"
+
+#include <sstream>
+
+namespace engine {
+
+Precision parse_precision(const std::string& name) {
+    if (name == "fp32") return Precision::fp32;
+    if (name == "bf16") return Precision::bf16;
+    ENGINE_FAIL("precision: unknown precision '" << name << "' (known: fp32, bf16)");
+}
+
+const char* precision_name(Precision precision) { return precision == Precision::bf16 ? "bf16" : "fp32"; }
+
+DType precision_dtype(Precision precision) { return precision == Precision::bf16 ? DType::bf16 : DType::f32; }
+
+OptimizerKind parse_optimizer_kind(const std::string& name) {
+    if (name == "adamw") return OptimizerKind::adamw;
+    if (name == "sgd") return OptimizerKind::sgd;
+    ENGINE_FAIL("optimizer: unknown optimizer '" << name << "' (known: adamw, sgd)");
+}
+
+const char* optimizer_kind_name(OptimizerKind kind) {
+    return kind == OptimizerKind::adamw ? "adamw" : kind == OptimizerKind::sgd ? "sgd" : "none";
+}
+
+int optimizer_state_tensors(OptimizerKind kind) {
+    return kind == OptimizerKind::adamw ? 2 : kind == OptimizerKind::sgd ? 1 : 0;
+}
+
+std::optional<ConfigProblem> StepShape::problem() const {
+    if (per_device_train_batch_size <= 0)
+        return ConfigProblem{"per_device_train_batch_size",
+                             "must be positive, got " + std::to_string(per_device_train_batch_size)};
+    if (gradient_accumulation_steps <= 0)
+        return ConfigProblem{"gradient_accumulation_steps",
+                             "must be positive, got " + std::to_string(gradient_accumulation_steps)};
+    if (std::optional<ConfigProblem> found = checkpointing.problem()) return found;
+    // The checkpoint layer ignores these combinations; a run that asks for them has made a mistake.
+    if (checkpointing.offload && !checkpointing.enabled)
+        return ConfigProblem{"offload", "moves checkpointed segment inputs to host memory, so it needs gradient_checkpointing"};
+    if (checkpointing.prefetch && !checkpointing.offload)
+        return ConfigProblem{"prefetch", "prefetches offloaded inputs, so it needs offload"};
+    if (zero_stage != 0 && zero_stage != 1)
+        return ConfigProblem{"zero_stage", "must be 0 or 1, got " + std::to_string(zero_stage)};
+    return std::nullopt;
+}
+
+std::string StepShape::flags() const {
+    std::ostringstream text;
+    text << "--per-device-train-batch-size " << per_device_train_batch_size << " --gradient-accumulation-steps "
+         << gradient_accumulation_steps;
+    if (checkpointing.enabled) {
+        text << " --gradient-checkpointing --every-n-layers " << checkpointing.every_n_layers << " --segment-size "
+             << checkpointing.segment_size;
+        if (checkpointing.offload) text << " --offload";
+        if (checkpointing.prefetch) text << " --prefetch";
+    }
+    text << " --precision " << precision_name(precision);
+    if (zero_stage > 0) text << " --zero-stage " << zero_stage;
+    return text.str();
+}
+
+std::string StepShape::summary(int ranks) const {
+    std::ostringstream text;
+    text << "b " << per_device_train_batch_size << " x " << gradient_accumulation_steps;
+    if (ranks > 1) text << " x " << ranks << " ranks";
+    text << ", ";
+    if (!checkpointing.enabled) text << "no checkpointing";
+    else if (checkpointing.segment_size != 1) text << "segments of " << checkpointing.segment_size;
+    else text << "checkpoint every " << checkpointing.every_n_layers;
+    if (checkpointing.offload) text << " + offload";
+    text << ", " << precision_name(precision);
+    if (zero_stage > 0) text << ", ZeRO-" << zero_stage;
+    return text.str();
+}
+
+} // namespace engine

@@ -1,0 +1,54 @@
+// The shape of one optimizer step: what the planner chooses (planner/planner.h) and the trainer carries out
+// (TrainerConfig::shape, optim/trainer_config.h), one value for both, so that a plan becomes a run by one
+// assignment; with the two kinds it names, the precision and the optimizer. These are the vocabulary the
+// planner, the trainer and train_gpt share, so they live in namespace engine, in the lower of the two rooms
+// that use them (the planner sits below optim: docs/ARCHITECTURE.md).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "base/error.h"
+#include "checkpoint/checkpoint.h"
+#include "engine/dtype.h"
+
+namespace engine {
+
+// How a step computes. fp32: in the parameters' own dtype (f32 for every model train_gpt builds; the
+// gradient checks' f64 models stay f64). bf16: mixed precision as Hugging Face's `bf16`: bf16 working copies,
+// activations, saved and offloaded tensors; f32 masters, gradient buffers and optimizer state.
+enum class Precision { fp32, bf16 };
+Precision parse_precision(const std::string& name); // "fp32" | "bf16"; throws EngineError otherwise
+const char* precision_name(Precision precision);     // "fp32" | "bf16"
+// The dtype a step's activations are stored in, for a model of f32 parameters.
+DType precision_dtype(Precision precision);
+
+// Which optimizer ends the step. none is the bare step of the memory model (no state); a trainer needs one
+// of the others.
+enum class OptimizerKind { none, sgd, adamw };
+OptimizerKind parse_optimizer_kind(const std::string& name); // "adamw" | "sgd"; throws EngineError otherwise
+const char* optimizer_kind_name(OptimizerKind kind);         // "adamw" | "sgd" | "none"
+// State tensors the optimizer keeps per parameter: AdamW's two moments, SGD's momentum buffer, none's none.
+int optimizer_state_tensors(OptimizerKind kind);
+
+// The fields keep Hugging Face's TrainingArguments names, which are also train_gpt's flags.
+struct StepShape {
+    int per_device_train_batch_size = 8;        // sequences per micro-batch (per rank)
+    int gradient_accumulation_steps = 1;        // N micro-batches per optimizer step
+    checkpoint::CheckpointPolicy checkpointing; // gradient_checkpointing, every_n_layers, segment_size, offload, prefetch
+    Precision precision = Precision::fp32;
+    // 1: ZeRO stage 1, each of the N data-parallel ranks keeping the optimizer state of 1/N of the parameters
+    // (optim/zero.h); 0: every rank keeps all of it.
+    int zero_stage = 0;
+
+    // Every rule on these fields, the checkpoint policy's included: the first broken one, or nullopt.
+    std::optional<ConfigProblem> problem() const;
+    // train_gpt's flags for this shape, e.g. "--per-device-train-batch-size 4 --gradient-accumulation-steps 2
+    // --gradient-checkpointing --every-n-layers 1 --segment-size 1 --precision fp32".
+    std::string flags() const;
+    // "b 4 x 2, checkpoint every 1 (segments of 1), fp32"; with ranks > 1 "b 4 x 2 x 8 ranks, ...".
+    std::string summary(int ranks = 1) const;
+    bool operator==(const StepShape&) const = default;
+};
+
+} // namespace engine
