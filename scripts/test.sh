@@ -11,7 +11,13 @@ build_dir=${ENGINE_BUILD_DIR:-build}
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENGINE_CUDA="${ENGINE_CUDA:-AUTO}" \
   -DENGINE_MPI="${ENGINE_MPI:-ON}" >/dev/null
 cmake --build "$build_dir" -j "$(nproc)"
-ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" --timeout 900
+ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" --timeout 900 | tee "$build_dir/ctest.log"
+# The transformers round trips skip (exit 77) where their Python packages are missing; install_deps.sh
+# installs them, so a skip here is an oracle that never ran: a failure.
+if grep -E "(hf_roundtrip|hf_llama_roundtrip) .*Skipped" "$build_dir/ctest.log"; then
+  echo "test.sh: a transformers round trip was skipped; install_deps.sh should have installed its packages" >&2
+  exit 1
+fi
 # Then the stages after the main suite, each of which a quick local run can leave out:
 # - the CUDA kernels on the emulated device (scripts/emulated_cuda.sh, docs/CUDA.md); ENGINE_SKIP_EMULATED_CUDA=1
 # - the CPU and emulated-CUDA suites again under ASan + UBSan (docs/RELIABILITY.md); ENGINE_SKIP_SANITIZE=1
