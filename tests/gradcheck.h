@@ -23,6 +23,15 @@ inline std::mt19937_64 fresh_generator() {
     return std::mt19937_64(seed);
 }
 
+// A test that starts and ends on an empty tape, with a fresh generator whose seed it prints: the fixture of the
+// op, trainer and checkpoint suites (class OpGradcheck : public TapeTest {};).
+class TapeTest : public ::testing::Test {
+protected:
+    void SetUp() override { current_tape().clear(); }
+    void TearDown() override { current_tape().clear(); }
+    std::mt19937_64 generator = fresh_generator();
+};
+
 inline Tensor random_tensor(std::mt19937_64& generator, const Shape& shape, DType dtype = DType::f64,
                             double scale = 1.0, Device device = Device::cpu) {
     std::normal_distribution<double> normal(0.0, scale);

@@ -10,12 +10,7 @@
 namespace engine::testing {
 namespace {
 
-class Autograd : public ::testing::Test {
-protected:
-    void SetUp() override { current_tape().clear(); }
-    void TearDown() override { current_tape().clear(); }
-    std::mt19937_64 generator = fresh_generator();
-};
+class Autograd : public TapeTest {};
 
 Tensor small_model_loss(const Tensor& input, const Tensor& weight, const Tensor& bias) {
     return sum(gelu(linear(input, weight, bias)));

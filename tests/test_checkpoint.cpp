@@ -116,12 +116,7 @@ StepResult accumulated_step(const CheckpointPolicy& policy, const std::vector<Mi
     return result;
 }
 
-class Checkpoint : public ::testing::Test {
-protected:
-    void SetUp() override { current_tape().clear(); }
-    void TearDown() override { current_tape().clear(); }
-    std::mt19937_64 generator = fresh_generator();
-};
+class Checkpoint : public TapeTest {};
 
 TEST_F(Checkpoint, EveryPolicyIsBitwiseIdenticalWithAccumulationAndDropout) {
     const std::vector<MicroBatch> batches = make_micro_batches(generator, 3, small_config().vocab_size);

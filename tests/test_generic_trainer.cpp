@@ -167,11 +167,7 @@ TEST_P(GenericTrainer, TokenModeUnevenMicroBatchesEqualOneBigBatch) {
 INSTANTIATE_TEST_SUITE_P(Precision, GenericTrainer, ::testing::Values(DType::f64, DType::f32),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
-class GenericTrainerTest : public ::testing::Test {
-protected:
-    void SetUp() override { current_tape().clear(); }
-    std::mt19937_64 generator = fresh_generator();
-};
+class GenericTrainerTest : public TapeTest {};
 
 TEST_F(GenericTrainerTest, TokenAndMeanModeDifferExactlyAsTheSpecSays) {
     // The oracle: each micro-batch alone (N = 1, where both modes are sum_k / items_k) gives M_k, the gradient

@@ -10,12 +10,7 @@
 namespace engine::testing {
 namespace {
 
-class GPTModel : public ::testing::Test {
-protected:
-    void SetUp() override { current_tape().clear(); }
-    void TearDown() override { current_tape().clear(); }
-    std::mt19937_64 generator = fresh_generator();
-};
+class GPTModel : public TapeTest {};
 
 Tensor random_tokens(std::mt19937_64& generator, int rows, int time, int vocabulary) {
     std::uniform_int_distribution<int> token(0, vocabulary - 1);

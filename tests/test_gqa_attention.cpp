@@ -20,11 +20,7 @@ std::string describe(const GqaShape& shape) {
            std::to_string(shape.head_size);
 }
 
-class GqaAttention : public ::testing::Test {
-protected:
-    void SetUp() override { current_tape().clear(); }
-    std::mt19937_64 generator = fresh_generator();
-};
+class GqaAttention : public TapeTest {};
 
 // Finite differences (gradcheck.h's 1e-6 relative, the op gradchecks' tolerance) through the whole qkv:
 // groups of 2 and 6 query heads, and KVH == NH (plain multi-head through the new overload).

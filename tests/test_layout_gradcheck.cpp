@@ -9,11 +9,7 @@
 namespace engine::testing {
 namespace {
 
-class LayoutGradcheck : public ::testing::Test {
-protected:
-    void SetUp() override { current_tape().clear(); }
-    std::mt19937_64 generator = fresh_generator();
-};
+class LayoutGradcheck : public TapeTest {};
 
 // Row-major strides of a shape.
 std::vector<int64_t> strides_of(const Shape& shape) {

@@ -20,11 +20,7 @@ std::vector<double> doubles_of(const Tensor& tensor) {
     return tensor.dtype() == DType::f64 ? tensor.to_vector<double>() : cast(tensor, DType::f64).to_vector<double>();
 }
 
-class LlamaOpsGradcheck : public ::testing::Test {
-protected:
-    void SetUp() override { current_tape().clear(); }
-    std::mt19937_64 generator = fresh_generator();
-};
+class LlamaOpsGradcheck : public TapeTest {};
 
 struct RopeShape {
     int B, T, H, D, P;

@@ -11,6 +11,7 @@
 #include "llama_step.h"
 #include "optim/trainer.h"
 #include "planner/planner.h"
+#include "token_stream.h"
 
 namespace engine::testing {
 namespace {
@@ -63,23 +64,6 @@ Measured measure(const nn::LlamaConfig& config, int batch, int seq_len, DType dt
     return measured;
 }
 
-// Sequences of `length` tokens from a fixed stream, `micro_batch` at a time, labels equal to the inputs (the
-// trainer shifts them).
-nn::BatchSource batches_of(const nn::LlamaConfig& config, int micro_batch, int length, int& cursor) {
-    return [&config, micro_batch, length, &cursor]() -> std::optional<nn::Batch> {
-        std::vector<int32_t> tokens(static_cast<size_t>(micro_batch) * length);
-        for (size_t index = 0; index < tokens.size(); ++index) {
-            const uint64_t position = static_cast<uint64_t>(cursor) * length + index;
-            tokens[index] = static_cast<int32_t>((position * 2654435761u + position / 7) % config.vocab_size);
-        }
-        cursor += micro_batch;
-        nn::Batch batch;
-        batch.inputs = Tensor::from_vector(tokens, {micro_batch, length}, Device::cpu);
-        batch.labels = Tensor::from_vector(tokens, {micro_batch, length}, Device::cpu);
-        return batch;
-    };
-}
-
 struct Trained {
     std::vector<size_t> peaks; // each step's joint peak above what the process held before the model
     std::vector<MemoryStats> memory;
@@ -102,7 +86,7 @@ Trained train(const nn::LlamaConfig& config, int micro_batch, int accumulation, 
     trainer_config.shape.precision = bf16 ? Precision::bf16 : Precision::fp32;
     optim::Trainer trainer(model, trainer_config);
     int cursor = 0;
-    const nn::BatchSource source = batches_of(config, micro_batch, length, cursor);
+    const nn::BatchSource source = token_stream_batches(config.vocab_size, micro_batch, length, cursor);
     for (int step = 0; step < steps; ++step) {
         const optim::StepResult result = *trainer.train_step(source);
         EXPECT_TRUE(std::isfinite(result.loss));

@@ -5,11 +5,7 @@
 namespace engine::testing {
 namespace {
 
-class OpGradcheck : public ::testing::Test {
-protected:
-    void SetUp() override { current_tape().clear(); }
-    std::mt19937_64 generator = fresh_generator();
-};
+class OpGradcheck : public TapeTest {};
 
 TEST_F(OpGradcheck, Embedding) {
     const int batch = 2, time = 5, channels = 6, vocabulary = 11, max_time = 7;

@@ -10,6 +10,7 @@
 
 #include "optim/trainer.h"
 #include "planner/planner.h"
+#include "token_stream.h"
 
 namespace engine::testing {
 namespace {
@@ -18,24 +19,6 @@ using checkpoint::CheckpointPolicy;
 
 constexpr int global_batch = 8;
 constexpr int steps = 2;
-
-// The same sequences whatever the micro-batch: step s holds sequences s*S .. s*S+S-1 of a fixed stream, cut
-// into consecutive micro-batches, so every plan sees the same global batches.
-nn::BatchSource global_batches(const nn::GPTConfig& config, int micro_batch, int& cursor) {
-    return [&config, micro_batch, &cursor]() -> std::optional<nn::Batch> {
-        const int length = config.max_seq_len;
-        std::vector<int32_t> tokens(static_cast<size_t>(micro_batch) * length);
-        for (size_t index = 0; index < tokens.size(); ++index) {
-            const uint64_t position = static_cast<uint64_t>(cursor) * length + index;
-            tokens[index] = static_cast<int32_t>((position * 2654435761u + position / 7) % config.vocab_size);
-        }
-        cursor += micro_batch;
-        nn::Batch batch;
-        batch.inputs = Tensor::from_vector(tokens, {micro_batch, length}, Device::cpu);
-        batch.labels = Tensor::from_vector(tokens, {micro_batch, length}, Device::cpu);
-        return batch;
-    };
-}
 
 struct Trained {
     std::vector<double> seconds; // each step's wall time
@@ -59,7 +42,7 @@ Trained train(const nn::GPTConfig& config, int micro_batch, int accumulation, co
         trainer_config.shape.precision = bf16 ? Precision::bf16 : Precision::fp32;
         optim::Trainer trainer(model, trainer_config);
         int cursor = 0;
-        const nn::BatchSource source = global_batches(config, micro_batch, cursor);
+        const nn::BatchSource source = token_stream_batches(config.vocab_size, micro_batch, config.max_seq_len, cursor);
         for (int step = 0; step < step_count; ++step) {
             const optim::StepResult result = *trainer.train_step(source);
             trained.seconds.push_back(result.seconds);

@@ -8,11 +8,7 @@
 namespace engine::testing {
 namespace {
 
-class PointwiseGradcheck : public ::testing::Test {
-protected:
-    void SetUp() override { current_tape().clear(); }
-    std::mt19937_64 generator = fresh_generator();
-};
+class PointwiseGradcheck : public TapeTest {};
 
 // Moves values out of [-margin, margin], where relu's kink would meet the finite difference's step.
 void keep_away_from_zero(Tensor& tensor, double margin) {

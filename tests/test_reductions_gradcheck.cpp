@@ -11,11 +11,7 @@
 namespace engine::testing {
 namespace {
 
-class ReductionsGradcheck : public ::testing::Test {
-protected:
-    void SetUp() override { current_tape().clear(); }
-    std::mt19937_64 generator = fresh_generator();
-};
+class ReductionsGradcheck : public TapeTest {};
 
 const Shape cube = {3, 4, 5};
 const std::vector<int64_t> every_dimension = {0, 1, 2, -1, -2, -3};

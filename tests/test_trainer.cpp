@@ -221,11 +221,7 @@ TEST_P(GradientAccumulation, LastPartialWindowInMeanModeDividesByTheBatchesItHas
 INSTANTIATE_TEST_SUITE_P(Precision, GradientAccumulation, ::testing::Values(DType::f64, DType::f32, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
-class TrainerTest : public ::testing::Test {
-protected:
-    void SetUp() override { current_tape().clear(); }
-    std::mt19937_64 generator = fresh_generator();
-};
+class TrainerTest : public TapeTest {};
 
 TEST_F(TrainerTest, AdamWStepAfterAccumulationEqualsStepOnBigBatch) {
     const std::vector<Batch> micro = padded_micro_batches(generator);
