@@ -1,12 +1,12 @@
 // Layernorm over the last dimension, warp per row (CUDA twin of kernels/cpu/layernorm.cpp). Rows move in
 // 128-bit packs when C % 4 == 0 and every pointer is 16-byte aligned. Backward is one fused row pass (dinp
-// plus per-block dweight/dbias partials) and a fixed-order column pass (kernels/cuda/column_sums.h). Storage
+// plus per-block dweight/dbias partials) and a fixed-order column pass (kernels/cuda/column_sums.cuh). Storage
 // T is float or bf16 (out, inp, weight, bias, dinp, dout); statistics, partials and dweight/dbias are float.
 #include <algorithm>
 
 #include "base/cuda/launch.h"
 #include "base/error.h"
-#include "kernels/cuda/column_sums.h"
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/grid.h"
 #include "kernels/cuda/packs.cuh"

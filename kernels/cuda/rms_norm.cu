@@ -1,13 +1,13 @@
 // RMS normalisation over the last dimension, warp per row (CUDA twin of kernels/cpu/rms_norm.cpp). Rows move
 // in 128-bit packs when C % 4 == 0 and every pointer is 16-byte aligned. Backward is one fused row pass (dinp
-// plus per-block dweight partials in shared memory) and the fixed-order column pass of kernels/cuda/column_sums.h,
+// plus per-block dweight partials in shared memory) and the fixed-order column pass of kernels/cuda/column_sums.cuh,
 // so dweight is bitwise reproducible. Bounded by memory bandwidth (forward reads the row twice, from L1/L2 the
 // second time). Storage T is float or bf16; rstd, partials and dweight are float.
 #include <algorithm>
 
 #include "base/cuda/launch.h"
 #include "base/error.h"
-#include "kernels/cuda/column_sums.h"
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/grid.h"
 #include "kernels/cuda/packs.cuh"
