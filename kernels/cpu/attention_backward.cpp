@@ -1,10 +1,10 @@
 // Causal grouped-query self-attention backward, recomputing the probabilities from q, k and the saved logsumexp:
 // the reference for the CUDA twin kernels/cuda/attention_backward.cu. f64 is the specification (plain loops in
 // double, used by the gradchecks). f32 computes in float through the BLAS: per (batch, kv head) block and query
-// head, S and dP by sgemm, dS elementwise, and dV, dQ, dK added into dqkv by sgemm with beta = 1. bf16: f32
-// arithmetic, P and dS rounded to bf16 before their products (as the tensor-core kernel's operands), gradients
-// summed in f32 (dK and dV of a kv head over all its query heads) and added into dqkv with one rounding each.
+// head, S and dP by sgemm, dS elementwise, and dV, dQ, dK added into dqkv by sgemm with beta = 1. bf16 has a
+// file of its own, as on CUDA (attention_bf16_backward.cpp).
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/attention_heads.h"
 #include "kernels/cpu/attention_panels.h"
 #include "kernels/cpu/parallel.h"
 
@@ -16,67 +16,6 @@
 namespace engine::kernels::cpu {
 
 namespace {
-
-// Where a head's columns start in the packed (NH + 2*KVH heads) qkv row, and how long that row is.
-struct PackedQkv {
-    int C, NH, KVH, head_size;
-    int64_t row() const { return C + 2 * int64_t(KVH) * head_size; }
-    int64_t query(int h) const { return int64_t(h) * head_size; }
-    int64_t key(int h) const { return C + int64_t(h / (NH / KVH)) * head_size; } // h: a query head
-    int64_t value(int h) const { return C + int64_t(KVH + h / (NH / KVH)) * head_size; }
-};
-
-// Query head h of one batch in the bf16 backward: its dQ (T, head_size) f32 sum, zeroed here and added into dqkv
-// with one rounding; its share of dK and dV added into the kv head's f32 sums, which the caller rounds.
-void attention_head_backward_bf16(bfloat16* batch_dqkv, const bfloat16* dout, const bfloat16* batch_qkv,
-                                  const bfloat16* out, const float* logsumexp, int b, int h, int T,
-                                  const PackedQkv& packed, std::vector<float>& dquery, std::vector<float>& dkey,
-                                  std::vector<float>& dvalue) {
-    const int head_size = packed.head_size, C = packed.C;
-    const int64_t qkv_row = packed.row(), head_offset = packed.query(h);
-    const int64_t key_offset = packed.key(h), value_offset = packed.value(h);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
-    std::fill(dquery.begin(), dquery.end(), 0.0f);
-    auto q = [&](int t, int d) { return to_float(batch_qkv[t * qkv_row + head_offset + d]); };
-    auto k = [&](int t, int d) { return to_float(batch_qkv[t * qkv_row + key_offset + d]); };
-    auto v = [&](int t, int d) { return to_float(batch_qkv[t * qkv_row + value_offset + d]); };
-    for (int t = 0; t < T; ++t) {
-        const int64_t out_offset = (static_cast<int64_t>(b) * T + t) * C + head_offset;
-        const float row_logsumexp = logsumexp[(static_cast<int64_t>(b) * packed.NH + h) * T + t];
-        float row_delta = 0.0f; // D_t = dout_t . out_t
-        for (int d = 0; d < head_size; ++d) row_delta += to_float(dout[out_offset + d]) * to_float(out[out_offset + d]);
-        for (int t2 = 0; t2 <= t; ++t2) {
-            float dot = 0.0f, dprobability = 0.0f;
-            for (int d = 0; d < head_size; ++d) {
-                dot += q(t, d) * k(t2, d);
-                dprobability += to_float(dout[out_offset + d]) * v(t2, d);
-            }
-            const float probability = std::exp(dot * scale - row_logsumexp);
-            const float dscore = scale * probability * (dprobability - row_delta);
-            const float probability_bf16 = to_float(to_bfloat16(probability)), dscore_bf16 = to_float(to_bfloat16(dscore));
-            for (int d = 0; d < head_size; ++d) {
-                dquery[size_t(t) * head_size + d] += dscore_bf16 * k(t2, d);
-                dkey[size_t(t2) * head_size + d] += dscore_bf16 * q(t, d);
-                dvalue[size_t(t2) * head_size + d] += probability_bf16 * to_float(dout[out_offset + d]);
-            }
-        }
-    }
-    for (int t = 0; t < T; ++t) {
-        bfloat16* destination = batch_dqkv + t * qkv_row + head_offset;
-        for (int d = 0; d < head_size; ++d)
-            destination[d] = to_bfloat16(to_float(destination[d]) + dquery[size_t(t) * head_size + d]);
-    }
-}
-
-// Adds a kv head's f32 dK or dV sums (T, head_size) into dqkv at `offset`, one rounding each.
-void add_rounded(bfloat16* batch_dqkv, const std::vector<float>& sums, int64_t offset, int T, int head_size,
-                 int64_t qkv_row) {
-    for (int t = 0; t < T; ++t) {
-        bfloat16* destination = batch_dqkv + t * qkv_row + offset;
-        for (int d = 0; d < head_size; ++d)
-            destination[d] = to_bfloat16(to_float(destination[d]) + sums[size_t(t) * head_size + d]);
-    }
-}
 
 // Query head h of one batch in the f32 backward, panel by panel of queries r0..r1-1 (attention_panels.h) against
 // keys 0..r1-1, with `probabilities` and `dscores` (rows, T) scratch:
@@ -141,29 +80,10 @@ void attention_backward(Scalar* dqkv, const Scalar* dout, const Scalar* qkv, con
     const int64_t qkv_row = packed.row();
     // dK and dV of a kv head gather from its whole group of query heads, so the unit of work is a (batch, kv head)
     // block with the group's query heads in ascending order inside, the order a serial loop over heads takes.
-    // Blocks write disjoint columns of dqkv. A block is about group*T*(T+1)/2*head_size multiply-adds (several per
-    // element), so small ones are grouped up to cheap_elements_per_chunk of them.
-    const int64_t blocks_per_chunk =
-        items_per_chunk(int64_t(T) * (T + 1) / 2 * head_size * group, cheap_elements_per_chunk);
+    // Blocks write disjoint columns of dqkv.
+    const int64_t blocks_per_chunk = attention_blocks_per_chunk(T, head_size, group);
     if constexpr (std::is_same_v<Scalar, bfloat16>) {
-        const size_t head_elements = size_t(T) * head_size;
-        parallel_for(int64_t(B) * KVH, blocks_per_chunk, [&](int64_t first, int64_t end) {
-            std::vector<float> dquery(head_elements), dkey(head_elements), dvalue(head_elements); // (T, head_size)
-            for (int64_t block = first; block < end; ++block) {
-                const int b = int(block / KVH), kv_head = int(block % KVH);
-                bfloat16* batch_dqkv = dqkv + int64_t(b) * T * qkv_row;
-                // The group's query heads in ascending order, as the CUDA kernel's block owning the key tile.
-                std::fill(dkey.begin(), dkey.end(), 0.0f);
-                std::fill(dvalue.begin(), dvalue.end(), 0.0f);
-                for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
-                    attention_head_backward_bf16(batch_dqkv, dout, qkv + int64_t(b) * T * qkv_row, out, logsumexp, b,
-                                                 h, T, packed, dquery, dkey, dvalue);
-                }
-                const int first_head = kv_head * group;
-                add_rounded(batch_dqkv, dkey, packed.key(first_head), T, head_size, qkv_row);
-                add_rounded(batch_dqkv, dvalue, packed.value(first_head), T, head_size, qkv_row);
-            }
-        });
+        attention_backward_bf16(dqkv, dout, qkv, out, logsumexp, B, T, C, NH, KVH);
         return;
     } else if constexpr (std::is_same_v<Scalar, float>) {
         const int panel_rows = attention_panel_rows(T);

@@ -1,95 +1,21 @@
 // Causal grouped-query self-attention forward that keeps only the per-row logsumexp: the reference for the CUDA
 // twin kernels/cuda/attention_forward.cu. f64 is the specification (plain loops in double, used by the
 // gradchecks); f32 computes in float through the BLAS, per (batch, head) block S = Q K^T and O = P V by sgemm
-// around a causal row softmax; bf16 follows the CUDA bf16 kernel's online softmax step by step (key tiles of
-// attention_bf16_key_tile, P rounded to bf16 before P·V), so that its rounding points are the GPU's and only f32
-// summation order differs.
+// around a causal row softmax. bf16 has a file of its own, as on CUDA (attention_bf16_forward.cpp).
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/attention_heads.h"
 #include "kernels/cpu/attention_panels.h"
 #include "kernels/cpu/parallel.h"
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace engine::kernels::cpu {
 
 namespace {
-
-// Columns of one query head and of the kv head it reads in a packed (NH + 2*KVH heads) qkv row.
-struct HeadColumns {
-    int64_t query, key, value;
-};
-HeadColumns head_columns(int h, int head_size, int C, int NH, int KVH) {
-    const int kv_head = h / (NH / KVH);
-    const int64_t kv_width = int64_t(KVH) * head_size;
-    return {int64_t(h) * head_size, C + int64_t(kv_head) * head_size, C + kv_width + int64_t(kv_head) * head_size};
-}
-
-// One (batch, head, query) row of the bf16 forward: scores in f32, per key tile the running maximum, the
-// probabilities exp(x - max) rounded to bf16 for the product with V (as FlashAttention's bf16 P), the running
-// sum of the unrounded ones (f32 statistics), and the output scaled by 1/sum and rounded once.
-void attention_row_bf16(bfloat16* out_head, float* logsumexp, const bfloat16* batch_qkv, int t, HeadColumns columns,
-                        int head_size, int64_t qkv_row, std::vector<float>& accumulator, std::vector<float>& scores) {
-    const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
-    const bfloat16* query = batch_qkv + t * qkv_row + columns.query;
-    float running_max = -std::numeric_limits<float>::infinity(), running_sum = 0.0f;
-    std::fill(accumulator.begin(), accumulator.end(), 0.0f);
-    for (int first_key = 0; first_key <= t; first_key += attention_bf16_key_tile) {
-        const int last_key = std::min(t, first_key + attention_bf16_key_tile - 1); // causal: keys <= t
-        float tile_max = -std::numeric_limits<float>::infinity();
-        for (int t2 = first_key; t2 <= last_key; ++t2) {
-            const bfloat16* key = batch_qkv + t2 * qkv_row + columns.key;
-            float dot = 0.0f;
-            for (int d = 0; d < head_size; ++d) dot += to_float(query[d]) * to_float(key[d]);
-            scores[t2 - first_key] = dot * scale;
-            tile_max = std::max(tile_max, scores[t2 - first_key]);
-        }
-        const float new_max = std::max(running_max, tile_max);
-        const float correction = std::exp(running_max - new_max); // 0 on the first tile
-        float sum = 0.0f;
-        for (float& value : accumulator) value *= correction;
-        for (int t2 = first_key; t2 <= last_key; ++t2) {
-            const float probability = std::exp(scores[t2 - first_key] - new_max);
-            sum += probability;
-            const float rounded = to_float(to_bfloat16(probability)); // P in bf16 for P·V
-            const bfloat16* value = batch_qkv + t2 * qkv_row + columns.value;
-            for (int d = 0; d < head_size; ++d) accumulator[d] += rounded * to_float(value[d]);
-        }
-        running_sum = running_sum * correction + sum;
-        running_max = new_max;
-    }
-    const float inverse_sum = 1.0f / running_sum;
-    for (int d = 0; d < head_size; ++d) out_head[d] = to_bfloat16(accumulator[d] * inverse_sum);
-    *logsumexp = running_max + std::log(running_sum);
-}
-
-// (batch, head) blocks are independent; a block is about T*(T+1)/2*head_size multiply-adds, each ~1 ns on one core,
-// so chunks group small blocks up to cheap_elements_per_chunk of them (one block each at T = 64, head size 32).
-int64_t attention_blocks_per_chunk(int T, int head_size, int query_heads_per_block) {
-    return items_per_chunk(int64_t(T) * (T + 1) / 2 * head_size * query_heads_per_block, cheap_elements_per_chunk);
-}
-
-void attention_forward_bf16(bfloat16* out, float* logsumexp, const bfloat16* qkv, int B, int T, int C, int NH,
-                            int KVH) {
-    const int head_size = C / NH;
-    const int64_t qkv_row = C + 2 * int64_t(KVH) * head_size;
-    parallel_for(int64_t(B) * NH, attention_blocks_per_chunk(T, head_size, 1), [&](int64_t first, int64_t end) {
-        std::vector<float> accumulator(static_cast<size_t>(head_size)), scores(attention_bf16_key_tile);
-        for (int64_t block = first; block < end; ++block) {
-            const int b = int(block / NH), h = int(block % NH);
-            const bfloat16* batch_qkv = qkv + static_cast<int64_t>(b) * T * qkv_row;
-            const HeadColumns columns = head_columns(h, head_size, C, NH, KVH);
-            for (int t = 0; t < T; ++t) {
-                attention_row_bf16(out + (static_cast<int64_t>(b) * T + t) * C + int64_t(h) * head_size,
-                                   logsumexp + (static_cast<int64_t>(b) * NH + h) * T + t, batch_qkv, t, columns,
-                                   head_size, qkv_row, accumulator, scores);
-            }
-        }
-    });
-}
 
 // f32 through sgemm, per (batch, head) block on OpenMP threads and per panel of queries r0..r1-1
 // (attention_panels.h: the products are cut so that OpenBLAS does not start threads of its own): scores
@@ -99,8 +25,9 @@ void attention_forward_bf16(bfloat16* out, float* logsumexp, const bfloat16* qkv
 // dimension C). The panel cut and the products depend on the shape only, so each output element is one fixed
 // sequence of float operations whichever thread runs its block.
 void attention_forward_f32(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH, int KVH) {
-    const int head_size = C / NH;
-    const int ld = int(C + 2 * int64_t(KVH) * head_size); // the packed qkv row
+    const PackedQkv packed{C, NH, KVH, C / NH};
+    const int head_size = packed.head_size;
+    const int ld = int(packed.row());
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
     const int panel_rows = attention_panel_rows(T);
     parallel_for(int64_t(B) * NH, attention_blocks_per_chunk(T, head_size, 1), [&](int64_t first, int64_t end) {
@@ -108,14 +35,14 @@ void attention_forward_f32(float* out, float* logsumexp, const float* qkv, int B
         for (int64_t block = first; block < end; ++block) {
             const int b = int(block / NH), h = int(block % NH);
             const float* batch_qkv = qkv + static_cast<int64_t>(b) * T * ld;
-            const HeadColumns columns = head_columns(h, head_size, C, NH, KVH);
             float* block_logsumexp = logsumexp + (static_cast<int64_t>(b) * NH + h) * T;       // (T)
             float* block_out = out + static_cast<int64_t>(b) * T * C + int64_t(h) * head_size; // (T, head_size), ld C
             for (int r0 = 0; r0 < T; r0 += panel_rows) {
                 const int r1 = std::min(T, r0 + panel_rows), rows = r1 - r0; // queries r0..r1-1, keys 0..r1-1
                 float* P = probabilities.data();                                // (rows, r1), ld r1
                 sgemm_in_pieces(CblasNoTrans, CblasTrans, rows, r1, head_size, scale,
-                                batch_qkv + int64_t(r0) * ld + columns.query, ld, batch_qkv + columns.key, ld, 0.0f, P, r1);
+                                batch_qkv + int64_t(r0) * ld + packed.query(h), ld, batch_qkv + packed.key(h), ld,
+                                0.0f, P, r1);
                 for (int t = r0; t < r1; ++t) {
                     float* row = P + int64_t(t - r0) * r1; // keys 0..t live, t+1..r1-1 masked
                     // The maximum is exact in any order: a vector reduction (the scalar chain took a third of
@@ -135,8 +62,8 @@ void attention_forward_f32(float* out, float* logsumexp, const float* qkv, int B
                     std::fill(row + t + 1, row + r1, 0.0f);
                     block_logsumexp[t] = max_score + std::log(exp_sum);
                 }
-                sgemm_in_pieces(CblasNoTrans, CblasNoTrans, rows, head_size, r1, 1.0f, P, r1, batch_qkv + columns.value,
-                                ld, 0.0f, block_out + int64_t(r0) * C, C);
+                sgemm_in_pieces(CblasNoTrans, CblasNoTrans, rows, head_size, r1, 1.0f, P, r1,
+                                batch_qkv + packed.value(h), ld, 0.0f, block_out + int64_t(r0) * C, C);
             }
         }
     });
@@ -154,8 +81,9 @@ void attention_forward(Scalar* out, Compute<Scalar>* logsumexp, const Scalar* qk
         attention_forward_f32(out, logsumexp, qkv, B, T, C, NH, KVH);
         return;
     } else {
-    const int head_size = C / NH;
-    const int64_t qkv_row = C + 2 * int64_t(KVH) * head_size;
+    const PackedQkv packed{C, NH, KVH, C / NH};
+    const int head_size = packed.head_size;
+    const int64_t qkv_row = packed.row();
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_size));
     parallel_for(int64_t(B) * NH, attention_blocks_per_chunk(T, head_size, 1), [&](int64_t first, int64_t end) {
         std::vector<double> scores(static_cast<size_t>(T));
@@ -163,16 +91,15 @@ void attention_forward(Scalar* out, Compute<Scalar>* logsumexp, const Scalar* qk
         for (int64_t block = first; block < end; ++block) {
             const int b = int(block / NH), h = int(block % NH);
             const Scalar* batch_qkv = qkv + static_cast<int64_t>(b) * T * qkv_row;
-            const int64_t head_offset = static_cast<int64_t>(h) * head_size;
-            const HeadColumns columns = head_columns(h, head_size, C, NH, KVH);
+            const int64_t head_offset = packed.query(h), key_offset = packed.key(h), value_offset = packed.value(h);
             for (int t = 0; t < T; ++t) {
-                const Scalar* query = batch_qkv + t * qkv_row + columns.query;
+                const Scalar* query = batch_qkv + t * qkv_row + head_offset;
 
                 // Scaled scores against keys 0..t only (the causal mask), tracking the maximum so the
                 // exponentials below never overflow.
                 double max_score = -std::numeric_limits<double>::infinity();
                 for (int t2 = 0; t2 <= t; ++t2) {
-                    const Scalar* key = batch_qkv + t2 * qkv_row + columns.key;
+                    const Scalar* key = batch_qkv + t2 * qkv_row + key_offset;
                     double dot = 0.0;
                     for (int d = 0; d < head_size; ++d) dot += static_cast<double>(query[d]) * key[d];
                     scores[t2] = dot * scale;
@@ -187,7 +114,7 @@ void attention_forward(Scalar* out, Compute<Scalar>* logsumexp, const Scalar* qk
 
                 for (int d = 0; d < head_size; ++d) accumulator[d] = 0.0;
                 for (int t2 = 0; t2 <= t; ++t2) {
-                    const Scalar* value = batch_qkv + t2 * qkv_row + columns.value;
+                    const Scalar* value = batch_qkv + t2 * qkv_row + value_offset;
                     const double probability = scores[t2] / exp_sum;
                     for (int d = 0; d < head_size; ++d) accumulator[d] += probability * value[d];
                 }

@@ -1,5 +1,17 @@
 // CPU reference kernels: the specification every CUDA twin is tested against.
 //
+// Why they are built this way: every result is checked against these, so each is plain loops in an order its
+// file states (GEMM through CBLAS; f32 attention through sgemm per block, attention_panels.h). f64 is what the
+// float64 finite-difference gradchecks differentiate. Row statistics and long sums (layernorm's mean and
+// variance, in lane_sums.h's eight fixed chains; softmax's, the reductions' and bias's column sums) run in
+// double, where the CUDA twins mostly sum in float: the reference's own error stays the smaller. parallel.h cuts
+// the work into chunks whose size depends on the shape, never on the thread count, so a result is bitwise the
+// same for any OMP_NUM_THREADS.
+// Where one op lives, layernorm for instance: engine/ops/layernorm.cpp checks shapes, dispatches and records
+// the backward; kernels/cpu/layernorm.cpp here, kernels/cuda/layernorm.cu its twin; tests/test_ops_gradcheck.cpp
+// (f64 against finite differences), tests/test_bf16_layer_ops.cpp (bf16 against f32),
+// tests/test_cpu_threads.cpp (thread counts), tests/cuda/test_reduction_kernels.cpp (CUDA against this).
+//
 // Conventions (shared with kernels/cuda/cuda_kernels.h):
 // - Outputs first, `d`-prefixed gradients, inputs, then dimensions last.
 // - Row-major, contiguous buffers; shape comments give the layout.

@@ -1,5 +1,11 @@
 // CPU reference kernels of inference-time decoding with a key/value cache (conventions:
 // kernels/cpu/cpu_kernels.h). Inference only: there is no backward kernel.
+// Why: decoding appends new positions to a cache and attends from them alone, so nothing is saved and there is no
+// backward; the f32/f64 sums follow attention_forward<double>'s order so that, at past = 0, decoding is the full
+// forward (bitwise for f64).
+// Where: engine/ops/attention_decode.cpp (declared in engine/ops/decode.h, used by nn/generation.cpp),
+// kernels/cpu/attention_decode.cpp, kernels/cuda/attention_decode.cu; tests/test_generation.cpp (against the full
+// forward), tests/cuda/test_attention_decode_kernels.cpp (CUDA against this).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,10 @@
 // CPU reference kernels of the layout ops (conventions: kernels/cpu/cpu_kernels.h). Included by cpu_kernels.h.
+// Why: permute, slice and concat compute nothing, so their kernels are plain copies, one walk in output order
+// (forwards are exact in every storage type; backwards add); batched_gemm is a loop over gemm, and a batch summed
+// into one c adds its products in batch order, a fixed order.
+// Where one op lives, permute for instance: engine/ops/permute.cpp (declared in engine/ops/layout.h),
+// kernels/cpu/permute.cpp, kernels/cuda/permute.cu; tests/test_layout_gradcheck.cpp (f64 finite differences),
+// tests/cuda/test_layout_kernels.cpp (CUDA against this).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,11 @@
 // CPU reference kernels of the Llama-family ops (rotary position embedding, fused SwiGLU); conventions as in
 // kernels/cpu/cpu_kernels.h. The CUDA twins are declared in kernels/cuda/llama_kernels.h.
+// Why: rope rounds its two products and then their sum, with no contraction into an FMA (rope.cpp), which is what
+// the CUDA twin spells with __fmul_rn/__fadd_rn, so the two agree bitwise; swiglu evaluates pointwise_functions.h's
+// silu, the CUDA twin's formula. Fusing silu and the product saves the intermediate's round trip to memory.
+// Where one op lives, rope for instance: engine/ops/rope.cpp (declared in engine/ops/llama.h, which includes this
+// header directly), kernels/cpu/rope.cpp, kernels/cuda/rope.cu; tests/test_llama_ops_gradcheck.cpp (f64 finite
+// differences, Hugging Face's formula), tests/cuda/test_llama_kernels.cpp (CUDA against this).
 #pragma once
 
 #include <cstdint>

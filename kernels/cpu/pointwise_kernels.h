@@ -1,5 +1,13 @@
 // CPU reference kernels of the pointwise ops (conventions: kernels/cpu/cpu_kernels.h): the unary functions and
 // the broadcasting binary ones. The formulas live in kernels/common/pointwise_functions.h, shared with CUDA.
+// Why: one formula per function in that shared header, so the CPU and the GPU evaluate the same expression
+// (libm here, the CUDA functions there). The op builds the broadcast layout on the host
+// (kernels/common/broadcast_layout.h) with size-1 dimensions dropped and neighbours that broadcast alike
+// merged, so a kernel indexes at most a few dimensions. A broadcast operand's gradient sums its output elements
+// in output order, in double, the order the CUDA lanes cover too.
+// Where one op lives, relu for instance (add: engine/ops/broadcast.cpp, broadcast.cpp/.cu): engine/ops/unary.cpp
+// (declared in engine/ops/pointwise.h), kernels/cpu/unary.cpp, kernels/cuda/unary.cu;
+// tests/test_pointwise_gradcheck.cpp (f64 finite differences), tests/cuda/test_pointwise_ops_kernels.cpp.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,12 @@
 // CPU reference kernels of the reduction ops (conventions: kernels/cpu/cpu_kernels.h). Included by cpu_kernels.h.
 // "Over a dimension" kernels see a contiguous tensor as (outer, size, inner) (engine/ops/dimensions.h):
 // element (o, i, n) sits at (o * size + i) * inner + n, and the reduction runs over i.
+// Why: row sums and losses run in double (softmax's after subtracting the maximum, so that no exp overflows),
+// which keeps the reference's error below the CUDA twins' float sums. rms_norm rounds the normalised value to the
+// storage type before the weight multiplies it, as LlamaRMSNorm does, so its bf16 output is Hugging Face's.
+// Where one op lives, rms_norm for instance: engine/ops/reductions_rms_norm.cpp (declared in
+// engine/ops/reductions.h), kernels/cpu/rms_norm.cpp, kernels/cuda/rms_norm.cu; tests/test_reductions_gradcheck.cpp
+// (f64 finite differences), tests/cuda/test_reduction_ops_kernels.cpp (CUDA against this).
 #pragma once
 
 #include <cstdint>

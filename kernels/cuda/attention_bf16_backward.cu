@@ -1,5 +1,5 @@
-// Causal attention backward in bf16 on tensor cores (wmma 16x16x16 bf16, f32 accumulators): the twin of the bf16
-// form of kernels/cpu/attention_backward.cpp. Deterministic without atomics, as the f32 kernels: D_i =
+// Causal attention backward in bf16 on tensor cores (wmma 16x16x16 bf16, f32 accumulators): the twin of
+// kernels/cpu/attention_bf16_backward.cpp. Deterministic without atomics, as the f32 kernels: D_i =
 // rowsum(dout_i * out_i); one block per (64 keys, kv head) sums dK and dV over the query heads of its group
 // (grouped-query attention) in ascending order and, for each, over the queries at and after its keys; one block
 // per (64 queries, query head) sums dQ over the keys up to them. P and dS = scale·P·(dP - D) are computed in f32

@@ -1,5 +1,5 @@
 // Causal attention forward in bf16 on tensor cores (wmma 16x16x16 bf16, f32 accumulators), FlashAttention-2
-// style: the twin of the bf16 form of kernels/cpu/attention_forward.cpp, with the same rounding points (key tiles
+// style: the twin of kernels/cpu/attention_bf16_forward.cpp, with the same rounding points (key tiles
 // of attention_bf16_key_tile, P = exp(score - running max) rounded to bf16 before P·V, the output rounded once,
 // the logsumexp in f32).
 #include <cmath>

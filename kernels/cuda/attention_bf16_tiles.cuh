@@ -2,6 +2,14 @@
 // bf16 wmma fragments (16x16x16, f32 accumulators), bf16 shared tiles and their loads, and the stores that round
 // an f32 accumulator once into bf16 global memory. Tile shapes and helpers common with the f32 kernels come from
 // attention_tiles.cuh.
+// Why the bf16 kernels round where they do: the bf16 tensor cores take bf16 operands, so P (and, in backward, dS)
+// is rounded to bf16 before its product while the softmax statistics and every accumulator stay f32, and each
+// output is rounded once on store. The forward's key tile is the CPU reference's, so its online softmax rescales
+// at the same keys and the rounded P are the same numbers on both. Blocks are 4 warps of 16 rows (64 rows).
+// Where: attention_bf16_forward.cu / attention_bf16_backward.cu, the bf16 overloads of attention_forward/backward
+// (engine/ops/attention.cpp); CPU twins kernels/cpu/attention_bf16_forward.cpp, attention_bf16_backward.cpp;
+// tests/cuda/test_bf16_gemm_attention.cpp (CUDA against the CPU bf16), tests/test_bf16_gemm_attention.cpp (CPU
+// bf16 against f32).
 #pragma once
 
 #include <cstddef>

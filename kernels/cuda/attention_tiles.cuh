@@ -1,6 +1,16 @@
 // Shared pieces of the tensor-core attention kernels (attention_forward.cu, attention_backward.cu): tile
 // shapes and shared-memory layouts per head size, global <-> shared tile copies, and the wmma tile product in
 // plain TF32 or error-compensated 3xTF32.
+// Why: FlashAttention-2's plan, so that no T x T matrix exists: Q tiles against K/V tiles streamed through shared
+// memory, an online softmax, the logsumexp saved, P recomputed in backward. Each warp owns 16 rows of output for
+// the whole loop, so its accumulators stay in registers; since the accumulator layout is unspecified, position
+// fragments (below) tell each element its row and column. Kernels are compiled for a padded width of 64, 128 or
+// 256 because register arrays need a size known at compile time. Without TF32, 3xTF32 gives fp32 accuracy on the
+// same tensor cores. Backward sums dK/dV in the block that owns the key tile, so it needs no atomics.
+// Where: engine/ops/attention.cpp dispatches to attention_forward.cu / attention_backward.cu (f32, this header)
+// and attention_bf16_*.cu (attention_bf16_tiles.cuh); CPU twins kernels/cpu/attention_forward.cpp,
+// attention_backward.cpp; tests/cuda/test_attention_kernels.cpp (CUDA against the CPU), tests/test_attention_f32.cpp
+// and tests/test_gqa_attention.cpp (the CPU references).
 #pragma once
 
 #include <cstddef>

@@ -1,8 +1,8 @@
 // Bias broadcast add and its column-sum gradient (CUDA twin of kernels/cpu/bias.cpp). The gradient is a
 // deterministic two-pass reduction: float partials per (row chunk, 128-column tile), then a fixed-order column
-// pass (kernels/cuda/column_sums.h). Storage float or bf16 (out, bias, dout); the partials and dbias are float.
+// pass (kernels/cuda/column_sums.cuh). Storage float or bf16 (out, bias, dout); the partials and dbias are float.
 #include "base/cuda/launch.h"
-#include "kernels/cuda/column_sums.h"
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/grid.h"
 #include "kernels/cuda/packs.cuh"

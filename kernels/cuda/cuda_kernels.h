@@ -7,6 +7,17 @@
 // allocate no memory themselves: a launcher that needs scratch takes it as a workspace argument right
 // after its outputs, gemm takes the cuBLAS handle and gemm_bias the cuBLASLt handle with its workspace, so
 // memory and handles stay the caller's business.
+//
+// Why they are built this way: GEMM and attention aside, a kernel here is bound by memory bandwidth, so most
+// streaming ones move 128-bit packs (packs.cuh) when every pointer is 16-byte aligned, with the scalar path's
+// per-element arithmetic. No kernel adds floats atomically: every sum has one owner and an order set by the
+// shapes alone (a row: a warp's or a block's fixed shuffle tree; a parameter gradient: per-row-chunk partials,
+// then column_sums.cuh's pass in chunk order), so results are bitwise the same run to run and under every
+// schedule the emulator tries. bf16 kernels round once per store, at their CPU twin's points.
+// Where one op lives, layernorm for instance: engine/ops/layernorm.cpp dispatches here on the compute stream
+// and takes the partials' workspace from engine/cuda/scratch.h; kernels/cuda/layernorm.cu (with
+// norm_passes.cuh) twins kernels/cpu/layernorm.cpp; tests/cuda/test_reduction_kernels.cpp and
+// test_bf16_layer_kernels.cpp hold it to the CPU, on the emulated device too (scripts/emulated_cuda.sh).
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,9 @@
 // CUDA twins of kernels/cpu/decode_kernels.h (conventions: kernels/cuda/cuda_kernels.h). Inference only.
+// Why a warp per (batch, head, new query): a decoding step brings few queries, so one warp walks its head's cache
+// in key order with an online softmax, the query and its output in registers (up to 8 dimensions a lane), with
+// no block barrier and no atomics. With few (batch, head) pairs it is bound by the per-key shuffle-and-exp chain
+// rather than bandwidth; splitting the keys over warps (flash-decoding) is the known improvement. Map:
+// kernels/cpu/decode_kernels.h.
 #pragma once
 
 #include <cstdint>

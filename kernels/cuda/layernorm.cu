@@ -1,51 +1,30 @@
 // Layernorm over the last dimension, warp per row (CUDA twin of kernels/cpu/layernorm.cpp). Rows move in
 // 128-bit packs when C % 4 == 0 and every pointer is 16-byte aligned. Backward is one fused row pass (dinp
-// plus per-block dweight/dbias partials) and a fixed-order column pass (kernels/cuda/column_sums.h). Storage
-// T is float or bf16 (out, inp, weight, bias, dinp, dout); statistics, partials and dweight/dbias are float.
-#include <algorithm>
-
+// plus per-block dweight/dbias partials) and a fixed-order column pass; the launch scaffolding, shared with
+// rms_norm.cu, is kernels/cuda/norm_passes.cuh. Storage T is float or bf16 (out, inp, weight, bias, dinp, dout);
+// statistics, partials and dweight/dbias are float.
 #include "base/cuda/launch.h"
-#include "base/error.h"
-#include "kernels/cuda/column_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/grid.h"
+#include "kernels/cuda/norm_passes.cuh"
 #include "kernels/cuda/packs.cuh"
 #include "kernels/cuda/warp_reduce.cuh"
 
 namespace engine::kernels::cuda {
 namespace {
-constexpr int forward_block_size = 256; // 8 rows per block
-constexpr int forward_rows_per_block = forward_block_size / warp_size;
 constexpr float epsilon = 1e-5f; // cpu::layernorm_eps; that header is not included to keep the twins independent
-constexpr int max_backward_warps = 8;
-constexpr int default_shared_bytes = 48 * 1024;    // the dynamic shared memory a kernel gets without opting in
-constexpr int max_optin_shared_bytes = 227 * 1024; // sm_90's per-block maximum
-
-// Backward keeps, per warp, one float per column for dweight and one for dbias in shared memory. As many
-// warps as fit in the default 48 KiB (8 at C = 768), at least one: a function of C alone, so the partials'
-// layout and summation order never depend on the pointers or the schedule.
-int backward_warps(int C) {
-    const int fitting = default_shared_bytes / (2 * C * int(sizeof(float)));
-    return std::clamp(fitting, 1, max_backward_warps);
-}
-
-size_t backward_shared_bytes(int C) { return size_t(backward_warps(C)) * 2 * C * sizeof(float); }
-
-int backward_chunks(int N, int C, int& rows_per_chunk) {
-    return row_chunk_count(N, backward_warps(C), target_reduction_blocks, rows_per_chunk);
-}
+// Backward keeps two float sums per column (dweight, then dbias) per warp: 8 warps up to C = 768.
+constexpr int column_sums_kept = 2;
 } // namespace
 
 int layernorm_backward_workspace_count(int N, int C) {
-    int rows_per_chunk = 0;
-    return backward_chunks(N, C, rows_per_chunk) * 2 * C;
+    return norm_passes::backward_workspace_count<column_sums_kept>(N, C);
 }
 
 // Two passes over the row (mean, then centred variance) rather than E[x^2]-E[x]^2, which cancels badly.
 template <typename T, int width>
 static __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight,
                                                 const T* bias, int N, int C) {
-    const int row = blockIdx.x * forward_rows_per_block + threadIdx.x / warp_size;
+    const int row = blockIdx.x * norm_passes::forward_rows_per_block + threadIdx.x / warp_size;
     const int lane = threadIdx.x % warp_size;
     if (row >= N) return; // whole warps leave together, so the shuffles below stay full-warp
     const T* x = inp + int64_t(row) * C;
@@ -91,11 +70,7 @@ static __global__ void layernorm_backward_kernel(T* dinp, float* partials, const
     const int warps = blockDim.x / warp_size;
     float* dweight_sum = warp_sums + int64_t(warp) * 2 * C; // (C) this warp's
     float* dbias_sum = dweight_sum + C;                     // (C) this warp's
-    for (int i = lane * width; i < C; i += warp_size * width) {
-        const Pack<width> zero{};
-        store_pack<width>(dweight_sum + i, zero);
-        store_pack<width>(dbias_sum + i, zero);
-    }
+    norm_passes::zero_warp_sums<column_sums_kept, width>(dweight_sum, C, lane);
     const int first_row = blockIdx.x * rows_per_chunk;
     const int end_row = min(N, first_row + rows_per_chunk);
     for (int row = first_row + warp; row < end_row; row += warps) { // uniform per warp: shuffles stay full-warp
@@ -133,26 +108,15 @@ static __global__ void layernorm_backward_kernel(T* dinp, float* partials, const
             store_pack<width>(dbias_sum + i, bias_sums);
         }
     }
-    __syncthreads(); // every warp's sums are complete
-    float* chunk_partials = partials + int64_t(blockIdx.x) * 2 * C; // (2, C)
-    for (int column = threadIdx.x; column < 2 * C; column += blockDim.x) {
-        float sum = 0.0f;
-        for (int w = 0; w < warps; ++w) sum += warp_sums[int64_t(w) * 2 * C + column];
-        chunk_partials[column] = sum;
-    }
+    norm_passes::store_chunk_partials<column_sums_kept>(partials, warp_sums, C);
 }
 
 template <typename T>
 static void launch_layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias,
                                      int N, int C, cudaStream_t stream) {
     if (N == 0 || C == 0) return;
-    const int blocks = ceil_div(N, forward_rows_per_block);
-    if (C % vector_width == 0 && vector_aligned(out, inp, weight, bias))
-        ENGINE_LAUNCH((layernorm_forward_kernel<T, vector_width>), blocks, forward_block_size, 0, stream, out, mean,
-                      rstd, inp, weight, bias, N, C);
-    else
-        ENGINE_LAUNCH((layernorm_forward_kernel<T, 1>), blocks, forward_block_size, 0, stream, out, mean, rstd, inp,
-                      weight, bias, N, C);
+    ENGINE_LAUNCH_NORM_FORWARD(layernorm_forward_kernel, T, norm_passes::vectorizable(C, out, inp, weight, bias), N,
+                               stream, out, mean, rstd, inp, weight, bias, N, C);
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -164,37 +128,16 @@ void layernorm_forward(bfloat16* out, float* mean, float* rstd, const bfloat16* 
     launch_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream);
 }
 
-template <typename T, int width>
-static void launch_layernorm_backward(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
-                                      const float* mean, const float* rstd, int N, int C, int chunks,
-                                      int rows_per_chunk, cudaStream_t stream) {
-    const size_t shared_bytes = backward_shared_bytes(C);
-    if (shared_bytes > size_t(default_shared_bytes)) { // only for C > 6144: one warp's sums need the opt-in
-        CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&layernorm_backward_kernel<T, width>),
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
-    }
-    ENGINE_LAUNCH((layernorm_backward_kernel<T, width>), chunks, backward_warps(C) * warp_size, shared_bytes, stream,
-                  dinp, partials, dout, inp, weight, mean, rstd, N, C, rows_per_chunk);
-}
-
 template <typename T>
 static void launch_layernorm_backward_passes(T* dinp, float* dweight, float* dbias, float* partials_workspace,
                                              const T* dout, const T* inp, const T* weight, const float* mean,
                                              const float* rstd, int N, int C, cudaStream_t stream) {
     if (N == 0 || C == 0) return;
-    ENGINE_CHECK(backward_shared_bytes(C) <= size_t(max_optin_shared_bytes),
-                 "layernorm_backward: C = " << C << " needs " << backward_shared_bytes(C)
-                                            << " bytes of shared memory per block, more than sm_90's "
-                                            << max_optin_shared_bytes);
-    int rows_per_chunk = 0;
-    const int chunks = backward_chunks(N, C, rows_per_chunk);
-    if (C % vector_width == 0 && vector_aligned(dinp, dout, inp, weight))
-        launch_layernorm_backward<T, vector_width>(dinp, partials_workspace, dout, inp, weight, mean, rstd, N, C, chunks,
-                                                rows_per_chunk, stream);
-    else
-        launch_layernorm_backward<T, 1>(dinp, partials_workspace, dout, inp, weight, mean, rstd, N, C, chunks,
-                                     rows_per_chunk, stream);
-    add_column_partials(dweight, dbias, partials_workspace, chunks, C, 2 * C, stream);
+    const norm_passes::BackwardRows rows = norm_passes::backward_rows<column_sums_kept>("layernorm_backward", N, C);
+    ENGINE_LAUNCH_NORM_BACKWARD(layernorm_backward_kernel, T, norm_passes::vectorizable(C, dinp, dout, inp, weight),
+                                rows, stream, dinp, partials_workspace, dout, inp, weight, mean, rstd, N, C,
+                                rows.rows_per_chunk);
+    norm_passes::add_partials<column_sums_kept>(dweight, dbias, partials_workspace, rows, C, stream);
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, float* partials_workspace, const float* dout,

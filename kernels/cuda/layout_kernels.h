@@ -1,4 +1,8 @@
 // CUDA twins of kernels/cpu/layout_kernels.h (conventions: kernels/cuda/cuda_kernels.h). Included by cuda_kernels.h.
+// Why: permute, slice and concat are copies bound by memory bandwidth, so each keeps its reads and writes coalesced:
+// a permute that moves the last axis would stride one side, so it goes through 32x32 shared-memory tiles; slices
+// move 128-bit packs where rows and offsets allow. A batched GEMM summed into one c runs one GEMM per entry in
+// order instead of racing on c. Map: kernels/cpu/layout_kernels.h.
 #pragma once
 
 #include <cstdint>

@@ -2,6 +2,9 @@
 // stream; conventions as in kernels/cuda/cuda_kernels.h. Storage float or bf16, arithmetic and tables float, one
 // rounding per store; backward kernels accumulate (+=). Grid-stride, 128-bit (f32) or 64-bit (bf16) packs of 4
 // when every pointer and the layout allow, else scalars with the same per-element arithmetic.
+// Why: both are memory-bound elementwise passes with no reduction, so the grid is the capped grid-stride one and
+// the only question is the access width; a rope pack of 4 pairs exists only when D/2 % 4 == 0, so that it never
+// straddles two heads. Map: kernels/cpu/llama_kernels.h.
 #pragma once
 
 #include <cstdint>

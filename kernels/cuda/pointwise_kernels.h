@@ -1,5 +1,10 @@
 // CUDA twins of kernels/cpu/pointwise_kernels.h (conventions: kernels/cuda/cuda_kernels.h): float and bfloat16
 // storage, float arithmetic, the formulas of kernels/common/pointwise_functions.h.
+// Why: the forwards are bound by memory bandwidth, so unary and same-shape binary kernels take 128-bit packs and
+// a broadcast forward is one thread per output element over the merged layout. A gradient has no atomics: one
+// thread owns an operand element when the innermost dimension is kept (neighbouring threads read neighbouring
+// dout), one warp with a fixed shuffle tree when it is summed; its float sums stay within a bound of the CPU's
+// double ones that tests/cuda/test_pointwise_ops_kernels.cpp derives. Map: kernels/cpu/pointwise_kernels.h.
 #pragma once
 
 #include <cstdint>

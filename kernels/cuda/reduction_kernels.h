@@ -2,6 +2,10 @@
 // Every "over a dimension" kernel takes (outer, size, inner): a warp per row when inner == 1 (the dimension
 // is contiguous; warp-shuffle sums), else a thread per (outer, inner) column looping the dimension, adjacent
 // threads on adjacent inner positions so every step reads coalesced. Sums run in float in a fixed order.
+// Why: a contiguous row is read coalesced by one warp and reduced by shuffles with no block barrier; across
+// inner, neighbouring threads read neighbouring addresses instead. rms_norm's dweight, a sum over every row, is
+// layernorm's two passes (norm_passes.cuh) rather than atomics, and the reduced mse_loss reuses sum_forward's
+// two-stage double reduction. Map: kernels/cpu/reduction_kernels.h.
 #pragma once
 
 #include <cstdint>

@@ -1,42 +1,23 @@
 // RMS normalisation over the last dimension, warp per row (CUDA twin of kernels/cpu/rms_norm.cpp). Rows move
 // in 128-bit packs when C % 4 == 0 and every pointer is 16-byte aligned. Backward is one fused row pass (dinp
-// plus per-block dweight partials in shared memory) and the fixed-order column pass of kernels/cuda/column_sums.h,
-// so dweight is bitwise reproducible. Bounded by memory bandwidth (forward reads the row twice, from L1/L2 the
-// second time). Storage T is float or bf16; rstd, partials and dweight are float.
-#include <algorithm>
-
+// plus per-block dweight partials in shared memory) and the fixed-order column pass, so dweight is bitwise
+// reproducible; the launch scaffolding, shared with layernorm.cu, is kernels/cuda/norm_passes.cuh. Bounded by
+// memory bandwidth (forward reads the row twice, from L1/L2 the second time). Storage T is float or bf16; rstd,
+// partials and dweight are float.
 #include "base/cuda/launch.h"
-#include "base/error.h"
-#include "kernels/cuda/column_sums.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/grid.h"
+#include "kernels/cuda/norm_passes.cuh"
 #include "kernels/cuda/packs.cuh"
 #include "kernels/cuda/warp_reduce.cuh"
 
 namespace engine::kernels::cuda {
 namespace {
-constexpr int forward_block_size = 256; // 8 rows per block
-constexpr int forward_rows_per_block = forward_block_size / warp_size;
-constexpr int max_backward_warps = 8;
-constexpr int default_shared_bytes = 48 * 1024;    // the dynamic shared memory a kernel gets without opting in
-constexpr int max_optin_shared_bytes = 227 * 1024; // sm_90's per-block maximum
-
-// Backward keeps one float per column per warp for dweight in shared memory: as many warps as fit in the
-// default 48 KiB (8 up to C = 1536), at least one. A function of C alone, so the partials' layout and
-// summation order never depend on the pointers or the schedule.
-int backward_warps(int C) {
-    const int fitting = default_shared_bytes / (C * int(sizeof(float)));
-    return std::clamp(fitting, 1, max_backward_warps);
-}
-size_t backward_shared_bytes(int C) { return size_t(backward_warps(C)) * C * sizeof(float); }
-int backward_chunks(int N, int C, int& rows_per_chunk) {
-    return row_chunk_count(N, backward_warps(C), target_reduction_blocks, rows_per_chunk);
-}
+// Backward keeps one float sum per column (dweight) per warp: 8 warps up to C = 1536.
+constexpr int column_sums_kept = 1;
 } // namespace
 
 int rms_norm_backward_workspace_count(int N, int C) {
-    int rows_per_chunk = 0;
-    return backward_chunks(N, C, rows_per_chunk) * C;
+    return norm_passes::backward_workspace_count<column_sums_kept>(N, C);
 }
 
 // LlamaRMSNorm rounds the normalised value to the storage type before the weight multiplies it.
@@ -48,7 +29,7 @@ static __device__ __forceinline__ float rounded_to(float value) {
 template <typename T, int width>
 static __global__ void rms_norm_forward_kernel(T* out, float* rstd, const T* inp, const T* weight, int N, int C,
                                                float eps) {
-    const int row = blockIdx.x * forward_rows_per_block + threadIdx.x / warp_size;
+    const int row = blockIdx.x * norm_passes::forward_rows_per_block + threadIdx.x / warp_size;
     const int lane = threadIdx.x % warp_size;
     if (row >= N) return; // whole warps leave together, so the shuffles below stay full-warp
     const T* x = inp + int64_t(row) * C;
@@ -79,7 +60,7 @@ static __global__ void rms_norm_backward_kernel(T* dinp, float* partials, const 
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
     const int warps = blockDim.x / warp_size;
     float* dweight_sum = warp_sums + int64_t(warp) * C; // (C) this warp's
-    for (int i = lane * width; i < C; i += warp_size * width) store_pack<width>(dweight_sum + i, Pack<width>{});
+    norm_passes::zero_warp_sums<column_sums_kept, width>(dweight_sum, C, lane);
     const int first_row = blockIdx.x * rows_per_chunk;
     const int end_row = min(N, first_row + rows_per_chunk);
     for (int row = first_row + warp; row < end_row; row += warps) { // uniform per warp: shuffles stay full-warp
@@ -108,58 +89,26 @@ static __global__ void rms_norm_backward_kernel(T* dinp, float* partials, const 
             store_pack<width>(dweight_sum + i, weight_sums);
         }
     }
-    __syncthreads(); // every warp's sums are complete
-    float* chunk_partials = partials + int64_t(blockIdx.x) * C; // (C)
-    for (int column = threadIdx.x; column < C; column += blockDim.x) {
-        float sum = 0.0f;
-        for (int w = 0; w < warps; ++w) sum += warp_sums[int64_t(w) * C + column];
-        chunk_partials[column] = sum;
-    }
+    norm_passes::store_chunk_partials<column_sums_kept>(partials, warp_sums, C);
 }
 
 template <typename T>
 static void launch_rms_norm_forward(T* out, float* rstd, const T* inp, const T* weight, int N, int C, float eps,
                                     cudaStream_t stream) {
     if (N == 0 || C == 0) return;
-    const int blocks = ceil_div(N, forward_rows_per_block);
-    if (C % vector_width == 0 && vector_aligned(out, inp, weight))
-        ENGINE_LAUNCH((rms_norm_forward_kernel<T, vector_width>), blocks, forward_block_size, 0, stream, out, rstd, inp,
-                      weight, N, C, eps);
-    else
-        ENGINE_LAUNCH((rms_norm_forward_kernel<T, 1>), blocks, forward_block_size, 0, stream, out, rstd, inp, weight, N,
-                      C, eps);
-}
-
-template <typename T, int width>
-static void launch_rms_norm_backward_rows(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
-                                          const float* rstd, int N, int C, int chunks, int rows_per_chunk,
-                                          cudaStream_t stream) {
-    const size_t shared_bytes = backward_shared_bytes(C);
-    if (shared_bytes > size_t(default_shared_bytes)) { // only for C > 12288: one warp's sums need the opt-in
-        CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&rms_norm_backward_kernel<T, width>),
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
-    }
-    ENGINE_LAUNCH((rms_norm_backward_kernel<T, width>), chunks, backward_warps(C) * warp_size, shared_bytes, stream,
-                  dinp, partials, dout, inp, weight, rstd, N, C, rows_per_chunk);
+    ENGINE_LAUNCH_NORM_FORWARD(rms_norm_forward_kernel, T, norm_passes::vectorizable(C, out, inp, weight), N, stream,
+                               out, rstd, inp, weight, N, C, eps);
 }
 
 template <typename T>
 static void launch_rms_norm_backward(T* dinp, float* dweight, float* partials_workspace, const T* dout, const T* inp,
                                      const T* weight, const float* rstd, int N, int C, cudaStream_t stream) {
     if (N == 0 || C == 0) return;
-    ENGINE_CHECK(backward_shared_bytes(C) <= size_t(max_optin_shared_bytes),
-                 "rms_norm_backward: C = " << C << " needs " << backward_shared_bytes(C)
-                                           << " bytes of shared memory per block, more than sm_90's "
-                                           << max_optin_shared_bytes);
-    int rows_per_chunk = 0;
-    const int chunks = backward_chunks(N, C, rows_per_chunk);
-    if (C % vector_width == 0 && vector_aligned(dinp, dout, inp, weight))
-        launch_rms_norm_backward_rows<T, vector_width>(dinp, partials_workspace, dout, inp, weight, rstd, N, C, chunks,
-                                                       rows_per_chunk, stream);
-    else
-        launch_rms_norm_backward_rows<T, 1>(dinp, partials_workspace, dout, inp, weight, rstd, N, C, chunks,
-                                            rows_per_chunk, stream);
-    add_column_partials(dweight, nullptr, partials_workspace, chunks, C, C, stream);
+    const norm_passes::BackwardRows rows = norm_passes::backward_rows<column_sums_kept>("rms_norm_backward", N, C);
+    ENGINE_LAUNCH_NORM_BACKWARD(rms_norm_backward_kernel, T, norm_passes::vectorizable(C, dinp, dout, inp, weight),
+                                rows, stream, dinp, partials_workspace, dout, inp, weight, rstd, N, C,
+                                rows.rows_per_chunk);
+    norm_passes::add_partials<column_sums_kept>(dweight, nullptr, partials_workspace, rows, C, stream);
 }
 
 void rms_norm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps,
