@@ -129,7 +129,9 @@ distributed::Backend choose_backend(const Options& options) {
     if (options.communicator != "auto") return distributed::parse_backend(options.communicator);
     const distributed::LaunchEnvironment launch = distributed::launch_environment();
     if (!launch.launched || launch.world_size == 1) return distributed::Backend::none;
-    return options.resolved_device == Device::cuda ? distributed::Backend::nccl : distributed::Backend::mpi;
+    // With the model state on the host, the gradients are reduced there.
+    const bool device_tensors = options.resolved_device == Device::cuda && !options.trainer.shape.offload_optimizer;
+    return device_tensors ? distributed::Backend::nccl : distributed::Backend::mpi;
 }
 
 // FNV-1a over the bytes of every parameter and optimizer state: equal on two ranks only if (up to a 2^-64
@@ -257,6 +259,7 @@ std::string run_config_json(const Options& options) {
                           {"optimizer", optimizer_kind_name(trainer.optimizer)},
                           {"gradient_checkpointing", trainer.shape.checkpointing.enabled},
                           {"zero_stage", trainer.shape.zero_stage},
+                          {"offload_optimizer", trainer.shape.offload_optimizer},
                           {"precision", precision_name(trainer.shape.precision)}}
         .dump();
 }

@@ -186,6 +186,9 @@ data parallelism (mpirun -np N train_gpt ...; docs/DISTRIBUTED.md):
   --communicator auto|none|mpi|nccl   auto: nccl on CUDA, mpi on the CPU when launched with several ranks
   --check-replicas[=true|false]  after every step, check every rank holds bitwise the same weights and moments
   --zero-stage 0|1               1: each rank keeps the optimizer state of 1/N of the parameters (ZeRO-1)
+  --offload-optimizer none|cpu   cpu: the f32 masters, their gradients and the optimizer state live in host
+                                 memory and the update runs there; the device keeps the working weights and the
+                                 step's gradients (DeepSpeed's offload_optimizer; needs --device cuda)
 training (Hugging Face names; each flag sets the TrainerConfig field of its name, whose validate() is the one
 check of the values; the defaults shown are train_gpt's, for a quick run of the tiny model; the library's
 TrainerConfig{} differs in: gradient_accumulation_steps 1, learning_rate 1e-3, weight_decay 0, adam_beta2 0.999,
@@ -347,6 +350,9 @@ Options parse_options(const std::vector<std::string>& arguments) {
              require(v == "fp32" || v == "bf16", f, "'" + v + "' is not fp32 or bf16");
              options.save_dtype = v == "bf16" ? engine::DType::bf16 : engine::DType::f32; }},
         {"--zero-stage", [&](auto& f, auto& v) { shape.zero_stage = parse_int(f, v); }},
+        {"--offload-optimizer", [&](auto& f, auto& v) {
+             require(v == "none" || v == "cpu", f, "'" + v + "' is not none or cpu");
+             shape.offload_optimizer = v == "cpu"; }},
         {"--data-layout", [&](auto& f, auto& v) { options.data_layout = as_flag(f, [&] { return engine::nn::parse_data_layout(v); }); }},
         {"--eot-token", [&](auto& f, auto& v) { options.eot_token = parse_int(f, v); require(options.eot_token >= 0, f, "must be >= 0"); }},
         {"--communicator", [&](auto& f, auto& v) {
@@ -407,7 +413,8 @@ Options parse_options(const std::vector<std::string>& arguments) {
     require(planned || options.global_batch_size == 0, "--global-batch-size", "needs --max-memory (it is the planner's)");
     require(planned || !options.precision_auto, "--precision", "auto needs --max-memory (the planner chooses it)");
     for (const char* chosen : {"--per-device-train-batch-size", "--gradient-accumulation-steps", "--gradient-checkpointing",
-                               "--every-n-layers", "--segment-size", "--offload", "--prefetch", "--zero-stage"})
+                               "--every-n-layers", "--segment-size", "--offload", "--prefetch", "--zero-stage",
+                               "--offload-optimizer"})
         require(!planned || !given.contains(chosen), chosen,
                 "the planner chooses it under --max-memory; leave it out (give --global-batch-size instead)");
     check_trainer_config(trainer); // every rule on the training flags, in TrainerConfig
@@ -418,6 +425,12 @@ Options parse_options(const std::vector<std::string>& arguments) {
                 engine::cuda::backend_built ? "no CUDA device is present" : "this build of libengine has no CUDA backend");
         options.resolved_device = available ? engine::Device::cuda : engine::Device::cpu;
     }
+    // Offload moves model state from the device to the host: on the host there is nothing to move.
+    require(!shape.offload_optimizer || options.resolved_device != engine::Device::cpu, "--offload-optimizer",
+            "cpu moves the model state from the device to host memory, but this run is on the CPU already");
+    // The host masters' gradients are reduced where they are: on the host.
+    require(!shape.offload_optimizer || options.communicator != "nccl", "--communicator",
+            "nccl reduces device tensors; with --offload-optimizer cpu the gradients are reduced on the host (mpi)");
     // TF32 is a CUDA math mode: asking for it on the CPU is a mistake worth naming (false is harmless).
     require(!(options.tf32.value_or(false) && options.resolved_device != engine::Device::cuda), "--tf32",
             "true needs the CUDA device; this run is on the CPU, which computes in full fp32");

@@ -35,7 +35,9 @@ public:
     const checkpoint::CheckpointPolicy& checkpointing() const { return policy_; }
     const std::vector<checkpoint::Segment>& segments() const { return segments_; }
 
-    virtual Device device() const = 0; // where the parameters are (Module::to moves them)
+    // Where the forward runs: the parameters' device (Module::to moves them), or with the masters on the host
+    // (set_master_device) the working copies'.
+    virtual Device device() const = 0;
     DType dtype() const { return compute_dtype(); } // what the forward computes in: the activations' dtype
 
 protected:

@@ -54,7 +54,7 @@ public:
     int padded_vocab_size() const override { return config_.padded_vocab_size(); }
     int max_seq_len() const override { return config_.max_seq_len; }
     std::string architecture() const override { return "gpt2"; }
-    Device device() const override { return wte.weight.device(); }
+    Device device() const override { return compute_device(); }
     // The transformer blocks, for the checkpoint policy.
     int block_count() const override { return static_cast<int>(h.size()); }
     Tensor run_blocks(const Tensor& input, int first_block, int block_count) const override;

@@ -108,7 +108,7 @@ public:
     int vocab_size() const override { return config_.vocab_size; }
     int max_seq_len() const override { return config_.max_position_embeddings; }
     std::string architecture() const override { return "llama"; }
-    Device device() const override { return model.embed_tokens.weight.device(); }
+    Device device() const override { return compute_device(); }
     int block_count() const override { return static_cast<int>(model.layers.size()); }
     Tensor run_blocks(const Tensor& input, int first_block, int count) const override;
 

@@ -45,7 +45,10 @@ std::vector<Tensor> Module::parameters() const {
     return out;
 }
 
-void Module::zero_grad() { engine::zero_grad(parameters()); }
+void Module::zero_grad() {
+    engine::zero_grad(parameters());
+    if (master_device_) engine::zero_grad(working_parameters()); // buffers of their own
+}
 
 size_t Module::parameter_count() const {
     size_t count = 0;
@@ -70,37 +73,107 @@ void Module::set_compute_dtype(DType dtype) {
                      "set_compute_dtype: parameter '" << name << "' is " << dtype_name(master.dtype())
                                                       << "; working copies are bf16 over f32 masters");
     // Every module's copies are made before any module takes them: an allocation failure changes nothing.
+    // With the masters apart, the copies stay on the compute device and only their dtype changes.
+    const Device device = compute_device();
     std::vector<std::pair<Module*, std::vector<WorkingCopy>>> made;
-    make_working_copies(dtype, made);
+    make_working_copies(dtype, device, made);
     for (auto& [module, copies] : made) {
         module->working_copies_ = std::move(copies);
         module->compute_dtype_ = dtype;
     }
 }
 
-void Module::make_working_copies(DType dtype, std::vector<std::pair<Module*, std::vector<WorkingCopy>>>& made) {
+void Module::make_working_copies(DType dtype, Device device,
+                                 std::vector<std::pair<Module*, std::vector<WorkingCopy>>>& made) {
     std::vector<WorkingCopy> copies;
     for (const auto& [name, master] : parameters_) {
-        if (dtype == master.dtype()) break; // no copies
+        if (dtype == master.dtype() && device == master.device()) break; // no copies
         WorkingCopy copy;
         copy.master_storage = master.dim() >= 1 ? master.with_rows(stored_rows(master)) : master;
-        Tensor working_storage =
-            Tensor::empty(copy.master_storage.shape(), dtype, master.device(), MemoryCategory::parameters);
+        Tensor working_storage = Tensor::empty(copy.master_storage.shape(), dtype, device, MemoryCategory::parameters);
         working_storage.set_name(name);
-        // A leaf that requires grad and whose gradient buffer is the master's (f32, compute_dtype(bf16)).
-        working_storage.share_gradient_buffer(copy.master_storage);
+        // A leaf that requires grad. Beside its master: its gradient buffer is the master's (f32,
+        // compute_dtype(bf16)). On another device: a buffer of its own there, where backward runs.
+        if (device == master.device()) working_storage.share_gradient_buffer(copy.master_storage);
+        else working_storage.set_requires_grad(true);
         copy.working_storage = working_storage;
         copy.working = master.dim() >= 1 ? working_storage.with_rows(master.size(0)) : working_storage;
-        convert_into(copy.working_storage, copy.master_storage);
+        refresh(copy);
         copies.push_back(std::move(copy));
     }
     made.emplace_back(this, std::move(copies));
-    for (auto& [name, child] : children_) child->make_working_copies(dtype, made);
+    for (auto& [name, child] : children_) child->make_working_copies(dtype, device, made);
+}
+
+void Module::refresh(const WorkingCopy& copy) const {
+    const Tensor& master = copy.master_storage;
+    Tensor working = copy.working_storage; // a handle: copy_from writes through it
+    if (working.device() == master.device()) return convert_into(working, master);
+    if (working.dtype() == master.dtype()) return working.copy_from(master);
+    // Rounded where the master is, then copied: half the bytes cross to the device, and the rounding is the
+    // one every kernel shares (base/bfloat16.h), so the copy equals a device-side conversion.
+    const Tensor rounded = Tensor::empty(master.shape(), working.dtype(), master.device(), MemoryCategory::workspace);
+    convert_into(rounded, master);
+    working.copy_from(rounded);
 }
 
 void Module::refresh_working_copies() {
-    for (const WorkingCopy& copy : working_copies_) convert_into(copy.working_storage, copy.master_storage);
+    for (const WorkingCopy& copy : working_copies_) refresh(copy);
     for (auto& [name, child] : children_) child->refresh_working_copies();
+}
+
+std::vector<Tensor> Module::working_parameters() const {
+    std::vector<Tensor> out;
+    collect_working(out);
+    return out;
+}
+
+void Module::collect_working(std::vector<Tensor>& out) const {
+    for (const auto& [name, parameter] : parameters_) out.push_back(working(parameter));
+    for (const auto& [name, child] : children_) child->collect_working(out);
+}
+
+Device Module::compute_device() const {
+    if (master_device_) return compute_device_;
+    for (const auto& [name, parameter] : named_parameters()) return parameter.device();
+    return Device::cpu;
+}
+
+void Module::set_master_device(Device master_device) {
+    const std::vector<std::pair<std::string, Tensor>> named = named_parameters();
+    ENGINE_CHECK(!named.empty(), "set_master_device: the module has no parameters");
+    if (master_device_ == master_device) return;
+    ENGINE_CHECK(!master_device_, "set_master_device: the masters are on " << device_name(*master_device_)
+                                                                           << " already; they cannot move again");
+    const Device device = named.front().second.device();
+    for (const auto& [name, parameter] : named)
+        ENGINE_CHECK(parameter.device() == device, "set_master_device: parameter '" << name << "' is on "
+                                                       << device_name(parameter.device()) << ", '" << named.front().first
+                                                       << "' on " << device_name(device) << ": one device first (to())");
+    ENGINE_CHECK(master_device != device, "set_master_device: the masters are on " << device_name(device)
+                                              << " already, where the forward runs: nothing would move");
+    // The copies sharing the masters' gradient buffers go first; the masters (with their views and buffers)
+    // move out; then every module gets copies of its own on the device.
+    std::vector<Module*> tree;
+    collect_modules(tree);
+    for (Module* module : tree) module->working_copies_.clear();
+    std::vector<Tensor> holders;
+    collect_storage_holders(holders);
+    move_storage_to(holders, master_device);
+    // bf16 copies stay bf16; without them the copies are in the masters' own dtype.
+    const DType dtype = compute_dtype_ == DType::bf16 ? DType::bf16 : named.front().second.dtype();
+    std::vector<std::pair<Module*, std::vector<WorkingCopy>>> made;
+    make_working_copies(dtype, device, made);
+    for (auto& [module, copies] : made) module->working_copies_ = std::move(copies);
+    for (Module* module : tree) {
+        module->master_device_ = master_device;
+        module->compute_device_ = device;
+    }
+}
+
+void Module::collect_modules(std::vector<Module*>& out) {
+    out.push_back(this);
+    for (auto& [name, child] : children_) child->collect_modules(out);
 }
 
 const Tensor& Module::working(const Tensor& parameter) const {
@@ -130,6 +203,9 @@ void Module::to(Device device) {
     // Before anything else, so that a parameterless tree (Sequential of GELUs) fails the same way.
     ENGINE_CHECK(device != Device::cuda || cuda::backend_built,
                  "Module::to(cuda): tensor is on cuda, but libengine was built without CUDA");
+    ENGINE_CHECK(!master_device_, "Module::to(" << device_name(device) << "): the masters are on "
+                                                << device_name(*master_device_) << " apart from the working copies "
+                                                << "(set_master_device); move the module before placing them");
     // In place, all or nothing, keeping shared storage shared (the padded table and its rows, a working copy
     // and its master's gradient): handles held before the move see the moved parameters.
     std::vector<Tensor> holders;

@@ -2,6 +2,7 @@
 // safetensors files and training-state files key on.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,7 +42,8 @@ public:
     // and a Trainer, after to()); views a caller made itself (detach, reshape, with_rows), which keep the old
     // storage; and a graph recorded before the call (call it between steps, not between forward and
     // backward). Every new buffer is allocated before any is taken, so an allocation failure changes
-    // nothing. A build without CUDA throws its "built without CUDA" error for Device::cuda.
+    // nothing. A build without CUDA throws its "built without CUDA" error for Device::cuda. Refused while
+    // set_master_device keeps the masters apart from the working copies.
     void to(Device device);
 
     // Mixed precision (docs/TRAINING.md, "bf16"), for the whole tree. The parameters stay what they are: the
@@ -59,6 +61,23 @@ public:
     // token table): its working copy with the same shape when there is one, else the parameter itself (an
     // undefined tensor, as a Linear without bias, is returned as it is).
     const Tensor& working(const Tensor& parameter) const;
+    // working() of every parameter, in named_parameters() order: the leaves backward accumulates into. Their
+    // grad() is the masters' own buffer, except with the masters on another device (set_master_device).
+    std::vector<Tensor> working_parameters() const;
+
+    // Model state off the device (docs/MEMORY.md, "Model state off the device"): moves the masters (the
+    // parameters, their gradient buffers and the views registered beside them) to `master_device` (the host),
+    // and keeps what the forward reads where the parameters were, for the whole tree: the working copies in
+    // compute_dtype() (bf16 under mixed precision, else copies in the parameters' own dtype), made anew, each
+    // a leaf with its own zeroed gradient buffer there (f32), into which backward accumulates. Moving the
+    // masters out first frees more of the device than the copies then take. refresh_working_copies() copies
+    // (and rounds) the masters up; compute_device() is where the forward runs. The parameters must be on one
+    // device; a second call with the same device changes nothing, and to() is refused while they are apart.
+    void set_master_device(Device master_device);
+    // Where the forward runs: the working copies' device when the masters are apart, else the parameters'.
+    Device compute_device() const;
+    // The masters' device when set_master_device moved them, else nullopt.
+    std::optional<Device> master_device() const { return master_device_; }
 
     // The seam through which a trainer applies its checkpoint policy (checkpoint/checkpoint.h): only the model
     // knows which of its layers are checkpointable and how they chain (GPT: its blocks). The default, for a
@@ -82,12 +101,20 @@ private:
         Tensor working;         // working_storage with the master's own rows
     };
     void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
-    void make_working_copies(DType dtype, std::vector<std::pair<Module*, std::vector<WorkingCopy>>>& made);
+    // Copies in `dtype` on `device` (the masters' own device: sharing their gradient buffers; another: each
+    // with a gradient buffer of its own).
+    void make_working_copies(DType dtype, Device device,
+                             std::vector<std::pair<Module*, std::vector<WorkingCopy>>>& made);
+    void refresh(const WorkingCopy& copy) const;
     void collect_storage_holders(std::vector<Tensor>& out) const;
+    void collect_working(std::vector<Tensor>& out) const;
+    void collect_modules(std::vector<Module*>& out);
     std::vector<std::pair<std::string, Tensor>> parameters_;
     std::vector<Tensor> aliases_;
     std::vector<WorkingCopy> working_copies_; // empty, or one per parameters_ entry
     DType compute_dtype_ = DType::f32;
+    std::optional<Device> master_device_; // set_master_device's, for the whole tree
+    Device compute_device_ = Device::cpu; // the working copies' device, with master_device_
     std::vector<std::pair<std::string, Module*>> children_;
     bool training_ = true;
 };

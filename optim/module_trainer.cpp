@@ -29,10 +29,13 @@ void synchronize_device(Device device) {
     cuda::synchronize(device);
 }
 
-// The first parameter (in model order) whose accumulated gradient holds a NaN or an Inf, for the error.
+// The first parameter (in model order) whose accumulated gradient holds a NaN or an Inf, for the error: read
+// where backward accumulated (the working copies' buffers with the masters on the host).
 std::string first_nonfinite_gradient(const nn::Module& model) {
-    for (const auto& [name, parameter] : model.named_parameters())
-        if (!all_finite(parameter.grad())) return name;
+    const std::vector<std::pair<std::string, Tensor>> named = model.named_parameters();
+    const std::vector<Tensor> working = model.working_parameters();
+    for (size_t index = 0; index < named.size(); ++index)
+        if (!all_finite(working[index].grad())) return named[index].first;
     return "none (the gradients are finite; the loss is not)";
 }
 
@@ -44,8 +47,16 @@ ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, dis
     // Before anything sizes itself on the activations.
     if (config_.shape.precision == Precision::bf16) model_.set_compute_dtype(DType::bf16);
     model_.set_checkpointing(config.shape.checkpointing);
+    if (config_.shape.offload_optimizer) {
+        const Device device = model_.compute_device();
+        ENGINE_CHECK(device != Device::cpu,
+                     "trainer: offload_optimizer moves the model state from the device to the host, but this model "
+                     "is on the host already (cpu): there is nothing to move");
+        model_.set_master_device(Device::cpu); // before the optimizer, whose state goes where the masters are
+    }
     parameters_ = model_.parameters();
-    device_ = parameters_.front().device();
+    gradient_leaves_ = model_.working_parameters();
+    device_ = model_.compute_device();
     loss_dtype_ = model_.compute_dtype() == DType::bf16 ? DType::f32 : parameters_.front().dtype();
     // Without a communicator there is one process, whose one part is the whole: zero_stage 1 changes nothing.
     if (config_.shape.zero_stage == 1 && communicator_ != nullptr)
@@ -131,7 +142,7 @@ Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batc
     } catch (...) {
         // Leave the model as the step found it: no half-accumulated gradients, no dangling tape.
         current_tape().clear();
-        optimizer_->zero_grad();
+        zero_gradients();
         throw;
     }
     return window;
@@ -173,6 +184,11 @@ ModuleTrainer::Evaluation ModuleTrainer::evaluate(const std::vector<MicroBatch>&
     return evaluation;
 }
 
+void ModuleTrainer::zero_gradients() {
+    optimizer_->zero_grad();
+    if (offloaded()) zero_grad(gradient_leaves_); // the device buffers backward accumulates into
+}
+
 double ModuleTrainer::rank_gradient_scale() const {
     if (communicator_ == nullptr) return 1.0;
     return config_.loss_normalization.divides_by_global_count() ? 1.0
@@ -185,6 +201,17 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
     const double gradient_scale = rank_gradient_scale(); // folded into the norm and the update kernel
     double loss_sum = 0.0;
     try {
+        if (offloaded()) {
+            // Model state on the host: the window's gradients, summed on the device, are measured there as without
+            // offload (the same kernel, so the same bits), then copied to the masters' host buffers, where the
+            // ranks reduce them (host tensors: the mpi backend) and the optimizer reads them.
+            if (!zero_ && communicator_ == nullptr) {
+                const profiling::PhaseScope phase(profiling::Phase::grad_norm);
+                result.grad_norm = global_grad_norm(gradient_leaves_) * gradient_scale;
+            }
+            for (size_t index = 0; index < parameters_.size(); ++index)
+                parameters_[index].grad().copy_from(gradient_leaves_[index].grad());
+        }
         if (zero_) {
             zero_->reduce_scatter_gradients(); // ZeRO-1: each rank gets the summed gradients of its own part
         } else if (communicator_ != nullptr) {
@@ -195,7 +222,7 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
             for (const Tensor& parameter : parameters_) gradients.push_back(parameter.grad());
             communicator_->all_reduce_gradients(gradients);
         }
-        {
+        if (!offloaded() || zero_ || communicator_ != nullptr) {
             const profiling::PhaseScope phase(profiling::Phase::grad_norm); // the op profiler's clip share
             result.grad_norm =
                 (zero_ ? std::sqrt(zero_->gradient_sum_of_squares()) : global_grad_norm(parameters_)) * gradient_scale;
@@ -205,7 +232,7 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
     } catch (...) {
         // Partly reduced gradients must not be stepped on or added to by a retry. (A failed collective usually
         // leaves the ranks out of step for good; see docs/DISTRIBUTED.md.)
-        optimizer_->zero_grad();
+        zero_gradients();
         throw;
     }
     // Every loss reports a sum of item losses, so the global item mean is their sum over the global count.
@@ -213,7 +240,7 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
     // Caught before the optimizer runs: a NaN or Inf must never reach the weights or the moments.
     if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
         const std::string parameter = first_nonfinite_gradient(model_);
-        optimizer_->zero_grad();
+        zero_gradients();
         if (!config_.skip_nonfinite) {
             ENGINE_FAIL("trainer: non-finite values at step " << step() + 1 << " (loss " << result.loss << ", grad norm "
                         << result.grad_norm << "); first parameter with a non-finite gradient: " << parameter
@@ -226,8 +253,8 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
         optimizer_->set_learning_rate(result.learning_rate);
         optimizer_->step(clip_coefficient(result.grad_norm, config_.max_grad_norm) * gradient_scale); // the one clip
         if (zero_) zero_->all_gather_parameters(); // every rank's updated part, to every replica
-        model_.refresh_working_copies();           // bf16: the forward's copies of the new masters
-        optimizer_->zero_grad();
+        model_.refresh_working_copies();           // bf16, or the host masters: the forward's copies of them
+        zero_gradients();
     }
 
     synchronize_device(device_);
@@ -240,6 +267,7 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
     result.tokens_per_second = result.seconds > 0.0 ? static_cast<double>(window.tokens) / result.seconds : 0.0;
     if (communicator_ != nullptr) result.communication = communicator_->counters() - window_counters_;
     result.memory = memory_stats(device_);
+    if (device_ != Device::cpu) result.host_memory = memory_stats(Device::cpu);
     if (device_ != Device::cpu) {
         // Offloaded inputs live in pinned host memory, which the host's account holds: report them here too.
         const MemoryStats host = memory_stats(Device::cpu);

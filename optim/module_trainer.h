@@ -35,6 +35,7 @@ struct StepResult {
     double seconds = 0.0;
     double tokens_per_second = 0.0;
     MemoryStats memory;              // the model device's statistics; peaks cover this step only
+    MemoryStats host_memory;         // the host's, when the model is on another device (offload's tiers)
     bool skipped = false;            // non-finite loss or gradients with skip_nonfinite: no update was made
     // What the communicator did during this step (zero without one): one count, one gradient and one loss
     // all-reduce per step with data parallelism, whatever the number of micro-batches.
@@ -180,11 +181,17 @@ private:
     // The factor that turns the ranks' summed gradients into this step's: 1 when each rank's loss is divided
     // by the global item count, 1/world_size for per-rank means (DDP's average).
     double rank_gradient_scale() const;
+    // The model state on the host (offload_optimizer): the masters and their gradients apart from the
+    // buffers backward fills.
+    bool offloaded() const { return config_.shape.offload_optimizer; }
+    // Every gradient buffer of the step back to zero: the masters', and the device ones when they are apart.
+    void zero_gradients();
 
     nn::Module& model_;
     TrainerConfig config_;
-    std::vector<Tensor> parameters_;
-    Device device_ = Device::cpu;
+    std::vector<Tensor> parameters_;      // the masters, as the optimizer updates them
+    std::vector<Tensor> gradient_leaves_; // what backward accumulates into: parameters_, or their device copies
+    Device device_ = Device::cpu;         // where the forward runs
     DType loss_dtype_ = DType::f32; // the compute type mean mode's factor is formed in
     std::unique_ptr<Optimizer> optimizer_;
     LearningRateSchedule schedule_;

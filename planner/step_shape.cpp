@@ -59,6 +59,7 @@ std::string StepShape::flags() const {
     }
     text << " --precision " << precision_name(precision);
     if (zero_stage > 0) text << " --zero-stage " << zero_stage;
+    if (offload_optimizer) text << " --offload-optimizer cpu";
     return text.str();
 }
 
@@ -73,6 +74,7 @@ std::string StepShape::summary(int ranks) const {
     if (checkpointing.offload) text << " + offload";
     text << ", " << precision_name(precision);
     if (zero_stage > 0) text << ", ZeRO-" << zero_stage;
+    if (offload_optimizer) text << ", optimizer on the host";
     return text.str();
 }
 

@@ -40,6 +40,11 @@ struct StepShape {
     // 1: ZeRO stage 1, each of the N data-parallel ranks keeping the optimizer state of 1/N of the parameters
     // (optim/zero.h); 0: every rank keeps all of it.
     int zero_stage = 0;
+    // Model state off the device (DeepSpeed's offload_optimizer; docs/MEMORY.md, "Model state off the
+    // device"): the f32 masters, their gradient buffers and the optimizer state live in host memory and the
+    // update runs there; the device keeps the working weights and the window's f32 gradients, which go to the
+    // host once per step. Needs a model on a device other than the host.
+    bool offload_optimizer = false;
 
     // Every rule on these fields, the checkpoint policy's included: the first broken one, or nullopt.
     std::optional<ConfigProblem> problem() const;

@@ -1,0 +1,201 @@
+// Model state off the device (optimizer offload, TrainerConfig::shape.offload_optimizer): the f32 masters, their
+// gradients and AdamW's moments in host memory, the update on the host, the device keeping the working weights
+// and the window's gradients. Against the same run with everything on the device: the same weights, bitwise,
+// after steps with accumulation, clipping, bf16 and checkpointing, for GPT-2 and Llama (tied and untied); the
+// device holds no master, gradient copy or moment, and the host holds them; resume is bitwise; a model on the
+// host is refused.
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/cuda/runtime.h"
+#include "nn/gpt.h"
+#include "nn/llama.h"
+#include "optim/trainer.h"
+#include "optim/training_state.h"
+#include "tests/cuda/gpt_gradients.h"
+#include "tests/llama_step.h"
+
+namespace engine::test {
+namespace {
+
+constexpr int micro_batches = 3, batch = 2, steps = 4;
+
+struct OffloadCase {
+    const char* name;
+    bool llama;
+    bool tied; // Llama only: the head reads embed_tokens (GPT-2's is always tied)
+    Precision precision;
+    bool checkpointing;
+};
+void PrintTo(const OffloadCase& offload_case, std::ostream* out) { *out << offload_case.name; }
+
+std::unique_ptr<nn::CausalLM> build(const OffloadCase& run) {
+    if (run.llama) return std::make_unique<nn::Llama>(small_llama_config(run.tied), 11, Device::cuda);
+    return std::make_unique<nn::GPT>(small_gpt_config(), 11, Device::cuda);
+}
+
+optim::TrainerConfig config_of(const OffloadCase& run, bool offload) {
+    optim::TrainerConfig config;
+    config.shape.per_device_train_batch_size = batch;
+    config.shape.gradient_accumulation_steps = micro_batches;
+    config.shape.precision = run.precision;
+    config.shape.checkpointing.enabled = run.checkpointing;
+    config.shape.checkpointing.offload = run.checkpointing;
+    config.shape.offload_optimizer = offload;
+    config.learning_rate = 3e-3;
+    config.weight_decay = 0.1;
+    config.max_grad_norm = 0.5; // active: these gradients' norm is far above it
+    config.lr_scheduler_type = "cosine";
+    config.warmup_steps = 1;
+    config.max_steps = steps;
+    return config;
+}
+
+// A fixed stream of batches (labels = inputs; the trainer shifts them), the same for every run.
+nn::BatchSource batches_of(const nn::CausalLM& model, int& cursor) {
+    const int length = model.max_seq_len();
+    return [&cursor, length, vocabulary = model.vocab_size()]() -> std::optional<nn::Batch> {
+        const std::vector<MicroBatch> made =
+            make_token_micro_batches(vocabulary, length, 1, batch, 1000u + static_cast<uint32_t>(cursor++));
+        nn::Batch out;
+        out.inputs = Tensor::from_vector<int32_t>(made[0].tokens, {batch, length}, Device::cpu);
+        out.labels = out.inputs;
+        return out;
+    };
+}
+
+// Every master's bytes, in order.
+std::vector<std::vector<unsigned char>> master_bytes(const nn::Module& model) {
+    std::vector<std::vector<unsigned char>> out;
+    for (const auto& [name, parameter] : model.named_parameters()) {
+        const Tensor host = parameter.to(Device::cpu);
+        const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
+        out.emplace_back(bytes, bytes + host.nbytes());
+    }
+    return out;
+}
+
+struct Trained {
+    std::vector<double> losses, norms;
+    std::vector<std::vector<unsigned char>> masters;
+    MemoryStats device, host;                // after the first step
+    std::optional<io::TrainingState> halfway; // captured after steps / 2 steps
+};
+
+Trained train(const OffloadCase& run, bool offload) {
+    std::unique_ptr<nn::CausalLM> model = build(run);
+    optim::Trainer trainer(*model, config_of(run, offload));
+    int cursor = 0;
+    const nn::BatchSource source = batches_of(*model, cursor);
+    Trained result;
+    for (int step = 0; step < steps; ++step) {
+        const std::optional<optim::StepResult> stepped = trainer.train_step(source);
+        EXPECT_TRUE(stepped.has_value());
+        result.losses.push_back(stepped->loss);
+        result.norms.push_back(stepped->grad_norm);
+        if (step == 0) result.device = stepped->memory, result.host = stepped->host_memory;
+        if (step + 1 == steps / 2) result.halfway = optim::capture_training_state(trainer, nullptr);
+    }
+    result.masters = master_bytes(*model);
+    return result;
+}
+
+class OffloadOptimizer : public ::testing::TestWithParam<OffloadCase> {
+protected:
+    void SetUp() override {
+        if (!engine::cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+        engine::cuda::set_tf32_enabled(false);
+    }
+};
+
+// One test per model, three claims over the same runs:
+// - the weights are bitwise the all-on-device run's: the host AdamW runs the CPU kernel, the device AdamW its
+//   CUDA twin, the same operations in the same order; the gradients and their norm are the device's in both
+//   runs; bf16 rounds with one function everywhere;
+// - the bytes are where they should be: on the device no optimizer state and, of the parameters, only the
+//   working copies; on the host the masters, their gradients and both moments;
+// - a state captured halfway (from the host tensors) restores into a new model and trainer and continues
+//   bitwise as the straight run.
+TEST_P(OffloadOptimizer, BitwiseTheAllOnDeviceRunWithTheStateOnTheHost) {
+    const OffloadCase& run = GetParam();
+    const Trained on_device = train(run, false);
+    const Trained offloaded = train(run, true);
+    for (int step = 0; step < steps; ++step) {
+        EXPECT_EQ(offloaded.losses[step], on_device.losses[step]) << "step " << step + 1;
+        EXPECT_EQ(offloaded.norms[step], on_device.norms[step]) << "step " << step + 1;
+    }
+    ASSERT_EQ(offloaded.masters.size(), on_device.masters.size());
+    for (size_t index = 0; index < on_device.masters.size(); ++index)
+        EXPECT_TRUE(offloaded.masters[index] == on_device.masters[index]) << "parameter " << index;
+
+    const std::unique_ptr<nn::CausalLM> model = build(run);
+    size_t masters = 0, working = 0;
+    for (const auto& [name, parameter] : model->named_parameters()) {
+        masters += parameter.storage_bytes();
+        working += parameter.storage_bytes() / dtype_size(parameter.dtype()) * dtype_size(precision_dtype(run.precision));
+    }
+    const auto device = [](const Trained& trained, MemoryCategory category) { return trained.device.current(category); };
+    const auto host = [](const Trained& trained, MemoryCategory category) { return trained.host.current(category); };
+    EXPECT_EQ(device(offloaded, MemoryCategory::optimizer_state), 0u);
+    EXPECT_GT(device(on_device, MemoryCategory::optimizer_state), 0u);
+    EXPECT_EQ(host(offloaded, MemoryCategory::optimizer_state), device(on_device, MemoryCategory::optimizer_state));
+    // The device's parameters: the working copies and the buffers both runs build alike (Llama's RoPE tables).
+    const size_t constant = device(on_device, MemoryCategory::parameters) - masters -
+                            (run.precision == Precision::bf16 ? working : 0);
+    EXPECT_EQ(device(offloaded, MemoryCategory::parameters), working + constant);
+    EXPECT_EQ(host(offloaded, MemoryCategory::parameters), masters);
+    // Gradients: the window's f32 buffers on the device, the masters' on the host.
+    EXPECT_EQ(device(offloaded, MemoryCategory::gradients), device(on_device, MemoryCategory::gradients));
+    EXPECT_EQ(host(offloaded, MemoryCategory::gradients), device(on_device, MemoryCategory::gradients));
+    EXPECT_LT(offloaded.device.peak_bytes, on_device.device.peak_bytes);
+
+    std::unique_ptr<nn::CausalLM> resumed_model = build(run);
+    optim::Trainer resumed(*resumed_model, config_of(run, true));
+    ASSERT_TRUE(offloaded.halfway.has_value());
+    optim::restore_training_state(*offloaded.halfway, resumed, nullptr);
+    int cursor = steps / 2 * micro_batches;
+    const nn::BatchSource source = batches_of(*resumed_model, cursor);
+    for (int step = steps / 2; step < steps; ++step) {
+        const std::optional<optim::StepResult> stepped = resumed.train_step(source);
+        ASSERT_TRUE(stepped.has_value());
+        EXPECT_EQ(stepped->loss, offloaded.losses[step]) << "resumed step " << step + 1;
+    }
+    EXPECT_TRUE(master_bytes(*resumed_model) == offloaded.masters) << "resumed weights";
+    std::printf("  %s: losses %.6f -> %.6f bitwise over %zu parameters; device peak %zu -> %zu B; host %zu B of "
+                "masters, %zu of moments\n",
+                run.name, on_device.losses.front(), on_device.losses.back(), on_device.masters.size(),
+                on_device.device.peak_bytes, offloaded.device.peak_bytes, host(offloaded, MemoryCategory::parameters),
+                host(offloaded, MemoryCategory::optimizer_state));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, OffloadOptimizer,
+    ::testing::Values(OffloadCase{"gpt_fp32", false, true, Precision::fp32, false},
+                      OffloadCase{"gpt_bf16_checkpointed", false, true, Precision::bf16, true},
+                      OffloadCase{"llama_fp32_checkpointed", true, false, Precision::fp32, true},
+                      OffloadCase{"llama_bf16", true, false, Precision::bf16, false},
+                      OffloadCase{"llama_tied_bf16", true, true, Precision::bf16, false}),
+    [](const ::testing::TestParamInfo<OffloadCase>& info) { return std::string(info.param.name); });
+
+// Nothing to move on the host: the trainer says so before anything changes.
+TEST(OffloadOptimizerInput, AModelOnTheHostIsRefused) {
+    nn::GPT model(small_gpt_config(), 11, Device::cpu);
+    optim::TrainerConfig config;
+    config.shape.offload_optimizer = true;
+    try {
+        optim::Trainer trainer(model, config);
+        FAIL() << "offload_optimizer on a model on the host must throw";
+    } catch (const EngineError& error) {
+        EXPECT_NE(std::string(error.what()).find("offload_optimizer"), std::string::npos) << error.what();
+    }
+    EXPECT_EQ(model.device(), Device::cpu);
+    EXPECT_FALSE(model.master_device().has_value());
+}
+
+} // namespace
+} // namespace engine::test
