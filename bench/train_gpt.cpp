@@ -264,6 +264,33 @@ std::string run_config_json(const Options& options) {
         .dump();
 }
 
+// --max-host-memory, or the host's available memory minus 10%.
+size_t host_budget(const Options& options) {
+    if (options.max_host_memory) return *options.max_host_memory;
+    try {
+        return planner::automatic_budget(Device::cpu).budget();
+    } catch (const EngineError& error) {
+        throw train_gpt::flag_error("--max-host-memory", error);
+    }
+}
+
+// --offload-optimizer cpu without the planner: the model state must fit the host before anything is built.
+void check_host_budget(const Options& options) {
+    const StepShape& shape = options.trainer.shape;
+    if (!shape.offload_optimizer) return;
+    const distributed::LaunchEnvironment launch = distributed::launch_environment();
+    const planner::MemoryPrediction predicted = planner::predict_memory(
+        options.model, shape.per_device_train_batch_size, options.seq_len, shape.checkpointing,
+        precision_dtype(shape.precision), options.trainer.optimizer, shape.zero_stage == 1 ? launch.world_size : 1,
+        shape.gradient_accumulation_steps, true);
+    const size_t budget = host_budget(options);
+    if (predicted.host_peak_bytes > budget)
+        throw train_gpt::UsageError(
+            "--max-host-memory", "the offloaded model state needs " + planner::format_bytes(predicted.host_peak_bytes) +
+                                     " (" + std::to_string(predicted.host_peak_bytes) + " B) of host memory; the budget is " +
+                                     planner::format_bytes(budget) + " (" + std::to_string(budget) + " B)");
+}
+
 // --max-memory: the planner's choice written into the trainer's flags, before anything is allocated. Prints
 // the chosen plan and the alternatives (rank 0); no plan fits: a UsageError naming the smallest peak.
 Options apply_memory_plan(const Options& options) {
@@ -278,6 +305,7 @@ Options apply_memory_plan(const Options& options) {
     search.precisions = options.precision_auto ? std::vector<Precision>{Precision::fp32, Precision::bf16}
                                                : std::vector<Precision>{config.shape.precision};
     search.ranks = ranks;
+    search.host_budget = host_budget(options);
     const int global_batch =
         options.global_batch_size > 0
             ? options.global_batch_size
@@ -302,7 +330,10 @@ Options apply_memory_plan(const Options& options) {
     if (!result.chosen) throw train_gpt::UsageError("--max-memory", result.no_fit_message());
     config.shape = result.plans[*result.chosen].shape;
     if (launch.rank == 0)
-        std::cout << "budget " << planner::format_bytes(budget) << " (" << budget_source << ")\n"
+        std::cout << "budget " << planner::format_bytes(budget) << " (" << budget_source << ")"
+                  << (options.resolved_device == Device::cpu ? ""
+                                                             : ", host budget " + planner::format_bytes(search.host_budget))
+                  << "\n"
                   << planner::plan_table(result, options.model);
     return planned;
 }
@@ -310,6 +341,7 @@ Options apply_memory_plan(const Options& options) {
 int run(const Options& flags) {
     const Options options = flags.max_memory || flags.max_memory_auto ? apply_memory_plan(flags) : flags;
     const optim::TrainerConfig& config = options.trainer;
+    if (!options.plan) check_host_budget(options);
     if (options.plan) {
         // Per rank: ZeRO-1 over the launcher's ranks (mpirun -np N train_gpt --plan --zero-stage 1), printed once.
         const distributed::LaunchEnvironment launch = distributed::launch_environment();
@@ -318,7 +350,7 @@ int run(const Options& flags) {
             std::cout << planner::plan_report(options.model, shape.per_device_train_batch_size, options.seq_len,
                                               shape.checkpointing, precision_dtype(shape.precision), config.optimizer,
                                               shape.zero_stage == 1 ? launch.world_size : 1,
-                                              shape.gradient_accumulation_steps);
+                                              shape.gradient_accumulation_steps, shape.offload_optimizer);
         return 0;
     }
 
@@ -358,6 +390,13 @@ int run(const Options& flags) {
         } catch (const EngineError& error) {
             throw train_gpt::flag_error("--resume", error);
         }
+        // The model state's tier is part of the run: a state saved with the optimizer on the host resumes so.
+        const nlohmann::json saved = nlohmann::json::parse(resumed.config_json, nullptr, false);
+        const bool saved_offload = saved.is_object() && saved.value("offload_optimizer", false);
+        if (saved_offload != config.shape.offload_optimizer)
+            throw train_gpt::UsageError("--resume", resumed.path + " was saved with --offload-optimizer " +
+                                                        (saved_offload ? "cpu" : "none") + "; this run has " +
+                                                        (config.shape.offload_optimizer ? "cpu" : "none"));
         if (lead) std::cout << "resumed from " << resumed.path << " at step " << resumed.step << "\n";
         if (lead && !resumed.refused_reason.empty()) std::cerr << "train_gpt: warning: " << resumed.refused_reason << "\n";
         // Allowed (e.g. more --max-steps), but the run then no longer equals one uninterrupted run.

@@ -213,6 +213,9 @@ memory:
                                  --precision auto, ZeRO stage with several ranks): the least predicted time that
                                  fits. With --plan it prints the plan and exits; no plan fits: exit 2
   --global-batch-size S          with --max-memory: sequences per optimizer step over all ranks (default b x N)
+  --max-host-memory SIZE|auto    host memory the offloaded model state may take: the planner's host budget, and
+                                 checked against --offload-optimizer cpu's prediction before anything is built
+                                 (default auto: MemAvailable minus 10%)
   --device auto|cpu|cuda         (auto: cuda when a device is present)
   --tf32 true|false              CUDA GEMMs and attention on TF32 tensor cores (default true on CUDA; false:
                                  full fp32, to compare with the CPU)
@@ -345,6 +348,8 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--max-memory", [&](auto& f, auto& v) {
              options.max_memory_auto = v == "auto";
              if (!options.max_memory_auto) options.max_memory = as_flag(f, [&] { return engine::planner::parse_memory_size(v); }); }},
+        {"--max-host-memory", [&](auto& f, auto& v) {
+             if (v != "auto") options.max_host_memory = as_flag(f, [&] { return engine::planner::parse_memory_size(v); }); }},
         {"--global-batch-size", [&](auto& f, auto& v) { options.global_batch_size = parse_int(f, v); require(options.global_batch_size > 0, f, "must be positive"); }},
         {"--save-dtype", [&](auto& f, auto& v) {
              require(v == "fp32" || v == "bf16", f, "'" + v + "' is not fp32 or bf16");
@@ -426,7 +431,8 @@ Options parse_options(const std::vector<std::string>& arguments) {
         options.resolved_device = available ? engine::Device::cuda : engine::Device::cpu;
     }
     // Offload moves model state from the device to the host: on the host there is nothing to move.
-    require(!shape.offload_optimizer || options.resolved_device != engine::Device::cpu, "--offload-optimizer",
+    require(!shape.offload_optimizer || options.resolved_device != engine::Device::cpu || options.plan,
+            "--offload-optimizer",
             "cpu moves the model state from the device to host memory, but this run is on the CPU already");
     // The host masters' gradients are reduced where they are: on the host.
     require(!shape.offload_optimizer || options.communicator != "nccl", "--communicator",

@@ -88,6 +88,10 @@ struct Options {
     // fits, for --global-batch-size sequences per optimizer step (default: the flags' b x N x ranks).
     std::optional<size_t> max_memory; // bytes
     bool max_memory_auto = false;     // free device memory minus 10%
+    // --max-host-memory SIZE|auto: the host memory the model state offloaded to it may take (the planner's host
+    // budget, and a check of --offload-optimizer cpu before anything is built). Unset: auto, the machine's
+    // available memory minus 10%.
+    std::optional<size_t> max_host_memory;
     int global_batch_size = 0;
     bool precision_auto = false;      // --precision auto: the planner also tries bf16
     // --profile (or ENGINE_PROFILE=1): the op profiler (engine/profiling.h) over the training steps after the

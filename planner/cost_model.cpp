@@ -60,6 +60,7 @@ Ceilings measure_cpu() {
     const double copy = best_seconds(3, [&] { std::memcpy(target.data(), source.data(), bytes); });
     ceilings.memory_bytes_per_second = 2.0 * static_cast<double>(bytes) / copy; // read + write
     ceilings.host_link_bytes_per_second = static_cast<double>(bytes) / copy;    // offload's copy is a memcpy
+    ceilings.host_memory_bytes_per_second = ceilings.memory_bytes_per_second;
     ceilings.seconds_per_op = 2e-6; // dispatch, tape record and allocation of one op (a few microseconds)
     ceilings.source = "measured on this CPU (BLAS sgemm 256^3, dot loop, 16 MiB memcpy)";
     return ceilings;
@@ -83,6 +84,9 @@ Ceilings cuda_ceilings(DType dtype) {
     ceilings.attention_flops_per_second = 3.5 / (1.0 / forward + 2.5 / backward);
     ceilings.memory_bytes_per_second = 0.75 * 4.3e12;
     ceilings.host_link_bytes_per_second = 50e9;
+    // The host beside it for optimizer offload: an assumption until bench_host_step measures a GPU machine's
+    // host (docs/PERF.md): AdamW's streaming passes at 50 GB/s.
+    ceilings.host_memory_bytes_per_second = 50e9;
     ceilings.seconds_per_op = 2e-6;
     ceilings.source = std::string("H200 constants (docs/PERF.md), ") + (bf16 ? "bf16" : "tf32") + " tensor cores";
     return ceilings;
@@ -98,7 +102,9 @@ std::string StepCost::to_string() const {
          << ", recompute " << recompute_flops / 1e9 << "; streamed " << streamed_bytes / (1 << 20)
          << " MiB; host<->device " << host_device_bytes / (1 << 20) << " MiB; predicted " << seconds * 1e3
          << " ms (GEMM " << gemm_seconds * 1e3 << ", attention " << attention_seconds * 1e3 << ", memory "
-         << memory_seconds * 1e3 << ", transfer " << transfer_seconds * 1e3 << ", ops " << op_seconds * 1e3 << ")";
+         << memory_seconds * 1e3 << ", transfer " << transfer_seconds * 1e3 << ", ops " << op_seconds * 1e3;
+    if (host_seconds > 0) text << ", host update " << host_seconds * 1e3;
+    text << ")";
     return text.str();
 }
 
@@ -154,7 +160,7 @@ LayerWork llama_work(const nn::LlamaConfig& config, double batch, double seq_len
 
 StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumulation_steps, int seq_len,
                       const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
-                      int optimizer_shards, const Ceilings& ceilings) {
+                      int optimizer_shards, const Ceilings& ceilings, bool offload_optimizer) {
     const double rows = static_cast<double>(micro_batch) * seq_len; // N = B*T per micro-batch
     const double width = config.width(), layers = config.layers();
     const double steps = accumulation_steps;
@@ -188,10 +194,17 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
     const double parameters = work.parameters;
     const double shard = parameters / optimizer_shards;
     const double optimizer_passes = optimizer == OptimizerKind::adamw ? 7 : optimizer == OptimizerKind::sgd ? 5 : 2;
+    const double refresh = element != wide ? parameters * element : 0.0; // bf16: the working copies' refresh
+    const double optimizer_bytes = optimizer_passes * shard * wide;
     cost.streamed_bytes = steps * (3.0 * layers * block_bytes + recomputed * block_bytes + head_bytes) +
-                          (optimizer_passes * shard + 2.0 * parameters) * wide +
-                          (element != wide ? parameters * element : 0.0); // bf16: the working copies' refresh
+                          2.0 * parameters * wide + (offload_optimizer ? 0.0 : optimizer_bytes + refresh);
     cost.host_device_bytes = steps * 2.0 * offloaded * stream;
+    if (offload_optimizer) {
+        // The update moves to the host with its zero_grad, and the refresh rounds there; the window's gradients
+        // cross down once and the working copies (the step's dtype) up once.
+        cost.host_bytes = optimizer_bytes + parameters * wide + (element != wide ? parameters * (wide + element) : 0.0);
+        cost.host_device_bytes += parameters * (wide + element);
+    }
     // layer_ops per block forward (about 15), twice as many in backward, and a dozen for embedding, head and loss.
     cost.ops = steps * (3.0 * work.layer_ops * layers + work.layer_ops * recomputed + 12.0) + 4.0 * (2.0 * layers + 4.0);
 
@@ -200,7 +213,9 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
     cost.memory_seconds = cost.streamed_bytes / ceilings.memory_bytes_per_second;
     cost.transfer_seconds = cost.host_device_bytes / ceilings.host_link_bytes_per_second;
     cost.op_seconds = cost.ops * ceilings.seconds_per_op;
-    cost.seconds = cost.gemm_seconds + cost.attention_seconds + cost.memory_seconds + cost.transfer_seconds + cost.op_seconds;
+    cost.host_seconds = cost.host_bytes / ceilings.host_memory_bytes_per_second;
+    cost.seconds = cost.gemm_seconds + cost.attention_seconds + cost.memory_seconds + cost.transfer_seconds +
+                   cost.op_seconds + cost.host_seconds;
     return cost;
 }
 

@@ -17,6 +17,7 @@ struct Ceilings {
     double attention_flops_per_second = 0; // the attention kernels (plain loops on the CPU)
     double memory_bytes_per_second = 0;    // streaming elementwise kernels over device memory
     double host_link_bytes_per_second = 0; // offload's copies (pinned host <-> device; a copy on the CPU)
+    double host_memory_bytes_per_second = 0; // the host's streaming kernels (optimizer offload's update)
     double seconds_per_op = 0;             // a fixed cost per op launched (dispatch, kernel launch)
     std::string source;                    // "measured on this CPU" or where the constants come from
 };
@@ -37,15 +38,20 @@ struct StepCost {
     double recompute_flops = 0; // the checkpointed blocks' second forward
     double gemm_flops = 0, attention_flops = 0; // the same FLOPs split by which ceiling they meet
     double streamed_bytes = 0;     // elementwise traffic of forward, backward, recompute and the optimizer
-    double host_device_bytes = 0;  // offload: each saved input out in forward and back before its recompute
+    double host_device_bytes = 0;  // offload: each saved input out in forward and back before its recompute;
+                                   // optimizer offload: the gradients down and the working copies up
+    double host_bytes = 0;         // optimizer offload: the host update's traffic (masters, gradients, moments)
     double ops = 0;                // op launches
     double gemm_seconds = 0, attention_seconds = 0, memory_seconds = 0, transfer_seconds = 0, op_seconds = 0;
-    double seconds = 0; // their sum: nothing overlaps on the CPU, and on CUDA offload runs on the compute stream
+    double host_seconds = 0;
+    // Their sum: nothing overlaps on the CPU, and on CUDA offload runs on the compute stream and the host update
+    // between steps.
+    double seconds = 0;
     std::string to_string() const;
 };
 
 StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumulation_steps, int seq_len,
                       const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
-                      int optimizer_shards, const Ceilings& ceilings);
+                      int optimizer_shards, const Ceilings& ceilings, bool offload_optimizer = false);
 
 } // namespace engine::planner

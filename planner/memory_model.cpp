@@ -173,6 +173,21 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
     return walk;
 }
 
+// The elements of the largest parameter's storage (wte's padded rows included): what one working copy's
+// refresh rounds on the host at once.
+size_t largest_parameter_elements(const nn::ModelConfig& model_config) {
+    if (model_config.is_llama()) {
+        const nn::LlamaConfig& config = model_config.llama();
+        const size_t hidden = static_cast<size_t>(config.hidden_size);
+        return hidden * std::max({static_cast<size_t>(config.vocab_size), static_cast<size_t>(config.intermediate_size),
+                                  hidden});
+    }
+    const nn::GPTConfig& config = model_config.gpt();
+    const size_t width = static_cast<size_t>(config.n_embd);
+    return width * std::max({static_cast<size_t>(model_config.padded_vocab_size()),
+                             static_cast<size_t>(config.max_seq_len), 4 * width});
+}
+
 // Parameter counts and constant buffers, the part of the prediction that does not depend on the policy.
 struct ParameterTerms {
     size_t stored = 0;   // elements with a gradient buffer (GPT-2: wte's padding rows included)
@@ -195,7 +210,8 @@ ParameterTerms parameter_terms(const nn::ModelConfig& config, DType dtype) {
 } // namespace
 
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
-                                DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps) {
+                                DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
+                                bool offload_optimizer) {
     config.validate();
     ENGINE_CHECK(optimizer_shards >= 1, "predict_memory: optimizer_shards " << optimizer_shards << " must be >= 1");
     ENGINE_CHECK(accumulation_steps >= 1,
@@ -228,6 +244,23 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     const size_t part = (counts.real + shards - 1) / shards * wide;
     const size_t state_per_element = static_cast<size_t>(optimizer_state_tensors(optimizer));
     prediction.at(MemoryCategory::optimizer_state) = state_per_element * (shards > 1 ? part : counts.real * wide);
+    // ZeRO-1's flat buffer and part live from the first step on, beside the step's temporaries, where the
+    // optimizer's parameters are.
+    const size_t zero_buffers = shards > 1 ? (shards + 1) * part : 0;
+    size_t device_zero_buffers = zero_buffers;
+    if (offload_optimizer) {
+        // The masters (each over its storage's rows), their gradient buffers and the state move to the host; the
+        // device keeps working copies in the step's dtype (f32 copies in fp32) with gradient buffers of their own.
+        prediction.host[static_cast<size_t>(MemoryCategory::parameters)] = prediction.master_parameters;
+        prediction.host[static_cast<size_t>(MemoryCategory::gradients)] = counts.stored * wide;
+        prediction.host[static_cast<size_t>(MemoryCategory::optimizer_state)] =
+            prediction.of(MemoryCategory::optimizer_state);
+        prediction.host[static_cast<size_t>(MemoryCategory::workspace)] = zero_buffers;
+        prediction.working_copies = counts.stored * element;
+        prediction.at(MemoryCategory::parameters) = prediction.working_copies + prediction.constant_buffers;
+        prediction.at(MemoryCategory::optimizer_state) = 0;
+        device_zero_buffers = 0;
+    }
 
     for (const Segment& segment : segments) {
         if (!segment.checkpointed) continue;
@@ -244,9 +277,7 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     size_t workspace = terms.other_workspace;
     for (const Segment& segment : segments)
         workspace = std::max(workspace, segment.checkpointed ? terms.recomputed_layer_workspace : terms.layer_workspace);
-    // ZeRO-1's flat buffer and part live from the first step on, beside the step's temporaries.
-    const size_t zero_buffers = shards > 1 ? (shards + 1) * part : 0;
-    prediction.at(MemoryCategory::workspace) = workspace + zero_buffers;
+    prediction.at(MemoryCategory::workspace) = workspace + device_zero_buffers;
 
     // Pinned host: every offloaded segment input is alive at the end of forward.
     prediction.at(MemoryCategory::pinned_host) =
@@ -260,20 +291,32 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     const size_t ids = rows * sizeof(int32_t);
     const size_t steps = static_cast<size_t>(accumulation_steps);
     const size_t before_forward = prediction.of(MemoryCategory::parameters) + prediction.of(MemoryCategory::gradients) +
-                                  prediction.of(MemoryCategory::optimizer_state) + zero_buffers + steps * 2 * ids +
+                                  prediction.of(MemoryCategory::optimizer_state) + device_zero_buffers + steps * 2 * ids +
                                   2 * ids + (steps - 1) * terms.scalar;
     prediction.peak_bytes = before_forward + walk.joint;
     prediction.peak_moment = walk.joint_moment;
     prediction.unified_peak_bytes = before_forward + walk_step(segments, terms, offload, true).joint;
+    if (offload_optimizer) {
+        // The host's high-water mark: the state, the offloaded segment inputs at the end of forward, and during
+        // the update the one rounded copy of the largest master on its way to the device (bf16 only).
+        const size_t rounding = element == wide ? 0 : largest_parameter_elements(config) * element;
+        size_t state = 0;
+        for (size_t bytes : prediction.host) state += bytes;
+        prediction.host[static_cast<size_t>(MemoryCategory::pinned_host)] = prediction.of(MemoryCategory::pinned_host);
+        prediction.host_peak_bytes = state + std::max(prediction.of(MemoryCategory::pinned_host), rounding);
+        // On one account (the CPU backend) there is nothing to offload: the trainer refuses it.
+        prediction.unified_peak_bytes = prediction.peak_bytes + state;
+    }
     return prediction;
 }
 
 std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
-                        DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps) {
-    const MemoryPrediction planned =
-        predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps);
-    const MemoryPrediction plain =
-        predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer, optimizer_shards);
+                        DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
+                        bool offload_optimizer) {
+    const MemoryPrediction planned = predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards,
+                                                    accumulation_steps, offload_optimizer);
+    const MemoryPrediction plain = predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer,
+                                                  optimizer_shards, 1, offload_optimizer);
     const int layers = config.layers();
     std::ostringstream text;
     text << "model: " << config.to_string() << "\n";
@@ -304,7 +347,16 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
     }
     text << "  device total <= " << mebibytes(planned.device_total_bound()) << "  ["
          << mebibytes(plain.device_total_bound()) << "]\n";
-    if (planned.working_copies > 0)
+    if (offload_optimizer) {
+        text << "optimizer offload: on the host " << mebibytes(planned.host_of(MemoryCategory::parameters))
+             << " of f32 masters, " << mebibytes(planned.host_of(MemoryCategory::gradients)) << " of their gradients, "
+             << mebibytes(planned.host_of(MemoryCategory::optimizer_state)) << " of optimizer state";
+        if (planned.host_of(MemoryCategory::workspace) > 0)
+            text << ", " << mebibytes(planned.host_of(MemoryCategory::workspace)) << " of ZeRO-1 flat buffers";
+        text << "; host peak " << mebibytes(planned.host_peak_bytes) << " (" << planned.host_peak_bytes
+             << " B); the device keeps the " << (dtype == DType::bf16 ? "bf16" : dtype_name(dtype))
+             << " working copies (" << mebibytes(planned.working_copies) << ") and the step's gradients\n";
+    } else if (planned.working_copies > 0)
         text << "parameters: f32 masters " << mebibytes(planned.master_parameters) << " + bf16 working copies "
              << mebibytes(planned.working_copies) << "; gradients accumulate in f32; activations bf16 ("
              << mebibytes(predict_memory(config, batch, seq_len, policy, compute_dtype(dtype), optimizer,

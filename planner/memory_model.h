@@ -26,6 +26,14 @@ struct MemoryPrediction {
     size_t working_copies = 0;    // bf16 mixed precision: the bf16 copies the forward reads; 0 otherwise
     size_t constant_buffers = 0;  // built with the model, in `parameters`, no gradient: Llama's RoPE tables
 
+    // Model state off the device (offload_optimizer): what the host holds for the whole run, by category (on
+    // the host's account), and its high-water mark during a step (with the update's transient). Zero without
+    // offload. The device's `parameters` are then the working copies, its `gradients` the window's buffers,
+    // and its `optimizer_state` nothing.
+    std::array<size_t, memory_category_count> host{};
+    size_t host_peak_bytes = 0;
+    size_t host_of(MemoryCategory category) const { return host[static_cast<size_t>(category)]; }
+
     // The joint high-water mark of everything the device account holds during one Trainer::train_step (what
     // StepResult::memory.peak_bytes reports): the persistent categories, the step's micro-batches, and the
     // largest sum of activations and workspace at one moment. `peak_bytes` is for a device with memory of its
@@ -59,10 +67,11 @@ struct MemoryPrediction {
 // optimizer_shards > 1 is ZeRO stage 1 over that many ranks (optim/zero.h): the optimizer state of one rank's
 // part (the parameters padded to equal parts), and the flat gradient/parameter buffer and the part in the
 // workspace.
+// offload_optimizer: the masters, their gradients and the optimizer state on the host (StepShape).
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                 const checkpoint::CheckpointPolicy& policy, DType dtype = DType::f32,
                                 OptimizerKind optimizer = OptimizerKind::adamw, int optimizer_shards = 1,
-                                int accumulation_steps = 1);
+                                int accumulation_steps = 1, bool offload_optimizer = false);
 
 // The parameters' element count with wte's rows counted as `vocabulary_rows`: vocab_size gives the real count
 // (what the optimizer keeps moments for), padded_vocab_size() the stored one. For Llama both are vocab_size
@@ -73,7 +82,7 @@ size_t parameter_count(const nn::ModelConfig& config, int vocabulary_rows);
 // peak per category, next to the same prediction without checkpointing.
 std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const checkpoint::CheckpointPolicy& policy,
                         DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw,
-                        int optimizer_shards = 1, int accumulation_steps = 1);
+                        int optimizer_shards = 1, int accumulation_steps = 1, bool offload_optimizer = false);
 
 std::string mebibytes(size_t bytes); // "12.34 MiB"
 

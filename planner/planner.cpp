@@ -37,10 +37,13 @@ std::string seconds_text(double seconds) {
     return text.str();
 }
 
-// Why `plan` lost to `chosen`: over the budget, or which of its costs is larger.
-std::string why_lost(const Plan& plan, const Plan& chosen, size_t budget) {
+// Why `plan` lost to `chosen`: over a budget, or which of its costs is larger.
+std::string why_lost(const Plan& plan, const Plan& chosen, size_t budget, size_t host_budget) {
     if (plan.peak_bytes > budget)
         return "peak " + format_bytes(plan.peak_bytes) + " exceeds the budget by " + format_bytes(plan.peak_bytes - budget);
+    if (plan.host_peak_bytes > host_budget)
+        return "host peak " + format_bytes(plan.host_peak_bytes) + " exceeds the host budget by " +
+               format_bytes(plan.host_peak_bytes - host_budget);
     std::ostringstream text;
     text << "+" << std::fixed << std::setprecision(1) << 100.0 * (plan.cost.seconds / chosen.cost.seconds - 1.0)
          << "% time:";
@@ -54,6 +57,7 @@ std::string why_lost(const Plan& plan, const Plan& chosen, size_t budget) {
     if (plan.cost.gemm_seconds > chosen.cost.gemm_seconds && shape.precision != chosen.shape.precision)
         reasons.push_back("slower GEMMs");
     if (shape.zero_stage != chosen.shape.zero_stage) reasons.push_back("ZeRO stage " + std::to_string(shape.zero_stage));
+    if (plan.cost.host_seconds > chosen.cost.host_seconds) reasons.push_back("the optimizer on the host");
     if (reasons.empty()) reasons.push_back("larger predicted time");
     for (size_t index = 0; index < reasons.size(); ++index) text << (index ? ", " : " ") << reasons[index];
     return text.str();
@@ -75,6 +79,18 @@ std::string PlanSearch::no_fit_message() const {
     ENGINE_CHECK(!plans.empty(), "planner: no plan was searched");
     const Plan& least = plans[smallest];
     std::ostringstream message;
+    if (least.peak_bytes <= budget) {
+        // Some plan fits the device; every such plan is over the host budget: name the least host peak.
+        const Plan* lightest = nullptr;
+        for (const Plan& plan : plans)
+            if (plan.peak_bytes <= budget && (lightest == nullptr || plan.host_peak_bytes < lightest->host_peak_bytes))
+                lightest = &plan;
+        message << "no plan fits in " << format_bytes(budget) << " of device memory and " << format_bytes(host_budget)
+                << " of host memory: the plans within the device budget need at least "
+                << format_bytes(lightest->host_peak_bytes) << " (" << lightest->host_peak_bytes << " B) of host memory, with "
+                << lightest->flags();
+        return message.str();
+    }
     message << "no plan fits in " << format_bytes(budget) << " (" << budget << " B): the smallest peak any plan reaches is "
             << format_bytes(least.peak_bytes) << " (" << least.peak_bytes << " B), with " << least.flags();
     return message.str();
@@ -90,12 +106,15 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
     ENGINE_CHECK(seq_len <= config.max_seq_len(),
                  "planner: seq_len " << seq_len << " exceeds the model maximum " << config.max_seq_len());
     ENGINE_CHECK(!options.precisions.empty(), "planner: no precision to search");
+    std::vector<bool> optimizer_tiers = {false};
+    if (options.device != Device::cpu && options.allow_offload_optimizer) optimizer_tiers.push_back(true);
     std::vector<int> zero_stages = {0};
     if (options.ranks > 1 && options.allow_zero) zero_stages.push_back(1);
     const int per_rank = global_batch / options.ranks;
 
     PlanSearch search;
     search.budget = budget;
+    search.host_budget = options.host_budget;
     search.global_batch = global_batch;
     const std::vector<CheckpointPolicy> policies = candidate_policies(config.layers(), options.allow_offload);
     for (Precision precision : options.precisions) {
@@ -106,16 +125,20 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
             for (int micro_batch = 1; micro_batch <= per_rank; ++micro_batch) {
                 if (per_rank % micro_batch != 0) continue;
                 for (const CheckpointPolicy& policy : policies) {
-                    Plan plan;
-                    plan.shape = StepShape{micro_batch, per_rank / micro_batch, policy, precision, zero_stage};
-                    plan.ranks = options.ranks;
-                    const int accumulation_steps = plan.shape.gradient_accumulation_steps;
-                    plan.memory = predict_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer, shards,
-                                                 accumulation_steps);
-                    plan.cost = predict_cost(config, micro_batch, accumulation_steps, seq_len, policy, dtype,
-                                             options.optimizer, shards, ceilings);
-                    plan.peak_bytes = plan.memory.peak_on(options.device);
-                    search.plans.push_back(std::move(plan));
+                    for (bool offload_optimizer : optimizer_tiers) {
+                        Plan plan;
+                        plan.shape = StepShape{micro_batch, per_rank / micro_batch, policy, precision, zero_stage,
+                                               offload_optimizer};
+                        plan.ranks = options.ranks;
+                        const int accumulation_steps = plan.shape.gradient_accumulation_steps;
+                        plan.memory = predict_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer,
+                                                     shards, accumulation_steps, offload_optimizer);
+                        plan.cost = predict_cost(config, micro_batch, accumulation_steps, seq_len, policy, dtype,
+                                                 options.optimizer, shards, ceilings, offload_optimizer);
+                        plan.peak_bytes = plan.memory.peak_on(options.device);
+                        plan.host_peak_bytes = plan.memory.host_peak_bytes;
+                        search.plans.push_back(std::move(plan));
+                    }
                 }
             }
         }
@@ -127,7 +150,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
         return left.peak_bytes < right.peak_bytes;
     });
     for (size_t index = 0; index < search.plans.size(); ++index) {
-        if (!search.chosen && search.plans[index].peak_bytes <= budget) search.chosen = index;
+        if (!search.chosen && search.plans[index].fits(budget, options.host_budget)) search.chosen = index;
         if (search.plans[index].peak_bytes < search.plans[search.smallest].peak_bytes) search.smallest = index;
     }
     return search;
@@ -155,7 +178,7 @@ std::string plan_table(const PlanSearch& search, const nn::ModelConfig& config, 
         shown.push_back(index);
     for (size_t index = *search.chosen + 1; index < search.plans.size() && static_cast<int>(shown.size()) < alternatives;
          ++index)
-        if (search.plans[index].peak_bytes <= search.budget) shown.push_back(index);
+        if (search.plans[index].fits(search.budget, search.host_budget)) shown.push_back(index);
     text << "  " << std::left << std::setw(44) << "plan" << std::right;
     for (int category = 0; category < memory_category_count; ++category)
         text << std::setw(11) << std::string(memory_category_name(static_cast<MemoryCategory>(category))).substr(0, 10);
@@ -168,7 +191,7 @@ std::string plan_table(const PlanSearch& search, const nn::ModelConfig& config, 
              << verdict << "\n";
     };
     row(chosen, "chosen");
-    for (size_t index : shown) row(search.plans[index], why_lost(search.plans[index], chosen, search.budget));
+    for (size_t index : shown) row(search.plans[index], why_lost(search.plans[index], chosen, search.budget, search.host_budget));
     return text.str();
 }
 

@@ -26,6 +26,12 @@ struct PlannerOptions {
     int ranks = 1;               // data-parallel ranks; the global batch is split over them
     bool allow_zero = true;      // with ranks > 1, also search ZeRO stage 1
     bool allow_offload = true;
+    // Off a CUDA device, also search optimizer offload (the model state in host memory), which costs the
+    // update's host time and the PCIe copies: chosen only when nothing faster fits.
+    bool allow_offload_optimizer = true;
+    // Host memory the plan may use (the offloaded model state, pinned inputs): plans whose host peak exceeds
+    // it are refused. SIZE_MAX: no limit.
+    size_t host_budget = SIZE_MAX;
     std::optional<Ceilings> ceilings; // default: ceilings_for(device, dtype)
 };
 
@@ -35,6 +41,8 @@ struct Plan {
     MemoryPrediction memory;
     StepCost cost;
     size_t peak_bytes = 0; // memory.peak_on(device): what the budget is compared with
+    size_t host_peak_bytes = 0; // memory.host_peak_bytes with optimizer offload: what the host budget is compared with
+    bool fits(size_t budget, size_t host_budget) const { return peak_bytes <= budget && host_peak_bytes <= host_budget; }
 
     std::string flags() const { return shape.flags(); }          // train_gpt's flags for this plan
     std::string summary() const { return shape.summary(ranks); } // "b 4 x 2, checkpoint every 1, fp32"
@@ -43,6 +51,7 @@ struct Plan {
 // Every plan searched, and which one won.
 struct PlanSearch {
     size_t budget = 0;
+    size_t host_budget = SIZE_MAX;
     int global_batch = 0;
     std::vector<Plan> plans;       // all candidates, least predicted time first (ties: smaller peak)
     std::optional<size_t> chosen;  // index into plans of the fastest plan that fits
@@ -62,7 +71,9 @@ public:
 
 // Enumerates micro-batch b with accumulation N (b * N * ranks = global_batch), every checkpoint policy
 // (off; every_n_layers 1..L x segment_size 1..L), offload on/off, precision (fp32, and
-// bf16 when allowed) and ZeRO stage (0, and 1 with several ranks), predicting each one's peak and time.
+// bf16 when allowed), ZeRO stage (0, and 1 with several ranks) and, on CUDA, optimizer offload on/off,
+// predicting each one's peak and time. A plan fits when its device peak is within the budget and its host
+// peak within the host budget.
 PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global_batch, const PlannerOptions& options);
 
 // The fastest plan whose predicted peak is <= budget. Throws NoPlanFits when there is none.

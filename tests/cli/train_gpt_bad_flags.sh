@@ -49,6 +49,9 @@ expect --data-layout --data-layout ragged
 expect --eot-token --eot-token 256
 expect --communicator --communicator gloo
 expect --zero-stage --zero-stage 2
+expect --offload-optimizer --offload-optimizer cpu
+expect --offload-optimizer --offload-optimizer gpu
+expect --max-host-memory --max-host-memory lots
 expect --loss-normalization --loss-normalization median
 # --eval-data: the flags that need it, its file (missing, a directory, too short for one batch, ids outside the
 # vocabulary), K and M below 1, and K beyond the batches the file holds (600 bytes: 9 windows, one batch of 8).

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# ctest train_gpt_emulated_offload_optimizer (emulated build only): train_gpt --device cuda
+# --offload-optimizer cpu logs bitwise the losses and grad norms of the same run with the optimizer on the
+# device (GPT-2 and Llama, bf16, accumulation and checkpointing), moves the optimizer state off the device
+# (its peak optimizer_state is 0), and refuses with one line and exit 2, before any step: a host budget that
+# cannot hold the state, and a resume of a state saved with the other tier.
+# usage: train_gpt_offload_optimizer.sh TRAIN_GPT WORK_DIR
+set -u
+train_gpt=$1
+work=$2
+rm -rf "$work" && mkdir -p "$work"
+python=$(command -v python3 || command -v /usr/bin/python3 || echo python3) # only json and sys are used
+flags=(--device cuda --precision bf16 --max-steps 3 --per-device-train-batch-size 2 --seq-len 32
+       --gradient-accumulation-steps 2 --gradient-checkpointing --max-grad-norm 0.5)
+for model in tiny llama-tiny; do
+  for tier in none cpu; do
+    if ! "$train_gpt" --model "$model" "${flags[@]}" --offload-optimizer "$tier" --log "$work/$model-$tier.jsonl" \
+        --out "$work/state-$model-$tier" >"$work/$model-$tier.out" 2>&1; then
+      echo "FAIL: train_gpt --model $model --offload-optimizer $tier exited non-zero:"
+      tail -5 "$work/$model-$tier.out"
+      exit 1
+    fi
+  done
+  "$python" - "$work/$model-none.jsonl" "$work/$model-cpu.jsonl" <<'PY' || exit 1
+import json, sys
+device = [json.loads(line) for line in open(sys.argv[1])]
+host = [json.loads(line) for line in open(sys.argv[2])]
+assert len(device) == len(host) and device, f"{len(device)} steps vs {len(host)}"
+for a, b in zip(device, host):
+    assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"], f"step {a['step']}: {a} vs {b}"
+    assert b["peak_mib"]["optimizer_state"] == 0 < a["peak_mib"]["optimizer_state"], "optimizer state on the device"
+    assert b["peak_total_bytes"] < a["peak_total_bytes"], "the device peak did not fall"
+print(f"{sys.argv[2]}: {len(host)} steps bitwise the on-device run's; device peak "
+      f"{device[-1]['peak_total_bytes']} -> {host[-1]['peak_total_bytes']} B")
+PY
+done
+
+failures=0
+# expect FLAG ARGS...: train_gpt ARGS must fail with exit 2, one stderr line naming FLAG, and no step line.
+expect() {
+  local flag=$1
+  shift
+  "$train_gpt" "$@" >"$work/stdout" 2>"$work/stderr"
+  local rc=$?
+  if [ "$rc" -ne 2 ] || [ "$(wc -l <"$work/stderr")" -ne 1 ] || ! grep -q -- "$flag" "$work/stderr" ||
+      grep -q "^step" "$work/stdout"; then
+    echo "FAIL: train_gpt $* -> exit $rc: $(head -c 300 "$work/stderr")"
+    failures=$((failures + 1))
+  else
+    echo "ok: $(cat "$work/stderr")"
+  fi
+}
+expect --max-host-memory "${flags[@]}" --offload-optimizer cpu --max-host-memory 64KiB
+expect --resume "${flags[@]}" --offload-optimizer cpu --max-steps 4 --resume "$work/state-tiny-none"
+expect --resume "${flags[@]}" --offload-optimizer none --max-steps 4 --resume "$work/state-tiny-cpu"
+[ "$failures" -eq 0 ] || exit 1
+# The same tier resumes.
+"$train_gpt" "${flags[@]}" --offload-optimizer cpu --max-steps 4 --resume "$work/state-tiny-cpu" >"$work/resumed.out" 2>&1 ||
+  { echo "FAIL: resume with the same tier:"; tail -5 "$work/resumed.out"; exit 1; }
+echo "ok: the same tier resumes"
