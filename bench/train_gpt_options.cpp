@@ -216,7 +216,8 @@ memory:
   --max-host-memory SIZE|auto    host memory the offloaded model state may take: the planner's host budget, and
                                  checked against --offload-optimizer cpu's prediction before anything is built
                                  (default auto: MemAvailable minus 10%)
-  --device auto|cpu|cuda         (auto: cuda when a device is present)
+  --device auto|cpu|cuda         (auto: cuda when a device is present; with --plan, cuda plans for a CUDA device
+                                 even on a machine without one)
   --tf32 true|false              CUDA GEMMs and attention on TF32 tensor cores (default true on CUDA; false:
                                  full fp32, to compare with the CPU)
   --precision fp32|bf16|auto     bf16: mixed precision (Hugging Face's bf16): bf16 activations and working copy
@@ -426,9 +427,11 @@ Options parse_options(const std::vector<std::string>& arguments) {
 
     if (options.device == "cuda" || options.device == "auto") {
         const bool available = engine::cuda::device_available();
-        require(available || options.device == "auto", "--device",
+        // --plan predicts and allocates nothing: it may plan for a CUDA device this machine does not have.
+        const bool planning_for_cuda = options.plan && options.device == "cuda";
+        require(available || options.device == "auto" || planning_for_cuda, "--device",
                 engine::cuda::backend_built ? "no CUDA device is present" : "this build of libengine has no CUDA backend");
-        options.resolved_device = available ? engine::Device::cuda : engine::Device::cpu;
+        options.resolved_device = available || planning_for_cuda ? engine::Device::cuda : engine::Device::cpu;
     }
     // Offload moves model state from the device to the host: on the host there is nothing to move.
     require(!shape.offload_optimizer || options.resolved_device != engine::Device::cpu || options.plan,

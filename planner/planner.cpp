@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iomanip>
+#include <set>
 #include <sstream>
 
 #include "engine/cuda/runtime.h"
@@ -173,18 +174,26 @@ std::string plan_table(const PlanSearch& search, const nn::ModelConfig& config, 
          << "; step " << chosen.cost.to_string() << "\n";
     // The fastest plans that did not fit, then the next fastest that did: what the budget cost, and what
     // the chosen plan beat.
+    // Plans whose policies build the same segments price the same: each summary once.
     std::vector<size_t> shown;
+    std::set<std::string> summaries = {chosen.summary()};
+    auto show = [&](size_t index) {
+        if (summaries.insert(search.plans[index].summary()).second) shown.push_back(index);
+    };
     for (size_t index = 0; index < *search.chosen && static_cast<int>(shown.size()) < alternatives / 2; ++index)
-        shown.push_back(index);
+        show(index);
     for (size_t index = *search.chosen + 1; index < search.plans.size() && static_cast<int>(shown.size()) < alternatives;
          ++index)
-        if (search.plans[index].fits(search.budget, search.host_budget)) shown.push_back(index);
-    text << "  " << std::left << std::setw(44) << "plan" << std::right;
+        if (search.plans[index].fits(search.budget, search.host_budget)) show(index);
+    size_t width = 44; // the plan column: as wide as the longest summary shown
+    for (size_t index : shown) width = std::max(width, search.plans[index].summary().size() + 1);
+    width = std::max(width, chosen.summary().size() + 1);
+    text << "  " << std::left << std::setw(static_cast<int>(width)) << "plan" << std::right;
     for (int category = 0; category < memory_category_count; ++category)
         text << std::setw(11) << std::string(memory_category_name(static_cast<MemoryCategory>(category))).substr(0, 10);
     text << std::setw(11) << "peak" << std::setw(11) << "time" << "  why it lost\n";
     auto row = [&](const Plan& plan, const std::string& verdict) {
-        text << "  " << std::left << std::setw(44) << plan.summary() << std::right;
+        text << "  " << std::left << std::setw(static_cast<int>(width)) << plan.summary() << std::right;
         for (int category = 0; category < memory_category_count; ++category)
             text << std::setw(11) << format_bytes(plan.memory.of(static_cast<MemoryCategory>(category)));
         text << std::setw(11) << format_bytes(plan.peak_bytes) << std::setw(11) << seconds_text(plan.cost.seconds) << "  "
