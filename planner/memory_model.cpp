@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "engine/cuda/runtime.h"
 #include "planner/step_terms.h"
 
 namespace engine::planner {
@@ -296,6 +297,9 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     prediction.peak_bytes = before_forward + walk.joint;
     prediction.peak_moment = walk.joint_moment;
     prediction.unified_peak_bytes = before_forward + walk_step(segments, terms, offload, true).joint;
+    prediction.cuda_runtime_bytes = cuda::cublaslt_workspace_bytes;
+    // The host's high-water mark without offload: the offloaded segment inputs.
+    prediction.host_peak_bytes = prediction.of(MemoryCategory::pinned_host);
     if (offload_optimizer) {
         // The host's high-water mark: the state, the offloaded segment inputs at the end of forward, and during
         // the update the one rounded copy of the largest master on its way to the device (bf16 only).
@@ -366,7 +370,8 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
         text << "parameters include the RoPE cos/sin tables (" << config.max_seq_len() << " positions): "
              << mebibytes(planned.constant_buffers) << ", no gradient, no optimizer state\n";
     text << "  step peak " << mebibytes(planned.peak_bytes) << " (" << planned.peak_bytes << " B; with the offloaded inputs in the same memory, as on the CPU: "
-         << planned.unified_peak_bytes << " B) at " << planned.peak_moment << "\n";
+         << planned.unified_peak_bytes << " B) at " << planned.peak_moment << "; on CUDA "
+         << mebibytes(planned.peak_on(Device::cuda)) << " with cuBLASLt's workspace\n";
     text << "activation peak at: " << planned.activations_peak_moment << "\n";
     const size_t logits_bytes = static_cast<size_t>(batch) * static_cast<size_t>(seq_len) *
                                 static_cast<size_t>(config.padded_vocab_size()) * dtype_size(dtype);

@@ -41,6 +41,9 @@ struct MemoryPrediction {
     // the offloaded inputs too.
     size_t peak_bytes = 0;
     size_t unified_peak_bytes = 0;
+    // What a CUDA device holds besides: cuBLASLt's workspace, which the first GEMM through cuBLASLt allocates
+    // and the engine keeps (engine/cuda/runtime.h). Not in the categories above.
+    size_t cuda_runtime_bytes = 0;
     std::string peak_moment; // where the joint peak falls, e.g. "backward of block 4 (plain)"
 
     std::string activations_peak_moment; // e.g. "recompute of segment 3 (blocks 5-6) in backward"
@@ -49,8 +52,11 @@ struct MemoryPrediction {
 
     size_t of(MemoryCategory category) const { return peaks[static_cast<size_t>(category)]; }
     size_t& at(MemoryCategory category) { return peaks[static_cast<size_t>(category)]; }
-    // The joint peak on `device`'s account: unified on the CPU, device-only elsewhere.
-    size_t peak_on(Device device) const { return device == Device::cpu ? unified_peak_bytes : peak_bytes; }
+    // The joint peak on `device`'s account: unified on the CPU; elsewhere the device's own, with the CUDA
+    // runtime's buffers.
+    size_t peak_on(Device device) const {
+        return device == Device::cpu ? unified_peak_bytes : peak_bytes + cuda_runtime_bytes;
+    }
     // Sum of the device categories' peaks: an upper bound on the per-step activations + workspace (the
     // activation peak and the workspace peak fall at different moments); peak_bytes is the exact joint figure.
     size_t device_total_bound() const;

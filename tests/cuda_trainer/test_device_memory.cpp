@@ -1,6 +1,10 @@
-// The memory model on the device (planner/memory_model.h): a trainer's measured per-category and joint peaks on
-// the CUDA device, and on the host with the model state offloaded, against the prediction.
+// The memory model on the CUDA device (planner/memory_model.h) with and without optimizer offload, measured
+// in a trainer's steps: the model state's categories are exact on both accounts, and what the tier changes
+// (the device's joint peak, the host's) is exact to the byte. The base prediction is the CPU's walk of the step
+// plus cuBLASLt's workspace; the few hundred bytes of CUDA-only reductions and ids it does not model yet are
+// printed and, being the same with and without the tier, cancel in the deltas.
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,7 +28,6 @@ struct MemoryCase {
     bool llama;
     Precision precision;
     checkpoint::CheckpointPolicy policy;
-    bool offload_optimizer;
 };
 void PrintTo(const MemoryCase& memory_case, std::ostream* out) { *out << memory_case.name; }
 
@@ -36,10 +39,20 @@ protected:
     }
 };
 
-TEST_P(DeviceMemory, MeasuredPeaksArePredicted) {
-    const MemoryCase& run = GetParam();
-    constexpr int batch = 2, accumulation = 2;
-    const nn::ModelConfig config = run.llama ? nn::ModelConfig(small_llama_config(false)) : nn::ModelConfig(small_gpt_config());
+constexpr int batch = 2, accumulation = 2;
+
+nn::ModelConfig config_of(const MemoryCase& run) {
+    return run.llama ? nn::ModelConfig(small_llama_config(false)) : nn::ModelConfig(small_gpt_config());
+}
+int config_length(const MemoryCase& run) { return config_of(run).max_seq_len(); }
+
+struct Measured {
+    MemoryStats device, host; // a step's (the second: caches warm)
+    planner::MemoryPrediction predicted;
+};
+
+Measured measure(const MemoryCase& run, bool offload_optimizer) {
+    const nn::ModelConfig config = config_of(run);
     const int length = config.max_seq_len();
     std::unique_ptr<nn::CausalLM> model = config.build(11, Device::cuda, DType::f32);
     optim::TrainerConfig trainer_config;
@@ -47,42 +60,74 @@ TEST_P(DeviceMemory, MeasuredPeaksArePredicted) {
     trainer_config.shape.gradient_accumulation_steps = accumulation;
     trainer_config.shape.precision = run.precision;
     trainer_config.shape.checkpointing = run.policy;
-    trainer_config.shape.offload_optimizer = run.offload_optimizer;
+    trainer_config.shape.offload_optimizer = offload_optimizer;
     optim::Trainer trainer(*model, trainer_config);
     int cursor = 0;
     const nn::BatchSource source = [&]() -> std::optional<nn::Batch> {
-        const std::vector<MicroBatch> made = make_token_micro_batches(config.vocab_size(), length, 1, batch, 77u + cursor++);
+        const std::vector<MicroBatch> made =
+            make_token_micro_batches(config.vocab_size(), length, 1, batch, 77u + static_cast<uint32_t>(cursor++));
         nn::Batch out;
         out.inputs = Tensor::from_vector<int32_t>(made[0].tokens, {batch, length}, Device::cuda);
         out.labels = out.inputs;
         return out;
     };
-    const planner::MemoryPrediction predicted =
-        planner::predict_memory(config, batch, length, run.policy, precision_dtype(run.precision),
-                                OptimizerKind::adamw, 1, accumulation, run.offload_optimizer);
+    Measured measured;
+    measured.predicted = planner::predict_memory(config, batch, length, run.policy, precision_dtype(run.precision),
+                                                 OptimizerKind::adamw, 1, accumulation, offload_optimizer);
     for (int step = 0; step < 2; ++step) {
         const std::optional<optim::StepResult> result = trainer.train_step(source);
-        ASSERT_TRUE(result.has_value());
-        std::printf("  %s step %d: device peak %zu predicted %zu;", run.name, step + 1, result->memory.peak_bytes,
-                    predicted.peak_bytes);
-        for (int index = 0; index < memory_category_count; ++index)
-            std::printf(" %s %zu/%zu", memory_category_name(static_cast<MemoryCategory>(index)),
-                        result->memory.peak_by_category[index], predicted.peaks[index]);
-        std::printf("\n    host peak %zu predicted %zu;", result->host_memory.peak_bytes, predicted.host_peak_bytes);
-        for (int index = 0; index < memory_category_count; ++index)
-            std::printf(" %s %zu/%zu", memory_category_name(static_cast<MemoryCategory>(index)),
-                        result->host_memory.peak_by_category[index], predicted.host[index]);
-        std::printf("\n");
+        EXPECT_TRUE(result.has_value());
+        measured.device = result->memory;
+        measured.host = result->host_memory;
     }
+    return measured;
+}
+
+TEST_P(DeviceMemory, TheTiersCostIsPredictedToTheByte) {
+    const MemoryCase& run = GetParam();
+    const Measured plain = measure(run, false), offloaded = measure(run, true);
+    for (const Measured* measured : {&plain, &offloaded}) {
+        const char* tier = measured == &plain ? "on the device" : "optimizer offload";
+        for (MemoryCategory category :
+             {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer_state}) {
+            EXPECT_EQ(measured->device.peak(category), measured->predicted.of(category))
+                << tier << ", device " << memory_category_name(category);
+            EXPECT_EQ(measured->host.peak(category), measured->predicted.host_of(category))
+                << tier << ", host " << memory_category_name(category);
+        }
+        EXPECT_EQ(measured->host.peak(MemoryCategory::pinned_host) >= measured->predicted.of(MemoryCategory::pinned_host),
+                  true);
+    }
+    const auto residue = [](size_t measured, size_t predicted) {
+        return static_cast<long long>(measured) - static_cast<long long>(predicted);
+    };
+    const long long device_residue = residue(plain.device.peak_bytes, plain.predicted.peak_on(Device::cuda));
+    const long long host_residue = residue(plain.host.peak_bytes, plain.predicted.host_peak_bytes);
+    EXPECT_EQ(residue(offloaded.device.peak_bytes, offloaded.predicted.peak_on(Device::cuda)), device_residue)
+        << "the device peak the tier saves";
+    // The host's peak falls either in forward, where the current micro-batch's ids are staged on the host (its
+    // targets, (B,T) i32, and the pinned copy of its upload: not modelled), or in the update, where the bf16
+    // rounding of the largest master is (modelled): the staging is at most what the prediction misses.
+    const long long staging = 2LL * 2 * config_length(run) * static_cast<long long>(sizeof(int32_t)) + 8;
+    for (long long missed : {host_residue, residue(offloaded.host.peak_bytes, offloaded.predicted.host_peak_bytes)}) {
+        EXPECT_GE(missed, 0) << "the host peak over-predicted";
+        EXPECT_LE(missed, staging) << "the host peak under-predicted by more than the ids' staging";
+    }
+    EXPECT_LT(std::llabs(device_residue), 4096) << "the base device prediction's unmodelled CUDA bytes";
+    std::printf("  %s: device peak %zu -> %zu B (predicted %zu -> %zu; %lld B of CUDA reductions and ids not "
+                "modelled), host peak %zu -> %zu B (predicted %zu -> %zu; %lld B of staging not modelled)\n",
+                run.name, plain.device.peak_bytes, offloaded.device.peak_bytes, plain.predicted.peak_on(Device::cuda),
+                offloaded.predicted.peak_on(Device::cuda), device_residue, plain.host.peak_bytes,
+                offloaded.host.peak_bytes, plain.predicted.host_peak_bytes, offloaded.predicted.host_peak_bytes,
+                host_residue);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Runs, DeviceMemory,
-    ::testing::Values(MemoryCase{"gpt_fp32", false, Precision::fp32, {}, false},
-                      MemoryCase{"gpt_fp32_offload", false, Precision::fp32, {}, true},
-                      MemoryCase{"gpt_bf16_ckpt_offload", false, Precision::bf16, {true, 1, 1, true, false}, true},
-                      MemoryCase{"llama_bf16", true, Precision::bf16, {}, false},
-                      MemoryCase{"llama_bf16_offload", true, Precision::bf16, {}, true}),
+    ::testing::Values(MemoryCase{"gpt_fp32", false, Precision::fp32, {}},
+                      MemoryCase{"gpt_bf16_checkpoint_offload", false, Precision::bf16, {true, 1, 1, true, false}},
+                      MemoryCase{"llama_fp32_checkpoint", true, Precision::fp32, {true, 2, 1, false, false}},
+                      MemoryCase{"llama_bf16", true, Precision::bf16, {}}),
     [](const ::testing::TestParamInfo<MemoryCase>& info) { return std::string(info.param.name); });
 
 } // namespace
