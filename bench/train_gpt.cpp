@@ -260,6 +260,7 @@ std::string run_config_json(const Options& options) {
                           {"gradient_checkpointing", trainer.shape.checkpointing.enabled},
                           {"zero_stage", trainer.shape.zero_stage},
                           {"offload_optimizer", trainer.shape.offload_optimizer},
+                          {"offload_gradients", gradient_offload_name(trainer.shape.offload_gradients)},
                           {"precision", precision_name(trainer.shape.precision)}}
         .dump();
 }
@@ -282,7 +283,7 @@ void check_host_budget(const Options& options) {
     const planner::MemoryPrediction predicted = planner::predict_memory(
         options.model, shape.per_device_train_batch_size, options.seq_len, shape.checkpointing,
         precision_dtype(shape.precision), options.trainer.optimizer, shape.zero_stage == 1 ? launch.world_size : 1,
-        shape.gradient_accumulation_steps, true);
+        shape.gradient_accumulation_steps, true, shape.offload_gradients);
     const size_t budget = host_budget(options);
     if (predicted.host_peak_bytes > budget)
         throw train_gpt::UsageError(
@@ -350,7 +351,8 @@ int run(const Options& flags) {
             std::cout << planner::plan_report(options.model, shape.per_device_train_batch_size, options.seq_len,
                                               shape.checkpointing, precision_dtype(shape.precision), config.optimizer,
                                               shape.zero_stage == 1 ? launch.world_size : 1,
-                                              shape.gradient_accumulation_steps, shape.offload_optimizer);
+                                              shape.gradient_accumulation_steps, shape.offload_optimizer,
+                                              shape.offload_gradients);
         return 0;
     }
 

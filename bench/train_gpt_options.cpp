@@ -189,6 +189,10 @@ data parallelism (mpirun -np N train_gpt ...; docs/DISTRIBUTED.md):
   --offload-optimizer none|cpu   cpu: the f32 masters, their gradients and the optimizer state live in host
                                  memory and the update runs there; the device keeps the working weights and the
                                  step's gradients (DeepSpeed's offload_optimizer; needs --device cuda)
+  --offload-gradients window|stream   with --offload-optimizer cpu, where the step's gradients are summed.
+                                 window (default): on the device, copied down once per step. stream: on the host;
+                                 each checkpointed segment's gradients exist on the device only during its
+                                 backward (needs --gradient-checkpointing)
 training (Hugging Face names; each flag sets the TrainerConfig field of its name, whose validate() is the one
 check of the values; the defaults shown are train_gpt's, for a quick run of the tiny model; the library's
 TrainerConfig{} differs in: gradient_accumulation_steps 1, learning_rate 1e-3, weight_decay 0, adam_beta2 0.999,
@@ -359,6 +363,8 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--offload-optimizer", [&](auto& f, auto& v) {
              require(v == "none" || v == "cpu", f, "'" + v + "' is not none or cpu");
              shape.offload_optimizer = v == "cpu"; }},
+        {"--offload-gradients", [&](auto& f, auto& v) {
+             shape.offload_gradients = as_flag(f, [&] { return engine::parse_gradient_offload(v); }); }},
         {"--data-layout", [&](auto& f, auto& v) { options.data_layout = as_flag(f, [&] { return engine::nn::parse_data_layout(v); }); }},
         {"--eot-token", [&](auto& f, auto& v) { options.eot_token = parse_int(f, v); require(options.eot_token >= 0, f, "must be >= 0"); }},
         {"--communicator", [&](auto& f, auto& v) {
@@ -420,7 +426,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
     require(planned || !options.precision_auto, "--precision", "auto needs --max-memory (the planner chooses it)");
     for (const char* chosen : {"--per-device-train-batch-size", "--gradient-accumulation-steps", "--gradient-checkpointing",
                                "--every-n-layers", "--segment-size", "--offload", "--prefetch", "--zero-stage",
-                               "--offload-optimizer"})
+                               "--offload-optimizer", "--offload-gradients"})
         require(!planned || !given.contains(chosen), chosen,
                 "the planner chooses it under --max-memory; leave it out (give --global-batch-size instead)");
     check_trainer_config(trainer); // every rule on the training flags, in TrainerConfig

@@ -170,7 +170,7 @@ private:
 } // namespace
 
 std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tensor>& inputs, bool offload,
-                               bool prefetch) {
+                               bool prefetch, SegmentHooks hooks) {
     ENGINE_CHECK(static_cast<bool>(fn), "checkpoint: the segment function is empty");
     for (size_t index = 0; index < inputs.size(); ++index)
         ENGINE_CHECK(inputs[index].defined(), "checkpoint: input " << index << " is an undefined tensor");
@@ -215,7 +215,8 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
     std::vector<const Tensor*> input_pointers;
     for (const Tensor& input : inputs) input_pointers.push_back(&input);
     // Backward releases the saved inputs as soon as the recompute holds what it needs.
-    auto backward_function = [fn, segment, queued, rng_at_start, output_ids](BackwardContext& context) {
+    auto backward_function = [fn, segment, queued, rng_at_start, output_ids,
+                              hooks = std::move(hooks)](BackwardContext& context) {
         std::vector<SavedInput>& saved = segment->inputs;
         // Prefetched copies are used only once the compute stream is ordered after them; that also makes
         // releasing their pinned sources below safe.
@@ -241,6 +242,7 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
         }
         // After this segment's own copies, so those go first; the next one overlaps the recompute below.
         if (queued) prefetch_previous(segment.get());
+        if (hooks.before_recompute) hooks.before_recompute();
         Tape local_tape;
         std::vector<Tensor> recomputed;
         {
@@ -264,6 +266,7 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
         }
         recomputed.clear(); // no backward reads a segment output, so it need not outlive the seeding
         run_backward(local_tape, local);
+        if (hooks.after_backward) hooks.after_backward();
         for (size_t index = 0; index < saved.size(); ++index) {
             if (!saved[index].requires_grad) continue;
             Tensor gradient = local.take(recompute_ids[index]);

@@ -22,8 +22,16 @@ using SegmentFunction = std::function<std::vector<Tensor>(const std::vector<Tens
 // that copy overlaps this segment's recompute: on CUDA on the copy stream, ordered with events; on the CPU
 // the same bookkeeping with synchronous copies, so tests can prove it changes no result.
 // Under no-grad it is a plain call.
+//
+// `hooks` run inside the segment's backward: before_recompute just before its recompute, after_backward once its
+// backward is done and its recompute freed (streamed gradients attach the segment's gradient buffers there,
+// and take them to the host after). Either may be empty; neither runs under no-grad (no node is recorded).
+struct SegmentHooks {
+    std::function<void()> before_recompute;
+    std::function<void()> after_backward;
+};
 std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tensor>& inputs, bool offload = false,
-                               bool prefetch = false);
+                               bool prefetch = false, SegmentHooks hooks = {});
 
 struct CheckpointPolicy {
     bool enabled = false;   // gradient_checkpointing

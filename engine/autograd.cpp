@@ -62,7 +62,14 @@ TapeScope::~TapeScope() { thread_current_tape = previous_; }
 GradTarget::GradTarget(const Tensor& tensor)
     : id(tensor.id()), requires_grad(tensor.requires_grad()), shape(tensor.shape()), dtype(tensor.dtype()),
       device(tensor.device()) {
-    if (tensor.is_leaf() && tensor.requires_grad()) persistent_grad = tensor.grad();
+    if (tensor.is_leaf() && tensor.requires_grad()) {
+        persistent_grad = tensor.grad();
+        // A gradient with nowhere to go would be dropped in silence: say which leaf.
+        // (Ops describe their inputs under no-grad too, where nothing is recorded and nothing can be dropped.)
+        ENGINE_CHECK(persistent_grad.defined() || !grad_enabled(),
+                     "autograd: leaf " << tensor.describe() << " requires grad but has no gradient buffer now "
+                                       << "(streamed gradients give one only around its segment's backward)");
+    }
 }
 
 Tensor BackwardContext::output_grad(uint64_t output_id) const {

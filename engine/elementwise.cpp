@@ -68,8 +68,9 @@ double sum_of_squares(const Tensor& tensor) {
     } else {
         ENGINE_ON_CUDA("sum_of_squares", tensor.dtype(), {
             Tensor device_result = Tensor::zeros({1}, DType::f64, Device::cuda, MemoryCategory::workspace);
-            const cuda::Scratch<double> partials(kernels::cuda::reduction_workspace_count(tensor.numel()),
-                                                 cuda::compute_stream());
+            const int64_t count = tensor.numel();
+            const cuda::Scratch<double> partials(
+                static_cast<size_t>(kernels::cuda::sum_of_squares_workspace_count(&count, 1)), cuda::compute_stream());
             kernels::cuda::sum_of_squares(device_result.data<double>(), partials.get(), tensor.data<float>(),
                                           tensor.numel(), cuda::compute_stream());
             result = device_result.to_vector<double>()[0];
@@ -82,13 +83,11 @@ double sum_of_squares(const std::vector<Tensor>& tensors) {
     if (tensors.empty()) return 0.0;
     std::vector<const void*> data;
     std::vector<int64_t> counts;
-    int64_t largest = 0;
     for (const Tensor& tensor : tensors) {
         check_same_device("sum_of_squares", tensors.front(), tensor);
         check_same_dtype("sum_of_squares", tensors.front(), tensor);
         data.push_back(tensor.raw_data());
         counts.push_back(tensor.numel());
-        largest = std::max(largest, tensor.numel());
     }
     const int count = static_cast<int>(tensors.size());
     double result = 0.0;
@@ -102,8 +101,9 @@ double sum_of_squares(const std::vector<Tensor>& tensors) {
         ENGINE_ON_CUDA("sum_of_squares", tensors.front().dtype(), {
             std::vector<const float*> typed(data.size());
             for (size_t index = 0; index < data.size(); ++index) typed[index] = static_cast<const float*>(data[index]);
-            const cuda::Scratch<double> result_and_partials(1 + kernels::cuda::reduction_workspace_count(largest),
-                                                            cuda::compute_stream());
+            const cuda::Scratch<double> result_and_partials(
+                1 + static_cast<size_t>(kernels::cuda::sum_of_squares_workspace_count(counts.data(), count)),
+                cuda::compute_stream());
             kernels::cuda::sum_of_squares_list(result_and_partials.get(), result_and_partials.get() + 1, typed.data(),
                                                counts.data(), count, cuda::compute_stream());
             copy_bytes(&result, Device::cpu, result_and_partials.get(), Device::cuda, sizeof result); // the one read

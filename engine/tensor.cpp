@@ -218,6 +218,22 @@ void Tensor::share_gradient_buffer(const Tensor& owner) {
     self.requires_grad = true;
 }
 
+void Tensor::set_gradient_buffer(const Tensor& buffer) {
+    TensorImpl& self = impl();
+    ENGINE_CHECK(self.is_leaf && self.requires_grad,
+                 "set_gradient_buffer: " << describe() << " must be a leaf that requires grad");
+    if (!buffer.defined()) {
+        self.grad.reset();
+        return;
+    }
+    ENGINE_CHECK(buffer.numel() == numel() && buffer.dtype() == compute_dtype(dtype()) && buffer.device() == device(),
+                 "set_gradient_buffer: " << buffer.describe() << " cannot hold the gradient of " << describe()
+                                         << " (same element count, " << dtype_name(compute_dtype(dtype())) << ", "
+                                         << device_name(device()) << ")");
+    Tensor view = buffer.shape() == shape() ? buffer : buffer.reshape(shape());
+    self.grad = view.impl_;
+}
+
 void move_storage_to(const std::vector<Tensor>& tensors, Device device) {
     std::vector<TensorImpl*> holders;
     for (const Tensor& tensor : tensors) {

@@ -142,6 +142,12 @@ public:
     // Makes this leaf require grad with `owner`'s gradient buffer as its own, without allocating one: a bf16
     // working copy then accumulates into its f32 master's buffer. `owner` must be a leaf that requires grad.
     void share_gradient_buffer(const Tensor& owner);
+    // Streamed gradients (model state off the device): makes `buffer` this leaf's gradient buffer (a tensor of its
+    // element count in compute_dtype(dtype()) on its device, which the caller zeroed), or with an undefined
+    // tensor takes the buffer away, leaving the leaf requiring grad with nothing to accumulate into: an op that
+    // records it then fails, naming it, until a buffer is given again. Nodes recorded before keep the buffer
+    // they captured.
+    void set_gradient_buffer(const Tensor& buffer);
 
     explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 

@@ -24,7 +24,9 @@ Tensor CausalLM::run_decoder(Tensor input) const {
         auto blocks = [this, segment](const std::vector<Tensor>& inputs) {
             return std::vector<Tensor>{run_blocks(inputs[0], segment.first_layer, segment.layer_count)};
         };
-        x = checkpoint::checkpoint(blocks, {x}, policy_.offload, policy_.prefetch)[0];
+        checkpoint::SegmentHooks hooks;
+        if (segment_hooks_) hooks = segment_hooks_(segment.first_layer, segment.layer_count);
+        x = checkpoint::checkpoint(blocks, {x}, policy_.offload, policy_.prefetch, std::move(hooks))[0];
     }
     return x;
 }

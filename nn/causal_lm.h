@@ -3,6 +3,7 @@
 // count (Hugging Face's GradientCheckpointingLayer).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,12 @@ public:
     void set_checkpointing(const checkpoint::CheckpointPolicy& policy) override;
     const checkpoint::CheckpointPolicy& checkpointing() const { return policy_; }
     const std::vector<checkpoint::Segment>& segments() const { return segments_; }
+    // Decoder layer `index` as a module (its parameters, its working copies).
+    virtual Module& block(int index) = 0;
+    // What runs inside each checkpointed segment's backward (checkpoint::SegmentHooks), asked of `hooks` per
+    // segment with its first layer and layer count: the trainer's streamed gradients. Empty: nothing.
+    using SegmentHooksFor = std::function<checkpoint::SegmentHooks(int first_layer, int layer_count)>;
+    void set_segment_hooks(SegmentHooksFor hooks) { segment_hooks_ = std::move(hooks); }
 
     // Where the forward runs: the parameters' device (Module::to moves them), or with the masters on the host
     // (set_master_device) the working copies'.
@@ -51,6 +58,7 @@ protected:
 private:
     checkpoint::CheckpointPolicy policy_;
     std::vector<checkpoint::Segment> segments_;
+    SegmentHooksFor segment_hooks_;
 };
 
 } // namespace engine::nn

@@ -57,6 +57,7 @@ public:
     Device device() const override { return compute_device(); }
     // The transformer blocks, for the checkpoint policy.
     int block_count() const override { return static_cast<int>(h.size()); }
+    Module& block(int index) override { return *h.at(static_cast<size_t>(index)); }
     Tensor run_blocks(const Tensor& input, int first_block, int block_count) const override;
 
     const GPTConfig& config() const { return config_; }

@@ -110,6 +110,7 @@ public:
     std::string architecture() const override { return "llama"; }
     Device device() const override { return compute_device(); }
     int block_count() const override { return static_cast<int>(model.layers.size()); }
+    Module& block(int index) override { return *model.layers.at(static_cast<size_t>(index)); }
     Tensor run_blocks(const Tensor& input, int first_block, int count) const override;
 
     const LlamaConfig& config() const { return config_; }

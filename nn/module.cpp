@@ -47,7 +47,11 @@ std::vector<Tensor> Module::parameters() const {
 
 void Module::zero_grad() {
     engine::zero_grad(parameters());
-    if (master_device_) engine::zero_grad(working_parameters()); // buffers of their own
+    if (!master_device_) return;
+    std::vector<Tensor> attached; // buffers of their own, where streamed gradients have given them one
+    for (const Tensor& working : working_parameters())
+        if (working.grad().defined()) attached.push_back(working);
+    engine::zero_grad(attached);
 }
 
 size_t Module::parameter_count() const {
@@ -131,6 +135,26 @@ std::vector<Tensor> Module::working_parameters() const {
 void Module::collect_working(std::vector<Tensor>& out) const {
     for (const auto& [name, parameter] : parameters_) out.push_back(working(parameter));
     for (const auto& [name, child] : children_) child->collect_working(out);
+}
+
+void Module::attach_working_gradients() {
+    ENGINE_CHECK(master_device_, "attach_working_gradients: the masters are not apart from the working copies");
+    for (WorkingCopy& copy : working_copies_) {
+        const Tensor buffer = Tensor::zeros(copy.working_storage.shape(), engine::compute_dtype(copy.working_storage.dtype()),
+                                            copy.working_storage.device(), MemoryCategory::gradients);
+        copy.working_storage.set_gradient_buffer(buffer);
+        copy.working.set_gradient_buffer(copy.working.shape() == buffer.shape() ? buffer
+                                                                                : buffer.with_rows(copy.working.size(0)));
+    }
+    for (auto& [name, child] : children_) child->attach_working_gradients();
+}
+
+void Module::release_working_gradients() {
+    for (WorkingCopy& copy : working_copies_) {
+        copy.working_storage.set_gradient_buffer(Tensor());
+        copy.working.set_gradient_buffer(Tensor());
+    }
+    for (auto& [name, child] : children_) child->release_working_gradients();
 }
 
 Device Module::compute_device() const {

@@ -74,6 +74,11 @@ public:
     // (and rounds) the masters up; compute_device() is where the forward runs. The parameters must be on one
     // device; a second call with the same device changes nothing, and to() is refused while they are apart.
     void set_master_device(Device master_device);
+    // Streamed gradients, with the masters apart: every working copy of this subtree gets a zeroed gradient
+    // buffer of its own on the compute device (f32), or loses it; without one, a forward in grad mode that
+    // reads it fails naming it, and backward accumulates into the buffer the recorded nodes captured.
+    void attach_working_gradients();
+    void release_working_gradients();
     // Where the forward runs: the working copies' device when the masters are apart, else the parameters'.
     Device compute_device() const;
     // The masters' device when set_master_device moved them, else nullopt.

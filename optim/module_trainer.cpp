@@ -30,13 +30,19 @@ void synchronize_device(Device device) {
 }
 
 // The first parameter (in model order) whose accumulated gradient holds a NaN or an Inf, for the error: read
-// where backward accumulated (the working copies' buffers with the masters on the host).
+// where the step's gradients are when it is asked (with the optimizer on the host, gathered in the masters').
 std::string first_nonfinite_gradient(const nn::Module& model) {
-    const std::vector<std::pair<std::string, Tensor>> named = model.named_parameters();
-    const std::vector<Tensor> working = model.working_parameters();
-    for (size_t index = 0; index < named.size(); ++index)
-        if (!all_finite(working[index].grad())) return named[index].first;
+    for (const auto& [name, parameter] : model.named_parameters())
+        if (!all_finite(parameter.grad())) return name;
     return "none (the gradients are finite; the loss is not)";
+}
+
+// Every gradient buffer a list of leaves has now (streamed ones may have none) back to zero.
+void zero_attached(const std::vector<Tensor>& leaves) {
+    std::vector<Tensor> attached;
+    for (const Tensor& leaf : leaves)
+        if (leaf.grad().defined()) attached.push_back(leaf);
+    zero_grad(attached);
 }
 
 } // namespace
@@ -56,13 +62,19 @@ ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, dis
     }
     parameters_ = model_.parameters();
     gradient_leaves_ = model_.working_parameters();
+    streamed_leaves_.assign(parameters_.size(), false);
     device_ = model_.compute_device();
+    if (streamed()) start_streaming_gradients();
     loss_dtype_ = model_.compute_dtype() == DType::bf16 ? DType::f32 : parameters_.front().dtype();
     // Without a communicator there is one process, whose one part is the whole: zero_stage 1 changes nothing.
     if (config_.shape.zero_stage == 1 && communicator_ != nullptr)
         zero_ = std::make_unique<ZeroShards>(parameters_, *communicator_);
     optimizer_ = make_optimizer(model_, config_, zero_ ? zero_->range() : ShardRange{});
     manual_seed(config_.seed);
+}
+
+ModuleTrainer::~ModuleTrainer() {
+    if (layered_ != nullptr) layered_->set_segment_hooks({}); // they point at this trainer
 }
 
 void ModuleTrainer::set_communicator(distributed::Communicator* communicator) {
@@ -186,7 +198,50 @@ ModuleTrainer::Evaluation ModuleTrainer::evaluate(const std::vector<MicroBatch>&
 
 void ModuleTrainer::zero_gradients() {
     optimizer_->zero_grad();
-    if (offloaded()) zero_grad(gradient_leaves_); // the device buffers backward accumulates into
+    if (!offloaded()) return;
+    zero_attached(gradient_leaves_); // the device buffers backward accumulates into
+    // A failed window may have left a segment's streamed buffers attached.
+    for (int layer : streamed_layers_) layered_->block(layer).release_working_gradients();
+}
+
+void ModuleTrainer::start_streaming_gradients() {
+    layered_ = dynamic_cast<nn::CausalLM*>(&model_);
+    ENGINE_CHECK(layered_ != nullptr, "trainer: offload_gradients stream gives device gradient buffers to checkpointed "
+                                      "decoder layers only, and this module is no causal LM (nn::CausalLM)");
+    // Which leaves stream: those of the layers inside checkpointed segments.
+    for (const checkpoint::Segment& segment : layered_->segments()) {
+        if (!segment.checkpointed) continue;
+        for (int layer = segment.first_layer; layer < segment.first_layer + segment.layer_count; ++layer) {
+            layered_->block(layer).release_working_gradients();
+            streamed_layers_.push_back(layer);
+        }
+    }
+    for (size_t index = 0; index < gradient_leaves_.size(); ++index)
+        streamed_leaves_[index] = !gradient_leaves_[index].grad().defined();
+    layered_->set_segment_hooks([this](int first_layer, int layer_count) {
+        checkpoint::SegmentHooks hooks;
+        hooks.before_recompute = [this, first_layer, layer_count] { attach_segment_gradients(first_layer, layer_count); };
+        hooks.after_backward = [this, first_layer, layer_count] { stream_segment_gradients(first_layer, layer_count); };
+        return hooks;
+    });
+}
+
+void ModuleTrainer::attach_segment_gradients(int first_layer, int layer_count) {
+    for (int layer = first_layer; layer < first_layer + layer_count; ++layer) layered_->block(layer).attach_working_gradients();
+}
+
+void ModuleTrainer::stream_segment_gradients(int first_layer, int layer_count) {
+    for (int layer = first_layer; layer < first_layer + layer_count; ++layer) {
+        nn::Module& block = layered_->block(layer);
+        const std::vector<Tensor> masters = block.parameters();
+        const std::vector<Tensor> working = block.working_parameters();
+        for (size_t index = 0; index < masters.size(); ++index) {
+            // Down, then added in f32 into the master's buffer: one micro-batch after the other, in order.
+            const Tensor staged = working[index].grad().to(Device::cpu, MemoryCategory::workspace);
+            accumulate_into(masters[index].grad(), staged);
+        }
+        block.release_working_gradients();
+    }
 }
 
 double ModuleTrainer::rank_gradient_scale() const {
@@ -205,12 +260,13 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
             // Model state on the host: the window's gradients, summed on the device, are measured there as without
             // offload (the same kernel, so the same bits), then copied to the masters' host buffers, where the
             // ranks reduce them (host tensors: the mpi backend) and the optimizer reads them.
-            if (!zero_ && communicator_ == nullptr) {
+            if (!zero_ && communicator_ == nullptr && !streamed()) {
                 const profiling::PhaseScope phase(profiling::Phase::grad_norm);
                 result.grad_norm = global_grad_norm(gradient_leaves_) * gradient_scale;
             }
+            // The streamed leaves' gradients are on the host already.
             for (size_t index = 0; index < parameters_.size(); ++index)
-                parameters_[index].grad().copy_from(gradient_leaves_[index].grad());
+                if (!streamed_leaves_[index]) parameters_[index].grad().copy_from(gradient_leaves_[index].grad());
         }
         if (zero_) {
             zero_->reduce_scatter_gradients(); // ZeRO-1: each rank gets the summed gradients of its own part
@@ -222,7 +278,7 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
             for (const Tensor& parameter : parameters_) gradients.push_back(parameter.grad());
             communicator_->all_reduce_gradients(gradients);
         }
-        if (!offloaded() || zero_ || communicator_ != nullptr) {
+        if (!offloaded() || streamed() || zero_ || communicator_ != nullptr) {
             const profiling::PhaseScope phase(profiling::Phase::grad_norm); // the op profiler's clip share
             result.grad_norm =
                 (zero_ ? std::sqrt(zero_->gradient_sum_of_squares()) : global_grad_norm(parameters_)) * gradient_scale;

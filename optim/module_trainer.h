@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/distributed/communicator.h"
+#include "nn/causal_lm.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
@@ -123,7 +124,7 @@ public:
     // parameter; its device is its first parameter's. With a communicator the trainer is data-parallel from
     // the start (see set_communicator), and zero_stage 1 shards the optimizer state over its ranks.
     ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator = nullptr);
-    virtual ~ModuleTrainer() = default;
+    virtual ~ModuleTrainer();
     ModuleTrainer(const ModuleTrainer&) = delete;
     ModuleTrainer& operator=(const ModuleTrainer&) = delete;
 
@@ -184,6 +185,12 @@ private:
     // The model state on the host (offload_optimizer): the masters and their gradients apart from the
     // buffers backward fills.
     bool offloaded() const { return config_.shape.offload_optimizer; }
+    bool streamed() const { return offloaded() && config_.shape.offload_gradients == GradientOffload::stream; }
+    // Streamed gradients: the decoder layers of the checkpointed segments lose their device gradient buffers,
+    // and each segment's backward gets them for its duration (checkpoint::SegmentHooks).
+    void start_streaming_gradients();
+    void attach_segment_gradients(int first_layer, int layer_count);
+    void stream_segment_gradients(int first_layer, int layer_count); // down to the host, added there, released
     // Every gradient buffer of the step back to zero: the masters', and the device ones when they are apart.
     void zero_gradients();
 
@@ -191,6 +198,9 @@ private:
     TrainerConfig config_;
     std::vector<Tensor> parameters_;      // the masters, as the optimizer updates them
     std::vector<Tensor> gradient_leaves_; // what backward accumulates into: parameters_, or their device copies
+    std::vector<bool> streamed_leaves_;   // per parameter: its gradient is summed on the host (stream)
+    nn::CausalLM* layered_ = nullptr;     // the model as a causal LM, for its layers, when gradients stream
+    std::vector<int> streamed_layers_;    // the decoder layers of its checkpointed segments
     Device device_ = Device::cpu;         // where the forward runs
     DType loss_dtype_ = DType::f32; // the compute type mean mode's factor is formed in
     std::unique_ptr<Optimizer> optimizer_;

@@ -160,7 +160,8 @@ LayerWork llama_work(const nn::LlamaConfig& config, double batch, double seq_len
 
 StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumulation_steps, int seq_len,
                       const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
-                      int optimizer_shards, const Ceilings& ceilings, bool offload_optimizer) {
+                      int optimizer_shards, const Ceilings& ceilings, bool offload_optimizer,
+                      GradientOffload gradients) {
     const double rows = static_cast<double>(micro_batch) * seq_len; // N = B*T per micro-batch
     const double width = config.width(), layers = config.layers();
     const double steps = accumulation_steps;
@@ -204,6 +205,13 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
         // cross down once and the working copies (the step's dtype) up once.
         cost.host_bytes = optimizer_bytes + parameters * wide + (element != wide ? parameters * (wide + element) : 0.0);
         cost.host_device_bytes += parameters * (wide + element);
+        if (gradients == GradientOffload::stream) {
+            // The checkpointed layers' gradients cross down every micro-batch instead of once, and each crossing
+            // is added on the host (read the master's buffer and the staged copy, write the buffer).
+            const double streamed = recomputed * static_cast<double>(layer_parameter_count(config)) * wide;
+            cost.host_device_bytes += (steps - 1.0) * streamed;
+            cost.host_bytes += steps * 3.0 * streamed;
+        }
     }
     // layer_ops per block forward (about 15), twice as many in backward, and a dozen for embedding, head and loss.
     cost.ops = steps * (3.0 * work.layer_ops * layers + work.layer_ops * recomputed + 12.0) + 4.0 * (2.0 * layers + 4.0);

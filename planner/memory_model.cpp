@@ -69,6 +69,30 @@ std::string block_range(const Segment& segment) {
 // The parameters' element count with wte's rows counted as `vocabulary_rows`: vocab_size gives the real
 // count (what the optimizer keeps moments for), padded_vocab_size() the stored one (wte's allocation and its
 // gradient buffer hold the zero padding rows too). Llama pads nothing: both are its one count.
+// One decoder layer's parameters, and the largest of them: what streamed gradients hold on the device per
+// layer, and stage on the host one at a time.
+size_t layer_parameter_count(const nn::ModelConfig& model_config) {
+    if (model_config.is_llama()) {
+        const nn::LlamaConfig& config = model_config.llama();
+        const size_t width = static_cast<size_t>(config.hidden_size);
+        const size_t key_value = static_cast<size_t>(config.key_value_width());
+        return 2 * width * width + 2 * key_value * width + 3 * static_cast<size_t>(config.intermediate_size) * width +
+               2 * width;
+    }
+    const size_t width = static_cast<size_t>(model_config.gpt().n_embd);
+    return 12 * width * width + 13 * width; // ln_1, c_attn, c_proj, ln_2, c_fc, c_proj
+}
+
+size_t largest_layer_parameter(const nn::ModelConfig& model_config) {
+    if (model_config.is_llama()) {
+        const nn::LlamaConfig& config = model_config.llama();
+        const size_t width = static_cast<size_t>(config.hidden_size);
+        return width * std::max(static_cast<size_t>(config.intermediate_size), width);
+    }
+    const size_t width = static_cast<size_t>(model_config.gpt().n_embd);
+    return 4 * width * width; // c_fc and the MLP's c_proj
+}
+
 size_t parameter_count(const nn::ModelConfig& model_config, int vocabulary_rows) {
     if (model_config.is_llama()) {
         ENGINE_CHECK(vocabulary_rows == model_config.vocab_size(),
@@ -111,7 +135,10 @@ struct Walk {
 
 // `offload`: the checkpointed segments' inputs go to pinned host memory; `pinned_in_account`: that memory is in
 // the same account (the CPU backend), so each pinned copy stands where the device copy stood.
-Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, bool offload, bool pinned_in_account) {
+// `streamed_layer_gradients`: with streamed gradients, the f32 gradient bytes of one layer, which a
+// checkpointed segment holds from its recompute to the end of its backward.
+Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, bool offload, bool pinned_in_account,
+               size_t streamed_layer_gradients = 0) {
     Walk walk;
     auto activation = [&](size_t bytes, const std::string& moment) {
         if (bytes > walk.activations) walk.activations = bytes, walk.activations_moment = moment;
@@ -166,9 +193,10 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
         }
         activation(kept_before[index] + terms.scalar + saved + terms.layer_transient,
                    "recompute of " + block_range(segment) + " in backward");
-        joint(kept_before[index] + saved + losses + terms.recomputed_layer_backward,
+        const size_t gradients = static_cast<size_t>(segment.layer_count) * streamed_layer_gradients;
+        joint(kept_before[index] + saved + losses + terms.recomputed_layer_backward + gradients,
               "backward of recomputed " + block_range(segment));
-        joint(kept_before[index] + saved + losses + terms.layer_transient + A,
+        joint(kept_before[index] + saved + losses + terms.layer_transient + A + gradients,
               "recompute of " + block_range(segment) + " in backward");
     }
     return walk;
@@ -212,7 +240,7 @@ ParameterTerms parameter_terms(const nn::ModelConfig& config, DType dtype) {
 
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                                 DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
-                                bool offload_optimizer) {
+                                bool offload_optimizer, GradientOffload gradients_where) {
     config.validate();
     ENGINE_CHECK(optimizer_shards >= 1, "predict_memory: optimizer_shards " << optimizer_shards << " must be >= 1");
     ENGINE_CHECK(accumulation_steps >= 1,
@@ -262,13 +290,26 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
         prediction.at(MemoryCategory::optimizer_state) = 0;
         device_zero_buffers = 0;
     }
+    // Streamed gradients: the layers of checkpointed segments keep no device buffer between their backwards;
+    // a segment holds its own from its recompute to the end of its backward.
+    const bool streamed = offload_optimizer && gradients_where == GradientOffload::stream;
+    size_t streamed_layers = 0, largest_segment = 0;
+    if (streamed)
+        for (const Segment& segment : segments)
+            if (segment.checkpointed) {
+                streamed_layers += static_cast<size_t>(segment.layer_count);
+                largest_segment = std::max(largest_segment, static_cast<size_t>(segment.layer_count));
+            }
+    const size_t layer_gradients = streamed ? layer_parameter_count(config) * wide : 0;
+    const size_t persistent_gradients = prediction.of(MemoryCategory::gradients) - streamed_layers * layer_gradients;
+    prediction.at(MemoryCategory::gradients) = persistent_gradients + largest_segment * layer_gradients;
 
     for (const Segment& segment : segments) {
         if (!segment.checkpointed) continue;
         ++prediction.checkpointed_segments;
         prediction.recomputed_blocks += segment.layer_count;
     }
-    const Walk walk = walk_step(segments, terms, offload, false);
+    const Walk walk = walk_step(segments, terms, offload, false, layer_gradients);
     prediction.at(MemoryCategory::activations) = walk.activations;
     prediction.activations_peak_moment = walk.activations_moment;
 
@@ -291,12 +332,12 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     // each pinned copy where the device copy stood.
     const size_t ids = rows * sizeof(int32_t);
     const size_t steps = static_cast<size_t>(accumulation_steps);
-    const size_t before_forward = prediction.of(MemoryCategory::parameters) + prediction.of(MemoryCategory::gradients) +
+    const size_t before_forward = prediction.of(MemoryCategory::parameters) + persistent_gradients +
                                   prediction.of(MemoryCategory::optimizer_state) + device_zero_buffers + steps * 2 * ids +
                                   2 * ids + (steps - 1) * terms.scalar;
     prediction.peak_bytes = before_forward + walk.joint;
     prediction.peak_moment = walk.joint_moment;
-    prediction.unified_peak_bytes = before_forward + walk_step(segments, terms, offload, true).joint;
+    prediction.unified_peak_bytes = before_forward + walk_step(segments, terms, offload, true, layer_gradients).joint;
     prediction.cuda_runtime_bytes = cuda::cublaslt_workspace_bytes;
     // The host's high-water mark without offload: the offloaded segment inputs.
     prediction.host_peak_bytes = prediction.of(MemoryCategory::pinned_host);
@@ -308,6 +349,13 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
         for (size_t bytes : prediction.host) state += bytes;
         prediction.host[static_cast<size_t>(MemoryCategory::pinned_host)] = prediction.of(MemoryCategory::pinned_host);
         prediction.host_peak_bytes = state + std::max(prediction.of(MemoryCategory::pinned_host), rounding);
+        if (streamed && prediction.checkpointed_segments > 0) {
+            // After the first segment's backward (the last segment's): the earlier segments' inputs still
+            // pinned, and one gradient staged on its way into its master's buffer.
+            const size_t pinned = offload ? static_cast<size_t>(prediction.checkpointed_segments - 1) * terms.stream : 0;
+            prediction.host_peak_bytes =
+                std::max(prediction.host_peak_bytes, state + pinned + largest_layer_parameter(config) * wide);
+        }
         // On one account (the CPU backend) there is nothing to offload: the trainer refuses it.
         prediction.unified_peak_bytes = prediction.peak_bytes + state;
     }
@@ -316,9 +364,10 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
 
 std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                         DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
-                        bool offload_optimizer) {
+                        bool offload_optimizer, GradientOffload gradients) {
     const MemoryPrediction planned = predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards,
-                                                    accumulation_steps, offload_optimizer);
+                                                    accumulation_steps, offload_optimizer, gradients);
+    // Streamed gradients need checkpointed segments: the plain comparison keeps the window.
     const MemoryPrediction plain = predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer,
                                                   optimizer_shards, 1, offload_optimizer);
     const int layers = config.layers();
@@ -359,7 +408,12 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
             text << ", " << mebibytes(planned.host_of(MemoryCategory::workspace)) << " of ZeRO-1 flat buffers";
         text << "; host peak " << mebibytes(planned.host_peak_bytes) << " (" << planned.host_peak_bytes
              << " B); the device keeps the " << (dtype == DType::bf16 ? "bf16" : dtype_name(dtype))
-             << " working copies (" << mebibytes(planned.working_copies) << ") and the step's gradients\n";
+             << " working copies (" << mebibytes(planned.working_copies) << ") and "
+             << (gradients == GradientOffload::stream
+                     ? "the gradients of the layers outside checkpointed segments, the embeddings and the head, plus "
+                       "one segment's during its backward (streamed: summed on the host)"
+                     : "the step's gradients (summed on the device for the window)")
+             << "\n";
     } else if (planned.working_copies > 0)
         text << "parameters: f32 masters " << mebibytes(planned.master_parameters) << " + bf16 working copies "
              << mebibytes(planned.working_copies) << "; gradients accumulate in f32; activations bf16 ("

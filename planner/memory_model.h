@@ -73,11 +73,13 @@ struct MemoryPrediction {
 // optimizer_shards > 1 is ZeRO stage 1 over that many ranks (optim/zero.h): the optimizer state of one rank's
 // part (the parameters padded to equal parts), and the flat gradient/parameter buffer and the part in the
 // workspace.
-// offload_optimizer: the masters, their gradients and the optimizer state on the host (StepShape).
+// offload_optimizer: the masters, their gradients and the optimizer state on the host; `gradients`: where a
+// window's gradients are summed then (StepShape).
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                 const checkpoint::CheckpointPolicy& policy, DType dtype = DType::f32,
                                 OptimizerKind optimizer = OptimizerKind::adamw, int optimizer_shards = 1,
-                                int accumulation_steps = 1, bool offload_optimizer = false);
+                                int accumulation_steps = 1, bool offload_optimizer = false,
+                                GradientOffload gradients = GradientOffload::window);
 
 // The parameters' element count with wte's rows counted as `vocabulary_rows`: vocab_size gives the real count
 // (what the optimizer keeps moments for), padded_vocab_size() the stored one. For Llama both are vocab_size
@@ -88,7 +90,12 @@ size_t parameter_count(const nn::ModelConfig& config, int vocabulary_rows);
 // peak per category, next to the same prediction without checkpointing.
 std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const checkpoint::CheckpointPolicy& policy,
                         DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw,
-                        int optimizer_shards = 1, int accumulation_steps = 1, bool offload_optimizer = false);
+                        int optimizer_shards = 1, int accumulation_steps = 1, bool offload_optimizer = false,
+                        GradientOffload gradients = GradientOffload::window);
+
+// One decoder layer's parameters (what streamed gradients hold per layer), and the largest of them.
+size_t layer_parameter_count(const nn::ModelConfig& config);
+size_t largest_layer_parameter(const nn::ModelConfig& config);
 
 std::string mebibytes(size_t bytes); // "12.34 MiB"
 

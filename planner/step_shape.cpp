@@ -29,6 +29,14 @@ int optimizer_state_tensors(OptimizerKind kind) {
     return kind == OptimizerKind::adamw ? 2 : kind == OptimizerKind::sgd ? 1 : 0;
 }
 
+GradientOffload parse_gradient_offload(const std::string& name) {
+    if (name == "window") return GradientOffload::window;
+    if (name == "stream") return GradientOffload::stream;
+    ENGINE_FAIL("offload_gradients: unknown way '" << name << "' (known: window, stream)");
+}
+
+const char* gradient_offload_name(GradientOffload where) { return where == GradientOffload::stream ? "stream" : "window"; }
+
 std::optional<ConfigProblem> StepShape::problem() const {
     if (per_device_train_batch_size <= 0)
         return ConfigProblem{"per_device_train_batch_size",
@@ -44,6 +52,11 @@ std::optional<ConfigProblem> StepShape::problem() const {
         return ConfigProblem{"prefetch", "prefetches offloaded inputs, so it needs offload"};
     if (zero_stage != 0 && zero_stage != 1)
         return ConfigProblem{"zero_stage", "must be 0 or 1, got " + std::to_string(zero_stage)};
+    if (offload_gradients == GradientOffload::stream && !offload_optimizer)
+        return ConfigProblem{"offload_gradients", "stream sums the gradients on the host, so it needs offload_optimizer"};
+    if (offload_gradients == GradientOffload::stream && !checkpointing.enabled)
+        return ConfigProblem{"offload_gradients", "stream gives device buffers to the checkpointed segments' backward only, "
+                                                  "so it needs gradient_checkpointing"};
     return std::nullopt;
 }
 
@@ -60,6 +73,7 @@ std::string StepShape::flags() const {
     text << " --precision " << precision_name(precision);
     if (zero_stage > 0) text << " --zero-stage " << zero_stage;
     if (offload_optimizer) text << " --offload-optimizer cpu";
+    if (offload_optimizer && offload_gradients == GradientOffload::stream) text << " --offload-gradients stream";
     return text.str();
 }
 
@@ -74,7 +88,9 @@ std::string StepShape::summary(int ranks) const {
     if (checkpointing.offload) text << " + offload";
     text << ", " << precision_name(precision);
     if (zero_stage > 0) text << ", ZeRO-" << zero_stage;
-    if (offload_optimizer) text << ", optimizer on the host";
+    if (offload_optimizer)
+        text << (offload_gradients == GradientOffload::stream ? ", optimizer and gradients on the host"
+                                                               : ", optimizer on the host");
     return text.str();
 }
 

@@ -31,6 +31,16 @@ const char* optimizer_kind_name(OptimizerKind kind);         // "adamw" | "sgd" 
 // State tensors the optimizer keeps per parameter: AdamW's two moments, SGD's momentum buffer, none's none.
 int optimizer_state_tensors(OptimizerKind kind);
 
+// With the optimizer on the host, where a window's gradients are summed (docs/MEMORY.md, "Model state off the
+// device"). window: on the device, in f32 buffers for the whole model, copied to the host once per step.
+// stream: on the host: each checkpointed segment's gradients get device buffers only for its backward, then go
+// down and are added into the masters' f32 buffers, micro-batch after micro-batch in order; the device holds
+// one segment's at a time (the layers outside checkpointed segments, the embeddings and the head keep window
+// buffers).
+enum class GradientOffload { window, stream };
+GradientOffload parse_gradient_offload(const std::string& name); // "window" | "stream"
+const char* gradient_offload_name(GradientOffload where);
+
 // The fields keep Hugging Face's TrainingArguments names, which are also train_gpt's flags.
 struct StepShape {
     int per_device_train_batch_size = 8;        // sequences per micro-batch (per rank)
@@ -45,6 +55,7 @@ struct StepShape {
     // update runs there; the device keeps the working weights and the window's f32 gradients, which go to the
     // host once per step. Needs a model on a device other than the host.
     bool offload_optimizer = false;
+    GradientOffload offload_gradients = GradientOffload::window; // with offload_optimizer only
 
     // Every rule on these fields, the checkpoint policy's included: the first broken one, or nullopt.
     std::optional<ConfigProblem> problem() const;

@@ -294,7 +294,8 @@ BENCHMARK(BM_cross_entropy_fused_forward_padded)->UseManualTime()->Unit(benchmar
 void BM_sum_of_squares(benchmark::State& state) {
     if (!prepare(state)) return;
     DeviceArray<float> inp(parameter_count);
-    DeviceArray<double> out(1), partials(gpu::reduction_workspace_count(parameter_count));
+    const int64_t count = parameter_count;
+    DeviceArray<double> out(1), partials(gpu::sum_of_squares_workspace_count(&count, 1));
     run_timed(state, f * parameter_count, 0, [&](cudaStream_t stream) {
         gpu::sum_of_squares(out.get(), partials.get(), inp.get(), parameter_count, stream);
     });

@@ -1,4 +1,5 @@
 // Whole-tensor sums (scaled sum for a loss mean, sum of squares for gradient norms), the CPU references.
+#include "kernels/common/sum_of_squares_order.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/lane_sums.h"
 #include "kernels/cpu/parallel.h"
@@ -26,7 +27,9 @@ void sum_backward(T* dinp, const Compute<T>* dout, int64_t N, Compute<T> scale) 
 // count (and any machine: no runtime dispatch here).
 template <typename T>
 void sum_of_squares(double* out, const T* inp, int64_t N) {
-    const int64_t chunk = cheap_elements_per_chunk;
+    // kernels/common/sum_of_squares_order.h's association, which the CUDA twin follows too.
+    static_assert(sum_lanes == sum_of_squares_lanes);
+    const int64_t chunk = sum_of_squares_chunk;
     std::vector<double> partial(static_cast<size_t>(chunk_count(N, chunk)), 0.0);
     parallel_for(N, chunk, [&](int64_t begin, int64_t end) {
         const T* values = inp + begin;

@@ -186,19 +186,21 @@ void sum_backward(float* dinp, const float* dout, int64_t N, float scale, cudaSt
 void sum_forward(float* out, double* partials_workspace, const bfloat16* inp, int64_t N, float scale,
                  cudaStream_t stream);
 void sum_backward(bfloat16* dinp, const float* dout, int64_t N, float scale, cudaStream_t stream);
-void sum_of_squares(double* out, double* partials_workspace, const float* inp, int64_t N,
-                    cudaStream_t stream); // out is device memory
-// The sum of squares of many tensors at once (the global gradient norm), deterministic like the above, in
-// one partial launch per tensor_list_capacity tensors plus one final launch. `tensors` and `counts` are host
-// arrays (the list travels as a kernel argument); partials_workspace holds
-// reduction_workspace_count(largest count) doubles.
-inline constexpr int tensor_list_capacity = 200; // 200 pointers and counts: 3.2 KB, under the 4 KB argument limit
+// The sum of squares of one tensor or many (the global gradient norm) in the CPU kernel's association
+// (kernels/common/sum_of_squares_order.h): bitwise the CPU's result. One thread per (chunk, lane), one
+// ordered total per tensor_list_capacity tensors. `tensors` and `counts` are host arrays (the list travels as a
+// kernel argument); out is device memory; chunks_workspace holds sum_of_squares_workspace_count doubles.
+int64_t sum_of_squares_workspace_count(const int64_t* counts, int tensor_count);
+void sum_of_squares(double* out, double* chunks_workspace, const float* inp, int64_t N, cudaStream_t stream);
+inline constexpr int tensor_list_capacity = 128; // 128 pointers, counts and first chunks: 3 KB, under 4 KB
 struct TensorList {
     const float* data[tensor_list_capacity];
     int64_t count[tensor_list_capacity];
+    int64_t first_chunk[tensor_list_capacity]; // of this list's chunks
+    int64_t chunks;                            // all of this list's
     int size;
 };
-void sum_of_squares_list(double* out, double* partials_workspace, const float* const* tensors, const int64_t* counts,
+void sum_of_squares_list(double* out, double* chunks_workspace, const float* const* tensors, const int64_t* counts,
                          int tensor_count, cudaStream_t stream);
 
 // ---- elementwise helpers (these, GELU, residual and the optimizer updates use 128-bit accesses when every

@@ -1,8 +1,9 @@
-// Sums (CUDA twin of kernels/cpu/reduce.cpp). Both reductions are two-stage and deterministic: a fixed
-// number of blocks (a function of N only) each write a double partial, then one block adds the partials in
-// a fixed order. No atomics, so the same input always gives the same bits. The partials live in the
-// caller's workspace (reduction_workspace_count doubles).
+// Sums (CUDA twin of kernels/cpu/reduce.cpp). The sum is two-stage and deterministic: a fixed number of blocks
+// (a function of N only) each write a double partial, then one block adds the partials in a fixed order; the
+// partials live in the caller's workspace (reduction_workspace_count doubles). The sum of squares (the gradient
+// norm) follows the CPU's own association instead, so both give the same bits. No atomics anywhere.
 #include "base/cuda/launch.h"
+#include "kernels/common/sum_of_squares_order.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/grid.h"
 #include "kernels/cuda/warp_reduce.cuh"
@@ -39,21 +40,46 @@ static __global__ void partial_sum_kernel(double* partials, const T* inp, int64_
     if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
-// The gradient norm's first stage over many tensors in one launch: every block walks every tensor of the
-// list with the same grid stride, so each element's block and each block's order of additions depend on the
-// shapes only. `accumulate` adds to the partials of an earlier launch (lists longer than one launch holds).
-static __global__ void list_partial_sum_of_squares_kernel(double* partials, TensorList list, bool accumulate) {
+// The sum of squares in the CPU kernel's association (kernels/common/sum_of_squares_order.h). A thread owns one
+// (chunk, lane): the lanes of a chunk are 8 adjacent threads of one warp, reading 8 adjacent floats per step
+// (32-byte segments), and the first of them adds the 8 lane sums in lane order. No atomics; the bits are the
+// CPU's whatever the schedule.
+static __global__ void chunk_sums_of_squares_kernel(double* chunk_sums, TensorList list) {
+    const int64_t thread = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+    const int64_t chunk = thread / sum_of_squares_lanes;
+    const int lane = static_cast<int>(thread % sum_of_squares_lanes);
     double sum = 0.0;
-    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-    for (int tensor = 0; tensor < list.size; ++tensor) {
+    if (chunk < list.chunks) {
+        int tensor = 0; // the tensor holding the chunk (tensors without elements hold none)
+        while (tensor + 1 < list.size && list.first_chunk[tensor + 1] <= chunk) ++tensor;
+        const int64_t begin = (chunk - list.first_chunk[tensor]) * sum_of_squares_chunk;
+        const int64_t end = begin + sum_of_squares_chunk < list.count[tensor] ? begin + sum_of_squares_chunk
+                                                                               : list.count[tensor];
         const float* values = list.data[tensor];
-        for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < list.count[tensor]; i += stride) {
+        for (int64_t i = begin + lane; i < end; i += sum_of_squares_lanes) {
             const double value = values[i];
             sum += value * value;
         }
     }
-    sum = block_sum_of(sum);
-    if (threadIdx.x == 0) partials[blockIdx.x] = accumulate ? partials[blockIdx.x] + sum : sum;
+    // Every thread of the warp takes part in the shuffles, those past the last chunk with 0.
+    const int first_lane = (threadIdx.x % warp_size) / sum_of_squares_lanes * sum_of_squares_lanes;
+    double total = 0.0;
+    for (int k = 0; k < sum_of_squares_lanes; ++k) total += __shfl_sync(0xffffffffu, sum, first_lane + k);
+    if (lane == 0 && chunk < list.chunks) chunk_sums[chunk] = total;
+}
+
+// One thread: each tensor's chunks in order from 0.0, then the tensors in order onto the total so far (0.0 for
+// the first list of a launch sequence).
+static __global__ void ordered_total_kernel(double* out, const double* chunk_sums, TensorList list, bool first) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    double total = first ? 0.0 : out[0];
+    for (int tensor = 0; tensor < list.size; ++tensor) {
+        const int64_t chunks = sum_of_squares_chunks(list.count[tensor]);
+        double part = 0.0;
+        for (int64_t chunk = 0; chunk < chunks; ++chunk) part += chunk_sums[list.first_chunk[tensor] + chunk];
+        total += part;
+    }
+    out[0] = total;
 }
 
 static __global__ void final_sum_kernel(float* float_out, double* double_out, const double* partials, int count,
@@ -104,28 +130,38 @@ void sum_backward(bfloat16* dinp, const float* dout, int64_t N, float scale, cud
     launch_sum_backward(dinp, dout, N, scale, stream);
 }
 
-void sum_of_squares(double* out, double* partials_workspace, const float* inp, int64_t N, cudaStream_t stream) {
-    two_stage_sum<true>(nullptr, out, partials_workspace, inp, N, 1.0, stream);
+int64_t sum_of_squares_workspace_count(const int64_t* counts, int tensor_count) {
+    int64_t largest_list = 1; // the lists run one after the other and reuse the workspace
+    for (int first = 0; first < tensor_count; first += tensor_list_capacity) {
+        int64_t chunks = 0;
+        for (int index = first; index < tensor_count && index < first + tensor_list_capacity; ++index)
+            chunks += sum_of_squares_chunks(counts[index]);
+        largest_list = chunks > largest_list ? chunks : largest_list;
+    }
+    return largest_list;
 }
 
-void sum_of_squares_list(double* out, double* partials_workspace, const float* const* tensors, const int64_t* counts,
+void sum_of_squares_list(double* out, double* chunks_workspace, const float* const* tensors, const int64_t* counts,
                          int tensor_count, cudaStream_t stream) {
-    int64_t largest = 0;
-    for (int tensor = 0; tensor < tensor_count; ++tensor) largest = counts[tensor] > largest ? counts[tensor] : largest;
-    // Sized by the largest tensor: smaller ones leave blocks idle, and a grid sized by the total would only
-    // stretch the largest one's stride.
-    const int blocks = reduction_workspace_count(largest);
     for (int first = 0; first == 0 || first < tensor_count; first += tensor_list_capacity) {
         TensorList list{};
         list.size = tensor_count - first < tensor_list_capacity ? tensor_count - first : tensor_list_capacity;
         for (int index = 0; index < list.size; ++index) {
             list.data[index] = tensors[first + index];
             list.count[index] = counts[first + index];
+            list.first_chunk[index] = list.chunks;
+            list.chunks += sum_of_squares_chunks(list.count[index]);
         }
-        ENGINE_LAUNCH(list_partial_sum_of_squares_kernel, blocks, block_size, 0, stream, partials_workspace, list,
-                      first > 0);
+        if (list.chunks > 0)
+            ENGINE_LAUNCH(chunk_sums_of_squares_kernel,
+                          static_cast<int>(ceil_div(list.chunks * sum_of_squares_lanes, int64_t(block_size))), block_size,
+                          0, stream, chunks_workspace, list);
+        ENGINE_LAUNCH(ordered_total_kernel, 1, 1, 0, stream, out, chunks_workspace, list, first == 0);
     }
-    ENGINE_LAUNCH(final_sum_kernel, 1, final_block_size, 0, stream, nullptr, out, partials_workspace, blocks, 1.0);
+}
+
+void sum_of_squares(double* out, double* chunks_workspace, const float* inp, int64_t N, cudaStream_t stream) {
+    sum_of_squares_list(out, chunks_workspace, &inp, &N, 1, stream);
 }
 
 } // namespace engine::kernels::cuda

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ctest train_gpt_emulated_offload_optimizer (emulated build only): train_gpt --device cuda
-# --offload-optimizer cpu logs bitwise the losses and grad norms of the same run with the optimizer on the
-# device (GPT-2 and Llama, bf16, accumulation and checkpointing), moves the optimizer state off the device
-# (its peak optimizer_state is 0), and refuses with one line and exit 2, before any step: a host budget that
+# --offload-optimizer cpu, with the gradients summed on the device (window) or on the host (stream), logs bitwise
+# the losses and grad norms of the same run with the optimizer on the device (GPT-2 and Llama, bf16,
+# accumulation and checkpointing), moves the optimizer state off the device (its peak optimizer_state is 0),
+# streamed gradients take less device memory than the window's, and it refuses with one line and exit 2, before any step: a host budget that
 # cannot hold the state, and a resume of a state saved with the other tier.
 # usage: train_gpt_offload_optimizer.sh TRAIN_GPT WORK_DIR
 set -u
@@ -13,25 +14,28 @@ python=$(command -v python3 || command -v /usr/bin/python3 || echo python3) # on
 flags=(--device cuda --precision bf16 --max-steps 3 --per-device-train-batch-size 2 --seq-len 32
        --gradient-accumulation-steps 2 --gradient-checkpointing --max-grad-norm 0.5)
 for model in tiny llama-tiny; do
-  for tier in none cpu; do
-    if ! "$train_gpt" --model "$model" "${flags[@]}" --offload-optimizer "$tier" --log "$work/$model-$tier.jsonl" \
+  for tier in none cpu stream; do
+    tier_flags=(--offload-optimizer "$tier")
+    [ "$tier" = stream ] && tier_flags=(--offload-optimizer cpu --offload-gradients stream)
+    if ! "$train_gpt" --model "$model" "${flags[@]}" "${tier_flags[@]}" --log "$work/$model-$tier.jsonl" \
         --out "$work/state-$model-$tier" >"$work/$model-$tier.out" 2>&1; then
       echo "FAIL: train_gpt --model $model --offload-optimizer $tier exited non-zero:"
       tail -5 "$work/$model-$tier.out"
       exit 1
     fi
   done
-  "$python" - "$work/$model-none.jsonl" "$work/$model-cpu.jsonl" <<'PY' || exit 1
+  "$python" - "$work/$model-none.jsonl" "$work/$model-cpu.jsonl" "$work/$model-stream.jsonl" <<'PY' || exit 1
 import json, sys
-device = [json.loads(line) for line in open(sys.argv[1])]
-host = [json.loads(line) for line in open(sys.argv[2])]
-assert len(device) == len(host) and device, f"{len(device)} steps vs {len(host)}"
-for a, b in zip(device, host):
-    assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"], f"step {a['step']}: {a} vs {b}"
-    assert b["peak_mib"]["optimizer_state"] == 0 < a["peak_mib"]["optimizer_state"], "optimizer state on the device"
-    assert b["peak_total_bytes"] < a["peak_total_bytes"], "the device peak did not fall"
-print(f"{sys.argv[2]}: {len(host)} steps bitwise the on-device run's; device peak "
-      f"{device[-1]['peak_total_bytes']} -> {host[-1]['peak_total_bytes']} B")
+device, host, stream = ([json.loads(line) for line in open(path)] for path in sys.argv[1:4])
+assert len(device) == len(host) == len(stream) and device, f"{len(device)}, {len(host)}, {len(stream)} steps"
+for a, b, c in zip(device, host, stream):
+    for other in (b, c):
+        assert a["loss"] == other["loss"] and a["grad_norm"] == other["grad_norm"], f"step {a['step']}: {a} vs {other}"
+        assert other["peak_mib"]["optimizer_state"] == 0 < a["peak_mib"]["optimizer_state"], "state on the device"
+    assert c["peak_mib"]["gradients"] < b["peak_mib"]["gradients"], "streamed gradients took no less device memory"
+    assert c["peak_total_bytes"] < b["peak_total_bytes"] < a["peak_total_bytes"], "the device peak did not fall"
+print(f"{sys.argv[2]}: {len(host)} steps bitwise the on-device run's, streamed too; device peak "
+      f"{device[-1]['peak_total_bytes']} -> {host[-1]['peak_total_bytes']} -> {stream[-1]['peak_total_bytes']} B")
 PY
 done
 

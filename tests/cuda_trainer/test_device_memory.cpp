@@ -28,6 +28,7 @@ struct MemoryCase {
     bool llama;
     Precision precision;
     checkpoint::CheckpointPolicy policy;
+    GradientOffload gradients = GradientOffload::window; // with the optimizer on the host
 };
 void PrintTo(const MemoryCase& memory_case, std::ostream* out) { *out << memory_case.name; }
 
@@ -61,6 +62,7 @@ Measured measure(const MemoryCase& run, bool offload_optimizer) {
     trainer_config.shape.precision = run.precision;
     trainer_config.shape.checkpointing = run.policy;
     trainer_config.shape.offload_optimizer = offload_optimizer;
+    if (offload_optimizer) trainer_config.shape.offload_gradients = run.gradients;
     optim::Trainer trainer(*model, trainer_config);
     int cursor = 0;
     const nn::BatchSource source = [&]() -> std::optional<nn::Batch> {
@@ -73,7 +75,8 @@ Measured measure(const MemoryCase& run, bool offload_optimizer) {
     };
     Measured measured;
     measured.predicted = planner::predict_memory(config, batch, length, run.policy, precision_dtype(run.precision),
-                                                 OptimizerKind::adamw, 1, accumulation, offload_optimizer);
+                                                 OptimizerKind::adamw, 1, accumulation, offload_optimizer,
+                                                 offload_optimizer ? run.gradients : GradientOffload::window);
     for (int step = 0; step < 2; ++step) {
         const std::optional<optim::StepResult> result = trainer.train_step(source);
         EXPECT_TRUE(result.has_value());
@@ -127,7 +130,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(MemoryCase{"gpt_fp32", false, Precision::fp32, {}},
                       MemoryCase{"gpt_bf16_checkpoint_offload", false, Precision::bf16, {true, 1, 1, true, false}},
                       MemoryCase{"llama_fp32_checkpoint", true, Precision::fp32, {true, 2, 1, false, false}},
-                      MemoryCase{"llama_bf16", true, Precision::bf16, {}}),
+                      MemoryCase{"llama_bf16", true, Precision::bf16, {}},
+                      MemoryCase{"gpt_bf16_streamed", false, Precision::bf16, {true, 1, 1, true, false},
+                                 GradientOffload::stream},
+                      MemoryCase{"llama_fp32_streamed", true, Precision::fp32, {true, 2, 1, false, false},
+                                 GradientOffload::stream}),
     [](const ::testing::TestParamInfo<MemoryCase>& info) { return std::string(info.param.name); });
 
 } // namespace

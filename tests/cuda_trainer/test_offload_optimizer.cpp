@@ -4,6 +4,7 @@
 // after steps with accumulation, clipping, bf16 and checkpointing, for GPT-2 and Llama (tied and untied); the
 // device holds no master, gradient copy or moment, and the host holds them; resume is bitwise; a model on the
 // host is refused.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -31,6 +32,7 @@ struct OffloadCase {
     bool tied; // Llama only: the head reads embed_tokens (GPT-2's is always tied)
     Precision precision;
     bool checkpointing;
+    GradientOffload gradients = GradientOffload::window;
 };
 void PrintTo(const OffloadCase& offload_case, std::ostream* out) { *out << offload_case.name; }
 
@@ -47,6 +49,7 @@ optim::TrainerConfig config_of(const OffloadCase& run, bool offload) {
     config.shape.checkpointing.enabled = run.checkpointing;
     config.shape.checkpointing.offload = run.checkpointing;
     config.shape.offload_optimizer = offload;
+    if (offload) config.shape.offload_gradients = run.gradients;
     config.learning_rate = 3e-3;
     config.weight_decay = 0.1;
     config.max_grad_norm = 0.5; // active: these gradients' norm is far above it
@@ -149,9 +152,23 @@ TEST_P(OffloadOptimizer, BitwiseTheAllOnDeviceRunWithTheStateOnTheHost) {
                             (run.precision == Precision::bf16 ? working : 0);
     EXPECT_EQ(device(offloaded, MemoryCategory::parameters), working + constant);
     EXPECT_EQ(host(offloaded, MemoryCategory::parameters), masters);
-    // Gradients: the window's f32 buffers on the device, the masters' on the host.
-    EXPECT_EQ(device(offloaded, MemoryCategory::gradients), device(on_device, MemoryCategory::gradients));
+    // Gradients: the masters' f32 buffers on the host; on the device the window's, or with streamed gradients
+    // only those outside the checkpointed layers between steps, and one layer's more during its backward.
     EXPECT_EQ(host(offloaded, MemoryCategory::gradients), device(on_device, MemoryCategory::gradients));
+    if (run.gradients == GradientOffload::window) {
+        EXPECT_EQ(device(offloaded, MemoryCategory::gradients), device(on_device, MemoryCategory::gradients));
+    } else {
+        size_t streamed = 0, largest_layer = 0; // every decoder layer is checkpointed in these runs
+        for (int layer = 0; layer < model->block_count(); ++layer) {
+            size_t bytes = 0;
+            for (const Tensor& parameter : model->block(layer).parameters()) bytes += parameter.storage_bytes();
+            streamed += bytes;
+            largest_layer = std::max(largest_layer, bytes);
+        }
+        EXPECT_EQ(device(offloaded, MemoryCategory::gradients), device(on_device, MemoryCategory::gradients) - streamed);
+        EXPECT_EQ(offloaded.device.peak(MemoryCategory::gradients),
+                  device(on_device, MemoryCategory::gradients) - streamed + largest_layer);
+    }
     EXPECT_LT(offloaded.device.peak_bytes, on_device.device.peak_bytes);
 
     std::unique_ptr<nn::CausalLM> resumed_model = build(run);
@@ -179,7 +196,9 @@ INSTANTIATE_TEST_SUITE_P(
                       OffloadCase{"gpt_bf16_checkpointed", false, true, Precision::bf16, true},
                       OffloadCase{"llama_fp32_checkpointed", true, false, Precision::fp32, true},
                       OffloadCase{"llama_bf16", true, false, Precision::bf16, false},
-                      OffloadCase{"llama_tied_bf16", true, true, Precision::bf16, false}),
+                      OffloadCase{"llama_tied_bf16", true, true, Precision::bf16, false},
+                      OffloadCase{"gpt_bf16_streamed", false, true, Precision::bf16, true, GradientOffload::stream},
+                      OffloadCase{"llama_fp32_streamed", true, false, Precision::fp32, true, GradientOffload::stream}),
     [](const ::testing::TestParamInfo<OffloadCase>& info) { return std::string(info.param.name); });
 
 // Nothing to move on the host: the trainer says so before anything changes.
