@@ -168,6 +168,10 @@ nlohmann::json step_record(const optim::StepResult& result) {
     nlohmann::json peak_mib;
     for (int index = 0; index < memory_category_count; ++index)
         peak_mib[memory_category_name(static_cast<MemoryCategory>(index))] = mebibytes(result.memory.peak_by_category[index]);
+    nlohmann::json host_peak_mib; // the host's account: the offloaded model state and pinned inputs
+    for (int index = 0; index < memory_category_count; ++index)
+        host_peak_mib[memory_category_name(static_cast<MemoryCategory>(index))] =
+            mebibytes(result.host_memory.peak_by_category[index]);
     const distributed::CommunicatorCounters& calls = result.communication;
     return {{"step", result.step},
             {"loss", result.loss},
@@ -182,6 +186,8 @@ nlohmann::json step_record(const optim::StepResult& result) {
             {"peak_mib", peak_mib},
             {"peak_total_mib", mebibytes(result.memory.peak_bytes)},
             {"peak_total_bytes", result.memory.peak_bytes},
+            {"host_peak_mib", host_peak_mib},
+            {"host_peak_total_bytes", result.host_memory.peak_bytes},
             {"skipped", result.skipped},
             {"communication", {{"gradient_all_reduces", calls.gradient_all_reduces},
                                {"reduce_scatters", calls.reduce_scatters},

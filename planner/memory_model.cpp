@@ -338,7 +338,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     prediction.peak_bytes = before_forward + walk.joint;
     prediction.peak_moment = walk.joint_moment;
     prediction.unified_peak_bytes = before_forward + walk_step(segments, terms, offload, true, layer_gradients).joint;
-    prediction.cuda_runtime_bytes = cuda::cublaslt_workspace_bytes;
+    // GPT-2's biased linears run through cuBLASLt's fused epilogue; Llama has no bias and never calls it.
+    prediction.cuda_runtime_bytes = config.is_llama() ? 0 : cuda::cublaslt_workspace_bytes;
     // The host's high-water mark without offload: the offloaded segment inputs.
     prediction.host_peak_bytes = prediction.of(MemoryCategory::pinned_host);
     if (offload_optimizer) {

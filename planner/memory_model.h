@@ -41,8 +41,9 @@ struct MemoryPrediction {
     // the offloaded inputs too.
     size_t peak_bytes = 0;
     size_t unified_peak_bytes = 0;
-    // What a CUDA device holds besides: cuBLASLt's workspace, which the first GEMM through cuBLASLt allocates
-    // and the engine keeps (engine/cuda/runtime.h). Not in the categories above.
+    // What a CUDA device holds besides: cuBLASLt's workspace, which the first GEMM through cuBLASLt (GPT-2's
+    // biased linears; Llama has none) allocates and the engine keeps (engine/cuda/runtime.h). Not in the
+    // categories above.
     size_t cuda_runtime_bytes = 0;
     std::string peak_moment; // where the joint peak falls, e.g. "backward of block 4 (plain)"
 
