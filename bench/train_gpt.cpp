@@ -267,6 +267,7 @@ std::string run_config_json(const Options& options) {
                           {"zero_stage", trainer.shape.zero_stage},
                           {"offload_optimizer", trainer.shape.offload_optimizer},
                           {"offload_gradients", gradient_offload_name(trainer.shape.offload_gradients)},
+                          {"offload_parameters", trainer.shape.offload_parameters},
                           {"precision", precision_name(trainer.shape.precision)}}
         .dump();
 }
@@ -289,7 +290,7 @@ void check_host_budget(const Options& options) {
     const planner::MemoryPrediction predicted = planner::predict_memory(
         options.model, shape.per_device_train_batch_size, options.seq_len, shape.checkpointing,
         precision_dtype(shape.precision), options.trainer.optimizer, shape.zero_stage == 1 ? launch.world_size : 1,
-        shape.gradient_accumulation_steps, true, shape.offload_gradients);
+        shape.gradient_accumulation_steps, true, shape.offload_gradients, shape.offload_parameters);
     const size_t budget = host_budget(options);
     if (predicted.host_peak_bytes > budget)
         throw train_gpt::UsageError(
@@ -312,7 +313,7 @@ Options apply_memory_plan(const Options& options) {
     search.precisions = options.precision_auto ? std::vector<Precision>{Precision::fp32, Precision::bf16}
                                                : std::vector<Precision>{config.shape.precision};
     search.ranks = ranks;
-    search.host_budget = host_budget(options);
+    search.host_budget = options.resolved_device == Device::cpu ? SIZE_MAX : host_budget(options);
     const int global_batch =
         options.global_batch_size > 0
             ? options.global_batch_size
@@ -358,7 +359,7 @@ int run(const Options& flags) {
                                               shape.checkpointing, precision_dtype(shape.precision), config.optimizer,
                                               shape.zero_stage == 1 ? launch.world_size : 1,
                                               shape.gradient_accumulation_steps, shape.offload_optimizer,
-                                              shape.offload_gradients);
+                                              shape.offload_gradients, shape.offload_parameters);
         return 0;
     }
 
@@ -381,8 +382,16 @@ int run(const Options& flags) {
     std::optional<Validation> validation;
     if (!options.eval_data.empty()) validation.emplace(options, *communicator);
     if (options.resolved_device == Device::cuda) engine::cuda::set_tf32_enabled(options.tf32.value_or(true));
-    const std::unique_ptr<nn::CausalLM> built = options.model.build(options.trainer.seed, options.resolved_device, DType::f32);
+    // With the optimizer on the host the masters are built there, and only the working copies ever reach the
+    // device: the device never holds the f32 masters the plan took off it.
+    const bool offload = config.shape.offload_optimizer;
+    const std::unique_ptr<nn::CausalLM> built =
+        options.model.build(options.trainer.seed, offload ? Device::cpu : options.resolved_device, DType::f32);
     nn::CausalLM& model = *built;
+    if (offload) {
+        if (config.shape.precision == Precision::bf16) model.set_compute_dtype(DType::bf16);
+        model.set_master_device(Device::cpu, options.resolved_device);
+    }
     if (!options.init.empty()) {
         try {
             load_initial_weights(model, options.init);

@@ -193,6 +193,10 @@ data parallelism (mpirun -np N train_gpt ...; docs/DISTRIBUTED.md):
                                  window (default): on the device, copied down once per step. stream: on the host;
                                  each checkpointed segment's gradients exist on the device only during its
                                  backward (needs --gradient-checkpointing)
+  --offload-parameters none|cpu  with --offload-optimizer cpu and --gradient-checkpointing, cpu: the checkpointed
+                                 layers' working weights live in host memory too and come to the device for each
+                                 segment's forward and again for its recompute and backward, one segment at a time
+                                 (DeepSpeed's offload_param); the embeddings and the head stay
 training (Hugging Face names; each flag sets the TrainerConfig field of its name, whose validate() is the one
 check of the values; the defaults shown are train_gpt's, for a quick run of the tiny model; the library's
 TrainerConfig{} differs in: gradient_accumulation_steps 1, learning_rate 1e-3, weight_decay 0, adam_beta2 0.999,
@@ -217,9 +221,9 @@ memory:
                                  --precision auto, ZeRO stage with several ranks): the least predicted time that
                                  fits. With --plan it prints the plan and exits; no plan fits: exit 2
   --global-batch-size S          with --max-memory: sequences per optimizer step over all ranks (default b x N)
-  --max-host-memory SIZE|auto    host memory the offloaded model state may take: the planner's host budget, and
-                                 checked against --offload-optimizer cpu's prediction before anything is built
-                                 (default auto: MemAvailable minus 10%)
+  --max-host-memory SIZE|auto    host memory one rank's offloaded model state may take: the planner's host budget,
+                                 and checked against --offload-optimizer cpu's prediction before anything is built
+                                 (default auto: MemAvailable minus 10%; ranks sharing a host share it: divide it)
   --device auto|cpu|cuda         (auto: cuda when a device is present; with --plan, cuda plans for a CUDA device
                                  even on a machine without one)
   --tf32 true|false              CUDA GEMMs and attention on TF32 tensor cores (default true on CUDA; false:
@@ -365,6 +369,9 @@ Options parse_options(const std::vector<std::string>& arguments) {
              shape.offload_optimizer = v == "cpu"; }},
         {"--offload-gradients", [&](auto& f, auto& v) {
              shape.offload_gradients = as_flag(f, [&] { return engine::parse_gradient_offload(v); }); }},
+        {"--offload-parameters", [&](auto& f, auto& v) {
+             require(v == "none" || v == "cpu", f, "'" + v + "' is not none or cpu");
+             shape.offload_parameters = v == "cpu"; }},
         {"--data-layout", [&](auto& f, auto& v) { options.data_layout = as_flag(f, [&] { return engine::nn::parse_data_layout(v); }); }},
         {"--eot-token", [&](auto& f, auto& v) { options.eot_token = parse_int(f, v); require(options.eot_token >= 0, f, "must be >= 0"); }},
         {"--communicator", [&](auto& f, auto& v) {
@@ -426,7 +433,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
     require(planned || !options.precision_auto, "--precision", "auto needs --max-memory (the planner chooses it)");
     for (const char* chosen : {"--per-device-train-batch-size", "--gradient-accumulation-steps", "--gradient-checkpointing",
                                "--every-n-layers", "--segment-size", "--offload", "--prefetch", "--zero-stage",
-                               "--offload-optimizer", "--offload-gradients"})
+                               "--offload-optimizer", "--offload-gradients", "--offload-parameters"})
         require(!planned || !given.contains(chosen), chosen,
                 "the planner chooses it under --max-memory; leave it out (give --global-batch-size instead)");
     check_trainer_config(trainer); // every rule on the training flags, in TrainerConfig
@@ -443,9 +450,6 @@ Options parse_options(const std::vector<std::string>& arguments) {
     require(!shape.offload_optimizer || options.resolved_device != engine::Device::cpu || options.plan,
             "--offload-optimizer",
             "cpu moves the model state from the device to host memory, but this run is on the CPU already");
-    // The host masters' gradients are reduced where they are: on the host.
-    require(!shape.offload_optimizer || options.communicator != "nccl", "--communicator",
-            "nccl reduces device tensors; with --offload-optimizer cpu the gradients are reduced on the host (mpi)");
     // TF32 is a CUDA math mode: asking for it on the CPU is a mistake worth naming (false is harmless).
     require(!(options.tf32.value_or(false) && options.resolved_device != engine::Device::cuda), "--tf32",
             "true needs the CUDA device; this run is on the CPU, which computes in full fp32");

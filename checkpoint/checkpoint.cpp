@@ -174,13 +174,30 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
     ENGINE_CHECK(static_cast<bool>(fn), "checkpoint: the segment function is empty");
     for (size_t index = 0; index < inputs.size(); ++index)
         ENGINE_CHECK(inputs[index].defined(), "checkpoint: input " << index << " is an undefined tensor");
-    if (!grad_enabled()) return fn(inputs);
+    // The forward between its hooks; after_forward runs on the way out of a throwing forward too (and a
+    // throwing after_forward is then not allowed to hide the first error).
+    const auto run_forward = [&fn, &inputs, &hooks] {
+        if (hooks.before_forward) hooks.before_forward();
+        std::vector<Tensor> outputs;
+        try {
+            outputs = fn(inputs);
+        } catch (...) {
+            try {
+                if (hooks.after_forward) hooks.after_forward();
+            } catch (...) {
+            }
+            throw;
+        }
+        if (hooks.after_forward) hooks.after_forward();
+        return outputs;
+    };
+    if (!grad_enabled()) return run_forward();
     const RngState rng_at_start = rng_state();
     std::vector<Tensor> outputs;
     {
         // Nothing inside the segment is recorded, so its intermediates die as soon as they are consumed.
         NoGradGuard no_grad;
-        outputs = fn(inputs);
+        outputs = run_forward();
     }
     auto segment = std::make_shared<SavedSegment>();
     bool any_offloaded = false;

@@ -23,10 +23,15 @@ using SegmentFunction = std::function<std::vector<Tensor>(const std::vector<Tens
 // the same bookkeeping with synchronous copies, so tests can prove it changes no result.
 // Under no-grad it is a plain call.
 //
-// `hooks` run inside the segment's backward: before_recompute just before its recompute, after_backward once its
-// backward is done and its recompute freed (streamed gradients attach the segment's gradient buffers there,
-// and take them to the host after). Either may be empty; neither runs under no-grad (no node is recorded).
+// `hooks`: before_forward and after_forward run around the segment's forward, under grad mode and no-grad alike
+// (after_forward also when the forward throws); before_recompute and after_backward inside its backward, just
+// before its recompute and once its backward is done and its recompute freed (under no-grad no node is
+// recorded, so they never run). Streamed parameters fetch the segment's weights in the before hooks and let
+// them go in the after ones; streamed gradients attach the segment's gradient buffers before its recompute and
+// take them to the host after its backward. Any of them may be empty.
 struct SegmentHooks {
+    std::function<void()> before_forward;
+    std::function<void()> after_forward;
     std::function<void()> before_recompute;
     std::function<void()> after_backward;
 };

@@ -234,13 +234,13 @@ void Tensor::set_gradient_buffer(const Tensor& buffer) {
     self.grad = view.impl_;
 }
 
-void move_storage_to(const std::vector<Tensor>& tensors, Device device) {
+void move_storage_to(const std::vector<Tensor>& tensors, Device device, bool include_gradients) {
     std::vector<TensorImpl*> holders;
     for (const Tensor& tensor : tensors) {
         if (!tensor.defined()) continue;
         TensorImpl& impl = detail::impl_of(tensor);
         holders.push_back(&impl);
-        if (impl.grad) holders.push_back(impl.grad.get());
+        if (impl.grad && include_gradients) holders.push_back(impl.grad.get());
     }
     // One new storage per old one, so views that share an allocation still share it after the move.
     std::map<const Storage*, std::shared_ptr<Storage>> moved;
@@ -258,6 +258,45 @@ void move_storage_to(const std::vector<Tensor>& tensors, Device device) {
     }
     // Allocated and copied all: now rebind, which cannot fail.
     for (auto& [holder, storage] : rebinds) holder->storage = storage;
+}
+
+StagedStorage::StagedStorage(const std::vector<Tensor>& tensors, Device device) {
+    // One copy per storage, so views that share an allocation (a working copy and its rows) still share it.
+    std::map<const Storage*, std::shared_ptr<Storage>> copies;
+    std::vector<std::pair<Tensor, std::shared_ptr<Storage>>> staged;
+    std::set<const TensorImpl*> seen;
+    for (const Tensor& tensor : tensors) {
+        if (!tensor.defined()) continue;
+        TensorImpl& impl = detail::impl_of(tensor);
+        if (!seen.insert(&impl).second) continue;
+        ENGINE_CHECK(impl.storage->device() != device,
+                     "StagedStorage: " << tensor.describe() << " is on " << device_name(device) << " already");
+        std::shared_ptr<Storage>& copy = copies[impl.storage.get()];
+        if (!copy) {
+            copy = std::make_shared<Storage>(device, impl.storage->bytes(), impl.storage->category());
+            copy_bytes(copy->data(), device, impl.storage->data(), impl.storage->device(), impl.storage->bytes());
+        }
+        staged.emplace_back(tensor, copy);
+    }
+    // Every copy made: bind, which cannot fail, remembering what each tensor had.
+    for (auto& [tensor, copy] : staged) {
+        TensorImpl& impl = detail::impl_of(tensor);
+        originals_.emplace_back(tensor, impl.storage);
+        impl.storage = std::move(copy);
+    }
+}
+
+StagedStorage& StagedStorage::operator=(StagedStorage&& other) noexcept {
+    if (this == &other) return *this;
+    restore();
+    originals_ = std::move(other.originals_);
+    other.originals_.clear();
+    return *this;
+}
+
+void StagedStorage::restore() noexcept {
+    for (auto& [tensor, storage] : originals_) detail::impl_of(tensor).storage = std::move(storage);
+    originals_.clear();
 }
 
 Tensor Tensor::detach() const {

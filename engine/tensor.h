@@ -165,7 +165,31 @@ private:
 // and see the new storage, and storages shared before (a with_rows view, a working copy's gradient) are
 // shared after. All new storage is allocated and filled before any is swapped in, so a failure changes
 // nothing. Tensors already on `device` stay.
-void move_storage_to(const std::vector<Tensor>& tensors, Device device);
+// include_gradients false moves the tensors' own storage only, leaving their gradient buffers where they are
+// (parameter streaming parks working copies on the host while their gradients stay on the device).
+void move_storage_to(const std::vector<Tensor>& tensors, Device device, bool include_gradients = true);
+
+// Parameter streaming (docs/MEMORY.md, "Parameters streamed"): for one use, tensors see a copy of their
+// storage on another device. The constructor binds every tensor to a fresh copy of its storage on `device`
+// (storages shared before are shared after; gradient buffers stay where they are; all copies are made before
+// any is bound, so a failure changes nothing); restore() binds them back to the storage they had, which the
+// copies never wrote, and drops the copies: their memory is freed once no saved tensor of a recorded node
+// holds them. The destructor restores. Writes into the copies are lost: they are for reading (a forward).
+class StagedStorage {
+public:
+    StagedStorage() = default;
+    StagedStorage(const std::vector<Tensor>& tensors, Device device);
+    ~StagedStorage() { restore(); }
+    StagedStorage(StagedStorage&& other) noexcept : originals_(std::move(other.originals_)) { other.originals_.clear(); }
+    StagedStorage& operator=(StagedStorage&& other) noexcept;
+    StagedStorage(const StagedStorage&) = delete;
+    StagedStorage& operator=(const StagedStorage&) = delete;
+    void restore() noexcept;
+    bool active() const { return !originals_.empty(); }
+
+private:
+    std::vector<std::pair<Tensor, std::shared_ptr<Storage>>> originals_; // each tensor and the storage it had
+};
 
 uint64_t next_tensor_id();
 

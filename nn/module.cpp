@@ -76,6 +76,10 @@ void Module::set_compute_dtype(DType dtype) {
         ENGINE_CHECK(dtype == master.dtype() || (master.dtype() == DType::f32 && dtype == DType::bf16),
                      "set_compute_dtype: parameter '" << name << "' is " << dtype_name(master.dtype())
                                                       << "; working copies are bf16 over f32 masters");
+    // Copies in that dtype already (the masters placed apart with them): nothing to remake.
+    if (dtype == compute_dtype_ && master_device_) return;
+    ENGINE_CHECK(!parked_, "set_compute_dtype: the working copies are parked on the host (parameter streaming); "
+                           "unpark_working_copies first");
     // Every module's copies are made before any module takes them: an allocation failure changes nothing.
     // With the masters apart, the copies stay on the compute device and only their dtype changes.
     const Device device = compute_device();
@@ -122,6 +126,7 @@ void Module::refresh(const WorkingCopy& copy) const {
 }
 
 void Module::refresh_working_copies() {
+    fetched_.restore(); // a parked copy is refreshed where it lives: a fetched copy of it would go stale
     for (const WorkingCopy& copy : working_copies_) refresh(copy);
     for (auto& [name, child] : children_) child->refresh_working_copies();
 }
@@ -157,37 +162,89 @@ void Module::release_working_gradients() {
     for (auto& [name, child] : children_) child->release_working_gradients();
 }
 
+void Module::collect_working_storage(std::vector<Tensor>& out) const {
+    for (const WorkingCopy& copy : working_copies_) {
+        out.push_back(copy.working_storage);
+        out.push_back(copy.working);
+    }
+    for (const auto& [name, child] : children_) child->collect_working_storage(out);
+}
+
+void Module::park_working_copies() {
+    ENGINE_CHECK(master_device_, "park_working_copies: the masters are not apart from the working copies "
+                                 "(set_master_device): there is no host copy to stream from");
+    if (parked_) return;
+    std::vector<Tensor> working;
+    collect_working_storage(working);
+    move_storage_to(working, *master_device_, false); // all or nothing; the gradients stay on the device
+    std::vector<Module*> tree;
+    collect_modules(tree);
+    for (Module* module : tree) module->parked_ = true;
+}
+
+void Module::unpark_working_copies() {
+    if (!parked_) return;
+    release_fetched_copies();
+    std::vector<Tensor> working;
+    collect_working_storage(working);
+    move_storage_to(working, compute_device_, false);
+    std::vector<Module*> tree;
+    collect_modules(tree);
+    for (Module* module : tree) module->parked_ = false;
+}
+
+void Module::fetch_working_copies() {
+    ENGINE_CHECK(parked_, "fetch_working_copies: the working copies are not parked (park_working_copies)");
+    if (fetched_.active()) return;
+    std::vector<Tensor> working;
+    collect_working_storage(working);
+    fetched_ = StagedStorage(working, compute_device_);
+}
+
+void Module::release_fetched_copies() { fetched_.restore(); }
+
 Device Module::compute_device() const {
     if (master_device_) return compute_device_;
     for (const auto& [name, parameter] : named_parameters()) return parameter.device();
     return Device::cpu;
 }
 
-void Module::set_master_device(Device master_device) {
+void Module::set_master_device(Device master_device, std::optional<Device> compute_device) {
     const std::vector<std::pair<std::string, Tensor>> named = named_parameters();
     ENGINE_CHECK(!named.empty(), "set_master_device: the module has no parameters");
-    if (master_device_ == master_device) return;
+    const Device here = named.front().second.device();
+    const Device device = compute_device.value_or(here); // where the forward will run
+    if (master_device_ == master_device && compute_device_ == device) return;
     ENGINE_CHECK(!master_device_, "set_master_device: the masters are on " << device_name(*master_device_)
                                                                            << " already; they cannot move again");
-    const Device device = named.front().second.device();
     for (const auto& [name, parameter] : named)
-        ENGINE_CHECK(parameter.device() == device, "set_master_device: parameter '" << name << "' is on "
-                                                       << device_name(parameter.device()) << ", '" << named.front().first
-                                                       << "' on " << device_name(device) << ": one device first (to())");
-    ENGINE_CHECK(master_device != device, "set_master_device: the masters are on " << device_name(device)
-                                              << " already, where the forward runs: nothing would move");
+        ENGINE_CHECK(parameter.device() == here, "set_master_device: parameter '" << name << "' is on "
+                                                     << device_name(parameter.device()) << ", '" << named.front().first
+                                                     << "' on " << device_name(here) << ": one device first (to())");
+    ENGINE_CHECK(master_device != device, "set_master_device: the masters would be on " << device_name(device)
+                                              << ", where the forward runs: nothing would be apart");
+    ENGINE_CHECK(device != Device::cuda || cuda::backend_built,
+                 "set_master_device: the forward on cuda, but libengine was built without CUDA");
     // The copies sharing the masters' gradient buffers go first; the masters (with their views and buffers)
-    // move out; then every module gets copies of its own on the device.
+    // move out, which frees more of the device than the copies then take; then every module gets copies of
+    // its own on the device. bf16 copies stay bf16; without them the copies are in the masters' own dtype.
+    const DType dtype = compute_dtype_ == DType::bf16 ? DType::bf16 : named.front().second.dtype();
     std::vector<Module*> tree;
     collect_modules(tree);
-    for (Module* module : tree) module->working_copies_.clear();
+    std::vector<std::vector<WorkingCopy>> previous;
+    for (Module* module : tree) previous.push_back(std::move(module->working_copies_)), module->working_copies_.clear();
     std::vector<Tensor> holders;
     collect_storage_holders(holders);
-    move_storage_to(holders, master_device);
-    // bf16 copies stay bf16; without them the copies are in the masters' own dtype.
-    const DType dtype = compute_dtype_ == DType::bf16 ? DType::bf16 : named.front().second.dtype();
     std::vector<std::pair<Module*, std::vector<WorkingCopy>>> made;
-    make_working_copies(dtype, device, made);
+    try {
+        move_storage_to(holders, master_device);
+        make_working_copies(dtype, device, made);
+    } catch (...) {
+        // All or nothing: the masters go back where they were, with the copies they had.
+        move_storage_to(holders, here);
+        for (size_t index = 0; index < tree.size(); ++index) tree[index]->working_copies_ = std::move(previous[index]);
+        throw;
+    }
     for (auto& [module, copies] : made) module->working_copies_ = std::move(copies);
     for (Module* module : tree) {
         module->master_device_ = master_device;

@@ -67,18 +67,32 @@ public:
 
     // Model state off the device (docs/MEMORY.md, "Model state off the device"): moves the masters (the
     // parameters, their gradient buffers and the views registered beside them) to `master_device` (the host),
-    // and keeps what the forward reads where the parameters were, for the whole tree: the working copies in
-    // compute_dtype() (bf16 under mixed precision, else copies in the parameters' own dtype), made anew, each
-    // a leaf with its own zeroed gradient buffer there (f32), into which backward accumulates. Moving the
-    // masters out first frees more of the device than the copies then take. refresh_working_copies() copies
-    // (and rounds) the masters up; compute_device() is where the forward runs. The parameters must be on one
-    // device; a second call with the same device changes nothing, and to() is refused while they are apart.
-    void set_master_device(Device master_device);
+    // and puts what the forward reads on `compute_device` (default: where the parameters are), for the whole
+    // tree: the working copies in compute_dtype() (bf16 under mixed precision, else copies in the parameters'
+    // own dtype), made anew, each a leaf with its own zeroed gradient buffer there (f32), into which backward
+    // accumulates. A model built on the host and placed with compute_device cuda never holds its masters on the
+    // device (train_gpt does so); one built on the device frees its masters there before the copies are made.
+    // refresh_working_copies() copies (and rounds) the masters up; compute_device() is where the forward runs.
+    // All or nothing: a failure puts the masters and their copies back. The parameters must be on one device;
+    // a second call with the same devices changes nothing, and to() is refused while they are apart.
+    void set_master_device(Device master_device, std::optional<Device> compute_device = std::nullopt);
     // Streamed gradients, with the masters apart: every working copy of this subtree gets a zeroed gradient
     // buffer of its own on the compute device (f32), or loses it; without one, a forward in grad mode that
     // reads it fails naming it, and backward accumulates into the buffer the recorded nodes captured.
     void attach_working_gradients();
     void release_working_gradients();
+    // Parameters streamed (offload_parameters; docs/MEMORY.md, "Parameters streamed"), with the masters apart:
+    // park_working_copies() moves this subtree's working copies to the masters' device (the host, category
+    // parameters), where refresh_working_copies() keeps them current; their gradient buffers stay where they
+    // are. While they are parked, fetch_working_copies() gives them a copy on the compute device for one use (a
+    // forward; a recompute and its backward) and release_fetched_copies() lets it go (freed once no recorded
+    // node holds it; the host copy was never written). unpark_working_copies() puts them back on the compute
+    // device for good. A forward through parked copies that were not fetched fails on the ops' device check.
+    void park_working_copies();
+    void unpark_working_copies();
+    void fetch_working_copies();
+    void release_fetched_copies();
+    bool working_copies_parked() const { return parked_; }
     // Where the forward runs: the working copies' device when the masters are apart, else the parameters'.
     Device compute_device() const;
     // The masters' device when set_master_device moved them, else nullopt.
@@ -114,12 +128,15 @@ private:
     void collect_storage_holders(std::vector<Tensor>& out) const;
     void collect_working(std::vector<Tensor>& out) const;
     void collect_modules(std::vector<Module*>& out);
+    void collect_working_storage(std::vector<Tensor>& out) const; // every working copy handle of the subtree
     std::vector<std::pair<std::string, Tensor>> parameters_;
     std::vector<Tensor> aliases_;
     std::vector<WorkingCopy> working_copies_; // empty, or one per parameters_ entry
     DType compute_dtype_ = DType::f32;
     std::optional<Device> master_device_; // set_master_device's, for the whole tree
     Device compute_device_ = Device::cpu; // the working copies' device, with master_device_
+    bool parked_ = false;                 // park_working_copies's, for the subtree it was called on
+    StagedStorage fetched_;               // fetch_working_copies's copies, on the module it was called on
     std::vector<std::pair<std::string, Module*>> children_;
     bool training_ = true;
 };

@@ -50,31 +50,57 @@ void zero_attached(const std::vector<Tensor>& leaves) {
 ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator)
     : model_(model), config_(config), schedule_(schedule_config(config)), communicator_(communicator) {
     ENGINE_CHECK(!model_.parameters().empty(), "trainer: the module has no parameters to train");
+    // Every refusal before the model changes.
+    const bool masters_apart = model_.master_device().has_value();
+    ENGINE_CHECK(config_.shape.offload_optimizer || !masters_apart,
+                 "trainer: the model's masters are on " << device_name(*model_.master_device())
+                     << " apart from its working copies (set_master_device), so its gradients would never reach "
+                        "them: train it with offload_optimizer");
+    if (config_.shape.offload_optimizer)
+        ENGINE_CHECK(masters_apart || model_.compute_device() != Device::cpu,
+                     "trainer: offload_optimizer moves the model state from the device to the host, but this model "
+                     "is on the host already (cpu): there is nothing to move");
+    if (streamed())
+        ENGINE_CHECK(dynamic_cast<nn::CausalLM*>(&model_) != nullptr,
+                     "trainer: offload_gradients stream gives device gradient buffers to checkpointed decoder layers "
+                     "only, and this module is no causal LM (nn::CausalLM)");
+    if (parameters_streamed())
+        ENGINE_CHECK(dynamic_cast<nn::CausalLM*>(&model_) != nullptr,
+                     "trainer: offload_parameters streams the weights of checkpointed decoder layers only, and this "
+                     "module is no causal LM (nn::CausalLM)");
     // Before anything sizes itself on the activations.
     if (config_.shape.precision == Precision::bf16) model_.set_compute_dtype(DType::bf16);
     model_.set_checkpointing(config.shape.checkpointing);
-    if (config_.shape.offload_optimizer) {
-        const Device device = model_.compute_device();
-        ENGINE_CHECK(device != Device::cpu,
-                     "trainer: offload_optimizer moves the model state from the device to the host, but this model "
-                     "is on the host already (cpu): there is nothing to move");
-        model_.set_master_device(Device::cpu); // before the optimizer, whose state goes where the masters are
-    }
+    // Before the optimizer, whose state goes where the masters are. (A model placed already, as train_gpt does
+    // to build its masters on the host, keeps its placement.)
+    if (config_.shape.offload_optimizer && !masters_apart) model_.set_master_device(Device::cpu);
     parameters_ = model_.parameters();
     gradient_leaves_ = model_.working_parameters();
     streamed_leaves_.assign(parameters_.size(), false);
     device_ = model_.compute_device();
-    if (streamed()) start_streaming_gradients();
     loss_dtype_ = model_.compute_dtype() == DType::bf16 ? DType::f32 : parameters_.front().dtype();
     // Without a communicator there is one process, whose one part is the whole: zero_stage 1 changes nothing.
     if (config_.shape.zero_stage == 1 && communicator_ != nullptr)
         zero_ = std::make_unique<ZeroShards>(parameters_, *communicator_);
     optimizer_ = make_optimizer(model_, config_, zero_ ? zero_->range() : ShardRange{});
+    // Last: it undoes itself when it fails and nothing after it can throw, so the hooks (which point at this
+    // trainer) never outlive a failed construction.
+    if (streamed() || parameters_streamed()) start_streaming();
     manual_seed(config_.seed);
 }
 
 ModuleTrainer::~ModuleTrainer() {
-    if (layered_ != nullptr) layered_->set_segment_hooks({}); // they point at this trainer
+    if (layered_ == nullptr) return;
+    layered_->set_segment_hooks({}); // they point at this trainer
+    // The streamed layers get their weights and buffers back, so that the model runs as before.
+    try {
+        if (parameters_streamed())
+            for (int layer : streamed_layers_) layered_->block(layer).unpark_working_copies();
+        if (streamed())
+            for (int layer : streamed_layers_) layered_->block(layer).attach_working_gradients();
+    } catch (...) {
+        // Out of memory: they stay as they are; a forward through them then fails naming the tensor.
+    }
 }
 
 void ModuleTrainer::set_communicator(distributed::Communicator* communicator) {
@@ -199,31 +225,84 @@ ModuleTrainer::Evaluation ModuleTrainer::evaluate(const std::vector<MicroBatch>&
 void ModuleTrainer::zero_gradients() {
     optimizer_->zero_grad();
     if (!offloaded()) return;
-    zero_attached(gradient_leaves_); // the device buffers backward accumulates into
-    // A failed window may have left a segment's streamed buffers attached.
-    for (int layer : streamed_layers_) layered_->block(layer).release_working_gradients();
+    zero_device_gradients();
 }
 
-void ModuleTrainer::start_streaming_gradients() {
-    layered_ = dynamic_cast<nn::CausalLM*>(&model_);
-    ENGINE_CHECK(layered_ != nullptr, "trainer: offload_gradients stream gives device gradient buffers to checkpointed "
-                                      "decoder layers only, and this module is no causal LM (nn::CausalLM)");
-    // Which leaves stream: those of the layers inside checkpointed segments.
-    for (const checkpoint::Segment& segment : layered_->segments()) {
-        if (!segment.checkpointed) continue;
-        for (int layer = segment.first_layer; layer < segment.first_layer + segment.layer_count; ++layer) {
-            layered_->block(layer).release_working_gradients();
-            streamed_layers_.push_back(layer);
+void ModuleTrainer::zero_after_update() {
+    if (!offloaded()) return optimizer_->zero_grad();
+    // The masters' buffers of the window's leaves are overwritten by the next step's copy before anything
+    // reads them: only the streamed ones, which the next window adds into, go back to zero.
+    std::vector<Tensor> streamed;
+    for (size_t index = 0; index < parameters_.size(); ++index)
+        if (streamed_leaves_[index]) streamed.push_back(parameters_[index]);
+    zero_grad(streamed);
+    zero_device_gradients();
+}
+
+void ModuleTrainer::zero_device_gradients() {
+    zero_attached(gradient_leaves_); // the device buffers backward accumulates into
+    // A failed window may have left a segment's streamed buffers attached, and its weights fetched.
+    for (int layer : streamed_layers_) {
+        if (streamed()) layered_->block(layer).release_working_gradients();
+        if (parameters_streamed()) layered_->block(layer).release_fetched_copies();
+    }
+}
+
+void ModuleTrainer::start_streaming() {
+    nn::CausalLM* layered = dynamic_cast<nn::CausalLM*>(&model_); // checked by the constructor
+    // What streams: the layers inside checkpointed segments.
+    std::vector<int> layers;
+    for (const checkpoint::Segment& segment : layered->segments())
+        if (segment.checkpointed)
+            for (int layer = segment.first_layer; layer < segment.first_layer + segment.layer_count; ++layer)
+                layers.push_back(layer);
+    if (parameters_streamed()) {
+        // Parked on the host, where the update refreshes them; all or nothing.
+        size_t parked = 0;
+        try {
+            for (; parked < layers.size(); ++parked) layered->block(layers[parked]).park_working_copies();
+        } catch (...) {
+            for (size_t index = 0; index < parked; ++index) {
+                try {
+                    layered->block(layers[index]).unpark_working_copies();
+                } catch (...) {
+                }
+            }
+            throw;
         }
     }
-    for (size_t index = 0; index < gradient_leaves_.size(); ++index)
-        streamed_leaves_[index] = !gradient_leaves_[index].grad().defined();
+    // Nothing below throws.
+    layered_ = layered;
+    streamed_layers_ = std::move(layers);
+    if (streamed()) {
+        for (int layer : streamed_layers_) layered_->block(layer).release_working_gradients();
+        for (size_t index = 0; index < gradient_leaves_.size(); ++index)
+            streamed_leaves_[index] = !gradient_leaves_[index].grad().defined();
+    }
     layered_->set_segment_hooks([this](int first_layer, int layer_count) {
         checkpoint::SegmentHooks hooks;
-        hooks.before_recompute = [this, first_layer, layer_count] { attach_segment_gradients(first_layer, layer_count); };
-        hooks.after_backward = [this, first_layer, layer_count] { stream_segment_gradients(first_layer, layer_count); };
+        if (parameters_streamed()) {
+            hooks.before_forward = [this, first_layer, layer_count] { fetch_segment(first_layer, layer_count); };
+            hooks.after_forward = [this, first_layer, layer_count] { release_segment(first_layer, layer_count); };
+        }
+        hooks.before_recompute = [this, first_layer, layer_count] {
+            if (parameters_streamed()) fetch_segment(first_layer, layer_count);
+            if (streamed()) attach_segment_gradients(first_layer, layer_count);
+        };
+        hooks.after_backward = [this, first_layer, layer_count] {
+            if (streamed()) stream_segment_gradients(first_layer, layer_count);
+            if (parameters_streamed()) release_segment(first_layer, layer_count);
+        };
         return hooks;
     });
+}
+
+void ModuleTrainer::fetch_segment(int first_layer, int layer_count) {
+    for (int layer = first_layer; layer < first_layer + layer_count; ++layer) layered_->block(layer).fetch_working_copies();
+}
+
+void ModuleTrainer::release_segment(int first_layer, int layer_count) {
+    for (int layer = first_layer; layer < first_layer + layer_count; ++layer) layered_->block(layer).release_fetched_copies();
 }
 
 void ModuleTrainer::attach_segment_gradients(int first_layer, int layer_count) {
@@ -310,7 +389,7 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
         optimizer_->step(clip_coefficient(result.grad_norm, config_.max_grad_norm) * gradient_scale); // the one clip
         if (zero_) zero_->all_gather_parameters(); // every rank's updated part, to every replica
         model_.refresh_working_copies();           // bf16, or the host masters: the forward's copies of them
-        zero_gradients();
+        zero_after_update();
     }
 
     synchronize_device(device_);

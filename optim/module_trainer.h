@@ -121,7 +121,7 @@ public:
     // Applies the checkpoint policy through model.set_checkpointing (a module without checkpointable layers
     // refuses an enabled one), seeds the engine RNG, and creates the optimizer over model.named_parameters()
     // (its state is allocated now) and the schedule. The model must outlive the trainer and hold at least one
-    // parameter; its device is its first parameter's. With a communicator the trainer is data-parallel from
+    // parameter; its device is the one its forward runs on (Module::compute_device). With a communicator the trainer is data-parallel from
     // the start (see set_communicator), and zero_stage 1 shards the optimizer state over its ranks.
     ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator = nullptr);
     virtual ~ModuleTrainer();
@@ -186,20 +186,28 @@ private:
     // buffers backward fills.
     bool offloaded() const { return config_.shape.offload_optimizer; }
     bool streamed() const { return offloaded() && config_.shape.offload_gradients == GradientOffload::stream; }
-    // Streamed gradients: the decoder layers of the checkpointed segments lose their device gradient buffers,
-    // and each segment's backward gets them for its duration (checkpoint::SegmentHooks).
-    void start_streaming_gradients();
+    bool parameters_streamed() const { return offloaded() && config_.shape.offload_parameters; }
+    // Streamed gradients, parameters or both, for the decoder layers of the checkpointed segments
+    // (checkpoint::SegmentHooks): streamed gradients take away their device gradient buffers, which each
+    // segment's backward gets for its duration; streamed parameters park their working copies on the host,
+    // fetched for the segment's forward and again for its recompute and backward.
+    void start_streaming();
+    void fetch_segment(int first_layer, int layer_count);
+    void release_segment(int first_layer, int layer_count);
     void attach_segment_gradients(int first_layer, int layer_count);
     void stream_segment_gradients(int first_layer, int layer_count); // down to the host, added there, released
-    // Every gradient buffer of the step back to zero: the masters', and the device ones when they are apart.
+    // Every gradient buffer of the step back to zero: the masters', and the device ones when they are apart
+    // (after a failure); after an update, what the next window reads before it writes.
     void zero_gradients();
+    void zero_after_update();
+    void zero_device_gradients(); // with the masters apart: the device buffers, and streamed ones released
 
     nn::Module& model_;
     TrainerConfig config_;
     std::vector<Tensor> parameters_;      // the masters, as the optimizer updates them
     std::vector<Tensor> gradient_leaves_; // what backward accumulates into: parameters_, or their device copies
     std::vector<bool> streamed_leaves_;   // per parameter: its gradient is summed on the host (stream)
-    nn::CausalLM* layered_ = nullptr;     // the model as a causal LM, for its layers, when gradients stream
+    nn::CausalLM* layered_ = nullptr;     // the model as a causal LM, for its layers, when anything streams
     std::vector<int> streamed_layers_;    // the decoder layers of its checkpointed segments
     Device device_ = Device::cpu;         // where the forward runs
     DType loss_dtype_ = DType::f32; // the compute type mean mode's factor is formed in

@@ -161,7 +161,7 @@ LayerWork llama_work(const nn::LlamaConfig& config, double batch, double seq_len
 StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumulation_steps, int seq_len,
                       const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
                       int optimizer_shards, const Ceilings& ceilings, bool offload_optimizer,
-                      GradientOffload gradients) {
+                      GradientOffload gradients, bool offload_parameters) {
     const double rows = static_cast<double>(micro_batch) * seq_len; // N = B*T per micro-batch
     const double width = config.width(), layers = config.layers();
     const double steps = accumulation_steps;
@@ -201,16 +201,25 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
                           2.0 * parameters * wide + (offload_optimizer ? 0.0 : optimizer_bytes + refresh);
     cost.host_device_bytes = steps * 2.0 * offloaded * stream;
     if (offload_optimizer) {
-        // The update moves to the host with its zero_grad, and the refresh rounds there; the window's gradients
-        // cross down once and the working copies (the step's dtype) up once.
-        cost.host_bytes = optimizer_bytes + parameters * wide + (element != wide ? parameters * (wide + element) : 0.0);
+        // The update moves to the host and the refresh rounds there (the masters' gradient buffers are overwritten
+        // by the next copy, so they need no zeroing); the window's gradients cross down once and the working
+        // copies (the step's dtype) up once.
+        cost.host_bytes = optimizer_bytes + (element != wide ? parameters * (wide + element) : 0.0);
         cost.host_device_bytes += parameters * (wide + element);
         if (gradients == GradientOffload::stream) {
             // The checkpointed layers' gradients cross down every micro-batch instead of once, and each crossing
             // is added on the host (read the master's buffer and the staged copy, write the buffer).
             const double streamed = recomputed * static_cast<double>(layer_parameter_count(config)) * wide;
             cost.host_device_bytes += (steps - 1.0) * streamed;
-            cost.host_bytes += steps * 3.0 * streamed;
+            cost.host_bytes += steps * 3.0 * streamed + streamed; // and their buffers zeroed once a step
+        }
+        if (offload_parameters) {
+            // The checkpointed layers' working copies are refreshed where they are parked (no upload in the
+            // update; in fp32 a host copy instead), then cross up for every micro-batch's forward and again for
+            // its recompute: nothing overlaps it yet.
+            const double weights = recomputed * static_cast<double>(layer_parameter_count(config)) * element;
+            cost.host_device_bytes += steps * 2.0 * weights - weights;
+            if (element == wide) cost.host_bytes += 2.0 * weights;
         }
     }
     // layer_ops per block forward (about 15), twice as many in backward, and a dozen for embedding, head and loss.

@@ -53,6 +53,6 @@ struct StepCost {
 StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumulation_steps, int seq_len,
                       const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
                       int optimizer_shards, const Ceilings& ceilings, bool offload_optimizer = false,
-                      GradientOffload gradients = GradientOffload::window);
+                      GradientOffload gradients = GradientOffload::window, bool offload_parameters = false);
 
 } // namespace engine::planner

@@ -66,9 +66,6 @@ std::string block_range(const Segment& segment) {
 
 } // namespace
 
-// The parameters' element count with wte's rows counted as `vocabulary_rows`: vocab_size gives the real
-// count (what the optimizer keeps moments for), padded_vocab_size() the stored one (wte's allocation and its
-// gradient buffer hold the zero padding rows too). Llama pads nothing: both are its one count.
 // One decoder layer's parameters, and the largest of them: what streamed gradients hold on the device per
 // layer, and stage on the host one at a time.
 size_t layer_parameter_count(const nn::ModelConfig& model_config) {
@@ -93,6 +90,9 @@ size_t largest_layer_parameter(const nn::ModelConfig& model_config) {
     return 4 * width * width; // c_fc and the MLP's c_proj
 }
 
+// The parameters' element count with wte's rows counted as `vocabulary_rows`: vocab_size gives the real
+// count (what the optimizer keeps moments for), padded_vocab_size() the stored one (wte's allocation and its
+// gradient buffer hold the zero padding rows too). Llama pads nothing: both are its one count.
 size_t parameter_count(const nn::ModelConfig& model_config, int vocabulary_rows) {
     if (model_config.is_llama()) {
         ENGINE_CHECK(vocabulary_rows == model_config.vocab_size(),
@@ -136,9 +136,11 @@ struct Walk {
 // `offload`: the checkpointed segments' inputs go to pinned host memory; `pinned_in_account`: that memory is in
 // the same account (the CPU backend), so each pinned copy stands where the device copy stood.
 // `streamed_layer_gradients`: with streamed gradients, the f32 gradient bytes of one layer, which a
-// checkpointed segment holds from its recompute to the end of its backward.
+// checkpointed segment holds from its recompute to the end of its backward. `streamed_layer_weights`: with
+// streamed parameters, the working-copy bytes of one layer, which a checkpointed segment holds during its
+// forward and again from its recompute to the end of its backward.
 Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, bool offload, bool pinned_in_account,
-               size_t streamed_layer_gradients = 0) {
+               size_t streamed_layer_gradients = 0, size_t streamed_layer_weights = 0) {
     Walk walk;
     auto activation = [&](size_t bytes, const std::string& moment) {
         if (bytes > walk.activations) walk.activations = bytes, walk.activations_moment = moment;
@@ -166,7 +168,8 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
         }
         // The segment input stays alive (the caller's argument); from the 2nd block on, so does that block's input.
         const size_t block_input = segment.layer_count > 1 ? A : 0;
-        forward(kept + A + block_input + terms.no_grad_layer_peak, "no-grad forward of " + block_range(segment));
+        const size_t weights = static_cast<size_t>(segment.layer_count) * streamed_layer_weights;
+        forward(kept + A + block_input + terms.no_grad_layer_peak + weights, "no-grad forward of " + block_range(segment));
         if (!offload || pinned_in_account) kept += A; // the one activation a checkpointed segment keeps
     }
     // The final norm's output and statistics, beside its input.
@@ -193,7 +196,7 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
         }
         activation(kept_before[index] + terms.scalar + saved + terms.layer_transient,
                    "recompute of " + block_range(segment) + " in backward");
-        const size_t gradients = static_cast<size_t>(segment.layer_count) * streamed_layer_gradients;
+        const size_t gradients = static_cast<size_t>(segment.layer_count) * (streamed_layer_gradients + streamed_layer_weights);
         joint(kept_before[index] + saved + losses + terms.recomputed_layer_backward + gradients,
               "backward of recomputed " + block_range(segment));
         joint(kept_before[index] + saved + losses + terms.layer_transient + A + gradients,
@@ -202,19 +205,20 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
     return walk;
 }
 
-// The elements of the largest parameter's storage (wte's padded rows included): what one working copy's
-// refresh rounds on the host at once.
-size_t largest_parameter_elements(const nn::ModelConfig& model_config) {
+// The elements of the largest parameter's storage (wte's padded rows included) whose working copy is on the
+// device: what one refresh rounds on the host at once. `layers_on_device` false: every decoder layer's copy is
+// parked on the host (streamed parameters), where it is rounded in place.
+size_t largest_parameter_elements(const nn::ModelConfig& model_config, bool layers_on_device) {
     if (model_config.is_llama()) {
         const nn::LlamaConfig& config = model_config.llama();
         const size_t hidden = static_cast<size_t>(config.hidden_size);
-        return hidden * std::max({static_cast<size_t>(config.vocab_size), static_cast<size_t>(config.intermediate_size),
-                                  hidden});
+        const size_t layer = layers_on_device ? std::max(static_cast<size_t>(config.intermediate_size), hidden) : 0;
+        return hidden * std::max(static_cast<size_t>(config.vocab_size), layer);
     }
     const nn::GPTConfig& config = model_config.gpt();
     const size_t width = static_cast<size_t>(config.n_embd);
     return width * std::max({static_cast<size_t>(model_config.padded_vocab_size()),
-                             static_cast<size_t>(config.max_seq_len), 4 * width});
+                             static_cast<size_t>(config.max_seq_len), layers_on_device ? 4 * width : 0});
 }
 
 // Parameter counts and constant buffers, the part of the prediction that does not depend on the policy.
@@ -240,8 +244,10 @@ ParameterTerms parameter_terms(const nn::ModelConfig& config, DType dtype) {
 
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                                 DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
-                                bool offload_optimizer, GradientOffload gradients_where) {
+                                bool offload_optimizer, GradientOffload gradients_where, bool offload_parameters) {
     config.validate();
+    ENGINE_CHECK(!offload_parameters || (offload_optimizer && policy.enabled),
+                 "predict_memory: offload_parameters needs offload_optimizer and gradient checkpointing");
     ENGINE_CHECK(optimizer_shards >= 1, "predict_memory: optimizer_shards " << optimizer_shards << " must be >= 1");
     ENGINE_CHECK(accumulation_steps >= 1,
                  "predict_memory: accumulation_steps " << accumulation_steps << " must be >= 1");
@@ -290,26 +296,34 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
         prediction.at(MemoryCategory::optimizer_state) = 0;
         device_zero_buffers = 0;
     }
-    // Streamed gradients: the layers of checkpointed segments keep no device buffer between their backwards;
-    // a segment holds its own from its recompute to the end of its backward.
+    // What streams: the layers of the checkpointed segments, one segment at a time.
+    size_t checkpointed_layers = 0, largest_segment = 0;
+    for (const Segment& segment : segments)
+        if (segment.checkpointed) {
+            checkpointed_layers += static_cast<size_t>(segment.layer_count);
+            largest_segment = std::max(largest_segment, static_cast<size_t>(segment.layer_count));
+        }
+    // Streamed gradients: those layers keep no device buffer between their backwards; a segment holds its own
+    // from its recompute to the end of its backward.
     const bool streamed = offload_optimizer && gradients_where == GradientOffload::stream;
-    size_t streamed_layers = 0, largest_segment = 0;
-    if (streamed)
-        for (const Segment& segment : segments)
-            if (segment.checkpointed) {
-                streamed_layers += static_cast<size_t>(segment.layer_count);
-                largest_segment = std::max(largest_segment, static_cast<size_t>(segment.layer_count));
-            }
     const size_t layer_gradients = streamed ? layer_parameter_count(config) * wide : 0;
-    const size_t persistent_gradients = prediction.of(MemoryCategory::gradients) - streamed_layers * layer_gradients;
+    const size_t persistent_gradients = prediction.of(MemoryCategory::gradients) - checkpointed_layers * layer_gradients;
     prediction.at(MemoryCategory::gradients) = persistent_gradients + largest_segment * layer_gradients;
+    // Streamed parameters: the same layers' working copies are parked on the host between their uses, and a
+    // segment's come to the device for its forward and for its recompute and backward.
+    const size_t layer_weights = offload_parameters ? layer_parameter_count(config) * element : 0;
+    const size_t parked_layers = offload_parameters ? checkpointed_layers : 0;
+    const size_t persistent_parameters = prediction.of(MemoryCategory::parameters) - parked_layers * layer_weights;
+    prediction.at(MemoryCategory::parameters) = persistent_parameters + largest_segment * layer_weights;
+    prediction.host[static_cast<size_t>(MemoryCategory::parameters)] += parked_layers * layer_weights;
+    prediction.parked_working_copies = parked_layers * layer_weights;
 
     for (const Segment& segment : segments) {
         if (!segment.checkpointed) continue;
         ++prediction.checkpointed_segments;
         prediction.recomputed_blocks += segment.layer_count;
     }
-    const Walk walk = walk_step(segments, terms, offload, false, layer_gradients);
+    const Walk walk = walk_step(segments, terms, offload, false, layer_gradients, layer_weights);
     prediction.at(MemoryCategory::activations) = walk.activations;
     prediction.activations_peak_moment = walk.activations_moment;
 
@@ -332,12 +346,13 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     // each pinned copy where the device copy stood.
     const size_t ids = rows * sizeof(int32_t);
     const size_t steps = static_cast<size_t>(accumulation_steps);
-    const size_t before_forward = prediction.of(MemoryCategory::parameters) + persistent_gradients +
+    const size_t before_forward = persistent_parameters + persistent_gradients +
                                   prediction.of(MemoryCategory::optimizer_state) + device_zero_buffers + steps * 2 * ids +
                                   2 * ids + (steps - 1) * terms.scalar;
     prediction.peak_bytes = before_forward + walk.joint;
     prediction.peak_moment = walk.joint_moment;
-    prediction.unified_peak_bytes = before_forward + walk_step(segments, terms, offload, true, layer_gradients).joint;
+    prediction.unified_peak_bytes =
+        before_forward + walk_step(segments, terms, offload, true, layer_gradients, layer_weights).joint;
     // GPT-2's biased linears run through cuBLASLt's fused epilogue; Llama has no bias and never calls it.
     prediction.cuda_runtime_bytes = config.is_llama() ? 0 : cuda::cublaslt_workspace_bytes;
     // The host's high-water mark without offload: the offloaded segment inputs.
@@ -345,7 +360,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     if (offload_optimizer) {
         // The host's high-water mark: the state, the offloaded segment inputs at the end of forward, and during
         // the update the one rounded copy of the largest master on its way to the device (bf16 only).
-        const size_t rounding = element == wide ? 0 : largest_parameter_elements(config) * element;
+        const bool layers_on_device = parked_layers < static_cast<size_t>(config.layers());
+        const size_t rounding = element == wide ? 0 : largest_parameter_elements(config, layers_on_device) * element;
         size_t state = 0;
         for (size_t bytes : prediction.host) state += bytes;
         prediction.host[static_cast<size_t>(MemoryCategory::pinned_host)] = prediction.of(MemoryCategory::pinned_host);
@@ -365,9 +381,9 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
 
 std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                         DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
-                        bool offload_optimizer, GradientOffload gradients) {
+                        bool offload_optimizer, GradientOffload gradients, bool offload_parameters) {
     const MemoryPrediction planned = predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards,
-                                                    accumulation_steps, offload_optimizer, gradients);
+                                                    accumulation_steps, offload_optimizer, gradients, offload_parameters);
     // Streamed gradients need checkpointed segments: the plain comparison keeps the window.
     const MemoryPrediction plain = predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer,
                                                   optimizer_shards, 1, offload_optimizer);
@@ -415,6 +431,12 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
                        "one segment's during its backward (streamed: summed on the host)"
                      : "the step's gradients (summed on the device for the window)")
              << "\n";
+        if (offload_parameters)
+            text << "parameters streamed: " << mebibytes(planned.parked_working_copies)
+                 << " of the checkpointed layers' working copies parked on the host; the device holds one segment's ("
+                 << mebibytes(planned.of(MemoryCategory::parameters) - (planned.working_copies - planned.parked_working_copies) -
+                              planned.constant_buffers)
+                 << ") during its forward and again during its recompute and backward, copied up each time\n";
     } else if (planned.working_copies > 0)
         text << "parameters: f32 masters " << mebibytes(planned.master_parameters) << " + bf16 working copies "
              << mebibytes(planned.working_copies) << "; gradients accumulate in f32; activations bf16 ("

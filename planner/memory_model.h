@@ -23,7 +23,12 @@ struct MemoryPrediction {
     // pinned_host are high-water marks reached at different moments.
     std::array<size_t, memory_category_count> peaks{};
     size_t master_parameters = 0; // what the optimizer updates (f32 under bf16 mixed precision)
-    size_t working_copies = 0;    // bf16 mixed precision: the bf16 copies the forward reads; 0 otherwise
+    // The copies the forward reads beside the masters: bf16 under mixed precision; with the optimizer on the
+    // host, the device's copies in the step's dtype (f32 ones in fp32); 0 otherwise.
+    size_t working_copies = 0;
+    // Of those, the checkpointed layers' copies parked on the host between uses (streamed parameters): in the
+    // host's `parameters`, and on the device one segment's at a time.
+    size_t parked_working_copies = 0;
     size_t constant_buffers = 0;  // built with the model, in `parameters`, no gradient: Llama's RoPE tables
 
     // Model state off the device (offload_optimizer): what the host holds for the whole run, by category (on
@@ -75,12 +80,13 @@ struct MemoryPrediction {
 // part (the parameters padded to equal parts), and the flat gradient/parameter buffer and the part in the
 // workspace.
 // offload_optimizer: the masters, their gradients and the optimizer state on the host; `gradients`: where a
-// window's gradients are summed then (StepShape).
+// window's gradients are summed then; offload_parameters: the checkpointed layers' working copies parked on the
+// host too, fetched one segment at a time (StepShape).
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                 const checkpoint::CheckpointPolicy& policy, DType dtype = DType::f32,
                                 OptimizerKind optimizer = OptimizerKind::adamw, int optimizer_shards = 1,
                                 int accumulation_steps = 1, bool offload_optimizer = false,
-                                GradientOffload gradients = GradientOffload::window);
+                                GradientOffload gradients = GradientOffload::window, bool offload_parameters = false);
 
 // The parameters' element count with wte's rows counted as `vocabulary_rows`: vocab_size gives the real count
 // (what the optimizer keeps moments for), padded_vocab_size() the stored one. For Llama both are vocab_size
@@ -92,7 +98,7 @@ size_t parameter_count(const nn::ModelConfig& config, int vocabulary_rows);
 std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const checkpoint::CheckpointPolicy& policy,
                         DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw,
                         int optimizer_shards = 1, int accumulation_steps = 1, bool offload_optimizer = false,
-                        GradientOffload gradients = GradientOffload::window);
+                        GradientOffload gradients = GradientOffload::window, bool offload_parameters = false);
 
 // One decoder layer's parameters (what streamed gradients hold per layer), and the largest of them.
 size_t layer_parameter_count(const nn::ModelConfig& config);

@@ -130,18 +130,22 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                         for (GradientOffload gradients : {GradientOffload::window, GradientOffload::stream}) {
                             // Streaming needs the optimizer on the host and checkpointed segments.
                             if (gradients == GradientOffload::stream && (!offload_optimizer || !policy.enabled)) continue;
-                            Plan plan;
-                            plan.shape = StepShape{micro_batch, per_rank / micro_batch, policy, precision, zero_stage,
-                                                   offload_optimizer, gradients};
-                            plan.ranks = options.ranks;
-                            const int accumulation_steps = plan.shape.gradient_accumulation_steps;
-                            plan.memory = predict_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer,
-                                                         shards, accumulation_steps, offload_optimizer, gradients);
-                            plan.cost = predict_cost(config, micro_batch, accumulation_steps, seq_len, policy, dtype,
-                                                     options.optimizer, shards, ceilings, offload_optimizer, gradients);
-                            plan.peak_bytes = plan.memory.peak_on(options.device);
-                            plan.host_peak_bytes = plan.memory.host_peak_bytes;
-                            search.plans.push_back(std::move(plan));
+                            for (bool offload_parameters : {false, true}) {
+                                if (offload_parameters && (!offload_optimizer || !policy.enabled)) continue;
+                                Plan plan;
+                                plan.shape = StepShape{micro_batch, per_rank / micro_batch, policy, precision, zero_stage,
+                                                       offload_optimizer, gradients, offload_parameters};
+                                plan.ranks = options.ranks;
+                                const int steps = plan.shape.gradient_accumulation_steps;
+                                plan.memory = predict_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer,
+                                                             shards, steps, offload_optimizer, gradients, offload_parameters);
+                                plan.cost = predict_cost(config, micro_batch, steps, seq_len, policy, dtype,
+                                                         options.optimizer, shards, ceilings, offload_optimizer, gradients,
+                                                         offload_parameters);
+                                plan.peak_bytes = plan.memory.peak_on(options.device);
+                                plan.host_peak_bytes = plan.memory.host_peak_bytes;
+                                search.plans.push_back(std::move(plan));
+                            }
                         }
                     }
                 }

@@ -57,6 +57,13 @@ std::optional<ConfigProblem> StepShape::problem() const {
     if (offload_gradients == GradientOffload::stream && !checkpointing.enabled)
         return ConfigProblem{"offload_gradients", "stream gives device buffers to the checkpointed segments' backward only, "
                                                   "so it needs gradient_checkpointing"};
+    if (offload_parameters && !offload_optimizer)
+        return ConfigProblem{"offload_parameters", "streams the working weights from the host copy the update keeps "
+                                                   "current, so it needs offload_optimizer"};
+    if (offload_parameters && !checkpointing.enabled)
+        return ConfigProblem{"offload_parameters", "streams the weights of the checkpointed segments' layers (a "
+                                                   "segment's weights come back for its recompute), so it needs "
+                                                   "gradient_checkpointing"};
     return std::nullopt;
 }
 
@@ -74,6 +81,7 @@ std::string StepShape::flags() const {
     if (zero_stage > 0) text << " --zero-stage " << zero_stage;
     if (offload_optimizer) text << " --offload-optimizer cpu";
     if (offload_optimizer && offload_gradients == GradientOffload::stream) text << " --offload-gradients stream";
+    if (offload_parameters) text << " --offload-parameters cpu";
     return text.str();
 }
 
@@ -91,6 +99,7 @@ std::string StepShape::summary(int ranks) const {
     if (offload_optimizer)
         text << (offload_gradients == GradientOffload::stream ? ", optimizer and gradients on the host"
                                                                : ", optimizer on the host");
+    if (offload_parameters) text << ", parameters streamed";
     return text.str();
 }
 

@@ -56,6 +56,11 @@ struct StepShape {
     // host once per step. Needs a model on a device other than the host.
     bool offload_optimizer = false;
     GradientOffload offload_gradients = GradientOffload::window; // with offload_optimizer only
+    // Parameters streamed (DeepSpeed's offload_param), with offload_optimizer and checkpointing: the working
+    // weights of the checkpointed segments' layers live on the host too, and come to the device for the
+    // segment's forward and again for its recompute and backward, one segment at a time (docs/MEMORY.md,
+    // "Parameters streamed"). The embeddings, the head and the layers outside checkpointed segments stay.
+    bool offload_parameters = false;
 
     // Every rule on these fields, the checkpoint policy's included: the first broken one, or nullopt.
     std::optional<ConfigProblem> problem() const;

@@ -230,6 +230,55 @@ TEST(Planner, SearchesPrecisionAndZeroOnlyWhereAllowed) {
     EXPECT_NE(planner::plan_table(both, config).find("why it lost"), std::string::npos);
 }
 
+// Streamed parameters save device memory and cost transfer time: each such plan has a twin without them that
+// peaks no lower and is predicted faster, so the planner streams only when the budget leaves nothing else.
+TEST(Planner, StreamsParametersOnlyWhenTheBudgetNeedsIt) {
+    const nn::GPTConfig config = nn::GPTConfig::named("gpt2-124M");
+    planner::PlannerOptions options;
+    options.device = Device::cuda;
+    options.seq_len = 1024;
+    options.precisions = {Precision::bf16};
+    const planner::PlanSearch all = planner::search_plans(config, SIZE_MAX, 8, options);
+    ASSERT_TRUE(all.chosen.has_value());
+    EXPECT_FALSE(all.plans[*all.chosen].shape.offload_parameters);
+    size_t least_without = SIZE_MAX;
+    int streamed = 0;
+    for (const planner::Plan& plan : all.plans) {
+        if (!plan.shape.offload_parameters) {
+            least_without = std::min(least_without, plan.peak_bytes);
+            continue;
+        }
+        ++streamed;
+        EXPECT_TRUE(plan.shape.offload_optimizer && plan.shape.checkpointing.enabled) << plan.flags();
+        StepShape twin = plan.shape;
+        twin.offload_parameters = false;
+        const auto found = std::find_if(all.plans.begin(), all.plans.end(),
+                                        [&](const planner::Plan& other) { return other.shape == twin; });
+        ASSERT_NE(found, all.plans.end()) << plan.flags();
+        // Equal when the largest segment holds every layer there is, at the peak (one checkpointed segment of
+        // 8 of the 12 layers, with the other 4 kept).
+        EXPECT_LE(plan.peak_bytes, found->peak_bytes) << plan.flags();
+        EXPECT_GT(plan.cost.seconds, found->cost.seconds) << plan.flags();
+        EXPECT_EQ(plan.memory.host_peak_bytes - found->memory.host_peak_bytes, plan.memory.parked_working_copies)
+            << plan.flags();
+    }
+    EXPECT_GT(streamed, 0);
+    const planner::PlanSearch tight = planner::search_plans(config, least_without - 1, 8, options);
+    ASSERT_TRUE(tight.chosen.has_value()) << "streamed parameters reach below every other plan";
+    EXPECT_TRUE(tight.plans[*tight.chosen].shape.offload_parameters);
+    EXPECT_NE(tight.plans[*tight.chosen].flags().find("--offload-parameters cpu"), std::string::npos);
+
+    StepShape shape;
+    shape.offload_parameters = true;
+    ASSERT_TRUE(shape.problem().has_value());
+    EXPECT_EQ(shape.problem()->field, "offload_parameters");
+    shape.offload_optimizer = true;
+    ASSERT_TRUE(shape.problem().has_value()) << "without checkpointing";
+    EXPECT_EQ(shape.problem()->field, "offload_parameters");
+    shape.checkpointing.enabled = true;
+    EXPECT_FALSE(shape.problem().has_value());
+}
+
 TEST(Planner, ParsesMemorySizes) {
     EXPECT_EQ(planner::parse_memory_size("1048576"), 1048576u);
     EXPECT_EQ(planner::parse_memory_size("3.5MiB"), 3670016u);

@@ -54,6 +54,8 @@ expect --offload-optimizer --offload-optimizer gpu
 expect --max-host-memory --max-host-memory lots
 expect --offload-gradients --offload-gradients stream
 expect --offload-gradients --offload-gradients sideways
+expect --offload-parameters --offload-parameters cpu
+expect --offload-parameters --offload-parameters sideways
 expect --loss-normalization --loss-normalization median
 # --eval-data: the flags that need it, its file (missing, a directory, too short for one batch, ids outside the
 # vocabulary), K and M below 1, and K beyond the batches the file holds (600 bytes: 9 windows, one batch of 8).

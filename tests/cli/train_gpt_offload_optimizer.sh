@@ -3,8 +3,10 @@
 # --offload-optimizer cpu, with the gradients summed on the device (window) or on the host (stream), logs bitwise
 # the losses and grad norms of the same run with the optimizer on the device (GPT-2 and Llama, bf16,
 # accumulation and checkpointing), moves the optimizer state off the device (its peak optimizer_state is 0),
-# streamed gradients take less device memory than the window's, and it refuses with one line and exit 2, before any step: a host budget that
-# cannot hold the state, and a resume of a state saved with the other tier.
+# streamed gradients take less device memory than the window's, streamed parameters (--offload-parameters cpu)
+# less again in parameters, and it refuses with one line and exit 2, before any step: a host budget that cannot
+# hold the state, a resume of a state saved with the other tier, and streamed parameters without the optimizer
+# on the host or without checkpointing.
 # With MPIEXEC: 2 ranks with the optimizer on the host, ZeRO-1 and streamed gradients (the gradients reduced
 # on the host, over MPI): replicas bitwise equal after every step, each rank's host holding half the optimizer
 # state, and the losses of the same 2-rank run without ZeRO-1 within 1e-6.
@@ -18,9 +20,10 @@ python=$(command -v python3 || command -v /usr/bin/python3 || echo python3) # on
 flags=(--device cuda --precision bf16 --max-steps 3 --per-device-train-batch-size 2 --seq-len 32
        --gradient-accumulation-steps 2 --gradient-checkpointing --max-grad-norm 0.5)
 for model in tiny llama-tiny; do
-  for tier in none cpu stream; do
+  for tier in none cpu stream parameters; do
     tier_flags=(--offload-optimizer "$tier")
     [ "$tier" = stream ] && tier_flags=(--offload-optimizer cpu --offload-gradients stream)
+    [ "$tier" = parameters ] && tier_flags=(--offload-optimizer cpu --offload-gradients stream --offload-parameters cpu)
     if ! "$train_gpt" --model "$model" "${flags[@]}" "${tier_flags[@]}" --log "$work/$model-$tier.jsonl" \
         --out "$work/state-$model-$tier" >"$work/$model-$tier.out" 2>&1; then
       echo "FAIL: train_gpt --model $model --offload-optimizer $tier exited non-zero:"
@@ -28,18 +31,23 @@ for model in tiny llama-tiny; do
       exit 1
     fi
   done
-  "$python" - "$work/$model-none.jsonl" "$work/$model-cpu.jsonl" "$work/$model-stream.jsonl" <<'PY' || exit 1
+  "$python" - "$work/$model-none.jsonl" "$work/$model-cpu.jsonl" "$work/$model-stream.jsonl" \
+      "$work/$model-parameters.jsonl" <<'PY' || exit 1
 import json, sys
-device, host, stream = ([json.loads(line) for line in open(path)] for path in sys.argv[1:4])
-assert len(device) == len(host) == len(stream) and device, f"{len(device)}, {len(host)}, {len(stream)} steps"
-for a, b, c in zip(device, host, stream):
-    for other in (b, c):
+device, host, stream, parameters = ([json.loads(line) for line in open(path)] for path in sys.argv[1:5])
+assert len(device) == len(host) == len(stream) == len(parameters) and device, "step counts differ"
+for a, b, c, d in zip(device, host, stream, parameters):
+    for other in (b, c, d):
         assert a["loss"] == other["loss"] and a["grad_norm"] == other["grad_norm"], f"step {a['step']}: {a} vs {other}"
         assert other["peak_mib"]["optimizer_state"] == 0 < a["peak_mib"]["optimizer_state"], "state on the device"
     assert c["peak_mib"]["gradients"] < b["peak_mib"]["gradients"], "streamed gradients took no less device memory"
-    assert c["peak_total_bytes"] < b["peak_total_bytes"] < a["peak_total_bytes"], "the device peak did not fall"
-print(f"{sys.argv[2]}: {len(host)} steps bitwise the on-device run's, streamed too; device peak "
-      f"{device[-1]['peak_total_bytes']} -> {host[-1]['peak_total_bytes']} -> {stream[-1]['peak_total_bytes']} B")
+    assert d["peak_mib"]["parameters"] < c["peak_mib"]["parameters"], "streamed parameters took no less device memory"
+    assert d["host_peak_mib"]["parameters"] > c["host_peak_mib"]["parameters"], "no working copy parked on the host"
+    assert d["peak_total_bytes"] < c["peak_total_bytes"] < b["peak_total_bytes"] < a["peak_total_bytes"], \
+        "the device peak did not fall"
+print(f"{sys.argv[2]}: {len(host)} steps bitwise the on-device run's, streamed gradients and parameters too; "
+      f"device peak {device[-1]['peak_total_bytes']} -> {host[-1]['peak_total_bytes']} -> "
+      f"{stream[-1]['peak_total_bytes']} -> {parameters[-1]['peak_total_bytes']} B")
 PY
 done
 
@@ -61,18 +69,29 @@ expect() {
 expect --max-host-memory "${flags[@]}" --offload-optimizer cpu --max-host-memory 64KiB
 expect --resume "${flags[@]}" --offload-optimizer cpu --max-steps 4 --resume "$work/state-tiny-none"
 expect --resume "${flags[@]}" --offload-optimizer none --max-steps 4 --resume "$work/state-tiny-cpu"
+expect --offload-parameters "${flags[@]}" --offload-parameters cpu
+expect --offload-parameters --device cuda --max-steps 1 --offload-optimizer cpu --offload-parameters cpu
+expect --offload-parameters "${flags[@]}" --offload-optimizer cpu --offload-parameters gpu
 [ "$failures" -eq 0 ] || exit 1
 # The same tier resumes.
 "$train_gpt" "${flags[@]}" --offload-optimizer cpu --max-steps 4 --resume "$work/state-tiny-cpu" >"$work/resumed.out" 2>&1 ||
   { echo "FAIL: resume with the same tier:"; tail -5 "$work/resumed.out"; exit 1; }
 echo "ok: the same tier resumes"
+# Streamed parameters change where the working copies live, not the saved state: their state resumes without.
+"$train_gpt" "${flags[@]}" --offload-optimizer cpu --max-steps 4 --resume "$work/state-tiny-parameters" \
+    >"$work/resumed-parameters.out" 2>&1 ||
+  { echo "FAIL: resume of a state saved with streamed parameters:"; tail -5 "$work/resumed-parameters.out"; exit 1; }
+echo "ok: a state saved with streamed parameters resumes without them"
 
 [ -n "$mpiexec" ] || exit 0
 # As tests/cli/train_gpt_mpi.sh: CI runs as root, and the ranks share two cores.
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# ZeRO-1's run streams the parameters too: the same losses, since the weights the forward reads are the same.
 for zero in 0 1; do
+  streamed_parameters=()
+  [ "$zero" = 1 ] && streamed_parameters=(--offload-parameters cpu)
   "$mpiexec" --oversubscribe -np 2 "$train_gpt" "${flags[@]}" --offload-optimizer cpu --offload-gradients stream \
-      --zero-stage "$zero" --check-replicas --log "$work/ranks-zero$zero.jsonl" >"$work/ranks-zero$zero.out" 2>&1 ||
+      "${streamed_parameters[@]}" --zero-stage "$zero" --check-replicas --log "$work/ranks-zero$zero.jsonl" >"$work/ranks-zero$zero.out" 2>&1 ||
     { echo "FAIL: 2 ranks, ZeRO stage $zero:"; tail -5 "$work/ranks-zero$zero.out"; exit 1; }
 done
 "$python" - "$work/ranks-zero0.jsonl" "$work/ranks-zero1.jsonl" <<'PY' || exit 1

@@ -29,6 +29,7 @@ struct MemoryCase {
     Precision precision;
     checkpoint::CheckpointPolicy policy;
     GradientOffload gradients = GradientOffload::window; // with the optimizer on the host
+    bool parameters = false;                             // and streamed parameters
 };
 void PrintTo(const MemoryCase& memory_case, std::ostream* out) { *out << memory_case.name; }
 
@@ -66,6 +67,7 @@ Measured measure(const MemoryCase& run, bool offload_optimizer) {
     trainer_config.shape.checkpointing = run.policy;
     trainer_config.shape.offload_optimizer = offload_optimizer;
     if (offload_optimizer) trainer_config.shape.offload_gradients = run.gradients;
+    trainer_config.shape.offload_parameters = offload_optimizer && run.parameters;
     optim::Trainer trainer(*model, trainer_config);
     int cursor = 0;
     const nn::BatchSource source = [&]() -> std::optional<nn::Batch> {
@@ -80,7 +82,8 @@ Measured measure(const MemoryCase& run, bool offload_optimizer) {
     if (config.is_llama()) measured.inherited = memory_stats(Device::cuda).current(MemoryCategory::workspace);
     measured.predicted = planner::predict_memory(config, batch, length, run.policy, precision_dtype(run.precision),
                                                  OptimizerKind::adamw, 1, accumulation, offload_optimizer,
-                                                 offload_optimizer ? run.gradients : GradientOffload::window);
+                                                 offload_optimizer ? run.gradients : GradientOffload::window,
+                                                 offload_optimizer && run.parameters);
     for (int step = 0; step < 2; ++step) {
         const std::optional<optim::StepResult> result = trainer.train_step(source);
         EXPECT_TRUE(result.has_value());
@@ -140,7 +143,13 @@ INSTANTIATE_TEST_SUITE_P(
                       MemoryCase{"gpt_bf16_streamed", false, Precision::bf16, {true, 1, 1, true, false},
                                  GradientOffload::stream},
                       MemoryCase{"llama_fp32_streamed", true, Precision::fp32, {true, 2, 1, false, false},
-                                 GradientOffload::stream}),
+                                 GradientOffload::stream},
+                      // Streamed parameters: a layer outside the checkpointed ones keeps its copy on the device;
+                      // segments of two layers fetch two at once.
+                      MemoryCase{"gpt_bf16_parameters", false, Precision::bf16, {true, 2, 1, true, false},
+                                 GradientOffload::window, true},
+                      MemoryCase{"llama_fp32_streamed_parameters", true, Precision::fp32, {true, 1, 2, false, false},
+                                 GradientOffload::stream, true}),
     [](const ::testing::TestParamInfo<MemoryCase>& info) { return std::string(info.param.name); });
 
 } // namespace

@@ -2,8 +2,9 @@
 // gradients and AdamW's moments in host memory, the update on the host, the device keeping the working weights
 // and the window's gradients. Against the same run with everything on the device: the same weights, bitwise,
 // after steps with accumulation, clipping, bf16 and checkpointing, for GPT-2 and Llama (tied and untied); the
-// device holds no master, gradient copy or moment, and the host holds them; resume is bitwise; a model on the
-// host is refused.
+// device holds no master, gradient copy or moment, and the host holds them; with streamed parameters the
+// checkpointed layers' working copies are on the host too, and one layer's on the device while it is used;
+// resume is bitwise; a model on the host is refused.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -33,6 +34,7 @@ struct OffloadCase {
     Precision precision;
     bool checkpointing;
     GradientOffload gradients = GradientOffload::window;
+    bool parameters = false; // streamed parameters too (offload_parameters)
 };
 void PrintTo(const OffloadCase& offload_case, std::ostream* out) { *out << offload_case.name; }
 
@@ -50,6 +52,7 @@ optim::TrainerConfig config_of(const OffloadCase& run, bool offload) {
     config.shape.checkpointing.offload = run.checkpointing;
     config.shape.offload_optimizer = offload;
     if (offload) config.shape.offload_gradients = run.gradients;
+    config.shape.offload_parameters = offload && run.parameters;
     config.learning_rate = 3e-3;
     config.weight_decay = 0.1;
     config.max_grad_norm = 0.5; // active: these gradients' norm is far above it
@@ -150,8 +153,20 @@ TEST_P(OffloadOptimizer, BitwiseTheAllOnDeviceRunWithTheStateOnTheHost) {
     // The device's parameters: the working copies and the buffers both runs build alike (Llama's RoPE tables).
     const size_t constant = device(on_device, MemoryCategory::parameters) - masters -
                             (run.precision == Precision::bf16 ? working : 0);
-    EXPECT_EQ(device(offloaded, MemoryCategory::parameters), working + constant);
-    EXPECT_EQ(host(offloaded, MemoryCategory::parameters), masters);
+    // Streamed parameters: every decoder layer's working copy is parked on the host between its uses (every
+    // decoder layer is checkpointed in these runs), and one layer's is on the device during its use.
+    size_t parked = 0, largest_parked = 0;
+    if (run.parameters)
+        for (int layer = 0; layer < model->block_count(); ++layer) {
+            size_t bytes = 0;
+            for (const Tensor& parameter : model->block(layer).parameters())
+                bytes += parameter.storage_bytes() / dtype_size(parameter.dtype()) * dtype_size(precision_dtype(run.precision));
+            parked += bytes;
+            largest_parked = std::max(largest_parked, bytes);
+        }
+    EXPECT_EQ(device(offloaded, MemoryCategory::parameters), working + constant - parked);
+    EXPECT_EQ(offloaded.device.peak(MemoryCategory::parameters), working + constant - parked + largest_parked);
+    EXPECT_EQ(host(offloaded, MemoryCategory::parameters), masters + parked);
     // Gradients: the masters' f32 buffers on the host; on the device the window's, or with streamed gradients
     // only those outside the checkpointed layers between steps, and one layer's more during its backward.
     EXPECT_EQ(host(offloaded, MemoryCategory::gradients), device(on_device, MemoryCategory::gradients));
@@ -198,14 +213,19 @@ INSTANTIATE_TEST_SUITE_P(
                       OffloadCase{"llama_bf16", true, false, Precision::bf16, false},
                       OffloadCase{"llama_tied_bf16", true, true, Precision::bf16, false},
                       OffloadCase{"gpt_bf16_streamed", false, true, Precision::bf16, true, GradientOffload::stream},
-                      OffloadCase{"llama_fp32_streamed", true, false, Precision::fp32, true, GradientOffload::stream}),
+                      OffloadCase{"llama_fp32_streamed", true, false, Precision::fp32, true, GradientOffload::stream},
+                      OffloadCase{"gpt_bf16_streamed_parameters", false, true, Precision::bf16, true,
+                                  GradientOffload::stream, true},
+                      OffloadCase{"llama_tied_fp32_parameters", true, true, Precision::fp32, true,
+                                  GradientOffload::window, true}),
     [](const ::testing::TestParamInfo<OffloadCase>& info) { return std::string(info.param.name); });
 
-// Nothing to move on the host: the trainer says so before anything changes.
+// Nothing to move on the host: the trainer says so before anything changes (bf16 would make copies first).
 TEST(OffloadOptimizerInput, AModelOnTheHostIsRefused) {
     nn::GPT model(small_gpt_config(), 11, Device::cpu);
     optim::TrainerConfig config;
     config.shape.offload_optimizer = true;
+    config.shape.precision = Precision::bf16;
     try {
         optim::Trainer trainer(model, config);
         FAIL() << "offload_optimizer on a model on the host must throw";
@@ -214,6 +234,44 @@ TEST(OffloadOptimizerInput, AModelOnTheHostIsRefused) {
     }
     EXPECT_EQ(model.device(), Device::cpu);
     EXPECT_FALSE(model.master_device().has_value());
+    EXPECT_EQ(model.compute_dtype(), DType::f32) << "the refused trainer changed the model";
+}
+
+// A model whose masters are apart trains only with offload (its gradients would never reach the masters), and
+// one built on the host and placed on the device (as train_gpt builds it) trains bitwise as one moved there.
+TEST(OffloadOptimizerInput, PlacementIsChecked) {
+    if (!engine::cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    nn::GPT placed(small_gpt_config(), 11, Device::cpu);
+    placed.set_master_device(Device::cpu, Device::cuda);
+    EXPECT_EQ(placed.device(), Device::cuda);
+    optim::TrainerConfig plain;
+    try {
+        optim::Trainer trainer(placed, plain);
+        FAIL() << "a trainer without offload on a model whose masters are apart must throw";
+    } catch (const EngineError& error) {
+        EXPECT_NE(std::string(error.what()).find("offload_optimizer"), std::string::npos) << error.what();
+    }
+    EXPECT_THROW(placed.to(Device::cpu), EngineError);
+    EXPECT_THROW(placed.set_master_device(Device::cuda), EngineError);
+
+    const OffloadCase run{"gpt_fp32", false, true, Precision::fp32, false};
+    // One run after the other: the trainers seed the one process-wide generator that dropout draws from.
+    std::vector<double> host_losses, device_losses;
+    {
+        optim::Trainer host_built(placed, config_of(run, true));
+        int cursor = 0;
+        const nn::BatchSource source = batches_of(placed, cursor);
+        for (int step = 0; step < 2; ++step) host_losses.push_back(host_built.train_step(source)->loss);
+    }
+    std::unique_ptr<nn::CausalLM> moved = build(run);
+    {
+        optim::Trainer device_built(*moved, config_of(run, true));
+        int cursor = 0;
+        const nn::BatchSource source = batches_of(*moved, cursor);
+        for (int step = 0; step < 2; ++step) device_losses.push_back(device_built.train_step(source)->loss);
+    }
+    EXPECT_EQ(host_losses, device_losses);
+    EXPECT_TRUE(master_bytes(placed) == master_bytes(*moved));
 }
 
 } // namespace
