@@ -389,7 +389,11 @@ int run(const Options& flags) {
         options.model.build(options.trainer.seed, offload ? Device::cpu : options.resolved_device, DType::f32);
     nn::CausalLM& model = *built;
     if (offload) {
+        // The streamed layers' copies parked and without device buffers as they are made (the trainer applies
+        // the same precision and policy again, which changes nothing).
         if (config.shape.precision == Precision::bf16) model.set_compute_dtype(DType::bf16);
+        model.set_checkpointing(config.shape.checkpointing);
+        optim::mark_streamed_layers(model, config.shape);
         model.set_master_device(Device::cpu, options.resolved_device);
     }
     if (!options.init.empty()) {

@@ -174,12 +174,12 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
     ENGINE_CHECK(static_cast<bool>(fn), "checkpoint: the segment function is empty");
     for (size_t index = 0; index < inputs.size(); ++index)
         ENGINE_CHECK(inputs[index].defined(), "checkpoint: input " << index << " is an undefined tensor");
-    // The forward between its hooks; after_forward runs on the way out of a throwing forward too (and a
-    // throwing after_forward is then not allowed to hide the first error).
+    // The forward between its hooks; after_forward runs on the way out of a throwing forward or before_forward
+    // too (and a throwing after_forward is then not allowed to hide the first error).
     const auto run_forward = [&fn, &inputs, &hooks] {
-        if (hooks.before_forward) hooks.before_forward();
         std::vector<Tensor> outputs;
         try {
+            if (hooks.before_forward) hooks.before_forward();
             outputs = fn(inputs);
         } catch (...) {
             try {

@@ -24,7 +24,7 @@ using SegmentFunction = std::function<std::vector<Tensor>(const std::vector<Tens
 // Under no-grad it is a plain call.
 //
 // `hooks`: before_forward and after_forward run around the segment's forward, under grad mode and no-grad alike
-// (after_forward also when the forward throws); before_recompute and after_backward inside its backward, just
+// (after_forward also when the forward or before_forward throws); before_recompute and after_backward inside its backward, just
 // before its recompute and once its backward is done and its recompute freed (under no-grad no node is
 // recorded, so they never run). Streamed parameters fetch the segment's weights in the before hooks and let
 // them go in the after ones; streamed gradients attach the segment's gradient buffers before its recompute and

@@ -234,7 +234,8 @@ void Tensor::set_gradient_buffer(const Tensor& buffer) {
     self.grad = view.impl_;
 }
 
-void move_storage_to(const std::vector<Tensor>& tensors, Device device, bool include_gradients) {
+void move_storage_to(const std::vector<Tensor>& tensors, Device device, bool include_gradients,
+                     std::optional<MemoryCategory> category) {
     std::vector<TensorImpl*> holders;
     for (const Tensor& tensor : tensors) {
         if (!tensor.defined()) continue;
@@ -251,7 +252,7 @@ void move_storage_to(const std::vector<Tensor>& tensors, Device device, bool inc
         const Storage& old = *holder->storage;
         std::shared_ptr<Storage>& target = moved[&old];
         if (!target) {
-            target = std::make_shared<Storage>(device, old.bytes(), old.category());
+            target = std::make_shared<Storage>(device, old.bytes(), category.value_or(old.category()));
             copy_bytes(target->data(), device, old.data(), old.device(), old.bytes());
         }
         rebinds.emplace_back(holder, target);
@@ -260,23 +261,50 @@ void move_storage_to(const std::vector<Tensor>& tensors, Device device, bool inc
     for (auto& [holder, storage] : rebinds) holder->storage = storage;
 }
 
-StagedStorage::StagedStorage(const std::vector<Tensor>& tensors, Device device) {
+namespace {
+// The compute stream waits for `copies` (and the event is dropped); if that cannot be queued, the host waits
+// for the copy stream. Never throws.
+void wait_or_synchronize(std::shared_ptr<cuda::StreamEvent>& copies) noexcept {
+    if (!copies) return;
+    try {
+        copies->wait(cuda::compute_stream());
+    } catch (...) {
+        cuda::synchronize_copy_stream();
+    }
+    copies.reset();
+}
+} // namespace
+
+StagedStorage::StagedStorage(const std::vector<Tensor>& tensors, Device device, MemoryCategory category,
+                             bool on_copy_stream) {
+    const bool asynchronous = on_copy_stream && device == Device::cuda;
+    if (asynchronous) copies_done_ = std::make_shared<cuda::StreamEvent>();
     // One copy per storage, so views that share an allocation (a working copy and its rows) still share it.
     std::map<const Storage*, std::shared_ptr<Storage>> copies;
     std::vector<std::pair<Tensor, std::shared_ptr<Storage>>> staged;
     std::set<const TensorImpl*> seen;
-    for (const Tensor& tensor : tensors) {
-        if (!tensor.defined()) continue;
-        TensorImpl& impl = detail::impl_of(tensor);
-        if (!seen.insert(&impl).second) continue;
-        ENGINE_CHECK(impl.storage->device() != device,
-                     "StagedStorage: " << tensor.describe() << " is on " << device_name(device) << " already");
-        std::shared_ptr<Storage>& copy = copies[impl.storage.get()];
-        if (!copy) {
-            copy = std::make_shared<Storage>(device, impl.storage->bytes(), impl.storage->category());
-            copy_bytes(copy->data(), device, impl.storage->data(), impl.storage->device(), impl.storage->bytes());
+    try {
+        for (const Tensor& tensor : tensors) {
+            if (!tensor.defined()) continue;
+            TensorImpl& impl = detail::impl_of(tensor);
+            if (!seen.insert(&impl).second) continue;
+            ENGINE_CHECK(impl.storage->device() != device,
+                         "StagedStorage: " << tensor.describe() << " is on " << device_name(device) << " already");
+            std::shared_ptr<Storage>& copy = copies[impl.storage.get()];
+            if (!copy) {
+                const Storage& source = *impl.storage;
+                copy = std::make_shared<Storage>(device, source.bytes(), category);
+                if (asynchronous) cuda::copy_to_device_async(copy->data(), source.data(), source.bytes(), *copies_done_);
+                else copy_bytes(copy->data(), device, source.data(), source.device(), source.bytes());
+            }
+            staged.emplace_back(tensor, copy);
         }
-        staged.emplace_back(tensor, copy);
+        originals_.reserve(staged.size());
+    } catch (...) {
+        // Copies queued on the copy stream write buffers about to be freed: the compute stream (which orders
+        // their reuse) waits for them first.
+        wait_or_synchronize(copies_done_);
+        throw;
     }
     // Every copy made: bind, which cannot fail, remembering what each tensor had.
     for (auto& [tensor, copy] : staged) {
@@ -284,17 +312,32 @@ StagedStorage::StagedStorage(const std::vector<Tensor>& tensors, Device device) 
         originals_.emplace_back(tensor, impl.storage);
         impl.storage = std::move(copy);
     }
+    if (originals_.empty()) copies_done_.reset();
+}
+
+StagedStorage::StagedStorage(StagedStorage&& other) noexcept
+    : originals_(std::move(other.originals_)), copies_done_(std::move(other.copies_done_)) {
+    other.originals_.clear();
 }
 
 StagedStorage& StagedStorage::operator=(StagedStorage&& other) noexcept {
     if (this == &other) return *this;
     restore();
     originals_ = std::move(other.originals_);
+    copies_done_ = std::move(other.copies_done_);
     other.originals_.clear();
     return *this;
 }
 
+void StagedStorage::wait() {
+    if (!copies_done_) return;
+    copies_done_->wait(cuda::compute_stream());
+    copies_done_.reset();
+}
+
 void StagedStorage::restore() noexcept {
+    // Copies never waited for (a prefetch not used) are ordered before their buffers go back to the pool.
+    wait_or_synchronize(copies_done_);
     for (auto& [tensor, storage] : originals_) detail::impl_of(tensor).storage = std::move(storage);
     originals_.clear();
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,9 @@ struct TensorImpl {
 };
 
 class Tensor;
+namespace cuda {
+class StreamEvent;
+}
 namespace detail {
 // The engine's own access to a tensor's fields (autograd, storage): for engine/ sources only.
 TensorImpl& impl_of(const Tensor& tensor);
@@ -166,11 +170,14 @@ private:
 // shared after. All new storage is allocated and filled before any is swapped in, so a failure changes
 // nothing. Tensors already on `device` stay.
 // include_gradients false moves the tensors' own storage only, leaving their gradient buffers where they are
-// (parameter streaming parks working copies on the host while their gradients stay on the device).
-void move_storage_to(const std::vector<Tensor>& tensors, Device device, bool include_gradients = true);
+// (parameter streaming parks working copies on the host while their gradients stay on the device); `category`
+// replaces the storages' own (parked copies are pinned_host on the host, parameters again on the device).
+void move_storage_to(const std::vector<Tensor>& tensors, Device device, bool include_gradients = true,
+                     std::optional<MemoryCategory> category = std::nullopt);
 
 // Parameter streaming (docs/MEMORY.md, "Parameters streamed"): for one use, tensors see a copy of their
 // storage on another device. The constructor binds every tensor to a fresh copy of its storage on `device`
+// (in `category`)
 // (storages shared before are shared after; gradient buffers stay where they are; all copies are made before
 // any is bound, so a failure changes nothing); restore() binds them back to the storage they had, which the
 // copies never wrote, and drops the copies: their memory is freed once no saved tensor of a recorded node
@@ -178,17 +185,22 @@ void move_storage_to(const std::vector<Tensor>& tensors, Device device, bool inc
 class StagedStorage {
 public:
     StagedStorage() = default;
-    StagedStorage(const std::vector<Tensor>& tensors, Device device);
+    // on_copy_stream (a CUDA `device`, pinned sources): the copies go on the copy stream and this returns at once;
+    // wait() orders the compute stream after them, and must come before anything reads the tensors.
+    StagedStorage(const std::vector<Tensor>& tensors, Device device, MemoryCategory category,
+                  bool on_copy_stream = false);
     ~StagedStorage() { restore(); }
-    StagedStorage(StagedStorage&& other) noexcept : originals_(std::move(other.originals_)) { other.originals_.clear(); }
+    StagedStorage(StagedStorage&& other) noexcept;
     StagedStorage& operator=(StagedStorage&& other) noexcept;
     StagedStorage(const StagedStorage&) = delete;
     StagedStorage& operator=(const StagedStorage&) = delete;
+    void wait(); // nothing when the copies were synchronous or are waited for already
     void restore() noexcept;
     bool active() const { return !originals_.empty(); }
 
 private:
     std::vector<std::pair<Tensor, std::shared_ptr<Storage>>> originals_; // each tensor and the storage it had
+    std::shared_ptr<cuda::StreamEvent> copies_done_; // on_copy_stream's, until wait()
 };
 
 uint64_t next_tensor_id();

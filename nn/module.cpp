@@ -78,8 +78,8 @@ void Module::set_compute_dtype(DType dtype) {
                                                       << "; working copies are bf16 over f32 masters");
     // Copies in that dtype already (the masters placed apart with them): nothing to remake.
     if (dtype == compute_dtype_ && master_device_) return;
-    ENGINE_CHECK(!parked_, "set_compute_dtype: the working copies are parked on the host (parameter streaming); "
-                           "unpark_working_copies first");
+    ENGINE_CHECK(!any_parked(), "set_compute_dtype: working copies are parked on the host (parameter streaming); "
+                                "unpark_working_copies first");
     // Every module's copies are made before any module takes them: an allocation failure changes nothing.
     // With the masters apart, the copies stay on the compute device and only their dtype changes.
     const Device device = compute_device();
@@ -108,6 +108,19 @@ void Module::make_working_copies(DType dtype, Device device,
         copy.working = master.dim() >= 1 ? working_storage.with_rows(master.size(0)) : working_storage;
         refresh(copy);
         copies.push_back(std::move(copy));
+    }
+    // Streamed placement: this module's copies go without their device buffers, and to the host, before the
+    // next module's are made.
+    const bool apart = !copies.empty() && device != copies.front().master_storage.device();
+    if (apart && no_gradients_on_placement_)
+        for (WorkingCopy& copy : copies) {
+            copy.working_storage.set_gradient_buffer(Tensor());
+            copy.working.set_gradient_buffer(Tensor());
+        }
+    if (apart && park_on_placement_) {
+        std::vector<Tensor> working;
+        for (const WorkingCopy& copy : copies) working.push_back(copy.working_storage), working.push_back(copy.working);
+        move_storage_to(working, copies.front().master_storage.device(), false, MemoryCategory::pinned_host);
     }
     made.emplace_back(this, std::move(copies));
     for (auto& [name, child] : children_) child->make_working_copies(dtype, device, made);
@@ -170,13 +183,32 @@ void Module::collect_working_storage(std::vector<Tensor>& out) const {
     for (const auto& [name, child] : children_) child->collect_working_storage(out);
 }
 
+bool Module::any_parked() const {
+    if (parked_) return true;
+    for (const auto& [name, child] : children_)
+        if (child->any_parked()) return true;
+    return false;
+}
+
+void Module::set_streamed_placement(bool park, bool without_gradients) {
+    ENGINE_CHECK(!master_device_, "set_streamed_placement: the masters are placed already (set_master_device); "
+                                  "use park_working_copies and release_working_gradients");
+    std::vector<Module*> tree;
+    collect_modules(tree);
+    for (Module* module : tree) {
+        module->park_on_placement_ = park;
+        module->no_gradients_on_placement_ = without_gradients;
+    }
+}
+
 void Module::park_working_copies() {
     ENGINE_CHECK(master_device_, "park_working_copies: the masters are not apart from the working copies "
                                  "(set_master_device): there is no host copy to stream from");
     if (parked_) return;
     std::vector<Tensor> working;
     collect_working_storage(working);
-    move_storage_to(working, *master_device_, false); // all or nothing; the gradients stay on the device
+    // All or nothing; the gradients stay on the device.
+    move_storage_to(working, *master_device_, false, MemoryCategory::pinned_host);
     std::vector<Module*> tree;
     collect_modules(tree);
     for (Module* module : tree) module->parked_ = true;
@@ -187,7 +219,7 @@ void Module::unpark_working_copies() {
     release_fetched_copies();
     std::vector<Tensor> working;
     collect_working_storage(working);
-    move_storage_to(working, compute_device_, false);
+    move_storage_to(working, compute_device_, false, MemoryCategory::parameters);
     std::vector<Module*> tree;
     collect_modules(tree);
     for (Module* module : tree) module->parked_ = false;
@@ -195,10 +227,17 @@ void Module::unpark_working_copies() {
 
 void Module::fetch_working_copies() {
     ENGINE_CHECK(parked_, "fetch_working_copies: the working copies are not parked (park_working_copies)");
-    if (fetched_.active()) return;
+    if (fetched_.active()) return fetched_.wait(); // prefetched: the compute stream waits for the copies
     std::vector<Tensor> working;
     collect_working_storage(working);
-    fetched_ = StagedStorage(working, compute_device_);
+    fetched_ = StagedStorage(working, compute_device_, MemoryCategory::parameters);
+}
+
+void Module::prefetch_working_copies() {
+    if (!parked_ || fetched_.active()) return;
+    std::vector<Tensor> working;
+    collect_working_storage(working);
+    fetched_ = StagedStorage(working, compute_device_, MemoryCategory::parameters, true);
 }
 
 void Module::release_fetched_copies() { fetched_.restore(); }
@@ -213,7 +252,8 @@ void Module::set_master_device(Device master_device, std::optional<Device> compu
     const std::vector<std::pair<std::string, Tensor>> named = named_parameters();
     ENGINE_CHECK(!named.empty(), "set_master_device: the module has no parameters");
     const Device here = named.front().second.device();
-    const Device device = compute_device.value_or(here); // where the forward will run
+    // Where the forward will run: by default where it runs now (a second call with the same devices is a no-op).
+    const Device device = compute_device.value_or(master_device_ ? compute_device_ : here);
     if (master_device_ == master_device && compute_device_ == device) return;
     ENGINE_CHECK(!master_device_, "set_master_device: the masters are on " << device_name(*master_device_)
                                                                            << " already; they cannot move again");
@@ -225,16 +265,22 @@ void Module::set_master_device(Device master_device, std::optional<Device> compu
                                               << ", where the forward runs: nothing would be apart");
     ENGINE_CHECK(device != Device::cuda || cuda::backend_built,
                  "set_master_device: the forward on cuda, but libengine was built without CUDA");
-    // The copies sharing the masters' gradient buffers go first; the masters (with their views and buffers)
-    // move out, which frees more of the device than the copies then take; then every module gets copies of
-    // its own on the device. bf16 copies stay bf16; without them the copies are in the masters' own dtype.
+    // The masters (with their views and buffers, the old copies' views of them included, so that what shared
+    // storage still does) move out, which frees their bytes on the device; then every module gets copies of
+    // its own on the device (parked on the host at once under a streamed placement). The old copies (bf16
+    // beside their masters) are set aside until the end, to be put back if anything fails. bf16 copies stay
+    // bf16; without them the copies are in the masters' own dtype.
     const DType dtype = compute_dtype_ == DType::bf16 ? DType::bf16 : named.front().second.dtype();
     std::vector<Module*> tree;
     collect_modules(tree);
+    std::vector<Tensor> holders;
+    for (Module* module : tree) {
+        for (const auto& [name, parameter] : module->parameters_) holders.push_back(parameter);
+        for (const Tensor& alias : module->aliases_) holders.push_back(alias);
+        for (const WorkingCopy& copy : module->working_copies_) holders.push_back(copy.master_storage);
+    }
     std::vector<std::vector<WorkingCopy>> previous;
     for (Module* module : tree) previous.push_back(std::move(module->working_copies_)), module->working_copies_.clear();
-    std::vector<Tensor> holders;
-    collect_storage_holders(holders);
     std::vector<std::pair<Module*, std::vector<WorkingCopy>>> made;
     try {
         move_storage_to(holders, master_device);
@@ -249,6 +295,7 @@ void Module::set_master_device(Device master_device, std::optional<Device> compu
     for (Module* module : tree) {
         module->master_device_ = master_device;
         module->compute_device_ = device;
+        module->parked_ = module->park_on_placement_;
     }
 }
 

@@ -88,9 +88,19 @@ public:
     // forward; a recompute and its backward) and release_fetched_copies() lets it go (freed once no recorded
     // node holds it; the host copy was never written). unpark_working_copies() puts them back on the compute
     // device for good. A forward through parked copies that were not fetched fails on the ops' device check.
+    // prefetch_working_copies() starts the same copies on the copy stream and returns at once (nothing when they
+    // are not parked or are fetched already); the fetch_working_copies() that follows orders the compute stream
+    // after them instead of copying.
+    // The parked copies are pinned host memory (category pinned_host), so that a copy up is a DMA at the link's
+    // rate. set_streamed_placement(park, without_gradients), called before set_master_device, makes this
+    // subtree's copies parked as soon as each module's are made (park) and without device gradient buffers
+    // (without_gradients: streamed gradients attach them for a use), so that placing a model never holds more
+    // than one module's copies on the device beyond what the plan keeps there.
+    void set_streamed_placement(bool park, bool without_gradients);
     void park_working_copies();
     void unpark_working_copies();
     void fetch_working_copies();
+    void prefetch_working_copies();
     void release_fetched_copies();
     bool working_copies_parked() const { return parked_; }
     // Where the forward runs: the working copies' device when the masters are apart, else the parameters'.
@@ -129,6 +139,7 @@ private:
     void collect_working(std::vector<Tensor>& out) const;
     void collect_modules(std::vector<Module*>& out);
     void collect_working_storage(std::vector<Tensor>& out) const; // every working copy handle of the subtree
+    bool any_parked() const;
     std::vector<std::pair<std::string, Tensor>> parameters_;
     std::vector<Tensor> aliases_;
     std::vector<WorkingCopy> working_copies_; // empty, or one per parameters_ entry
@@ -136,6 +147,8 @@ private:
     std::optional<Device> master_device_; // set_master_device's, for the whole tree
     Device compute_device_ = Device::cpu; // the working copies' device, with master_device_
     bool parked_ = false;                 // park_working_copies's, for the subtree it was called on
+    bool park_on_placement_ = false;      // set_streamed_placement's
+    bool no_gradients_on_placement_ = false;
     StagedStorage fetched_;               // fetch_working_copies's copies, on the module it was called on
     std::vector<std::pair<std::string, Module*>> children_;
     bool training_ = true;

@@ -47,6 +47,17 @@ void zero_attached(const std::vector<Tensor>& leaves) {
 
 } // namespace
 
+void mark_streamed_layers(nn::Module& model, const StepShape& shape) {
+    auto* layered = dynamic_cast<nn::CausalLM*>(&model);
+    const bool park = shape.offload_optimizer && shape.offload_parameters;
+    const bool without_gradients = shape.offload_optimizer && shape.offload_gradients == GradientOffload::stream;
+    if (layered == nullptr || !(park || without_gradients)) return;
+    for (const checkpoint::Segment& segment : layered->segments())
+        if (segment.checkpointed)
+            for (int layer = segment.first_layer; layer < segment.first_layer + segment.layer_count; ++layer)
+                layered->block(layer).set_streamed_placement(park, without_gradients);
+}
+
 ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator)
     : model_(model), config_(config), schedule_(schedule_config(config)), communicator_(communicator) {
     ENGINE_CHECK(!model_.parameters().empty(), "trainer: the module has no parameters to train");
@@ -73,7 +84,10 @@ ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, dis
     model_.set_checkpointing(config.shape.checkpointing);
     // Before the optimizer, whose state goes where the masters are. (A model placed already, as train_gpt does
     // to build its masters on the host, keeps its placement.)
-    if (config_.shape.offload_optimizer && !masters_apart) model_.set_master_device(Device::cpu);
+    if (config_.shape.offload_optimizer && !masters_apart) {
+        mark_streamed_layers(model_, config_.shape);
+        model_.set_master_device(Device::cpu);
+    }
     parameters_ = model_.parameters();
     gradient_leaves_ = model_.working_parameters();
     streamed_leaves_.assign(parameters_.size(), false);
@@ -252,10 +266,13 @@ void ModuleTrainer::start_streaming() {
     nn::CausalLM* layered = dynamic_cast<nn::CausalLM*>(&model_); // checked by the constructor
     // What streams: the layers inside checkpointed segments.
     std::vector<int> layers;
+    std::vector<checkpoint::Segment> segments;
     for (const checkpoint::Segment& segment : layered->segments())
-        if (segment.checkpointed)
+        if (segment.checkpointed) {
+            segments.push_back(segment);
             for (int layer = segment.first_layer; layer < segment.first_layer + segment.layer_count; ++layer)
                 layers.push_back(layer);
+        }
     if (parameters_streamed()) {
         // Parked on the host, where the update refreshes them; all or nothing.
         size_t parked = 0;
@@ -274,6 +291,7 @@ void ModuleTrainer::start_streaming() {
     // Nothing below throws.
     layered_ = layered;
     streamed_layers_ = std::move(layers);
+    streamed_segments_ = std::move(segments);
     if (streamed()) {
         for (int layer : streamed_layers_) layered_->block(layer).release_working_gradients();
         for (size_t index = 0; index < gradient_leaves_.size(); ++index)
@@ -281,12 +299,20 @@ void ModuleTrainer::start_streaming() {
     }
     layered_->set_segment_hooks([this](int first_layer, int layer_count) {
         checkpoint::SegmentHooks hooks;
+        // Streamed parameters: the next segment to run (in forward order during the forward, in backward order
+        // during the backward) is prefetched on the copy stream while this one computes.
         if (parameters_streamed()) {
-            hooks.before_forward = [this, first_layer, layer_count] { fetch_segment(first_layer, layer_count); };
+            hooks.before_forward = [this, first_layer, layer_count] {
+                fetch_segment(first_layer, layer_count);
+                prefetch_neighbour(first_layer, +1);
+            };
             hooks.after_forward = [this, first_layer, layer_count] { release_segment(first_layer, layer_count); };
         }
         hooks.before_recompute = [this, first_layer, layer_count] {
-            if (parameters_streamed()) fetch_segment(first_layer, layer_count);
+            if (parameters_streamed()) {
+                fetch_segment(first_layer, layer_count);
+                prefetch_neighbour(first_layer, -1);
+            }
             if (streamed()) attach_segment_gradients(first_layer, layer_count);
         };
         hooks.after_backward = [this, first_layer, layer_count] {
@@ -299,6 +325,18 @@ void ModuleTrainer::start_streaming() {
 
 void ModuleTrainer::fetch_segment(int first_layer, int layer_count) {
     for (int layer = first_layer; layer < first_layer + layer_count; ++layer) layered_->block(layer).fetch_working_copies();
+}
+
+void ModuleTrainer::prefetch_neighbour(int first_layer, int direction) {
+    for (size_t index = 0; index < streamed_segments_.size(); ++index) {
+        if (streamed_segments_[index].first_layer != first_layer) continue;
+        const size_t neighbour = index + static_cast<size_t>(direction); // wraps past the ends: refused below
+        if (neighbour >= streamed_segments_.size()) return;
+        const checkpoint::Segment& next = streamed_segments_[neighbour];
+        for (int layer = next.first_layer; layer < next.first_layer + next.layer_count; ++layer)
+            layered_->block(layer).prefetch_working_copies();
+        return;
+    }
 }
 
 void ModuleTrainer::release_segment(int first_layer, int layer_count) {

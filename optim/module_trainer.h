@@ -116,6 +116,14 @@ struct Accumulation {
     double loss_sum() const; // this rank's sum of item losses
 };
 
+// Before a model with checkpointing set (set_checkpointing) has its masters placed on the host
+// (Module::set_master_device): the layers that `shape` streams (those of the checkpointed segments of a causal
+// LM) get their working copies parked on the host as they are made (offload_parameters) and no device
+// gradient buffers (offload_gradients stream), so placing never holds on the device what the plan took off
+// it. Nothing for other shapes or modules. The trainer calls it for a model it places; train_gpt for the one it
+// builds on the host.
+void mark_streamed_layers(nn::Module& model, const StepShape& shape);
+
 class ModuleTrainer {
 public:
     // Applies the checkpoint policy through model.set_checkpointing (a module without checkpointable layers
@@ -194,6 +202,8 @@ private:
     void start_streaming();
     void fetch_segment(int first_layer, int layer_count);
     void release_segment(int first_layer, int layer_count);
+    // Starts the copies of the checkpointed segment after (+1) or before (-1) the one at first_layer, if any.
+    void prefetch_neighbour(int first_layer, int direction);
     void attach_segment_gradients(int first_layer, int layer_count);
     void stream_segment_gradients(int first_layer, int layer_count); // down to the host, added there, released
     // Every gradient buffer of the step back to zero: the masters', and the device ones when they are apart
@@ -209,6 +219,7 @@ private:
     std::vector<bool> streamed_leaves_;   // per parameter: its gradient is summed on the host (stream)
     nn::CausalLM* layered_ = nullptr;     // the model as a causal LM, for its layers, when anything streams
     std::vector<int> streamed_layers_;    // the decoder layers of its checkpointed segments
+    std::vector<checkpoint::Segment> streamed_segments_; // those segments, in forward order
     Device device_ = Device::cpu;         // where the forward runs
     DType loss_dtype_ = DType::f32; // the compute type mean mode's factor is formed in
     std::unique_ptr<Optimizer> optimizer_;

@@ -104,6 +104,7 @@ std::string StepCost::to_string() const {
          << " ms (GEMM " << gemm_seconds * 1e3 << ", attention " << attention_seconds * 1e3 << ", memory "
          << memory_seconds * 1e3 << ", transfer " << transfer_seconds * 1e3 << ", ops " << op_seconds * 1e3;
     if (host_seconds > 0) text << ", host update " << host_seconds * 1e3;
+    if (hidden_transfer_seconds > 0) text << "; " << hidden_transfer_seconds * 1e3 << " of prefetch hidden";
     text << ")";
     return text.str();
 }
@@ -167,11 +168,12 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
     const double steps = accumulation_steps;
     const double element = static_cast<double>(dtype_size(dtype));
     const double wide = static_cast<double>(dtype_size(compute_dtype(dtype)));
-    int recomputed = 0, offloaded = 0;
+    int recomputed = 0, offloaded = 0, checkpointed_segments = 0;
     for (const checkpoint::Segment& segment : checkpoint::plan_segments(config.layers(), policy)) {
         if (!segment.checkpointed) continue;
         recomputed += segment.layer_count;
         ++offloaded;
+        ++checkpointed_segments;
     }
     if (!(policy.enabled && policy.offload)) offloaded = 0;
 
@@ -220,6 +222,20 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
             const double weights = recomputed * static_cast<double>(layer_parameter_count(config)) * element;
             cost.host_device_bytes += steps * 2.0 * weights - weights;
             if (element == wide) cost.host_bytes += 2.0 * weights;
+            // Each micro-batch's first segment of the forward and of the backward is copied while the device
+            // waits; every other one is prefetched during the segment before it, and hidden up to that
+            // segment's compute (a forward; a recompute and backward, about 3.5 forwards). Segments taken as
+            // equal: the average one's layers.
+            if (checkpointed_segments > 1) {
+                const double layers_per_segment = static_cast<double>(recomputed) / checkpointed_segments;
+                const double copy = layers_per_segment * static_cast<double>(layer_parameter_count(config)) * element /
+                                    ceilings.host_link_bytes_per_second;
+                const double forward = layers_per_segment * (work.layer_gemm / ceilings.gemm_flops_per_second +
+                                                             work.layer_attention / ceilings.attention_flops_per_second +
+                                                             work.layer_bytes / ceilings.memory_bytes_per_second);
+                cost.hidden_transfer_seconds = steps * (checkpointed_segments - 1.0) *
+                                               (std::min(copy, forward) + std::min(copy, 3.5 * forward));
+            }
         }
     }
     // layer_ops per block forward (about 15), twice as many in backward, and a dozen for embedding, head and loss.
@@ -228,7 +244,7 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
     cost.gemm_seconds = cost.gemm_flops / ceilings.gemm_flops_per_second;
     cost.attention_seconds = cost.attention_flops / ceilings.attention_flops_per_second;
     cost.memory_seconds = cost.streamed_bytes / ceilings.memory_bytes_per_second;
-    cost.transfer_seconds = cost.host_device_bytes / ceilings.host_link_bytes_per_second;
+    cost.transfer_seconds = cost.host_device_bytes / ceilings.host_link_bytes_per_second - cost.hidden_transfer_seconds;
     cost.op_seconds = cost.ops * ceilings.seconds_per_op;
     cost.host_seconds = cost.host_bytes / ceilings.host_memory_bytes_per_second;
     cost.seconds = cost.gemm_seconds + cost.attention_seconds + cost.memory_seconds + cost.transfer_seconds +

@@ -44,8 +44,11 @@ struct StepCost {
     double ops = 0;                // op launches
     double gemm_seconds = 0, attention_seconds = 0, memory_seconds = 0, transfer_seconds = 0, op_seconds = 0;
     double host_seconds = 0;
+    // Streamed parameters: the part of the prefetched weight copies (on the copy stream) that the segment
+    // computing meanwhile hides; transfer_seconds is net of it.
+    double hidden_transfer_seconds = 0;
     // Their sum: nothing overlaps on the CPU, and on CUDA offload runs on the compute stream and the host update
-    // between steps.
+    // between steps; only the prefetched weights overlap (hidden_transfer_seconds).
     double seconds = 0;
     std::string to_string() const;
 };

@@ -138,7 +138,8 @@ struct Walk {
 // `streamed_layer_gradients`: with streamed gradients, the f32 gradient bytes of one layer, which a
 // checkpointed segment holds from its recompute to the end of its backward. `streamed_layer_weights`: with
 // streamed parameters, the working-copy bytes of one layer, which a checkpointed segment holds during its
-// forward and again from its recompute to the end of its backward.
+// forward and again from its recompute to the end of its backward, each time beside the copies of the segment
+// that runs next, prefetched (checkpointed_neighbours).
 Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, bool offload, bool pinned_in_account,
                size_t streamed_layer_gradients = 0, size_t streamed_layer_weights = 0) {
     Walk walk;
@@ -154,6 +155,17 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
         joint(bytes, moment);
     };
     const size_t A = terms.stream, P = terms.layer_saved;
+    // Each checkpointed segment's layers, with the next and the previous checkpointed segment's (0 at the ends).
+    std::vector<size_t> next_layers(segments.size(), 0), previous_layers(segments.size(), 0);
+    size_t last = segments.size();
+    for (size_t index = 0; index < segments.size(); ++index) {
+        if (!segments[index].checkpointed) continue;
+        if (last != segments.size()) {
+            next_layers[last] = static_cast<size_t>(segments[index].layer_count);
+            previous_layers[index] = static_cast<size_t>(segments[last].layer_count);
+        }
+        last = index;
+    }
     // `kept` is what earlier layers keep for backward, not counting the current layer's input.
     forward(terms.embedding_peak, "embedding");
     size_t kept = 0;
@@ -168,7 +180,7 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
         }
         // The segment input stays alive (the caller's argument); from the 2nd block on, so does that block's input.
         const size_t block_input = segment.layer_count > 1 ? A : 0;
-        const size_t weights = static_cast<size_t>(segment.layer_count) * streamed_layer_weights;
+        const size_t weights = (static_cast<size_t>(segment.layer_count) + next_layers[index]) * streamed_layer_weights;
         forward(kept + A + block_input + terms.no_grad_layer_peak + weights, "no-grad forward of " + block_range(segment));
         if (!offload || pinned_in_account) kept += A; // the one activation a checkpointed segment keeps
     }
@@ -196,7 +208,8 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
         }
         activation(kept_before[index] + terms.scalar + saved + terms.layer_transient,
                    "recompute of " + block_range(segment) + " in backward");
-        const size_t gradients = static_cast<size_t>(segment.layer_count) * (streamed_layer_gradients + streamed_layer_weights);
+        const size_t gradients = static_cast<size_t>(segment.layer_count) * streamed_layer_gradients +
+                                 (static_cast<size_t>(segment.layer_count) + previous_layers[index]) * streamed_layer_weights;
         joint(kept_before[index] + saved + losses + terms.recomputed_layer_backward + gradients,
               "backward of recomputed " + block_range(segment));
         joint(kept_before[index] + saved + losses + terms.layer_transient + A + gradients,
@@ -296,12 +309,16 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
         prediction.at(MemoryCategory::optimizer_state) = 0;
         device_zero_buffers = 0;
     }
-    // What streams: the layers of the checkpointed segments, one segment at a time.
-    size_t checkpointed_layers = 0, largest_segment = 0;
+    // What streams: the layers of the checkpointed segments, one segment at a time (streamed parameters: with
+    // the next one's prefetched, so two neighbours at once).
+    size_t checkpointed_layers = 0, largest_segment = 0, largest_pair = 0, previous = 0;
     for (const Segment& segment : segments)
         if (segment.checkpointed) {
-            checkpointed_layers += static_cast<size_t>(segment.layer_count);
-            largest_segment = std::max(largest_segment, static_cast<size_t>(segment.layer_count));
+            const size_t count = static_cast<size_t>(segment.layer_count);
+            checkpointed_layers += count;
+            largest_segment = std::max(largest_segment, count);
+            largest_pair = std::max(largest_pair, previous + count);
+            previous = count;
         }
     // Streamed gradients: those layers keep no device buffer between their backwards; a segment holds its own
     // from its recompute to the end of its backward.
@@ -314,9 +331,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     const size_t layer_weights = offload_parameters ? layer_parameter_count(config) * element : 0;
     const size_t parked_layers = offload_parameters ? checkpointed_layers : 0;
     const size_t persistent_parameters = prediction.of(MemoryCategory::parameters) - parked_layers * layer_weights;
-    prediction.at(MemoryCategory::parameters) = persistent_parameters + largest_segment * layer_weights;
-    prediction.host[static_cast<size_t>(MemoryCategory::parameters)] += parked_layers * layer_weights;
-    prediction.parked_working_copies = parked_layers * layer_weights;
+    prediction.at(MemoryCategory::parameters) = persistent_parameters + largest_pair * layer_weights;
+    prediction.parked_working_copies = parked_layers * layer_weights; // pinned host memory, for the whole run
 
     for (const Segment& segment : segments) {
         if (!segment.checkpointed) continue;
@@ -362,9 +378,10 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
         // the update the one rounded copy of the largest master on its way to the device (bf16 only).
         const bool layers_on_device = parked_layers < static_cast<size_t>(config.layers());
         const size_t rounding = element == wide ? 0 : largest_parameter_elements(config, layers_on_device) * element;
-        size_t state = 0;
+        size_t state = prediction.parked_working_copies;
         for (size_t bytes : prediction.host) state += bytes;
-        prediction.host[static_cast<size_t>(MemoryCategory::pinned_host)] = prediction.of(MemoryCategory::pinned_host);
+        prediction.host[static_cast<size_t>(MemoryCategory::pinned_host)] =
+            prediction.of(MemoryCategory::pinned_host) + prediction.parked_working_copies;
         prediction.host_peak_bytes = state + std::max(prediction.of(MemoryCategory::pinned_host), rounding);
         if (streamed && prediction.checkpointed_segments > 0) {
             // After the first segment's backward (the last segment's): the earlier segments' inputs still
@@ -433,10 +450,12 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
              << "\n";
         if (offload_parameters)
             text << "parameters streamed: " << mebibytes(planned.parked_working_copies)
-                 << " of the checkpointed layers' working copies parked on the host; the device holds one segment's ("
+                 << " of the checkpointed layers' working copies parked in pinned host memory; the device holds a "
+                    "segment's during its forward and again during its recompute and backward, beside the next one's "
+                    "prefetched on the copy stream ("
                  << mebibytes(planned.of(MemoryCategory::parameters) - (planned.working_copies - planned.parked_working_copies) -
                               planned.constant_buffers)
-                 << ") during its forward and again during its recompute and backward, copied up each time\n";
+                 << " at most)\n";
     } else if (planned.working_copies > 0)
         text << "parameters: f32 masters " << mebibytes(planned.master_parameters) << " + bf16 working copies "
              << mebibytes(planned.working_copies) << "; gradients accumulate in f32; activations bf16 ("

@@ -26,8 +26,9 @@ struct MemoryPrediction {
     // The copies the forward reads beside the masters: bf16 under mixed precision; with the optimizer on the
     // host, the device's copies in the step's dtype (f32 ones in fp32); 0 otherwise.
     size_t working_copies = 0;
-    // Of those, the checkpointed layers' copies parked on the host between uses (streamed parameters): in the
-    // host's `parameters`, and on the device one segment's at a time.
+    // Of those, the checkpointed layers' copies parked on the host between uses (streamed parameters): pinned,
+    // in the host's `pinned_host` (beside the offloaded segment inputs' peak), and on the device one segment's at
+    // a time.
     size_t parked_working_copies = 0;
     size_t constant_buffers = 0;  // built with the model, in `parameters`, no gradient: Llama's RoPE tables
 

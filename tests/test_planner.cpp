@@ -230,8 +230,9 @@ TEST(Planner, SearchesPrecisionAndZeroOnlyWhereAllowed) {
     EXPECT_NE(planner::plan_table(both, config).find("why it lost"), std::string::npos);
 }
 
-// Streamed parameters save device memory and cost transfer time: each such plan has a twin without them that
-// peaks no lower and is predicted faster, so the planner streams only when the budget leaves nothing else.
+// Streamed parameters save device memory and move more over the link: each such plan has a twin without them
+// that peaks no lower and moves fewer bytes; with no budget the planner streams nothing, and under one below
+// every other plan's peak it streams.
 TEST(Planner, StreamsParametersOnlyWhenTheBudgetNeedsIt) {
     const nn::GPTConfig config = nn::GPTConfig::named("gpt2-124M");
     planner::PlannerOptions options;
@@ -258,7 +259,10 @@ TEST(Planner, StreamsParametersOnlyWhenTheBudgetNeedsIt) {
         // Equal when the largest segment holds every layer there is, at the peak (one checkpointed segment of
         // 8 of the 12 layers, with the other 4 kept).
         EXPECT_LE(plan.peak_bytes, found->peak_bytes) << plan.flags();
-        EXPECT_GT(plan.cost.seconds, found->cost.seconds) << plan.flags();
+        // More crosses the link (every micro-batch's forward and recompute); the prefetched part may hide
+        // behind the compute, so the time need not grow (and the once-a-step upload of the copies is gone).
+        EXPECT_GT(plan.cost.host_device_bytes, found->cost.host_device_bytes) << plan.flags();
+        EXPECT_LE(plan.cost.hidden_transfer_seconds, plan.cost.host_device_bytes / 50e9) << plan.flags();
         EXPECT_EQ(plan.memory.host_peak_bytes - found->memory.host_peak_bytes, plan.memory.parked_working_copies)
             << plan.flags();
     }

@@ -41,10 +41,12 @@ for a, b, c, d in zip(device, host, stream, parameters):
         assert a["loss"] == other["loss"] and a["grad_norm"] == other["grad_norm"], f"step {a['step']}: {a} vs {other}"
         assert other["peak_mib"]["optimizer_state"] == 0 < a["peak_mib"]["optimizer_state"], "state on the device"
     assert c["peak_mib"]["gradients"] < b["peak_mib"]["gradients"], "streamed gradients took no less device memory"
-    assert d["peak_mib"]["parameters"] < c["peak_mib"]["parameters"], "streamed parameters took no less device memory"
-    assert d["host_peak_mib"]["parameters"] > c["host_peak_mib"]["parameters"], "no working copy parked on the host"
-    assert d["peak_total_bytes"] < c["peak_total_bytes"] < b["peak_total_bytes"] < a["peak_total_bytes"], \
-        "the device peak did not fall"
+    # The tiny GPT-2 has two layers, both on the device at once (one running, the next prefetched): no saving.
+    fewer = (lambda x, y: x < y) if "llama" in sys.argv[1] else (lambda x, y: x <= y)
+    assert fewer(d["peak_mib"]["parameters"], c["peak_mib"]["parameters"]), "streamed parameters took more device memory"
+    assert d["host_peak_mib"]["pinned_host"] > c["host_peak_mib"]["pinned_host"], "no working copy parked on the host"
+    assert fewer(d["peak_total_bytes"], c["peak_total_bytes"]), "streamed parameters raised the device peak"
+    assert c["peak_total_bytes"] < b["peak_total_bytes"] < a["peak_total_bytes"], "the device peak did not fall"
 print(f"{sys.argv[2]}: {len(host)} steps bitwise the on-device run's, streamed gradients and parameters too; "
       f"device peak {device[-1]['peak_total_bytes']} -> {host[-1]['peak_total_bytes']} -> "
       f"{stream[-1]['peak_total_bytes']} -> {parameters[-1]['peak_total_bytes']} B")

@@ -3,6 +3,7 @@
 // (the device's joint peak, the host's) is exact to the byte. The base prediction is the CPU's walk of the step
 // plus cuBLASLt's workspace; the few hundred bytes of CUDA-only reductions and ids it does not model yet are
 // printed and, being the same with and without the tier, cancel in the deltas.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -105,8 +106,10 @@ TEST_P(DeviceMemory, TheTiersCostIsPredictedToTheByte) {
             EXPECT_EQ(measured->host.peak(category), measured->predicted.host_of(category))
                 << tier << ", host " << memory_category_name(category);
         }
-        EXPECT_EQ(measured->host.peak(MemoryCategory::pinned_host) >= measured->predicted.of(MemoryCategory::pinned_host),
-                  true);
+        // Pinned: the offloaded inputs and the parked copies (streamed parameters), and the ids' upload staging.
+        EXPECT_GE(measured->host.peak(MemoryCategory::pinned_host),
+                  std::max(measured->predicted.of(MemoryCategory::pinned_host),
+                           measured->predicted.host_of(MemoryCategory::pinned_host)));
     }
     const auto residue = [](size_t measured, size_t predicted) {
         return static_cast<long long>(measured) - static_cast<long long>(predicted);

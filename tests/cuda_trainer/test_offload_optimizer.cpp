@@ -154,7 +154,7 @@ TEST_P(OffloadOptimizer, BitwiseTheAllOnDeviceRunWithTheStateOnTheHost) {
     const size_t constant = device(on_device, MemoryCategory::parameters) - masters -
                             (run.precision == Precision::bf16 ? working : 0);
     // Streamed parameters: every decoder layer's working copy is parked on the host between its uses (every
-    // decoder layer is checkpointed in these runs), and one layer's is on the device during its use.
+    // decoder layer is checkpointed in these runs), and on the device during its use.
     size_t parked = 0, largest_parked = 0;
     if (run.parameters)
         for (int layer = 0; layer < model->block_count(); ++layer) {
@@ -165,8 +165,11 @@ TEST_P(OffloadOptimizer, BitwiseTheAllOnDeviceRunWithTheStateOnTheHost) {
             largest_parked = std::max(largest_parked, bytes);
         }
     EXPECT_EQ(device(offloaded, MemoryCategory::parameters), working + constant - parked);
-    EXPECT_EQ(offloaded.device.peak(MemoryCategory::parameters), working + constant - parked + largest_parked);
-    EXPECT_EQ(host(offloaded, MemoryCategory::parameters), masters + parked);
+    // Two layers at once: the one that runs and the next, prefetched (these runs checkpoint every layer).
+    const size_t fetched = std::min<size_t>(2, static_cast<size_t>(model->block_count())) * largest_parked;
+    EXPECT_EQ(offloaded.device.peak(MemoryCategory::parameters), working + constant - parked + fetched);
+    EXPECT_EQ(host(offloaded, MemoryCategory::parameters), masters);
+    EXPECT_EQ(host(offloaded, MemoryCategory::pinned_host), parked) << "the parked copies are pinned";
     // Gradients: the masters' f32 buffers on the host; on the device the window's, or with streamed gradients
     // only those outside the checkpointed layers between steps, and one layer's more during its backward.
     EXPECT_EQ(host(offloaded, MemoryCategory::gradients), device(on_device, MemoryCategory::gradients));
@@ -272,6 +275,47 @@ TEST(OffloadOptimizerInput, PlacementIsChecked) {
     }
     EXPECT_EQ(host_losses, device_losses);
     EXPECT_TRUE(master_bytes(placed) == master_bytes(*moved));
+}
+
+// Placing a model for streamed gradients and parameters (train_gpt's order: built on the host, the streamed
+// layers marked, then the masters placed) never holds the streamed layers' copies or gradient buffers on the
+// device beyond one module's at a time: after placement the device holds only what stays there (the
+// embeddings' and the head's copies and buffers), and the placement's peak is at most one decoder layer's
+// copies and buffers above that.
+TEST(OffloadOptimizerInput, StreamedPlacementKeepsTheStreamedLayersOffTheDevice) {
+    if (!engine::cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    nn::Llama model(small_llama_config(false), 11, Device::cpu);
+    StepShape shape;
+    shape.precision = Precision::bf16;
+    shape.checkpointing.enabled = true;
+    shape.offload_optimizer = true;
+    shape.offload_gradients = GradientOffload::stream;
+    shape.offload_parameters = true;
+    model.set_compute_dtype(DType::bf16);
+    model.set_checkpointing(shape.checkpointing);
+    optim::mark_streamed_layers(model, shape);
+    cuda::synchronize(Device::cuda);
+    const size_t before = memory_stats(Device::cuda).current_bytes;
+    reset_peak(Device::cuda);
+    model.set_master_device(Device::cpu, Device::cuda);
+    const MemoryStats placed = memory_stats(Device::cuda);
+    size_t layers = 0, largest_layer = 0, all = 0;
+    for (const Tensor& parameter : model.parameters()) all += static_cast<size_t>(parameter.numel());
+    for (int layer = 0; layer < model.block_count(); ++layer) {
+        size_t elements = 0;
+        for (const Tensor& parameter : model.block(layer).parameters()) elements += static_cast<size_t>(parameter.numel());
+        layers += elements;
+        largest_layer = std::max(largest_layer, elements);
+    }
+    const size_t per_element = sizeof(uint16_t) + sizeof(float); // a bf16 copy and its f32 gradient buffer
+    EXPECT_EQ(placed.current(MemoryCategory::parameters), (all - layers) * sizeof(uint16_t));
+    EXPECT_EQ(placed.current(MemoryCategory::gradients), (all - layers) * sizeof(float));
+    EXPECT_LE(placed.peak_bytes - before, (all - layers + largest_layer) * per_element);
+    for (int layer = 0; layer < model.block_count(); ++layer)
+        EXPECT_TRUE(model.block(layer).working_copies_parked()) << "layer " << layer;
+    std::printf("  placement: device %zu B after, peak %zu B above the start; all copies and buffers on the device "
+                "would be %zu B\n",
+                placed.current_bytes - before, placed.peak_bytes - before, all * per_element);
 }
 
 } // namespace
