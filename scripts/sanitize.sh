@@ -27,10 +27,11 @@ export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 # The emulator runs a launch on one host thread; OpenBLAS's worker threads (for the emulated cuBLAS and the
 # CPU references) would only spin beside the parallel tests on a small machine.
 export OPENBLAS_NUM_THREADS=1
-# The trainer's tier runs (tests/cuda_trainer) take 20-200 s each under ASan: it checks the two bitwise runs and
-# the three memory runs that pass through every tier's code (streamed gradients and parameters, window
-# gradients, bf16 and fp32, GPT-2 and Llama tied), and the emulated stage runs them all without ASan.
-tiers_left_out='OffloadOptimizer\.BitwiseTheAllOnDeviceRunWithTheStateOnTheHost/(gpt_fp32|gpt_bf16_checkpointed|llama_fp32_checkpointed|llama_bf16|llama_tied_bf16|gpt_bf16_streamed|llama_fp32_streamed)( |$)'
-memory_left_out='DeviceMemory\.TheTiersCostIsPredictedToTheByte/(gpt_fp32|llama_fp32_checkpoint|llama_bf16|gpt_bf16_streamed|llama_fp32_streamed)( |$)'
+# The trainer's tier runs (tests/cuda_trainer) take 30-200 s each under ASan (measured 2026-12-03, docs/PERF.md
+# "CI"): it checks the one bitwise run and the two memory runs that pass through the tiers' code (streamed
+# gradients and parameters with their prefetch, window gradients, bf16, GPT-2, activation offload), and the
+# emulated stage runs them all without ASan, as it does the allocator's steady-state step (78 s here).
+tiers_left_out='OffloadOptimizer\.BitwiseTheAllOnDeviceRunWithTheStateOnTheHost/(gpt_fp32|gpt_bf16_checkpointed|llama_fp32_checkpointed|llama_bf16|llama_tied_bf16|gpt_bf16_streamed|llama_fp32_streamed|llama_tied_fp32_parameters)( |$)|OffloadOptimizerInput\.PlacementIsChecked$'
+memory_left_out='DeviceMemory\.TheTiersCostIsPredictedToTheByte/(gpt_fp32|llama_fp32_checkpoint|llama_bf16|gpt_bf16_streamed|llama_fp32_streamed|llama_fp32_streamed_parameters)( |$)'
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" --timeout 900 \
-  -E "^downstream_find_package\$|$tiers_left_out|$memory_left_out"
+  -E "^downstream_find_package\$|^GptCudaAllocator\.SteadyStateStepMakesNoSystemAllocation\$|$tiers_left_out|$memory_left_out"
