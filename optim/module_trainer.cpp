@@ -47,15 +47,32 @@ void zero_attached(const std::vector<Tensor>& leaves) {
 
 } // namespace
 
+namespace {
+
+// What streams, in forward order: the checkpointed segments, and their layers.
+std::vector<checkpoint::Segment> checkpointed_segments(const nn::CausalLM& model) {
+    std::vector<checkpoint::Segment> out;
+    for (const checkpoint::Segment& segment : model.segments())
+        if (segment.checkpointed) out.push_back(segment);
+    return out;
+}
+
+std::vector<int> layers_of(const std::vector<checkpoint::Segment>& segments) {
+    std::vector<int> out;
+    for (const checkpoint::Segment& segment : segments)
+        for (int layer = segment.first_layer; layer < segment.first_layer + segment.layer_count; ++layer) out.push_back(layer);
+    return out;
+}
+
+} // namespace
+
 void mark_streamed_layers(nn::Module& model, const StepShape& shape) {
     auto* layered = dynamic_cast<nn::CausalLM*>(&model);
     const bool park = shape.offload_optimizer && shape.offload_parameters;
     const bool without_gradients = shape.offload_optimizer && shape.offload_gradients == GradientOffload::stream;
     if (layered == nullptr || !(park || without_gradients)) return;
-    for (const checkpoint::Segment& segment : layered->segments())
-        if (segment.checkpointed)
-            for (int layer = segment.first_layer; layer < segment.first_layer + segment.layer_count; ++layer)
-                layered->block(layer).set_streamed_placement(park, without_gradients);
+    for (int layer : layers_of(checkpointed_segments(*layered)))
+        layered->block(layer).set_streamed_placement(park, without_gradients);
 }
 
 ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator)
@@ -264,15 +281,8 @@ void ModuleTrainer::zero_device_gradients() {
 
 void ModuleTrainer::start_streaming() {
     nn::CausalLM* layered = dynamic_cast<nn::CausalLM*>(&model_); // checked by the constructor
-    // What streams: the layers inside checkpointed segments.
-    std::vector<int> layers;
-    std::vector<checkpoint::Segment> segments;
-    for (const checkpoint::Segment& segment : layered->segments())
-        if (segment.checkpointed) {
-            segments.push_back(segment);
-            for (int layer = segment.first_layer; layer < segment.first_layer + segment.layer_count; ++layer)
-                layers.push_back(layer);
-        }
+    std::vector<checkpoint::Segment> segments = checkpointed_segments(*layered);
+    std::vector<int> layers = layers_of(segments);
     if (parameters_streamed()) {
         // Parked on the host, where the update refreshes them; all or nothing.
         size_t parked = 0;
