@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_flags.h"
 #include "nn/gpt.h"
 #include "optim/trainer.h"
 #include "engine/cuda/runtime.h"
@@ -150,23 +151,12 @@ void run_train_step(benchmark::State& state, const TrainShape& shape, std::share
                    std::to_string(shape.accum));
 }
 
-// Takes --name=value for our own flags and leaves the rest for Google Benchmark.
-const char* flag_value(const char* argument, const char* name) {
-    const size_t length = std::strlen(name);
-    if (std::strncmp(argument, name, length) != 0 || argument[length] != '=') return nullptr;
-    return argument + length + 1;
-}
+using bench::flag_value;
 
 bool take_int(const char* argument, const char* name, int* value) {
     const char* text = flag_value(argument, name);
     if (text == nullptr) return false;
-    char* end = nullptr;
-    const long parsed = std::strtol(text, &end, 10);
-    if (*text == '\0' || *end != '\0' || parsed <= 0 || parsed > 1'000'000) {
-        std::fprintf(stderr, "bench_train_step: %s needs a positive integer, got '%s'\n", name, text);
-        std::exit(2);
-    }
-    *value = static_cast<int>(parsed);
+    *value = bench::positive_flag("bench_train_step", name, text);
     return true;
 }
 

@@ -268,6 +268,7 @@ std::string run_config_json(const Options& options) {
                           {"offload_optimizer", trainer.shape.offload_optimizer},
                           {"offload_gradients", gradient_offload_name(trainer.shape.offload_gradients)},
                           {"offload_parameters", trainer.shape.offload_parameters},
+                          {"loss_chunk_tokens", trainer.shape.loss_chunk_tokens},
                           {"precision", precision_name(trainer.shape.precision)}}
         .dump();
 }
@@ -290,7 +291,8 @@ void check_host_budget(const Options& options) {
     const planner::MemoryPrediction predicted = planner::predict_memory(
         options.model, shape.per_device_train_batch_size, options.seq_len, shape.checkpointing,
         precision_dtype(shape.precision), options.trainer.optimizer, shape.zero_stage == 1 ? launch.world_size : 1,
-        shape.gradient_accumulation_steps, true, shape.offload_gradients, shape.offload_parameters);
+        shape.gradient_accumulation_steps, true, shape.offload_gradients, shape.offload_parameters,
+        shape.loss_chunk_tokens);
     const size_t budget = host_budget(options);
     if (predicted.host_peak_bytes > budget)
         throw train_gpt::UsageError(
@@ -314,6 +316,7 @@ Options apply_memory_plan(const Options& options) {
                                                : std::vector<Precision>{config.shape.precision};
     search.ranks = ranks;
     search.host_budget = options.resolved_device == Device::cpu ? SIZE_MAX : host_budget(options);
+    search.loss_chunk_tokens = options.loss_chunk_tokens;
     const int global_batch =
         options.global_batch_size > 0
             ? options.global_batch_size
@@ -359,7 +362,8 @@ int run(const Options& flags) {
                                               shape.checkpointing, precision_dtype(shape.precision), config.optimizer,
                                               shape.zero_stage == 1 ? launch.world_size : 1,
                                               shape.gradient_accumulation_steps, shape.offload_optimizer,
-                                              shape.offload_gradients, shape.offload_parameters);
+                                              shape.offload_gradients, shape.offload_parameters,
+                                              shape.loss_chunk_tokens);
         return 0;
     }
 

@@ -193,6 +193,11 @@ data parallelism (mpirun -np N train_gpt ...; docs/DISTRIBUTED.md):
                                  window (default): on the device, copied down once per step. stream: on the host;
                                  each checkpointed segment's gradients exist on the device only during its
                                  backward (needs --gradient-checkpointing)
+  --loss-chunk-tokens N|off|auto the streaming LM head: the loss and its gradients over chunks of N of the
+                                 micro-batch's B x T tokens, so that the (B,T,V) logits never exist (off: the
+                                 whole logits; auto (default): the head's buffers (a chunk's logits, d(hidden),
+                                 the losses) within 256 MiB: all tokens when the whole logits fit, else the
+                                 largest multiple of 64 that does; under --max-memory the planner's choice)
   --offload-parameters none|cpu  with --offload-optimizer cpu and --gradient-checkpointing, cpu: the checkpointed
                                  layers' working weights live in host memory too and come to the device for each
                                  segment's forward and again for its recompute and backward, one segment at a time
@@ -369,6 +374,12 @@ Options parse_options(const std::vector<std::string>& arguments) {
              shape.offload_optimizer = v == "cpu"; }},
         {"--offload-gradients", [&](auto& f, auto& v) {
              shape.offload_gradients = as_flag(f, [&] { return engine::parse_gradient_offload(v); }); }},
+        {"--loss-chunk-tokens", [&](auto& f, auto& v) {
+             if (v == "auto") return options.loss_chunk_tokens.reset();
+             if (v == "off") return void(options.loss_chunk_tokens = 0);
+             options.loss_chunk_tokens = parse_int(f, v);
+             require(*options.loss_chunk_tokens >= 1, f, std::to_string(*options.loss_chunk_tokens) +
+                                                             " must be >= 1 (off: the whole logits; auto: chosen)"); }},
         {"--offload-parameters", [&](auto& f, auto& v) {
              require(v == "none" || v == "cpu", f, "'" + v + "' is not none or cpu");
              shape.offload_parameters = v == "cpu"; }},
@@ -436,6 +447,17 @@ Options parse_options(const std::vector<std::string>& arguments) {
                                "--offload-optimizer", "--offload-gradients", "--offload-parameters"})
         require(!planned || !given.contains(chosen), chosen,
                 "the planner chooses it under --max-memory; leave it out (give --global-batch-size instead)");
+    // The streaming head's chunk: a fixed one must fit in the micro-batch; auto is chosen here, or per plan.
+    if (options.loss_chunk_tokens && !planned) {
+        const int64_t tokens = int64_t(shape.per_device_train_batch_size) * options.seq_len;
+        require(*options.loss_chunk_tokens <= tokens, "--loss-chunk-tokens",
+                std::to_string(*options.loss_chunk_tokens) + " is larger than the micro-batch's " +
+                    std::to_string(shape.per_device_train_batch_size) + " x " + std::to_string(options.seq_len) +
+                    " = " + std::to_string(tokens) + " tokens");
+    }
+    if (!planned && shape.per_device_train_batch_size > 0)
+        shape.loss_chunk_tokens = options.loss_chunk_tokens.value_or(engine::planner::automatic_loss_chunk(
+            model, shape.per_device_train_batch_size, options.seq_len, engine::precision_dtype(shape.precision)));
     check_trainer_config(trainer); // every rule on the training flags, in TrainerConfig
 
     if (options.device == "cuda" || options.device == "auto") {

@@ -94,6 +94,9 @@ struct Options {
     std::optional<size_t> max_host_memory;
     int global_batch_size = 0;
     bool precision_auto = false;      // --precision auto: the planner also tries bf16
+    // --loss-chunk-tokens N|off|auto: the streaming LM head's chunk (StepShape::loss_chunk_tokens; off is 0).
+    // Unset (auto): planner::automatic_loss_chunk, or under --max-memory the planner's choice.
+    std::optional<int> loss_chunk_tokens;
     // --profile (or ENGINE_PROFILE=1): the op profiler (engine/profiling.h) over the training steps after the
     // first two; its table is printed after training and logged under "profile" on the last --log line.
     bool profile = false;

@@ -52,6 +52,27 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction redu
 Tensor cross_entropy_in_place(const Tensor& logits, const Tensor& targets, Reduction reduction,
                               double expected_output_gradient = 1.0, int ignore_index = default_ignore_index,
                               int vocabulary = 0);
+// The streaming LM head: cross_entropy_in_place(matmul(hidden, weight, /*transpose_b=*/true), targets, ...)
+// without the (N,Vp) logits. hidden (...,C), weight (Vp,C) (the head's rows: GPT-2's tied, padded token table,
+// Llama's lm_head or tied embed_tokens), targets of hidden's leading shape. The rows go through in chunks of
+// chunk_rows (the last may be shorter): a chunk's logits (chunk,Vp) are made, reduced to its losses, turned
+// into their gradient in place (the fused classifier) and used at once for the chunk's rows of d(hidden) and
+// its share of d(weight); the next chunk reuses the buffer. The loss is the per-row losses summed in row order
+// (bitwise the unchunked head's); d(weight) adds up in f32 (bf16 operands) chunk after chunk in row order, so
+// every run gives the same bits, and with one chunk (chunk_rows >= N) bitwise the unchunked head's gradients.
+//   The gradients are computed in forward, at expected_output_gradient (as cross_entropy_in_place's): d(hidden)
+//   is kept for backward, and d(weight) is ADDED INTO THE WEIGHT'S GRADIENT BUFFER during the forward (a leaf's
+//   persistent buffer; a weight that is no leaf gets one of its own, added in backward). So a forward in grad
+//   mode must be followed by its backward, or the gradients zeroed: a loss dropped without backward leaves its
+//   head gradient behind. Backward bringing another upstream gradient than promised is still exact (up to
+//   rounding): d(hidden) is rescaled and the weight gets the chunks again with the difference (one more head
+//   forward); it reads the upstream gradient on the host (on CUDA one 4-byte copy).
+//   Under NoGradGuard, or when neither input requires grad: the loss alone, chunked, over the V real columns.
+//   vocabulary: the classes, the first rows of the weight (0: all); the rest are padding, gradient 0.
+//   chunk_rows >= 1; reduction sum or mean.
+Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& targets, Reduction reduction,
+                            int64_t chunk_rows, double expected_output_gradient = 1.0,
+                            int ignore_index = default_ignore_index, int vocabulary = 0);
 // (...,N) -> (...,count): a copy of the first count columns; backward adds into them, the rest get 0.
 Tensor first_columns(const Tensor& input, int64_t count);
 // -> (1), accumulated in double. In compute_dtype(input): the sum of a bf16 tensor is f32 (a loss-like scalar

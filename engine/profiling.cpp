@@ -92,6 +92,7 @@ std::string category_of(std::string_view op, Phase phase) {
         {"gemm", "gemm"},            {"attention", "attention"},   {"attention_decode", "attention"},
         {"layernorm", "normalisation"}, {"rms_norm", "normalisation"}, {"softmax", "normalisation"},
         {"log_softmax", "normalisation"}, {"cross_entropy", "loss"}, {"cross_entropy_in_place", "loss"},
+        {"linear_cross_entropy", "loss"}, {"linear_cross_entropy_gemm", "gemm"},
         {"mse_loss", "loss"},        {"embedding", "embedding"},   {"embedding_at", "embedding"},
         {"gelu", "elementwise"},     {"swiglu", "elementwise"},    {"dropout", "elementwise"},
         {"rope", "elementwise"},     {"linear_bias", "elementwise"}, {"add", "elementwise"},

@@ -3,6 +3,10 @@
 
 namespace engine::nn {
 
+Tensor CausalLM::forward_padded(const Tensor& tokens) const {
+    return matmul(forward_hidden(tokens), head_weight(), /*transpose_b=*/true); // (B,T,Vp)
+}
+
 Tensor CausalLM::forward(const Tensor& tokens) const {
     const Tensor logits = forward_padded(tokens); // (B,T,Vp)
     return padded_vocab_size() == vocab_size() ? logits : first_columns(logits, vocab_size());

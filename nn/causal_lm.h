@@ -14,10 +14,16 @@ namespace engine::nn {
 
 class CausalLM : public Module {
 public:
-    // tokens (B,T) i32 -> logits (B,T,Vp), Vp = padded_vocab_size(). Columns from vocab_size() on are padding
-    // (zero): pass vocab_size() to the loss (cross_entropy_in_place's vocabulary), which keeps them out of the
-    // softmax. The trainer's built-in loss uses this.
-    virtual Tensor forward_padded(const Tensor& tokens) const = 0;
+    // tokens (B,T) i32 -> the final norm's output (B,T,C): what the LM head reads.
+    virtual Tensor forward_hidden(const Tensor& tokens) const = 0;
+    // The LM head's weight (Vp,C) as the forward reads it (the working copy): logits = hidden · head_weight()ᵀ.
+    // GPT-2: the token table through its padded rows (tied); Llama: lm_head, or embed_tokens when tied.
+    virtual Tensor head_weight() const = 0;
+    // tokens (B,T) i32 -> logits (B,T,Vp), Vp = padded_vocab_size(): the head over forward_hidden. Columns from
+    // vocab_size() on are padding (zero): pass vocab_size() to the loss (cross_entropy_in_place's vocabulary),
+    // which keeps them out of the softmax. The trainer's built-in loss uses this, or with loss chunks the
+    // streaming head (linear_cross_entropy over forward_hidden and head_weight) that never holds the logits.
+    Tensor forward_padded(const Tensor& tokens) const;
     // tokens (B,T) i32 -> logits (B,T,V): the real vocabulary (a copy of the padded logits' first V columns
     // when the model pads it).
     Tensor forward(const Tensor& tokens) const;

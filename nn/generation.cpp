@@ -23,7 +23,7 @@ KVCache::KVCache(const GPT& model, int batch, int capacity) : batch_(batch) {
     }
 }
 
-Tensor forward_cached(const GPT& model, const Tensor& tokens, KVCache& cache) {
+Tensor forward_cached(const GPT& model, const Tensor& tokens, KVCache& cache, CachedLogits logits_of) {
     ENGINE_CHECK(tokens.dim() == 2 && tokens.size(0) == cache.batch(),
                  "forward_cached: tokens " << tokens.describe() << " must be (B,T) with the cache's batch "
                                            << cache.batch());
@@ -47,8 +47,9 @@ Tensor forward_cached(const GPT& model, const Tensor& tokens, KVCache& cache) {
         x = add(x, block.mlp.c_proj.forward(gelu(block.mlp.c_fc.forward(block.ln_2.forward(x)))));
     }
     cache.length_ = past + time;
-    const Tensor logits = matmul(model.ln_f.forward(x), model.wte.working(model.wte.padded_weight),
-                                 /*transpose_b=*/true); // (B,T,Vp)
+    Tensor hidden = model.ln_f.forward(x); // (B,T,C)
+    if (logits_of == CachedLogits::last && time > 1) hidden = slice(hidden, 1, time - 1, time); // (B,1,C)
+    const Tensor logits = matmul(hidden, model.wte.working(model.wte.padded_weight), /*transpose_b=*/true); // (B,T,Vp)
     const int vocabulary = model.config().vocab_size;
     return logits.size(2) == vocabulary ? logits : first_columns(logits, vocabulary); // (B,T,V)
 }
@@ -110,7 +111,7 @@ std::vector<int32_t> generate(const GPT& model, const std::vector<int32_t>& prom
     KVCache cache(model, 1);
     Tensor step = Tensor::from_vector<int32_t>(prompt, {1, static_cast<int64_t>(prompt.size())}, Device::cpu);
     for (int produced = 0; produced < max_new_tokens; ++produced) {
-        const Tensor logits = forward_cached(model, step, cache); // (1,T,V): prefill, then one position
+        const Tensor logits = forward_cached(model, step, cache, CachedLogits::last); // (1,1,V): the newest position
         const int64_t vocabulary = logits.size(2);
         const std::vector<double> all = cast(logits.to(Device::cpu), DType::f64).to_vector<double>();
         const std::vector<double> last(all.end() - vocabulary, all.end()); // the newest position's row

@@ -10,6 +10,9 @@
 
 namespace engine::nn {
 
+// Which positions forward_cached makes logits for.
+enum class CachedLogits { all, last };
+
 // Per block, the keys and values of every position decoded so far, on the model's device in its compute
 // dtype: keys[l], values[l] (B,NH,capacity,HS), category activations.
 class KVCache {
@@ -24,14 +27,16 @@ public:
     std::vector<Tensor> keys, values;
 
 private:
-    friend Tensor forward_cached(const GPT& model, const Tensor& tokens, KVCache& cache);
+    friend Tensor forward_cached(const GPT& model, const Tensor& tokens, KVCache& cache, CachedLogits logits);
     int batch_ = 0, capacity_ = 0, length_ = 0;
 };
 
 // tokens (B,Tnew) i32 at positions [cache.length(), cache.length()+Tnew) -> logits (B,Tnew,V), equal (up to
 // the GEMMs' summation order) to the full forward's at those positions; appends their keys and values. Dropout
-// is identity (inference). Throws naming max_seq_len when the positions pass the cache.
-Tensor forward_cached(const GPT& model, const Tensor& tokens, KVCache& cache);
+// is identity (inference). Throws naming max_seq_len when the positions pass the cache. CachedLogits::last:
+// the newest position's logits alone (B,1,V), the only ones a sampler reads: the head runs over one row per
+// sequence, so a prefill of T tokens never makes (B,T,V).
+Tensor forward_cached(const GPT& model, const Tensor& tokens, KVCache& cache, CachedLogits logits = CachedLogits::all);
 
 struct SamplingOptions {
     double temperature = 1.0; // 0: greedy (argmax); else softmax(logits / temperature)

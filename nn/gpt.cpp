@@ -77,12 +77,13 @@ Tensor GPT::run_blocks(const Tensor& input, int first_block, int count) const {
     return x;
 }
 
-Tensor GPT::forward_padded(const Tensor& tokens) const {
+Tensor GPT::forward_hidden(const Tensor& tokens) const {
     check_tokens("GPT", tokens);
     Tensor x = drop.forward(embedding(tokens, wte.working(wte.weight), wpe.working(wpe.weight))); // (B,T,C)
-    x = ln_f.forward(run_decoder(std::move(x)));
-    // (B,T,Vp), head tied to the token embedding through the padded view of its storage and gradient buffer
-    return matmul(x, wte.working(wte.padded_weight), /*transpose_b=*/true);
+    return ln_f.forward(run_decoder(std::move(x)));
 }
+
+// (Vp,C): the head is tied to the token embedding through the padded view of its storage and gradient buffer.
+Tensor GPT::head_weight() const { return wte.working(wte.padded_weight); }
 
 } // namespace engine::nn

@@ -47,9 +47,10 @@ public:
     // logits are bf16 (Module::set_compute_dtype).
     GPT(const GPTConfig& config, uint64_t seed, Device device = Device::cpu, DType dtype = DType::f32);
 
-    // tokens (B,T) i32 -> logits (B,T,Vp), Vp = padded_vocab_size(), without the copy that forward() makes.
-    // Columns from V on are padding (0, from the zero rows of wte).
-    Tensor forward_padded(const Tensor& tokens) const override;
+    // The final LayerNorm's output (B,T,C); the head's logits (B,T,Vp) (forward_padded) have their columns from V
+    // on as padding (0, from the zero rows of wte).
+    Tensor forward_hidden(const Tensor& tokens) const override;
+    Tensor head_weight() const override; // (Vp,C): wte through its padded rows
     int vocab_size() const override { return config_.vocab_size; }
     int padded_vocab_size() const override { return config_.padded_vocab_size(); }
     int max_seq_len() const override { return config_.max_seq_len; }

@@ -172,12 +172,14 @@ Tensor Llama::run_blocks(const Tensor& input, int first_block, int count) const 
     return x;
 }
 
-Tensor Llama::forward_padded(const Tensor& tokens) const {
+Tensor Llama::forward_hidden(const Tensor& tokens) const {
     check_tokens("Llama", tokens);
     Tensor x = model.embed_tokens.forward(tokens); // (B,T,C)
-    x = model.norm.forward(run_decoder(std::move(x)));
-    if (lm_head) return lm_head->forward(x); // (B,T,V)
-    return matmul(x, model.embed_tokens.working(model.embed_tokens.weight), /*transpose_b=*/true);
+    return model.norm.forward(run_decoder(std::move(x)));
+}
+
+Tensor Llama::head_weight() const { // (V,C)
+    return lm_head ? lm_head->working(lm_head->weight) : model.embed_tokens.working(model.embed_tokens.weight);
 }
 
 } // namespace engine::nn

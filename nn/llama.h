@@ -104,7 +104,9 @@ public:
     // dtype: f32 or f64 parameters and activations; bf16 is mixed precision (f32 masters, bf16 working copies).
     Llama(const LlamaConfig& config, uint64_t seed, Device device = Device::cpu, DType dtype = DType::f32);
 
-    Tensor forward_padded(const Tensor& tokens) const override; // (B,T) -> (B,T,V): no vocabulary padding
+    // (B,T) -> the final RMSNorm's output (B,T,C); the head (V,C) pads nothing, so forward_padded is (B,T,V).
+    Tensor forward_hidden(const Tensor& tokens) const override;
+    Tensor head_weight() const override;
     int vocab_size() const override { return config_.vocab_size; }
     int max_seq_len() const override { return config_.max_position_embeddings; }
     std::string architecture() const override { return "llama"; }

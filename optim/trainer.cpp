@@ -7,6 +7,9 @@ Trainer::Trainer(nn::CausalLM& model, const TrainerConfig& config, distributed::
     : ModuleTrainer(model, config, communicator), model_(model) {}
 
 void Trainer::set_loss_function(LossFunction loss_function, TargetCounting counting) {
+    ENGINE_CHECK(!loss_function || config().shape.loss_chunk_tokens == 0,
+                 "trainer: a custom loss reads the whole logits, so it cannot run with loss_chunk_tokens "
+                     << config().shape.loss_chunk_tokens << " (the streaming LM head); set it to 0");
     loss_function_ = std::move(loss_function);
     counting_ = counting;
 }
@@ -75,6 +78,12 @@ LossSum Trainer::micro_batch_loss(const nn::Batch& batch, const LossScale& scale
     // The fused classifier: the logits' storage becomes their gradient, written now with the factor the
     // trainer multiplies the sum by, which is exactly the upstream gradient backward will bring, so no
     // rescale pass runs. The logits are the padded (B,T,Vp) ones; the loss sees only the first V columns.
+    if (const int chunk = config().shape.loss_chunk_tokens; chunk > 0) {
+        // The streaming LM head: the same loss and gradients a chunk of tokens at a time, never the logits.
+        return {linear_cross_entropy(model_.forward_hidden(inputs), model_.head_weight(), targets, Reduction::sum,
+                                     chunk, scale.factor, default_ignore_index, model_.vocab_size()),
+                scale.items};
+    }
     const Tensor logits = model_.forward_padded(inputs);
     return {cross_entropy_in_place(logits, targets, Reduction::sum, scale.factor, default_ignore_index,
                                    model_.vocab_size()),

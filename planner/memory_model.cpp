@@ -39,6 +39,7 @@ StepTerms gpt_step_terms(const nn::GPTConfig& config, int batch, int seq_len, DT
     terms.stream = A;
     terms.row_stat = R;
     terms.logits = rows * static_cast<size_t>(config.padded_vocab_size()) * element; // the padded (B,T,Vp)
+    terms.logits_row = static_cast<size_t>(config.padded_vocab_size()) * element;
     terms.scalar = wide;
     terms.embedding_peak = (dropout_active ? 2 : 1) * A; // its output and its dropout's
     terms.final_norm_statistics = 2 * R;                 // ln_f's mean and rstd
@@ -186,14 +187,15 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
     }
     // The final norm's output and statistics, beside its input.
     forward(kept + 2 * A + terms.final_norm_statistics, "the final norm at the end of forward");
-    // The final norm saves its input and statistics; the LM head saves the norm's output; cross_entropy_in_place
-    // turns the logits into their gradient and, while it reduces, holds the per-token losses and the (1) result.
-    const size_t end_of_forward =
-        kept + 2 * A + terms.final_norm_statistics + terms.logits + terms.row_stat + terms.scalar;
-    forward(end_of_forward, "cross_entropy_in_place at the end of forward");
+    // The final norm saves its input and statistics; the LM head saves the norm's output. The fused classifier
+    // turns the logits into their gradient and, while it reduces, holds the per-token losses and the (1) result;
+    // the streaming head holds d(norm out), one chunk's logits and the per-token losses (terms.head_peak).
+    const size_t end_of_forward = kept + 2 * A + terms.final_norm_statistics;
+    forward(end_of_forward + terms.head_peak, "the loss head at the end of forward");
     // Backward of the LM head: the per-token losses are gone, the caller holds the loss (s) beside the token
-    // sum the trainer reports (s), and the head adds d(norm out) (A) while the logits-as-gradient still live.
-    joint(end_of_forward - terms.row_stat + terms.scalar + A, "backward of the LM head");
+    // sum the trainer reports (s); the fused classifier's head adds d(norm out) (A) while the logits-as-gradient
+    // still live; the streaming head's d(norm out) is made already (terms.head_backward).
+    joint(end_of_forward + terms.head_backward, "backward of the LM head");
     // Backward allocates activations only to recompute: the segment's full saved set, rebuilt over what the
     // layers before it still keep, next to the loss the caller holds, while the checkpoint node's incoming
     // gradient (A) waits. Inside a layer the gradients in flight beside its saved set are the joint high-water
@@ -257,7 +259,8 @@ ParameterTerms parameter_terms(const nn::ModelConfig& config, DType dtype) {
 
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                                 DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
-                                bool offload_optimizer, GradientOffload gradients_where, bool offload_parameters) {
+                                bool offload_optimizer, GradientOffload gradients_where, bool offload_parameters,
+                                int loss_chunk_tokens) {
     config.validate();
     ENGINE_CHECK(!offload_parameters || (offload_optimizer && policy.enabled),
                  "predict_memory: offload_parameters needs offload_optimizer and gradient checkpointing");
@@ -275,8 +278,20 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     const size_t element = dtype_size(dtype);
     const size_t wide = dtype_size(compute_dtype(dtype));
     const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
-    const StepTerms terms = config.is_llama() ? llama_step_terms(config.llama(), batch, seq_len, dtype)
-                                              : gpt_step_terms(config.gpt(), batch, seq_len, dtype);
+    ENGINE_CHECK(loss_chunk_tokens >= 0,
+                 "predict_memory: loss_chunk_tokens " << loss_chunk_tokens << " must be >= 0 (0: the whole logits)");
+    StepTerms terms = config.is_llama() ? llama_step_terms(config.llama(), batch, seq_len, dtype)
+                                        : gpt_step_terms(config.gpt(), batch, seq_len, dtype);
+    if (loss_chunk_tokens > 0) {
+        // linear_cross_entropy: d(hidden) (A), one chunk's logits (a last, shorter chunk reuses the buffer) and
+        // the per-token losses; the (1) loss comes after the chunk buffer is gone.
+        const size_t chunk = std::min(static_cast<size_t>(loss_chunk_tokens), rows);
+        terms.head_peak = terms.stream + chunk * terms.logits_row + terms.row_stat;
+        terms.head_backward = terms.stream + 2 * terms.scalar;
+    } else {
+        terms.head_peak = terms.logits + terms.row_stat + terms.scalar;
+        terms.head_backward = terms.logits + 2 * terms.scalar + terms.stream;
+    }
     const bool offload = policy.enabled && policy.offload;
 
     MemoryPrediction prediction;
@@ -396,14 +411,32 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     return prediction;
 }
 
+int automatic_loss_chunk(const nn::ModelConfig& config, int batch, int seq_len, DType dtype) {
+    ENGINE_CHECK(batch > 0 && seq_len > 0,
+                 "automatic_loss_chunk: batch " << batch << " and seq_len " << seq_len << " must be positive");
+    const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
+    const size_t row_bytes = static_cast<size_t>(config.padded_vocab_size()) * dtype_size(dtype);
+    // What the streaming head holds besides its chunk's logits: d(hidden) and the per-token losses.
+    const size_t fixed = rows * static_cast<size_t>(config.width()) * dtype_size(dtype) +
+                         rows * dtype_size(compute_dtype(dtype));
+    if (fixed + rows * row_bytes <= automatic_loss_chunk_bytes) return static_cast<int>(rows);
+    const size_t room = automatic_loss_chunk_bytes > fixed ? automatic_loss_chunk_bytes - fixed : 0;
+    const size_t multiple = static_cast<size_t>(minimum_loss_chunk);
+    const size_t chunk = std::max(room / row_bytes / multiple * multiple, multiple);
+    return static_cast<int>(std::min(chunk, rows));
+}
+
 std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                         DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
-                        bool offload_optimizer, GradientOffload gradients, bool offload_parameters) {
-    const MemoryPrediction planned = predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards,
-                                                    accumulation_steps, offload_optimizer, gradients, offload_parameters);
+                        bool offload_optimizer, GradientOffload gradients, bool offload_parameters,
+                        int loss_chunk_tokens) {
+    const MemoryPrediction planned =
+        predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps,
+                       offload_optimizer, gradients, offload_parameters, loss_chunk_tokens);
     // Streamed gradients need checkpointed segments: the plain comparison keeps the window.
     const MemoryPrediction plain = predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer,
-                                                  optimizer_shards, 1, offload_optimizer);
+                                                  optimizer_shards, 1, offload_optimizer, GradientOffload::window,
+                                                  false, loss_chunk_tokens);
     const int layers = config.layers();
     std::ostringstream text;
     text << "model: " << config.to_string() << "\n";
@@ -469,10 +502,24 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
          << planned.unified_peak_bytes << " B) at " << planned.peak_moment << "; on CUDA "
          << mebibytes(planned.peak_on(Device::cuda)) << " with cuBLASLt's workspace\n";
     text << "activation peak at: " << planned.activations_peak_moment << "\n";
-    const size_t logits_bytes = static_cast<size_t>(batch) * static_cast<size_t>(seq_len) *
-                                static_cast<size_t>(config.padded_vocab_size()) * dtype_size(dtype);
-    text << "loss: fused classifier, the gradient written over the logits (B,T," << (config.is_llama() ? "V" : "Vp")
-         << ") = " << mebibytes(logits_bytes) << ": no second buffer of that size in workspace\n";
+    const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
+    const size_t logits_row = static_cast<size_t>(config.padded_vocab_size()) * dtype_size(dtype);
+    const char* vocabulary = config.is_llama() ? "V" : "Vp";
+    if (loss_chunk_tokens > 0) {
+        const size_t chunk = std::min(static_cast<size_t>(loss_chunk_tokens), rows);
+        const MemoryPrediction whole =
+            predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps,
+                           offload_optimizer, gradients, offload_parameters, 0);
+        text << "loss: streaming head, " << (rows + chunk - 1) / chunk << " chunks of " << chunk << " tokens: one chunk's logits ("
+             << chunk << "," << vocabulary << ") = " << mebibytes(chunk * logits_row) << " and d(hidden) "
+             << mebibytes(rows * static_cast<size_t>(config.width()) * dtype_size(dtype))
+             << " instead of the whole (B,T," << vocabulary << ") = " << mebibytes(rows * logits_row)
+             << "; the step peak " << mebibytes(planned.peak_bytes) << " instead of " << mebibytes(whole.peak_bytes)
+             << " (--loss-chunk-tokens off)\n";
+    } else {
+        text << "loss: fused classifier, the gradient written over the logits (B,T," << vocabulary
+             << ") = " << mebibytes(rows * logits_row) << ": no second buffer of that size in workspace\n";
+    }
     if (config.is_llama())
         text << "vocabulary " << config.vocab_size() << ", not padded (" << parameter_count(config, config.vocab_size())
              << " parameters, " << (config.llama().tie_word_embeddings ? "tied" : "untied") << " head)\n";

@@ -82,12 +82,22 @@ struct MemoryPrediction {
 // workspace.
 // offload_optimizer: the masters, their gradients and the optimizer state on the host; `gradients`: where a
 // window's gradients are summed then; offload_parameters: the checkpointed layers' working copies parked on the
-// host too, fetched one segment at a time (StepShape).
+// host too, fetched one segment at a time (StepShape); loss_chunk_tokens > 0: the streaming LM head
+// (linear_cross_entropy over chunks of that many of the B·T tokens) in place of the whole logits.
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                 const checkpoint::CheckpointPolicy& policy, DType dtype = DType::f32,
                                 OptimizerKind optimizer = OptimizerKind::adamw, int optimizer_shards = 1,
                                 int accumulation_steps = 1, bool offload_optimizer = false,
-                                GradientOffload gradients = GradientOffload::window, bool offload_parameters = false);
+                                GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
+                                int loss_chunk_tokens = 0);
+
+// The streaming LM head's chunk when nothing asks for another (train_gpt's --loss-chunk-tokens auto): the head's
+// transient (its d(hidden), one chunk's logits, the per-token losses) at most automatic_loss_chunk_bytes. Every
+// token of the micro-batch when that holds for the whole logits (one chunk: bitwise the fused classifier over
+// the whole logits), else the largest multiple of minimum_loss_chunk tokens for which it does (at least one).
+inline constexpr size_t automatic_loss_chunk_bytes = size_t(256) << 20;
+inline constexpr int minimum_loss_chunk = 64; // tokens; the planner halves an automatic chunk no further
+int automatic_loss_chunk(const nn::ModelConfig& config, int batch, int seq_len, DType dtype);
 
 // The parameters' element count with wte's rows counted as `vocabulary_rows`: vocab_size gives the real count
 // (what the optimizer keeps moments for), padded_vocab_size() the stored one. For Llama both are vocab_size
@@ -99,7 +109,8 @@ size_t parameter_count(const nn::ModelConfig& config, int vocabulary_rows);
 std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const checkpoint::CheckpointPolicy& policy,
                         DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw,
                         int optimizer_shards = 1, int accumulation_steps = 1, bool offload_optimizer = false,
-                        GradientOffload gradients = GradientOffload::window, bool offload_parameters = false);
+                        GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
+                        int loss_chunk_tokens = 0);
 
 // One decoder layer's parameters (what streamed gradients hold per layer), and the largest of them.
 size_t layer_parameter_count(const nn::ModelConfig& config);

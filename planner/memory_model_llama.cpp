@@ -52,6 +52,7 @@ StepTerms llama_step_terms(const nn::LlamaConfig& config, int batch, int seq_len
     terms.stream = A;
     terms.row_stat = R;
     terms.logits = rows * static_cast<size_t>(config.vocab_size) * element; // no padding
+    terms.logits_row = static_cast<size_t>(config.vocab_size) * element;
     terms.scalar = wide;
     terms.embedding_peak = A; // no position table, no dropout
     terms.final_norm_statistics = R; // RMSNorm keeps rstd only (layernorm also keeps the mean)

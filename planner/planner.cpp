@@ -132,18 +132,34 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                             if (gradients == GradientOffload::stream && (!offload_optimizer || !policy.enabled)) continue;
                             for (bool offload_parameters : {false, true}) {
                                 if (offload_parameters && (!offload_optimizer || !policy.enabled)) continue;
-                                Plan plan;
-                                plan.shape = StepShape{micro_batch, per_rank / micro_batch, policy, precision, zero_stage,
-                                                       offload_optimizer, gradients, offload_parameters};
-                                plan.ranks = options.ranks;
-                                const int steps = plan.shape.gradient_accumulation_steps;
-                                plan.memory = predict_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer,
-                                                             shards, steps, offload_optimizer, gradients, offload_parameters);
-                                plan.cost = predict_cost(config, micro_batch, steps, seq_len, policy, dtype,
-                                                         options.optimizer, shards, ceilings, offload_optimizer, gradients,
-                                                         offload_parameters);
-                                plan.peak_bytes = plan.memory.peak_on(options.device);
-                                plan.host_peak_bytes = plan.memory.host_peak_bytes;
+                                const auto plan_with = [&](int loss_chunk) {
+                                    Plan plan;
+                                    plan.shape = StepShape{micro_batch, per_rank / micro_batch, policy, precision,
+                                                           zero_stage, offload_optimizer, gradients, offload_parameters,
+                                                           loss_chunk};
+                                    plan.ranks = options.ranks;
+                                    const int steps = plan.shape.gradient_accumulation_steps;
+                                    plan.memory = predict_memory(config, micro_batch, seq_len, policy, dtype,
+                                                                 options.optimizer, shards, steps, offload_optimizer,
+                                                                 gradients, offload_parameters, loss_chunk);
+                                    plan.cost = predict_cost(config, micro_batch, steps, seq_len, policy, dtype,
+                                                             options.optimizer, shards, ceilings, offload_optimizer,
+                                                             gradients, offload_parameters);
+                                    plan.peak_bytes = plan.memory.peak_on(options.device);
+                                    plan.host_peak_bytes = plan.memory.host_peak_bytes;
+                                    return plan;
+                                };
+                                const int rows = micro_batch * seq_len;
+                                if (options.loss_chunk_tokens) {
+                                    search.plans.push_back(plan_with(std::min(*options.loss_chunk_tokens, rows)));
+                                    continue;
+                                }
+                                // auto: the default chunk, halved while the plan does not fit (down to
+                                // minimum_loss_chunk); the same FLOPs at any chunk, so the largest that fits.
+                                Plan plan = plan_with(automatic_loss_chunk(config, micro_batch, seq_len, dtype));
+                                while (!plan.fits(budget, options.host_budget) &&
+                                       plan.shape.loss_chunk_tokens / 2 >= minimum_loss_chunk)
+                                    plan = plan_with(plan.shape.loss_chunk_tokens / 2);
                                 search.plans.push_back(std::move(plan));
                             }
                         }

@@ -33,6 +33,10 @@ struct PlannerOptions {
     // it are refused. SIZE_MAX: no limit.
     size_t host_budget = SIZE_MAX;
     std::optional<Ceilings> ceilings; // default: ceilings_for(device, dtype)
+    // The streaming LM head's chunk (StepShape::loss_chunk_tokens) every plan takes, at most its micro-batch's
+    // B·T (0: the whole logits). Unset (auto): per plan automatic_loss_chunk, halved while the plan does not
+    // fit, down to minimum_loss_chunk.
+    std::optional<int> loss_chunk_tokens;
 };
 
 struct Plan {

@@ -64,6 +64,8 @@ std::optional<ConfigProblem> StepShape::problem() const {
         return ConfigProblem{"offload_parameters", "streams the weights of the checkpointed segments' layers (a "
                                                    "segment's weights come back for its recompute), so it needs "
                                                    "gradient_checkpointing"};
+    if (loss_chunk_tokens < 0)
+        return ConfigProblem{"loss_chunk_tokens", "must be >= 0 (0: the whole logits), got " + std::to_string(loss_chunk_tokens)};
     return std::nullopt;
 }
 
@@ -82,6 +84,8 @@ std::string StepShape::flags() const {
     if (offload_optimizer) text << " --offload-optimizer cpu";
     if (offload_optimizer && offload_gradients == GradientOffload::stream) text << " --offload-gradients stream";
     if (offload_parameters) text << " --offload-parameters cpu";
+    if (loss_chunk_tokens > 0) text << " --loss-chunk-tokens " << loss_chunk_tokens;
+    else text << " --loss-chunk-tokens off";
     return text.str();
 }
 
@@ -100,6 +104,7 @@ std::string StepShape::summary(int ranks) const {
         text << (offload_gradients == GradientOffload::stream ? ", optimizer and gradients on the host"
                                                                : ", optimizer on the host");
     if (offload_parameters) text << ", parameters streamed";
+    if (loss_chunk_tokens > 0) text << ", loss chunks of " << loss_chunk_tokens;
     return text.str();
 }
 

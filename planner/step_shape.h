@@ -61,6 +61,10 @@ struct StepShape {
     // segment's forward and again for its recompute and backward, one segment at a time (docs/MEMORY.md,
     // "Parameters streamed"). The embeddings, the head and the layers outside checkpointed segments stay.
     bool offload_parameters = false;
+    // The streaming LM head (docs/MEMORY.md, "The streaming LM head"): the loss and its gradients over chunks of
+    // this many tokens of the micro-batch's B·T, so that the (B,T,Vp) logits never exist, one (chunk,Vp) block at
+    // a time instead. 0: the whole logits (the fused classifier over forward_padded).
+    int loss_chunk_tokens = 0;
 
     // Every rule on these fields, the checkpoint policy's included: the first broken one, or nullopt.
     std::optional<ConfigProblem> problem() const;

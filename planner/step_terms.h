@@ -16,10 +16,17 @@ struct StepTerms {
     size_t stream = 0;   // A: one residual-stream tensor (B,T,C)
     size_t row_stat = 0; // R: one compute-dtype value per row (B,T): a norm statistic, a per-token loss
     size_t logits = 0;   // G: (B,T,Vp), the padded vocabulary
+    size_t logits_row = 0; // one token's logits (Vp): the streaming head holds a chunk of these
     size_t scalar = 0;   // s: a (1) compute-dtype tensor, the loss
 
     size_t embedding_peak = 0;        // the embedding's output (and GPT-2's dropout output)
     size_t final_norm_statistics = 0; // what the final norm saves beside its input and output
+    // The loss head above what the end of forward holds (the final norm's input, output and statistics): at
+    // its forward high-water mark, and in its backward. Set by predict_memory for the head the step runs: the
+    // fused classifier over the whole logits (G + R + s, and G + 2s + A), or the streaming head over chunks of
+    // c tokens (its d(hidden) A, one chunk's logits c·Vp and the losses R; then A + 2s).
+    size_t head_peak = 0;
+    size_t head_backward = 0;
     size_t layer_saved = 0;           // P: a layer's saved set under grad mode, its input included
     size_t layer_transient = 0;       // above P at a layer's forward high-water mark
     size_t no_grad_layer_peak = 0;    // a layer under no-grad, above its input (nothing is saved)

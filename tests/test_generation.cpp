@@ -121,6 +121,25 @@ TEST_F(Generation, CachedLogitsIgnoreDropout) {
     for (size_t index = 0; index < full.size(); ++index) ASSERT_NEAR(cached[index], full[index], bound) << index;
 }
 
+// The sampler's prefill: CachedLogits::last makes the newest position's logits alone, (B,1,V), the same as the
+// last row of every position's (a GEMM's rows are independent), and fills the cache for every position.
+TEST_F(Generation, LastPositionLogitsAreTheLastRowOfAll) {
+    const nn::GPTConfig config{30, 12, 2, 2, 16, 0.0f};
+    nn::GPT model(config, 3, Device::cpu, DType::f64);
+    const std::vector<int32_t> ids = random_ids(2 * 9, 30);
+    const Tensor tokens = Tensor::from_vector<int32_t>(ids, {2, 9}, Device::cpu);
+    nn::KVCache every(model, 2), newest(model, 2);
+    const Tensor all = nn::forward_cached(model, tokens, every);
+    const Tensor last = nn::forward_cached(model, tokens, newest, nn::CachedLogits::last);
+    ASSERT_EQ(last.shape(), (Shape{2, 1, 30}));
+    EXPECT_EQ(as_doubles(last), as_doubles(slice(all, 1, 8, 9)));
+    EXPECT_EQ(newest.length(), 9);
+    EXPECT_EQ(as_doubles(newest.keys[1]), as_doubles(every.keys[1]));
+    const Tensor next = Tensor::from_vector<int32_t>({4, 5}, {2, 1}, Device::cpu);
+    EXPECT_EQ(as_doubles(nn::forward_cached(model, next, newest, nn::CachedLogits::last)),
+              as_doubles(nn::forward_cached(model, next, every)));
+}
+
 // With past 0 the decode op is attention() itself, bitwise (same arithmetic in the same order).
 TEST_F(Generation, DecodeAtPastZeroIsAttentionBitwise) {
     const int B = 2, T = 9, C = 12, NH = 3;

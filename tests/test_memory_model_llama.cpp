@@ -72,7 +72,7 @@ struct Trained {
 
 // `steps` optimizer steps of a real optim::Trainer (AdamW), as train_gpt runs them.
 Trained train(const nn::LlamaConfig& config, int micro_batch, int accumulation, int length,
-              const CheckpointPolicy& policy, bool bf16, int steps = 2) {
+              const CheckpointPolicy& policy, bool bf16, int steps = 2, int loss_chunk = 0) {
     current_tape().clear();
     Trained trained;
     trained.before = memory_stats(Device::cpu).current_bytes;
@@ -84,6 +84,7 @@ Trained train(const nn::LlamaConfig& config, int micro_batch, int accumulation, 
     trainer_config.learning_rate = 1e-2;
     trainer_config.max_steps = steps;
     trainer_config.shape.precision = bf16 ? Precision::bf16 : Precision::fp32;
+    trainer_config.shape.loss_chunk_tokens = loss_chunk;
     optim::Trainer trainer(model, trainer_config);
     int cursor = 0;
     const nn::BatchSource source = token_stream_batches(config.vocab_size, micro_batch, length, cursor);
@@ -182,6 +183,7 @@ TEST(MemoryModelLlama, TrainerStepPeakIsExactToTheByte) {
         int micro_batch, accumulation, length;
         CheckpointPolicy policy;
         bool bf16;
+        int loss_chunk = 0; // the streaming head's chunk (0: the whole logits)
     };
     const nn::LlamaConfig untied = test::small_llama_config(false), tied = test::small_llama_config(true);
     const std::vector<Run> runs = {
@@ -198,15 +200,23 @@ TEST(MemoryModelLlama, TrainerStepPeakIsExactToTheByte) {
         {small_vocabulary_config(), 2, 1, 33, CheckpointPolicy{false, 1, 1, false}, false},
         {small_vocabulary_config(), 2, 1, 33, CheckpointPolicy{true, 3, 1, false}, false},
         {small_vocabulary_config(), 2, 1, 33, CheckpointPolicy{true, 1, 1, true}, true},
+        // The streaming head: chunks with a shorter last one, one chunk of every token, bf16 with accumulation.
+        {untied, 2, 1, 33, CheckpointPolicy{false, 1, 1, false}, false, 16},
+        {tied, 2, 1, 33, CheckpointPolicy{true, 2, 1, false}, false, 66},
+        {untied, 2, 2, 33, CheckpointPolicy{true, 1, 1, true}, true, 7},
+        {tied, 1, 3, 33, CheckpointPolicy{false, 1, 1, false}, true, 5},
     };
     for (const Run& run : runs) {
         const DType dtype = run.bf16 ? DType::bf16 : DType::f32;
         const planner::MemoryPrediction predicted =
             planner::predict_memory(run.config, run.micro_batch, run.length, run.policy, dtype,
-                                    planner::OptimizerKind::adamw, 1, run.accumulation);
-        const Trained trained = train(run.config, run.micro_batch, run.accumulation, run.length, run.policy, run.bf16);
+                                    planner::OptimizerKind::adamw, 1, run.accumulation, false,
+                                    GradientOffload::window, false, run.loss_chunk);
+        const Trained trained =
+            train(run.config, run.micro_batch, run.accumulation, run.length, run.policy, run.bf16, 2, run.loss_chunk);
         const std::string context = describe(run.config, run.micro_batch, run.length, dtype, run.policy) +
-                                    ", accumulation " + std::to_string(run.accumulation);
+                                    ", accumulation " + std::to_string(run.accumulation) + ", loss chunks " +
+                                    std::to_string(run.loss_chunk);
         std::printf("  %-160s peak predicted %9zu B, measured %9zu / %9zu B (%s)\n", context.c_str(),
                     predicted.unified_peak_bytes, trained.peaks[0], trained.peaks[1], predicted.peak_moment.c_str());
         for (size_t step = 0; step < trained.peaks.size(); ++step) {
@@ -291,7 +301,8 @@ TEST(PlannerLlama, ChoosesAPlanThatFitsAndIsExactWhenTrained) {
         EXPECT_LE(plan.peak_bytes, budget);
         EXPECT_EQ(plan.shape.per_device_train_batch_size * plan.shape.gradient_accumulation_steps, global_batch);
         const Trained trained = train(config, plan.shape.per_device_train_batch_size, plan.shape.gradient_accumulation_steps, config.max_position_embeddings,
-                                      plan.shape.checkpointing, plan.shape.precision == Precision::bf16);
+                                      plan.shape.checkpointing, plan.shape.precision == Precision::bf16, 2,
+                                      plan.shape.loss_chunk_tokens);
         std::printf("  budget %9zu B -> %-50s predicted %8zu B, measured %8zu / %8zu B\n", budget,
                     plan.summary().c_str(), plan.peak_bytes, trained.peaks[0], trained.peaks[1]);
         for (size_t peak : trained.peaks) {

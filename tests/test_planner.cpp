@@ -27,7 +27,7 @@ struct Trained {
 };
 
 Trained train(const nn::GPTConfig& config, int micro_batch, int accumulation, const CheckpointPolicy& policy,
-              int step_count = steps, bool bf16 = false) {
+              int step_count = steps, bool bf16 = false, int loss_chunk = 0) {
     current_tape().clear();
     const size_t before = memory_stats(Device::cpu).current_bytes;
     Trained trained;
@@ -40,6 +40,7 @@ Trained train(const nn::GPTConfig& config, int micro_batch, int accumulation, co
         trainer_config.learning_rate = 1e-2;
         trainer_config.max_steps = step_count;
         trainer_config.shape.precision = bf16 ? Precision::bf16 : Precision::fp32;
+        trainer_config.shape.loss_chunk_tokens = loss_chunk;
         optim::Trainer trainer(model, trainer_config);
         int cursor = 0;
         const nn::BatchSource source = token_stream_batches(config.vocab_size, micro_batch, config.max_seq_len, cursor);
@@ -106,7 +107,8 @@ TEST(Planner, GridOfBudgetsFitsMatchesThePredictionAndLearnsTheSame) {
             const planner::Plan plan = planner::plan_for_budget(config, budget, global_batch, options);
             const std::string context = std::string(name) + ", budget " + std::to_string(budget) + ": " + plan.flags();
             if (!runs.contains(plan.flags()))
-                runs[plan.flags()] = train(config, plan.shape.per_device_train_batch_size, plan.shape.gradient_accumulation_steps, plan.shape.checkpointing);
+                runs[plan.flags()] = train(config, plan.shape.per_device_train_batch_size, plan.shape.gradient_accumulation_steps,
+                                          plan.shape.checkpointing, steps, false, plan.shape.loss_chunk_tokens);
             const Trained& trained = runs[plan.flags()];
             std::printf("  %-6s budget %9zu B -> %-44s predicted %8zu B, measured %8zu / %8zu B, %.3f ms\n", name,
                         budget == SIZE_MAX ? 0 : budget, plan.summary().c_str(), plan.peak_bytes, trained.peaks[0],

@@ -8,37 +8,26 @@
 #include "engine/dispatch.h"
 #include "engine/elementwise.h"
 #include "engine/ops.h"
+#include "engine/ops/cross_entropy.h"
 #include "engine/ops/reduce.h"
 
 namespace engine {
 using namespace detail;
 
-namespace {
+namespace detail {
 
-struct CheckedTargets {
-    Shape leading; // the logits' shape without its last dimension: (N) or (B,T)
-    int rows = 0;
-    int vocabulary = 0; // the classes: the first columns of the last dimension
-    int columns = 0;    // the last dimension, the row stride: vocabulary plus any padding
-    int64_t valid_targets = 0; // targets other than ignore_index
-};
-
-// Shapes, dtypes, devices, and every label in [0,V) or ignore_index, read from the host copy of the targets.
-// vocabulary 0: every column is a class.
-CheckedTargets check_targets(const char* op, const Tensor& logits, const Tensor& targets, int ignore_index,
-                             int vocabulary = 0) {
-    ENGINE_CHECK(logits.dim() >= 2, op << ": logits " << logits.describe() << " must be (...,V)");
+CheckedTargets check_targets(const char* op, const Shape& leading, int columns, Device device, const Tensor& targets,
+                             int ignore_index, int vocabulary) {
     CheckedTargets checked;
-    checked.leading = Shape(logits.shape().begin(), logits.shape().end() - 1);
+    checked.leading = leading;
     ENGINE_CHECK(targets.dtype() == DType::i32 && targets.shape() == checked.leading,
-                 op << ": targets " << targets.describe() << " must be i32 of shape " << shape_string(checked.leading)
-                    << " for logits " << shape_string(logits.shape()));
-    check_same_device(op, logits, targets);
-    checked.rows = leading_rows(op, logits);
-    checked.columns = static_cast<int>(logits.size(-1));
+                 op << ": targets " << targets.describe() << " must be i32 of shape " << shape_string(checked.leading));
+    ENGINE_CHECK(targets.device() == device, op << ": targets " << targets.describe() << " are on "
+                                                << device_name(targets.device()) << ", not " << device_name(device));
+    checked.rows = static_cast<int>(shape_numel(leading));
+    checked.columns = columns;
     ENGINE_CHECK(vocabulary >= 0 && vocabulary <= checked.columns,
-                 op << ": vocabulary " << vocabulary << " for logits " << logits.describe() << " with "
-                    << checked.columns << " columns");
+                 op << ": vocabulary " << vocabulary << " for " << checked.columns << " columns");
     checked.vocabulary = vocabulary > 0 ? vocabulary : checked.columns;
     const std::vector<int32_t> host_targets = targets.to_vector<int32_t>();
     for (size_t index = 0; index < host_targets.size(); ++index) {
@@ -52,8 +41,6 @@ CheckedTargets check_targets(const char* op, const Tensor& logits, const Tensor&
     return checked;
 }
 
-// d(reduced)/d(losses[i]): 1 for none and sum, 1/valid for mean; a mean over zero targets is defined as 0
-// (loss and gradient), never 0/0.
 double reduction_scale(Reduction reduction, int64_t valid_targets) {
     if (reduction != Reduction::mean) return 1.0;
     return valid_targets > 0 ? 1.0 / static_cast<double>(valid_targets) : 0.0;
@@ -64,6 +51,43 @@ Tensor reduce_losses(const Tensor& losses, Reduction reduction, double scale) {
     Tensor out = Tensor::empty({1}, losses.dtype(), losses.device());
     sum_tensors(out, losses, scale);
     return out;
+}
+
+void check_expected_gradient(const char* op, Reduction reduction, double expected_output_gradient, DType dtype) {
+    ENGINE_CHECK(reduction != Reduction::none,
+                 op << ": reduction none has a gradient per row, not one expected scalar; use cross_entropy");
+    ENGINE_CHECK(std::isfinite(expected_output_gradient) && expected_output_gradient != 0.0,
+                 op << ": expected_output_gradient " << expected_output_gradient
+                    << " must be finite and non-zero (backward divides by it)");
+    const bool float_factor = dtype == DType::f32 || dtype == DType::bf16; // f32 compute
+    ENGINE_CHECK(!float_factor || std::isnormal(static_cast<float>(expected_output_gradient)),
+                 op << ": expected_output_gradient " << expected_output_gradient << " is no normal float for "
+                    << dtype_name(dtype) << " logits");
+}
+
+void check_gradient_factor(const char* op, double scale, double expected_output_gradient, DType dtype) {
+    // The factor the kernel writes with must itself be a normal float, or the gradient loses its precision for
+    // good (a later rescale cannot bring it back). Zero is fine: a mean over no target has a zero gradient.
+    const bool float_factor = dtype == DType::f32 || dtype == DType::bf16;
+    ENGINE_CHECK(scale == 0.0 || !float_factor ||
+                     std::isnormal(static_cast<float>(scale) * static_cast<float>(expected_output_gradient)),
+                 op << ": the gradient factor " << scale << " x " << expected_output_gradient
+                    << " underflows float for " << dtype_name(dtype) << " logits");
+}
+
+} // namespace detail
+
+namespace {
+
+// Shapes, dtypes, devices, and every label in [0,V) or ignore_index, read from the host copy of the targets.
+// vocabulary 0: every column is a class.
+CheckedTargets check_targets(const char* op, const Tensor& logits, const Tensor& targets, int ignore_index,
+                             int vocabulary = 0) {
+    ENGINE_CHECK(logits.dim() >= 2, op << ": logits " << logits.describe() << " must be (...,V)");
+    check_same_device(op, logits, targets);
+    leading_rows(op, logits);
+    return detail::check_targets(op, Shape(logits.shape().begin(), logits.shape().end() - 1),
+                                 static_cast<int>(logits.size(-1)), logits.device(), targets, ignore_index, vocabulary);
 }
 
 void losses_forward(const char* op, const Tensor& losses, const Tensor& logits, const Tensor& targets,
@@ -132,23 +156,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction redu
 Tensor cross_entropy_in_place(const Tensor& logits, const Tensor& targets, Reduction reduction,
                               double expected_output_gradient, int ignore_index, int vocabulary) {
     constexpr const char* op = "cross_entropy_in_place";
-    ENGINE_CHECK(reduction != Reduction::none,
-                 op << ": reduction none has a gradient per row, not one expected scalar; use cross_entropy");
-    ENGINE_CHECK(std::isfinite(expected_output_gradient) && expected_output_gradient != 0.0,
-                 op << ": expected_output_gradient " << expected_output_gradient
-                    << " must be finite and non-zero (backward divides by it)");
-    const bool float_factor = logits.dtype() == DType::f32 || logits.dtype() == DType::bf16; // f32 compute
-    ENGINE_CHECK(!float_factor || std::isnormal(static_cast<float>(expected_output_gradient)),
-                 op << ": expected_output_gradient " << expected_output_gradient << " is no normal float for "
-                    << logits.describe());
+    check_expected_gradient(op, reduction, expected_output_gradient, logits.dtype());
     const CheckedTargets checked = check_targets(op, logits, targets, ignore_index, vocabulary);
     const double scale = reduction_scale(reduction, checked.valid_targets);
-    // The factor the kernel writes with must itself be a normal float, or the gradient loses its precision for
-    // good (a later rescale cannot bring it back). Zero is fine: a mean over no target has a zero gradient.
-    ENGINE_CHECK(scale == 0.0 || !float_factor ||
-                     std::isnormal(static_cast<float>(scale) * static_cast<float>(expected_output_gradient)),
-                 op << ": the gradient factor " << scale << " x " << expected_output_gradient
-                    << " underflows float for " << logits.describe());
+    check_gradient_factor(op, scale, expected_output_gradient, logits.dtype());
     Tensor losses = Tensor::empty(checked.leading, compute_dtype(logits.dtype()), logits.device()); // (N)
     // Without a node to hand the gradient to, the logits stay intact: this is then plain cross_entropy (over a
     // copy of the real columns when padded: a rare path, evaluation goes through the model's (…,V) logits).

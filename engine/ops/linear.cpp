@@ -5,47 +5,63 @@
 #include "engine/dispatch.h"
 #include "engine/ops.h"
 #include "engine/cuda/scratch.h"
+#include "engine/ops/gemm.h"
 
 namespace engine {
 using namespace detail;
-namespace {
 
-// c(m,n) = alpha·op(a)·op(b) + beta·c on the tensors' device. a and b share a dtype; c has it too, or is
-// compute_dtype of it (an f32 parameter gradient of bf16 operands, accumulated in f32 straight from the GEMM).
-// `op` (linear or matmul) names the dispatch, so that the op profiler files the GEMM under the op that ran it.
+namespace detail {
+
 void gemm_tensors(const char* op, const Tensor& c, const Tensor& a, const Tensor& b, int m, int n, int k,
-                  bool transpose_a, bool transpose_b, double beta) {
+                  bool transpose_a, bool transpose_b, double beta, GemmOffsets offsets) {
     const bool compute_c = c.dtype() != a.dtype();
     ENGINE_CHECK(!compute_c || c.dtype() == compute_dtype(a.dtype()),
                  "gemm: c " << c.describe() << " must be " << dtype_name(a.dtype()) << " or "
                             << dtype_name(compute_dtype(a.dtype())) << " for operands " << a.describe() << " and "
                             << b.describe());
+    // The offsets pick row blocks of contiguous matrices (the streaming LM head's chunks): each block must lie
+    // inside its tensor.
+    const auto inside = [](const Tensor& tensor, int64_t offset, int64_t count) {
+        return offset >= 0 && offset + count <= tensor.numel();
+    };
+    ENGINE_CHECK(inside(c, offsets.c, int64_t(m) * n) && inside(a, offsets.a, int64_t(m) * k) &&
+                     inside(b, offsets.b, int64_t(k) * n),
+                 "gemm: a (" << m << "x" << k << ") at " << offsets.a << ", b (" << k << "x" << n << ") at " << offsets.b
+                             << " or c at " << offsets.c << " passes the end of " << a.describe() << ", "
+                             << b.describe() << " or " << c.describe());
     if (c.device() == Device::cpu) {
         dispatch_cpu(op, a.dtype(), [&]<typename T>() {
             using C = Compute<T>;
+            const T* a_data = a.data<T>() + offsets.a;
+            const T* b_data = b.data<T>() + offsets.b;
             if (compute_c) {
                 if constexpr (!std::is_same_v<T, C>)
-                    kernels::cpu::gemm<T>(c.data<C>(), a.data<T>(), b.data<T>(), m, n, k, transpose_a, transpose_b, C(1),
-                                          static_cast<C>(beta));
+                    kernels::cpu::gemm<T>(c.data<C>() + offsets.c, a_data, b_data, m, n, k, transpose_a, transpose_b,
+                                          C(1), static_cast<C>(beta));
             } else {
-                kernels::cpu::gemm<T>(c.data<T>(), a.data<T>(), b.data<T>(), m, n, k, transpose_a, transpose_b, C(1),
+                kernels::cpu::gemm<T>(c.data<T>() + offsets.c, a_data, b_data, m, n, k, transpose_a, transpose_b, C(1),
                                       static_cast<C>(beta));
             }
         });
     } else {
         ENGINE_DISPATCH_CUDA(op, a.dtype(), [&]<typename T>() {
+            const T* a_data = a.data<T>() + offsets.a;
+            const T* b_data = b.data<T>() + offsets.b;
             if (compute_c) {
-                kernels::cuda::gemm(c.data<float>(), a.data<T>(), b.data<T>(), m, n, k, transpose_a, transpose_b, 1.0f,
+                kernels::cuda::gemm(c.data<float>() + offsets.c, a_data, b_data, m, n, k, transpose_a, transpose_b, 1.0f,
                                     static_cast<float>(beta), cuda::tf32_enabled(), cuda::cublas_handle(),
                                     cuda::compute_stream());
             } else {
-                kernels::cuda::gemm(c.data<T>(), a.data<T>(), b.data<T>(), m, n, k, transpose_a, transpose_b, 1.0f,
+                kernels::cuda::gemm(c.data<T>() + offsets.c, a_data, b_data, m, n, k, transpose_a, transpose_b, 1.0f,
                                     static_cast<float>(beta), cuda::tf32_enabled(), cuda::cublas_handle(),
                                     cuda::compute_stream());
             }
         });
     }
 }
+
+} // namespace detail
+namespace {
 
 // out(rows,columns) = input·weight + bias. On CUDA the bias rides in the GEMM's cuBLASLt epilogue, which
 // saves a read and a write of `out`; the CPU twin (gemm_bias) adds it after the GEMM, in bf16 before the one

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ctest train_gpt_runs: the main job as a user runs it. With no flags its loss falls; --log writes one JSON
 # line per step with the printed fields; --plan predicts without training; a run saved at step 3 and
-# resumed gives bitwise the losses of an uninterrupted run; --profile prints and logs the op table.
+# resumed gives bitwise the losses of an uninterrupted run; --profile prints and logs the op table; the
+# streaming LM head's chunks train as the whole logits do.
 # usage: train_gpt_runs.sh TRAIN_GPT WORK_DIR
 set -u
 train_gpt=$1
@@ -82,6 +83,25 @@ for expected in [("linear", "forward"), ("linear", "backward"), ("adamw", "optim
 print(f"GEMM share {profile['gemm_share_of_step']:.2f}")
 PY
 check "--log's last line carries the profile" $? "see above"
+
+# --loss-chunk-tokens: the default (auto) on the tiny model is one chunk of the micro-batch's 8 x 64 tokens,
+# bitwise the whole logits (off); chunks of 100 (the last 12) train to the same losses up to rounding; --plan
+# names the chunk and what it saves.
+for chunks in off 512 100; do
+  "$train_gpt" --max-steps 4 --loss-chunk-tokens "$chunks" --log "$work/chunks_$chunks.jsonl" >"$work/chunks_$chunks.out" 2>&1
+  check "--loss-chunk-tokens $chunks run exits 0" $? "$(tail -2 "$work/chunks_$chunks.out")"
+done
+"$python" - "$work/chunks_off.jsonl" "$work/chunks_512.jsonl" "$work/chunks_100.jsonl" <<'PY'
+import json, sys
+off, one, small = ([json.loads(line)["loss"] for line in open(path)] for path in sys.argv[1:])
+assert one == off, f"one chunk {one} != whole logits {off}"
+assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(small, off)), f"chunks of 100 {small} vs {off}"
+print(f"losses {off[-1]:.6f} (off) {one[-1]:.6f} (one chunk) {small[-1]:.6f} (chunks of 100)")
+PY
+check "one chunk is bitwise the whole logits; small chunks agree" $? "see above"
+"$train_gpt" --loss-chunk-tokens 100 --plan >"$work/chunks_plan.out" 2>&1 &&
+  grep -q "^loss: streaming head, 6 chunks of 100 tokens" "$work/chunks_plan.out"
+check "--plan names the loss chunks" $? "$(grep loss: "$work/chunks_plan.out")"
 
 echo "$((total - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]

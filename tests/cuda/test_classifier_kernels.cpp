@@ -1,6 +1,7 @@
 // CUDA vs CPU for the fused classifier (cross_entropy_fused_forward, cross_entropy_fused_rescale), the
 // padded vocabulary's first_columns, and the ops on the device: a vocabulary that is no multiple of the
-// block (1000 + 3, like GPT-2's 50257), padded rows (the 128-bit path), ignored rows, the rescale's early exit.
+// block (1000 + 3, like GPT-2's 50257), padded rows (the 128-bit path), ignored rows, the rescale's early exit;
+// and the streaming LM head (linear_cross_entropy) against the CPU and against the whole logits.
 #include "engine/engine.h"
 #include "nn/gpt.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -153,6 +154,66 @@ TEST_F(ClassifierKernelTest, PaddedGptLossPathMatchesCpu) {
     const std::vector<float> padding(gradients[1].begin() + 1003 * 16, gradients[1].end());
     EXPECT_EQ(padding, std::vector<float>(padding.size(), 0.0f));
     EXPECT_TRUE(all_close(gradients[1], gradients[0], Tolerance{1e-6, 1e-4}, "padded wte gradient"));
+}
+
+// The streaming LM head (linear_cross_entropy) on the device: chunks of 5 of 33 rows (the last shorter), a
+// vocabulary of 1003 padded to 1024 zero rows, ignored rows, f32 and bf16. Against the CPU's same op within the
+// GEMMs' rounding; one chunk of every row bitwise the device's fused classifier over matmul's whole logits;
+// chunked runs repeat bitwise; an upstream gradient other than the promised one is corrected.
+TEST_F(ClassifierKernelTest, StreamingHeadOnDeviceMatchesCpuAndTheWholeLogits) {
+    constexpr int B = 3, T = 11, C = 24, V = 1003, padded_V = 1024;
+    const auto x_values = random_floats(size_t(B) * T * C);
+    auto w_values = random_floats(size_t(padded_V) * C);
+    std::fill(w_values.begin() + size_t(V) * C, w_values.end(), 0.0f);
+    auto labels = random_ints(B * T, 0, V - 1);
+    labels[0] = labels[17] = labels[B * T - 1] = ignore_index;
+    struct Result {
+        std::vector<float> loss, dx, dw;
+    };
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+        const auto run = [&](Device device, int chunk, double upstream) {
+            current_tape().clear();
+            const auto leaf = [&](const std::vector<float>& values, const engine::Shape& shape) {
+                Tensor converted = cast(Tensor::from_vector(values, shape, Device::cpu), dtype).to(device, MemoryCategory::parameters);
+                converted.set_requires_grad(true);
+                return converted;
+            };
+            Tensor x = leaf(x_values, {B, T, C}), w = leaf(w_values, {padded_V, C});
+            const Tensor targets = Tensor::from_vector(labels, {B, T}, Device::cpu).to_keeping_host_copy(device);
+            const double factor = 1.0 / 29.0;
+            Tensor loss;
+            {
+                const Tensor head = chunk == 0 ? cross_entropy_in_place(matmul(x, w, true), targets, Reduction::sum,
+                                                                        factor, ignore_index, V)
+                                               : linear_cross_entropy(x, w, targets, Reduction::sum, chunk, factor,
+                                                                      ignore_index, V);
+                loss = multiply(head, upstream);
+            }
+            Result result{cast(loss, DType::f32).to_vector<float>(), {}, {}};
+            backward(loss);
+            result.dx = cast(x.grad(), DType::f32).to_vector<float>();
+            result.dw = cast(w.grad(), DType::f32).to_vector<float>();
+            return result;
+        };
+        const double factor = 1.0 / 29.0;
+        const std::string what = std::string(" ") + dtype_name(dtype);
+        const Result whole = run(Device::cuda, 0, factor), one_chunk = run(Device::cuda, B * T, factor);
+        EXPECT_EQ(one_chunk.loss, whole.loss) << what;
+        EXPECT_EQ(one_chunk.dx, whole.dx) << what;
+        EXPECT_EQ(one_chunk.dw, whole.dw) << what;
+        const Result device = run(Device::cuda, 5, factor), host = run(Device::cpu, 5, factor);
+        // bf16: the logits and d(logits) are rounded to 8 bits on each side, at different points of the GEMMs.
+        const Tolerance tolerance = dtype == DType::bf16 ? Tolerance{2e-3, 2e-2} : Tolerance{1e-6, 1e-4};
+        EXPECT_TRUE(all_close(device.loss, host.loss, tolerance, "loss" + what));
+        EXPECT_TRUE(all_close(device.dx, host.dx, tolerance, "dx" + what));
+        EXPECT_TRUE(all_close(device.dw, host.dw, tolerance, "dw" + what));
+        const Result again = run(Device::cuda, 5, factor);
+        EXPECT_EQ(again.dw, device.dw) << what;
+        EXPECT_EQ(again.dx, device.dx) << what;
+        const Result corrected = run(Device::cuda, 5, 0.3), expected = run(Device::cuda, 0, 0.3);
+        EXPECT_TRUE(all_close(corrected.dx, expected.dx, tolerance, "dx, upstream 0.3" + what));
+        EXPECT_TRUE(all_close(corrected.dw, expected.dw, tolerance, "dw, upstream 0.3" + what));
+    }
 }
 
 } // namespace

@@ -31,6 +31,7 @@ struct MemoryCase {
     checkpoint::CheckpointPolicy policy;
     GradientOffload gradients = GradientOffload::window; // with the optimizer on the host
     bool parameters = false;                             // and streamed parameters
+    int loss_chunk = 0;                                  // the streaming LM head's chunk (0: the whole logits)
 };
 void PrintTo(const MemoryCase& memory_case, std::ostream* out) { *out << memory_case.name; }
 
@@ -69,6 +70,7 @@ Measured measure(const MemoryCase& run, bool offload_optimizer) {
     trainer_config.shape.offload_optimizer = offload_optimizer;
     if (offload_optimizer) trainer_config.shape.offload_gradients = run.gradients;
     trainer_config.shape.offload_parameters = offload_optimizer && run.parameters;
+    trainer_config.shape.loss_chunk_tokens = run.loss_chunk;
     optim::Trainer trainer(*model, trainer_config);
     int cursor = 0;
     const nn::BatchSource source = [&]() -> std::optional<nn::Batch> {
@@ -84,7 +86,7 @@ Measured measure(const MemoryCase& run, bool offload_optimizer) {
     measured.predicted = planner::predict_memory(config, batch, length, run.policy, precision_dtype(run.precision),
                                                  OptimizerKind::adamw, 1, accumulation, offload_optimizer,
                                                  offload_optimizer ? run.gradients : GradientOffload::window,
-                                                 offload_optimizer && run.parameters);
+                                                 offload_optimizer && run.parameters, run.loss_chunk);
     for (int step = 0; step < 2; ++step) {
         const std::optional<optim::StepResult> result = trainer.train_step(source);
         EXPECT_TRUE(result.has_value());
@@ -152,7 +154,12 @@ INSTANTIATE_TEST_SUITE_P(
                       MemoryCase{"gpt_bf16_parameters", false, Precision::bf16, {true, 2, 1, true, false},
                                  GradientOffload::window, true},
                       MemoryCase{"llama_fp32_streamed_parameters", true, Precision::fp32, {true, 1, 2, false, false},
-                                 GradientOffload::stream, true}),
+                                 GradientOffload::stream, true},
+                      // The streaming LM head: chunks with a shorter last one, with and without the tiers.
+                      MemoryCase{"gpt_bf16_loss_chunks", false, Precision::bf16, {true, 1, 1, true, false},
+                                 GradientOffload::stream, false, 20},
+                      MemoryCase{"llama_fp32_loss_chunks", true, Precision::fp32, {}, GradientOffload::window, false,
+                                 13}),
     [](const ::testing::TestParamInfo<MemoryCase>& info) { return std::string(info.param.name); });
 
 } // namespace

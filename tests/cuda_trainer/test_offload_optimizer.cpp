@@ -35,6 +35,7 @@ struct OffloadCase {
     bool checkpointing;
     GradientOffload gradients = GradientOffload::window;
     bool parameters = false; // streamed parameters too (offload_parameters)
+    int loss_chunk = 0;      // the streaming LM head's chunk, in both runs (0: the whole logits)
 };
 void PrintTo(const OffloadCase& offload_case, std::ostream* out) { *out << offload_case.name; }
 
@@ -53,6 +54,7 @@ optim::TrainerConfig config_of(const OffloadCase& run, bool offload) {
     config.shape.offload_optimizer = offload;
     if (offload) config.shape.offload_gradients = run.gradients;
     config.shape.offload_parameters = offload && run.parameters;
+    config.shape.loss_chunk_tokens = run.loss_chunk;
     config.learning_rate = 3e-3;
     config.weight_decay = 0.1;
     config.max_grad_norm = 0.5; // active: these gradients' norm is far above it
@@ -220,8 +222,36 @@ INSTANTIATE_TEST_SUITE_P(
                       OffloadCase{"gpt_bf16_streamed_parameters", false, true, Precision::bf16, true,
                                   GradientOffload::stream, true},
                       OffloadCase{"llama_tied_fp32_parameters", true, true, Precision::fp32, true,
-                                  GradientOffload::window, true}),
+                                  GradientOffload::window, true},
+                      // The streaming head writes the head's gradient during the forward: still bitwise the
+                      // all-on-device run with the window's and the streamed gradients.
+                      OffloadCase{"gpt_bf16_loss_chunks_streamed", false, true, Precision::bf16, true,
+                                  GradientOffload::stream, false, 9},
+                      OffloadCase{"llama_tied_fp32_loss_chunks", true, true, Precision::fp32, false,
+                                  GradientOffload::window, false, 11}),
     [](const ::testing::TestParamInfo<OffloadCase>& info) { return std::string(info.param.name); });
+
+// On the device, the streaming head trains as the whole logits do: one chunk of every token bitwise, small
+// chunks to the rounding of the head's weight-gradient sums (GPT-2 tied and padded, Llama untied; bf16, f32).
+TEST(StreamingHeadOnDevice, TrainsAsTheWholeLogits) {
+    if (!engine::cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    engine::cuda::set_tf32_enabled(false);
+    for (OffloadCase run : {OffloadCase{"gpt_bf16", false, true, Precision::bf16, true},
+                            OffloadCase{"llama_fp32", true, false, Precision::fp32, false}}) {
+        const Trained whole = train(run, false);
+        run.loss_chunk = batch * build(run)->max_seq_len(); // one chunk
+        const Trained one_chunk = train(run, false);
+        EXPECT_EQ(one_chunk.losses, whole.losses) << run.name;
+        EXPECT_TRUE(one_chunk.masters == whole.masters) << run.name << ": one chunk changed the weights";
+        run.loss_chunk = 5;
+        const Trained chunked = train(run, false);
+        for (size_t step = 0; step < whole.losses.size(); ++step)
+            EXPECT_NEAR(chunked.losses[step], whole.losses[step], run.precision == Precision::bf16 ? 2e-2 : 1e-5)
+                << run.name << " step " << step + 1;
+        std::printf("  %s: last loss whole %.7f, one chunk %.7f, chunks of 5 %.7f\n", run.name, whole.losses.back(),
+                    one_chunk.losses.back(), chunked.losses.back());
+    }
+}
 
 // Nothing to move on the host: the trainer says so before anything changes (bf16 would make copies first).
 TEST(OffloadOptimizerInput, AModelOnTheHostIsRefused) {

@@ -1,0 +1,157 @@
+// The streaming LM head against the whole logits, side by side in one run: one optimizer step of a trainer per
+// iteration (Trainer::train_step: forward, loss, backward, clip, AdamW), with --loss-chunk-tokens off, auto
+// and a small chunk, reporting the step time, tokens/s and the step's activation and joint peaks.
+//
+//   bench_loss_head                          GPT-2 124M and SmolLM-135M (the small Llama), B 1, T 1024, f32,
+//                                            on the CPU (a step takes seconds: --benchmark_min_time=1x keeps
+//                                            the run to a few minutes)
+//   bench_loss_head --models=tiny,llama-tiny --seq=64 --batch=4      other sizes
+//
+// Flags (each --name=value): --models (comma-separated ModelConfig::named names), --seq, --batch,
+// --small-chunk (tokens; default 256), --device=cpu|cuda. Anything else goes to Google Benchmark.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_flags.h"
+#include "engine/cuda/runtime.h"
+#include "nn/model_config.h"
+#include "optim/trainer.h"
+#include "planner/memory_model.h"
+
+namespace {
+
+using namespace engine;
+
+struct Options {
+    std::vector<std::string> models = {"gpt2-124M", "smollm-135m"};
+    int seq = 1024, batch = 1, small_chunk = 256;
+    Device device = Device::cpu;
+};
+
+// A model, its trainer and one fixed micro-batch per (model, chunk): built on the benchmark's first call.
+struct Session {
+    Session(const nn::ModelConfig& config, const Options& options, int chunk)
+        : model(config.build(1, options.device, DType::f32)) {
+        optim::TrainerConfig trainer_config;
+        trainer_config.shape.per_device_train_batch_size = options.batch;
+        trainer_config.shape.loss_chunk_tokens = chunk;
+        trainer_config.learning_rate = 3e-4;
+        trainer_config.max_steps = int64_t(1) << 40;
+        trainer = std::make_unique<optim::Trainer>(*model, trainer_config);
+        std::mt19937_64 generator(5);
+        std::uniform_int_distribution<int32_t> token(0, config.vocab_size() - 1);
+        std::vector<int32_t> ids(static_cast<size_t>(options.batch) * options.seq);
+        for (int32_t& id : ids) id = token(generator);
+        batch.inputs = Tensor::from_vector(ids, {options.batch, options.seq}, options.device);
+        batch.labels = batch.inputs;
+    }
+    nn::BatchSource source() {
+        return [this]() -> std::optional<nn::Batch> { return batch; };
+    }
+    std::unique_ptr<nn::CausalLM> model;
+    std::unique_ptr<optim::Trainer> trainer;
+    nn::Batch batch;
+};
+
+constexpr double mebibyte = 1024.0 * 1024.0;
+
+void run_step(benchmark::State& state, const nn::ModelConfig& config, const Options& options, int chunk) {
+    optim::StepResult last;
+    try {
+        Session session(config, options, chunk);
+        session.trainer->train_step(session.source()); // warm-up: first touch, BLAS set-up
+        engine::cuda::synchronize(options.device);
+        for (auto _ : state) {
+            last = *session.trainer->train_step(session.source());
+            engine::cuda::synchronize(options.device);
+        }
+    } catch (const std::exception& error) {
+        state.SkipWithError(error.what());
+        return;
+    }
+    state.counters["tokens"] =
+        benchmark::Counter(static_cast<double>(last.tokens) * static_cast<double>(state.iterations()),
+                           benchmark::Counter::kIsRate);
+    state.counters["loss"] = last.loss;
+    state.counters["act_MiB"] = static_cast<double>(last.memory.peak(MemoryCategory::activations)) / mebibyte;
+    state.counters["peak_MiB"] = static_cast<double>(last.memory.peak_bytes) / mebibyte;
+    state.SetLabel(config.to_string() + ", B " + std::to_string(options.batch) + ", T " + std::to_string(options.seq) +
+                   ", loss chunks " + (chunk == 0 ? std::string("off") : std::to_string(chunk)));
+}
+
+using bench::flag_value;
+
+int positive(const char* name, const char* text) { return bench::positive_flag("bench_loss_head", name, text); }
+
+} // namespace
+
+int main(int argc, char** argv) {
+    Options options;
+    std::vector<char*> remaining{argv[0]};
+    for (int index = 1; index < argc; ++index) {
+        const char* argument = argv[index];
+        if (const char* text = flag_value(argument, "--models")) {
+            options.models.clear();
+            std::stringstream list(text);
+            for (std::string name; std::getline(list, name, ',');) options.models.push_back(name);
+        } else if (const char* text = flag_value(argument, "--seq")) {
+            options.seq = positive("--seq", text);
+        } else if (const char* text = flag_value(argument, "--batch")) {
+            options.batch = positive("--batch", text);
+        } else if (const char* text = flag_value(argument, "--small-chunk")) {
+            options.small_chunk = positive("--small-chunk", text);
+        } else if (const char* text = flag_value(argument, "--device")) {
+            if (std::strcmp(text, "cpu") != 0 && std::strcmp(text, "cuda") != 0) {
+                std::fprintf(stderr, "bench_loss_head: --device must be cpu or cuda, got '%s'\n", text);
+                return 2;
+            }
+            options.device = std::strcmp(text, "cuda") == 0 ? Device::cuda : Device::cpu;
+        } else {
+            remaining.push_back(argv[index]);
+        }
+    }
+    std::vector<nn::ModelConfig> configs;
+    try {
+        for (const std::string& name : options.models) {
+            nn::ModelConfig config = nn::ModelConfig::named(name);
+            if (options.seq > config.max_seq_len()) {
+                std::fprintf(stderr, "bench_loss_head: --seq %d exceeds %s's max_seq_len %d\n", options.seq,
+                             name.c_str(), config.max_seq_len());
+                return 2;
+            }
+            configs.push_back(config);
+        }
+    } catch (const EngineError& error) {
+        std::fprintf(stderr, "bench_loss_head: %s\n", error.what());
+        return 2;
+    }
+    int remaining_count = static_cast<int>(remaining.size());
+    benchmark::Initialize(&remaining_count, remaining.data());
+    if (benchmark::ReportUnrecognizedArguments(remaining_count, remaining.data())) return 2;
+    for (size_t index = 0; index < configs.size(); ++index) {
+        const nn::ModelConfig& config = configs[index];
+        const int automatic = planner::automatic_loss_chunk(config, options.batch, options.seq, DType::f32);
+        const std::map<std::string, int> chunks = {
+            {"off", 0}, {"auto", automatic}, {std::to_string(options.small_chunk), options.small_chunk}};
+        for (const std::string& chunk_name : {std::string("off"), std::string("auto"), std::to_string(options.small_chunk)}) {
+            const int chunk = chunks.at(chunk_name);
+            const std::string name = "loss_head/" + options.models[index] + "/" + chunk_name;
+            benchmark::RegisterBenchmark(name.c_str(), [config, options, chunk](benchmark::State& state) {
+                run_step(state, config, options, chunk);
+            })->Unit(benchmark::kMillisecond)->UseRealTime();
+        }
+    }
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+}
