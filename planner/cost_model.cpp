@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <iomanip>
 #include <sstream>
@@ -162,7 +163,7 @@ LayerWork llama_work(const nn::LlamaConfig& config, double batch, double seq_len
 StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumulation_steps, int seq_len,
                       const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
                       int optimizer_shards, const Ceilings& ceilings, bool offload_optimizer,
-                      GradientOffload gradients, bool offload_parameters) {
+                      GradientOffload gradients, bool offload_parameters, int loss_chunk_tokens) {
     const double rows = static_cast<double>(micro_batch) * seq_len; // N = B*T per micro-batch
     const double width = config.width(), layers = config.layers();
     const double steps = accumulation_steps;
@@ -201,6 +202,15 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
     const double optimizer_bytes = optimizer_passes * shard * wide;
     cost.streamed_bytes = steps * (3.0 * layers * block_bytes + recomputed * block_bytes + head_bytes) +
                           2.0 * parameters * wide + (offload_optimizer ? 0.0 : optimizer_bytes + refresh);
+    if (loss_chunk_tokens > 0) {
+        // The streaming head: the same GEMMs over chunks, but every chunk's weight-gradient GEMM reads and writes
+        // the head's f32 gradient (Vp,C) again (beta 1), where the whole logits' one GEMM does it once; and
+        // d(hidden) is zeroed first. Five launches a chunk instead of the head's and loss's three.
+        const double chunks = std::ceil(rows / std::min<double>(loss_chunk_tokens, rows));
+        const double head_gradient = static_cast<double>(config.padded_vocab_size()) * width * wide;
+        cost.streamed_bytes += steps * ((chunks - 1.0) * 2.0 * head_gradient + stream);
+        cost.ops += steps * (5.0 * chunks - 3.0);
+    }
     cost.host_device_bytes = steps * 2.0 * offloaded * stream;
     if (offload_optimizer) {
         // The update moves to the host and the refresh rounds there (the masters' gradient buffers are overwritten
@@ -239,7 +249,7 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
         }
     }
     // layer_ops per block forward (about 15), twice as many in backward, and a dozen for embedding, head and loss.
-    cost.ops = steps * (3.0 * work.layer_ops * layers + work.layer_ops * recomputed + 12.0) + 4.0 * (2.0 * layers + 4.0);
+    cost.ops += steps * (3.0 * work.layer_ops * layers + work.layer_ops * recomputed + 12.0) + 4.0 * (2.0 * layers + 4.0);
 
     cost.gemm_seconds = cost.gemm_flops / ceilings.gemm_flops_per_second;
     cost.attention_seconds = cost.attention_flops / ceilings.attention_flops_per_second;

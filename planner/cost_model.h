@@ -56,6 +56,7 @@ struct StepCost {
 StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumulation_steps, int seq_len,
                       const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
                       int optimizer_shards, const Ceilings& ceilings, bool offload_optimizer = false,
-                      GradientOffload gradients = GradientOffload::window, bool offload_parameters = false);
+                      GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
+                      int loss_chunk_tokens = 0);
 
 } // namespace engine::planner

@@ -144,7 +144,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                                                                  gradients, offload_parameters, loss_chunk);
                                     plan.cost = predict_cost(config, micro_batch, steps, seq_len, policy, dtype,
                                                              options.optimizer, shards, ceilings, offload_optimizer,
-                                                             gradients, offload_parameters);
+                                                             gradients, offload_parameters, loss_chunk);
                                     plan.peak_bytes = plan.memory.peak_on(options.device);
                                     plan.host_peak_bytes = plan.memory.host_peak_bytes;
                                     return plan;
@@ -155,7 +155,8 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                                     continue;
                                 }
                                 // auto: the default chunk, halved while the plan does not fit (down to
-                                // minimum_loss_chunk); the same FLOPs at any chunk, so the largest that fits.
+                                // minimum_loss_chunk): the same FLOPs at any chunk, and each chunk more re-reads the
+                                // head's gradient, so the largest that fits.
                                 Plan plan = plan_with(automatic_loss_chunk(config, micro_batch, seq_len, dtype));
                                 while (!plan.fits(budget, options.host_budget) &&
                                        plan.shape.loss_chunk_tokens / 2 >= minimum_loss_chunk)
