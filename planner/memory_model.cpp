@@ -420,7 +420,10 @@ int automatic_loss_chunk(const nn::ModelConfig& config, int batch, int seq_len, 
     const size_t fixed = rows * static_cast<size_t>(config.width()) * dtype_size(dtype) +
                          rows * dtype_size(compute_dtype(dtype));
     if (fixed + rows * row_bytes <= automatic_loss_chunk_bytes) return static_cast<int>(rows);
-    const size_t room = automatic_loss_chunk_bytes > fixed ? automatic_loss_chunk_bytes - fixed : 0;
+    // A large micro-batch's d(hidden) alone can pass the target: the chunk's logits still get half of it, so
+    // that the chunks stay large enough for the GEMMs and few enough for the head gradient's re-reads.
+    const size_t room = std::max(automatic_loss_chunk_bytes > fixed ? automatic_loss_chunk_bytes - fixed : 0,
+                                 automatic_loss_chunk_bytes / 2);
     const size_t multiple = static_cast<size_t>(minimum_loss_chunk);
     const size_t chunk = std::max(room / row_bytes / multiple * multiple, multiple);
     return static_cast<int>(std::min(chunk, rows));

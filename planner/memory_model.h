@@ -94,7 +94,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
 // The streaming LM head's chunk when nothing asks for another (train_gpt's --loss-chunk-tokens auto): the head's
 // transient (its d(hidden), one chunk's logits, the per-token losses) at most automatic_loss_chunk_bytes. Every
 // token of the micro-batch when that holds for the whole logits (one chunk: bitwise the fused classifier over
-// the whole logits), else the largest multiple of minimum_loss_chunk tokens for which it does (at least one).
+// the whole logits), else the largest multiple of minimum_loss_chunk tokens for which it does (at least one);
+// when d(hidden) and the losses alone take more than half the target, the chunk's logits get half of it.
 inline constexpr size_t automatic_loss_chunk_bytes = size_t(256) << 20;
 inline constexpr int minimum_loss_chunk = 64; // tokens; the planner halves an automatic chunk no further
 int automatic_loss_chunk(const nn::ModelConfig& config, int batch, int seq_len, DType dtype);

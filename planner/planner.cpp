@@ -154,10 +154,10 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                                     search.plans.push_back(plan_with(std::min(*options.loss_chunk_tokens, rows)));
                                     continue;
                                 }
-                                // auto: the default chunk, halved while the plan does not fit (down to
+                                // auto: one chunk of every token, halved while the plan does not fit (down to
                                 // minimum_loss_chunk): the same FLOPs at any chunk, and each chunk more re-reads the
                                 // head's gradient, so the largest that fits.
-                                Plan plan = plan_with(automatic_loss_chunk(config, micro_batch, seq_len, dtype));
+                                Plan plan = plan_with(rows);
                                 while (!plan.fits(budget, options.host_budget) &&
                                        plan.shape.loss_chunk_tokens / 2 >= minimum_loss_chunk)
                                     plan = plan_with(plan.shape.loss_chunk_tokens / 2);

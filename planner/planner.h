@@ -34,8 +34,9 @@ struct PlannerOptions {
     size_t host_budget = SIZE_MAX;
     std::optional<Ceilings> ceilings; // default: ceilings_for(device, dtype)
     // The streaming LM head's chunk (StepShape::loss_chunk_tokens) every plan takes, at most its micro-batch's
-    // B·T (0: the whole logits). Unset (auto): per plan automatic_loss_chunk, halved while the plan does not
-    // fit, down to minimum_loss_chunk.
+    // B·T (0: the whole logits). Unset (auto): per plan one chunk of all B·T tokens, halved while the plan does
+    // not fit, down to minimum_loss_chunk (the largest chunk that fits is the fastest: each chunk more re-reads
+    // the head's gradient).
     std::optional<int> loss_chunk_tokens;
 };
 
