@@ -3,7 +3,7 @@
 // and a small chunk, reporting the step time, tokens/s and the step's activation and joint peaks.
 //
 //   bench_loss_head                          GPT-2 124M and SmolLM-135M (the small Llama), B 1, T 1024, f32,
-//                                            on the CPU (a step takes seconds: --benchmark_min_time=1x keeps
+//                                            on the CPU (a step takes seconds: --benchmark_min_time=0.01 keeps
 //                                            the run to a few minutes)
 //   bench_loss_head --models=tiny,llama-tiny --seq=64 --batch=4      other sizes
 //
