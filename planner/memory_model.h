@@ -97,7 +97,7 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
 // the whole logits), else the largest multiple of minimum_loss_chunk tokens for which it does (at least one);
 // when d(hidden) and the losses alone take more than half the target, the chunk's logits get half of it.
 inline constexpr size_t automatic_loss_chunk_bytes = size_t(256) << 20;
-inline constexpr int minimum_loss_chunk = 64; // tokens; the planner halves an automatic chunk no further
+inline constexpr int minimum_loss_chunk = 64; // tokens: the planner halves a chunk no further; auto rounds to it
 int automatic_loss_chunk(const nn::ModelConfig& config, int batch, int seq_len, DType dtype);
 
 // The parameters' element count with wte's rows counted as `vocabulary_rows`: vocab_size gives the real count

@@ -218,7 +218,9 @@ TEST_F(StreamingHead, BadInputIsRefusedBeforeAnythingChanges) {
 
 // The trainer with loss chunks against the whole logits: GPT-2 (tied, padded vocabulary) and Llama (tied and
 // untied), f32 and bf16, two micro-batches with padded labels. One chunk of every token: the same bits after
-// three steps; small chunks: the same losses to rounding.
+// three steps; small chunks: the same losses to rounding (measured equal on this CPU BLAS, whose GEMM adds each
+// product into C in k order, so chunking the rows changes no sum; the bounds leave room for a BLAS that splits
+// K: f32 the head-gradient rounding through AdamW, bf16 one rounding of a working copy).
 struct TrainedRun {
     std::vector<double> losses;
     std::vector<float> weights;
@@ -268,11 +270,11 @@ TEST(StreamingHeadTrainer, MatchesTheWholeLogitsBitwiseWithOneChunkAndCloselyWit
             EXPECT_EQ(one_chunk.losses, whole.losses) << what;
             EXPECT_EQ(one_chunk.weights, whole.weights) << what;
             // Evaluation runs the loss-only path (the V real columns' GEMM) against the whole padded logits'.
-            EXPECT_NEAR(one_chunk.evaluated, whole.evaluated, precision == Precision::bf16 ? 1e-2 : 1e-6) << what;
+            EXPECT_NEAR(one_chunk.evaluated, whole.evaluated, precision == Precision::bf16 ? 2e-3 : 1e-6) << what;
             const TrainedRun chunked = train(model, precision, 10);
-            EXPECT_NEAR(chunked.evaluated, whole.evaluated, precision == Precision::bf16 ? 2e-2 : 1e-5) << what;
+            EXPECT_NEAR(chunked.evaluated, whole.evaluated, precision == Precision::bf16 ? 2e-3 : 1e-5) << what;
             for (size_t step = 0; step < whole.losses.size(); ++step)
-                EXPECT_NEAR(chunked.losses[step], whole.losses[step], (precision == Precision::bf16 ? 2e-2 : 1e-5))
+                EXPECT_NEAR(chunked.losses[step], whole.losses[step], (precision == Precision::bf16 ? 2e-3 : 1e-5))
                     << what << " step " << step;
         }
     }

@@ -246,7 +246,8 @@ TEST(StreamingHeadOnDevice, TrainsAsTheWholeLogits) {
         run.loss_chunk = 5;
         const Trained chunked = train(run, false);
         for (size_t step = 0; step < whole.losses.size(); ++step)
-            EXPECT_NEAR(chunked.losses[step], whole.losses[step], run.precision == Precision::bf16 ? 2e-2 : 1e-5)
+            // Measured 1.6e-7 apart (bf16, step 2): the head gradient's chunked sums through AdamW.
+            EXPECT_NEAR(chunked.losses[step], whole.losses[step], run.precision == Precision::bf16 ? 1e-4 : 1e-5)
                 << run.name << " step " << step + 1;
         std::printf("  %s: last loss whole %.7f, one chunk %.7f, chunks of 5 %.7f\n", run.name, whole.losses.back(),
                     one_chunk.losses.back(), chunked.losses.back());
