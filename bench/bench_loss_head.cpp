@@ -1,6 +1,7 @@
-// The streaming LM head against the whole logits, side by side in one run: one optimizer step of a trainer per
-// iteration (Trainer::train_step: forward, loss, backward, clip, AdamW), with --loss-chunk-tokens off, auto
-// and a small chunk, reporting the step time, tokens/s and the step's activation and joint peaks.
+// The streaming LM head against the whole logits, and the tiled MLP against the whole MLP, side by side in one run:
+// one optimizer step of a trainer per iteration (Trainer::train_step: forward, loss, backward, clip, AdamW), with
+// --loss-chunk-tokens off, auto and a small chunk (the MLP whole), then the MLP in small tiles (the head off) and
+// both small, reporting the step time, tokens/s and the step's activation and joint peaks.
 //
 //   bench_loss_head                          GPT-2 124M and SmolLM-135M (the small Llama), B 1, T 1024, f32,
 //                                            on the CPU (a step takes seconds: --benchmark_min_time=0.01 keeps
@@ -8,14 +9,14 @@
 //   bench_loss_head --models=tiny,llama-tiny --seq=64 --batch=4      other sizes
 //
 // Flags (each --name=value): --models (comma-separated ModelConfig::named names), --seq, --batch,
-// --small-chunk (tokens; default 256), --device=cpu|cuda. Anything else goes to Google Benchmark.
+// --small-chunk and --small-tile (tokens; default 256 each), --device=cpu|cuda. Anything else goes to Google
+// Benchmark. Names: loss_head/<model>/<chunk>/mlp_<tile>.
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -34,17 +35,18 @@ using namespace engine;
 
 struct Options {
     std::vector<std::string> models = {"gpt2-124M", "smollm-135m"};
-    int seq = 1024, batch = 1, small_chunk = 256;
+    int seq = 1024, batch = 1, small_chunk = 256, small_tile = 256;
     Device device = Device::cpu;
 };
 
-// A model, its trainer and one fixed micro-batch per (model, chunk): built on the benchmark's first call.
+// A model, its trainer and one fixed micro-batch per (model, chunk, tile): built on the benchmark's first call.
 struct Session {
-    Session(const nn::ModelConfig& config, const Options& options, int chunk)
+    Session(const nn::ModelConfig& config, const Options& options, int chunk, int tile)
         : model(config.build(1, options.device, DType::f32)) {
         optim::TrainerConfig trainer_config;
         trainer_config.shape.per_device_train_batch_size = options.batch;
         trainer_config.shape.loss_chunk_tokens = chunk;
+        trainer_config.shape.mlp_tile_tokens = tile;
         trainer_config.learning_rate = 3e-4;
         trainer_config.max_steps = int64_t(1) << 40;
         trainer = std::make_unique<optim::Trainer>(*model, trainer_config);
@@ -65,10 +67,10 @@ struct Session {
 
 constexpr double mebibyte = 1024.0 * 1024.0;
 
-void run_step(benchmark::State& state, const nn::ModelConfig& config, const Options& options, int chunk) {
+void run_step(benchmark::State& state, const nn::ModelConfig& config, const Options& options, int chunk, int tile) {
     optim::StepResult last;
     try {
-        Session session(config, options, chunk);
+        Session session(config, options, chunk, tile);
         session.trainer->train_step(session.source()); // warm-up: first touch, BLAS set-up
         engine::cuda::synchronize(options.device);
         for (auto _ : state) {
@@ -86,7 +88,8 @@ void run_step(benchmark::State& state, const nn::ModelConfig& config, const Opti
     state.counters["act_MiB"] = static_cast<double>(last.memory.peak(MemoryCategory::activations)) / mebibyte;
     state.counters["peak_MiB"] = static_cast<double>(last.memory.peak_bytes) / mebibyte;
     state.SetLabel(config.to_string() + ", B " + std::to_string(options.batch) + ", T " + std::to_string(options.seq) +
-                   ", loss chunks " + (chunk == 0 ? std::string("off") : std::to_string(chunk)));
+                   ", loss chunks " + (chunk == 0 ? std::string("off") : std::to_string(chunk)) + ", MLP tiles " +
+                   (tile == 0 ? std::string("off") : std::to_string(tile)));
 }
 
 using bench::flag_value;
@@ -110,6 +113,8 @@ int main(int argc, char** argv) {
             options.batch = positive("--batch", text);
         } else if (const char* text = flag_value(argument, "--small-chunk")) {
             options.small_chunk = positive("--small-chunk", text);
+        } else if (const char* text = flag_value(argument, "--small-tile")) {
+            options.small_tile = positive("--small-tile", text);
         } else if (const char* text = flag_value(argument, "--device")) {
             if (std::strcmp(text, "cpu") != 0 && std::strcmp(text, "cuda") != 0) {
                 std::fprintf(stderr, "bench_loss_head: --device must be cpu or cuda, got '%s'\n", text);
@@ -141,13 +146,20 @@ int main(int argc, char** argv) {
     for (size_t index = 0; index < configs.size(); ++index) {
         const nn::ModelConfig& config = configs[index];
         const int automatic = planner::automatic_loss_chunk(config, options.batch, options.seq, DType::f32);
-        const std::map<std::string, int> chunks = {
-            {"off", 0}, {"auto", automatic}, {std::to_string(options.small_chunk), options.small_chunk}};
-        for (const std::string& chunk_name : {std::string("off"), std::string("auto"), std::to_string(options.small_chunk)}) {
-            const int chunk = chunks.at(chunk_name);
-            const std::string name = "loss_head/" + options.models[index] + "/" + chunk_name;
-            benchmark::RegisterBenchmark(name.c_str(), [config, options, chunk](benchmark::State& state) {
-                run_step(state, config, options, chunk);
+        const int automatic_tile = planner::automatic_mlp_tile(config, options.batch, options.seq, DType::f32);
+        const std::string chunk = std::to_string(options.small_chunk), tile = std::to_string(options.small_tile);
+        struct Variant {
+            std::string chunk_name, tile_name;
+            int chunk, tile;
+        };
+        for (const Variant& variant : {Variant{"off", "off", 0, 0}, Variant{"auto", "auto", automatic, automatic_tile},
+                                       Variant{chunk, "off", options.small_chunk, 0},
+                                       Variant{"off", tile, 0, options.small_tile},
+                                       Variant{chunk, tile, options.small_chunk, options.small_tile}}) {
+            const std::string name =
+                "loss_head/" + options.models[index] + "/" + variant.chunk_name + "/mlp_" + variant.tile_name;
+            benchmark::RegisterBenchmark(name.c_str(), [config, options, variant](benchmark::State& state) {
+                run_step(state, config, options, variant.chunk, variant.tile);
             })->Unit(benchmark::kMillisecond)->UseRealTime();
         }
     }

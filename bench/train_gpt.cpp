@@ -269,6 +269,7 @@ std::string run_config_json(const Options& options) {
                           {"offload_gradients", gradient_offload_name(trainer.shape.offload_gradients)},
                           {"offload_parameters", trainer.shape.offload_parameters},
                           {"loss_chunk_tokens", trainer.shape.loss_chunk_tokens},
+                          {"mlp_tile_tokens", trainer.shape.mlp_tile_tokens},
                           {"precision", precision_name(trainer.shape.precision)}}
         .dump();
 }
@@ -292,7 +293,7 @@ void check_host_budget(const Options& options) {
         options.model, shape.per_device_train_batch_size, options.seq_len, shape.checkpointing,
         precision_dtype(shape.precision), options.trainer.optimizer, shape.zero_stage == 1 ? launch.world_size : 1,
         shape.gradient_accumulation_steps, true, shape.offload_gradients, shape.offload_parameters,
-        shape.loss_chunk_tokens);
+        shape.loss_chunk_tokens, shape.mlp_tile_tokens);
     const size_t budget = host_budget(options);
     if (predicted.host_peak_bytes > budget)
         throw train_gpt::UsageError(
@@ -317,6 +318,7 @@ Options apply_memory_plan(const Options& options) {
     search.ranks = ranks;
     search.host_budget = options.resolved_device == Device::cpu ? SIZE_MAX : host_budget(options);
     search.loss_chunk_tokens = options.loss_chunk_tokens;
+    search.mlp_tile_tokens = options.mlp_tile_tokens;
     const int global_batch =
         options.global_batch_size > 0
             ? options.global_batch_size
@@ -363,7 +365,7 @@ int run(const Options& flags) {
                                               shape.zero_stage == 1 ? launch.world_size : 1,
                                               shape.gradient_accumulation_steps, shape.offload_optimizer,
                                               shape.offload_gradients, shape.offload_parameters,
-                                              shape.loss_chunk_tokens);
+                                              shape.loss_chunk_tokens, shape.mlp_tile_tokens);
         return 0;
     }
 

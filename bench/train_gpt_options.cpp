@@ -198,6 +198,11 @@ data parallelism (mpirun -np N train_gpt ...; docs/DISTRIBUTED.md):
                                  whole logits; auto (default): the head's buffers (a chunk's logits, d(hidden),
                                  the losses) within 256 MiB: all tokens when the whole logits fit, else the
                                  largest multiple of 64 that does; under --max-memory the planner's choice)
+  --mlp-tile-tokens N|off|auto   the sequence-tiled MLP: every layer's MLP over tiles of N of the micro-batch's
+                                 B x T tokens, so that its intermediates exist one tile at a time, for one more
+                                 MLP forward in backward (off: the whole MLP; auto (default): off while a layer's
+                                 MLP intermediates take at most 256 MiB, else the largest multiple of 64 tokens
+                                 whose intermediates take at most 64 MiB; under --max-memory the planner's choice)
   --offload-parameters none|cpu  with --offload-optimizer cpu and --gradient-checkpointing, cpu: the checkpointed
                                  layers' working weights live in host memory too and come to the device for each
                                  segment's forward and again for its recompute and backward, one segment at a time
@@ -380,6 +385,12 @@ Options parse_options(const std::vector<std::string>& arguments) {
              options.loss_chunk_tokens = parse_int(f, v);
              require(*options.loss_chunk_tokens >= 1, f, std::to_string(*options.loss_chunk_tokens) +
                                                              " must be >= 1 (off: the whole logits; auto: chosen)"); }},
+        {"--mlp-tile-tokens", [&](auto& f, auto& v) {
+             if (v == "auto") return options.mlp_tile_tokens.reset();
+             if (v == "off") return void(options.mlp_tile_tokens = 0);
+             options.mlp_tile_tokens = parse_int(f, v);
+             require(*options.mlp_tile_tokens >= 1, f, std::to_string(*options.mlp_tile_tokens) +
+                                                           " must be >= 1 (off: the whole MLP; auto: chosen)"); }},
         {"--offload-parameters", [&](auto& f, auto& v) {
              require(v == "none" || v == "cpu", f, "'" + v + "' is not none or cpu");
              shape.offload_parameters = v == "cpu"; }},
@@ -455,9 +466,20 @@ Options parse_options(const std::vector<std::string>& arguments) {
                     std::to_string(shape.per_device_train_batch_size) + " x " + std::to_string(options.seq_len) +
                     " = " + std::to_string(tokens) + " tokens");
     }
-    if (!planned && shape.per_device_train_batch_size > 0)
-        shape.loss_chunk_tokens = options.loss_chunk_tokens.value_or(engine::planner::automatic_loss_chunk(
-            model, shape.per_device_train_batch_size, options.seq_len, engine::precision_dtype(shape.precision)));
+    if (options.mlp_tile_tokens && !planned) {
+        const int64_t tokens = int64_t(shape.per_device_train_batch_size) * options.seq_len;
+        require(*options.mlp_tile_tokens <= tokens, "--mlp-tile-tokens",
+                std::to_string(*options.mlp_tile_tokens) + " is larger than the micro-batch's " +
+                    std::to_string(shape.per_device_train_batch_size) + " x " + std::to_string(options.seq_len) +
+                    " = " + std::to_string(tokens) + " tokens");
+    }
+    if (!planned && shape.per_device_train_batch_size > 0) {
+        const engine::DType dtype = engine::precision_dtype(shape.precision);
+        shape.loss_chunk_tokens = options.loss_chunk_tokens.value_or(
+            engine::planner::automatic_loss_chunk(model, shape.per_device_train_batch_size, options.seq_len, dtype));
+        shape.mlp_tile_tokens = options.mlp_tile_tokens.value_or(
+            engine::planner::automatic_mlp_tile(model, shape.per_device_train_batch_size, options.seq_len, dtype));
+    }
     check_trainer_config(trainer); // every rule on the training flags, in TrainerConfig
 
     if (options.device == "cuda" || options.device == "auto") {

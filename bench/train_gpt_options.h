@@ -97,6 +97,9 @@ struct Options {
     // --loss-chunk-tokens N|off|auto: the streaming LM head's chunk (StepShape::loss_chunk_tokens; off is 0).
     // Unset (auto): planner::automatic_loss_chunk, or under --max-memory the planner's choice.
     std::optional<int> loss_chunk_tokens;
+    // --mlp-tile-tokens N|off|auto: the sequence-tiled MLP's tile (StepShape::mlp_tile_tokens; off is 0). Unset
+    // (auto): planner::automatic_mlp_tile, or under --max-memory the planner's choice.
+    std::optional<int> mlp_tile_tokens;
     // --profile (or ENGINE_PROFILE=1): the op profiler (engine/profiling.h) over the training steps after the
     // first two; its table is printed after training and logged under "profile" on the last --log line.
     bool profile = false;

@@ -153,22 +153,6 @@ std::vector<Segment> plan_segments(int layer_count, const CheckpointPolicy& poli
     return segments;
 }
 
-namespace {
-
-// Puts the RNG stream back where it was when the scope began, also when the recompute throws.
-class RngRestore {
-public:
-    RngRestore() : saved_(rng_state()) {}
-    ~RngRestore() { rng_state() = saved_; }
-    RngRestore(const RngRestore&) = delete;
-    RngRestore& operator=(const RngRestore&) = delete;
-
-private:
-    RngState saved_;
-};
-
-} // namespace
-
 std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tensor>& inputs, bool offload,
                                bool prefetch, SegmentHooks hooks) {
     ENGINE_CHECK(static_cast<bool>(fn), "checkpoint: the segment function is empty");
@@ -263,7 +247,7 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
         Tape local_tape;
         std::vector<Tensor> recomputed;
         {
-            RngRestore restore_after; // recompute leaves the stream where the un-checkpointed run would
+            RngStateRestore restore_after; // recompute leaves the stream where the un-checkpointed run would
             rng_state() = rng_at_start; // replay the same dropout masks
             TapeScope scope(local_tape);
             GradModeGuard grad_on(true);

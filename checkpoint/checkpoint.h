@@ -38,6 +38,24 @@ struct SegmentHooks {
 std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tensor>& inputs, bool offload = false,
                                bool prefetch = false, SegmentHooks hooks = {});
 
+// The sequence-tiled MLP (docs/MEMORY.md, "The tiled MLP"): `function` applied to `input` (..., C) seen as rows
+// (numel / C, C), `tile_rows` rows at a time, so that its intermediates exist for one tile only. The function must
+// be row-wise: output row i depends on input row i alone (an MLP; not attention, not a norm across rows), and it
+// returns (rows, C_out) for (rows, C); the result is (..., C_out). In forward, grad mode or not, each tile runs
+// under no-grad: a copy of its input rows in, its output rows copied into the result. Under grad mode ONE node
+// is recorded that saved only `input` (and the RNG state at each tile); its backward re-runs each tile on a
+// local tape and backpropagates it at once (parameter gradients accumulate tile after tile into their buffers),
+// writing the tile's rows of d(input). The output is bitwise the untiled function's wherever that function's
+// rows come out the same for any row count (this CPU BLAS's GEMM does); parameter gradients are the untiled
+// ones summed in tiles. Costs one more forward of the function per backward. tile_rows >= the row count: one
+// tile (the function recomputed whole in backward). Throws on an empty function, a tile below 1 or an input
+// with no rows, and when a tile's output is not (rows, C_out) of one dtype and device.
+using RowFunction = std::function<Tensor(const Tensor&)>;
+Tensor tiled_rows(const RowFunction& function, const Tensor& input, int64_t tile_rows);
+// Tiles run by tiled_rows since the counter was last reset (per thread; forward and backward each count).
+size_t tiled_row_tile_count();
+void reset_tiled_row_tile_count();
+
 struct CheckpointPolicy {
     bool enabled = false;   // gradient_checkpointing
     int every_n_layers = 1; // checkpoint blocks 1, 1+n, 1+2n, ... (1-based); 1 = all

@@ -16,6 +16,18 @@ struct RngState {
 };
 
 RngState& rng_state(); // per thread
+// Puts this thread's RNG state back where it was when the scope began, also when the scope throws: a
+// recompute (checkpoint, tiled_rows) replays earlier draws and must leave the stream where the plain run would.
+class RngStateRestore {
+public:
+    RngStateRestore() : saved_(rng_state()) {}
+    ~RngStateRestore() { rng_state() = saved_; }
+    RngStateRestore(const RngStateRestore&) = delete;
+    RngStateRestore& operator=(const RngStateRestore&) = delete;
+
+private:
+    RngState saved_;
+};
 void manual_seed(uint64_t seed); // sets seed and resets offset to 0
 // Reserves `count` values of the stream and returns the offset of the first.
 uint64_t advance_rng(uint64_t count);

@@ -422,6 +422,25 @@ void Tensor::copy_from(const Tensor& source) {
     copy_bytes(raw_data(), device(), source.raw_data(), source.device(), nbytes());
 }
 
+void Tensor::copy_rows_from(const Tensor& source, int64_t source_row, int64_t destination_row, int64_t count) {
+    const auto rows_of = [](const Tensor& tensor) {
+        return tensor.dim() == 0 || tensor.shape().back() == 0 ? 0 : tensor.numel() / tensor.shape().back();
+    };
+    ENGINE_CHECK(source.dtype() == dtype() && dim() >= 1 && source.dim() >= 1 && source.shape().back() == shape().back(),
+                 "copy_rows_from: destination " << describe() << " and source " << source.describe()
+                                                << " differ in dtype or row width");
+    ENGINE_CHECK(count >= 0 && source_row >= 0 && destination_row >= 0 && source_row + count <= rows_of(source) &&
+                     destination_row + count <= rows_of(*this),
+                 "copy_rows_from: rows [" << source_row << "," << source_row + count << ") of " << source.describe()
+                                          << " into rows [" << destination_row << "," << destination_row + count
+                                          << ") of " << describe() << " fall outside them");
+    impl().storage->set_host_copy(nullptr);
+    const size_t row_bytes = static_cast<size_t>(shape().back()) * dtype_size(dtype());
+    copy_bytes(static_cast<char*>(raw_data()) + static_cast<size_t>(destination_row) * row_bytes, device(),
+               static_cast<const char*>(source.raw_data()) + static_cast<size_t>(source_row) * row_bytes,
+               source.device(), static_cast<size_t>(count) * row_bytes);
+}
+
 void Tensor::fill_zero() {
     impl().storage->set_host_copy(nullptr);
     zero_bytes(raw_data(), device(), nbytes());

@@ -134,6 +134,11 @@ public:
     Tensor reshape(const Shape& shape) const;
     // Overwrites this tensor's contents with `source` (same shape and dtype; any devices).
     void copy_from(const Tensor& source);
+    // Rows are the tensor seen as (numel / last dimension, last dimension), each a contiguous run of memory:
+    // copies `count` rows of `source` from its row `source_row` over this tensor's rows from `destination_row`
+    // (same dtype and last dimension; any devices). The tiled MLP's tiles go in and out through it
+    // (checkpoint::tiled_rows).
+    void copy_rows_from(const Tensor& source, int64_t source_row, int64_t destination_row, int64_t count);
     void fill_zero();
 
     std::string describe() const; // "name (2,3) f32 cpu"

@@ -17,6 +17,12 @@ void CausalLM::set_checkpointing(const checkpoint::CheckpointPolicy& policy) {
     policy_ = policy;
 }
 
+void CausalLM::set_mlp_tile_tokens(int tokens) {
+    ENGINE_CHECK(tokens >= 0, "set_mlp_tile_tokens: a tile of " << tokens << " tokens; it must be >= 1, or 0 for none");
+    tile_mlps(tokens);
+    mlp_tile_tokens_ = tokens;
+}
+
 Tensor CausalLM::run_decoder(Tensor input) const {
     if (!policy_.enabled) return run_blocks(input, 0, block_count());
     Tensor x = std::move(input);

@@ -41,6 +41,11 @@ public:
     void set_checkpointing(const checkpoint::CheckpointPolicy& policy) override;
     const checkpoint::CheckpointPolicy& checkpointing() const { return policy_; }
     const std::vector<checkpoint::Segment>& segments() const { return segments_; }
+    // The sequence-tiled MLP (StepShape::mlp_tile_tokens; docs/MEMORY.md, "The tiled MLP"): every decoder layer's
+    // MLP runs over tiles of this many of the micro-batch's B·T tokens (checkpoint::tiled_rows), in forward,
+    // recompute and backward alike; 0: whole. Throws below 0.
+    void set_mlp_tile_tokens(int tokens);
+    int mlp_tile_tokens() const { return mlp_tile_tokens_; }
     // Decoder layer `index` as a module (its parameters, its working copies).
     virtual Module& block(int index) = 0;
     // What runs inside each checkpointed segment's backward (checkpoint::SegmentHooks), asked of `hooks` per
@@ -54,6 +59,8 @@ public:
     DType dtype() const { return compute_dtype(); } // what the forward computes in: the activations' dtype
 
 protected:
+    // Gives every decoder layer's MLP the tile (set_mlp_tile_tokens has checked it).
+    virtual void tile_mlps(int tokens) = 0;
     // All decoder layers under the policy: checkpointed segments through checkpoint::checkpoint, the rest plain.
     // Takes its input by value and drops it after the first segment: callers move their handle in, so that an
     // offloaded first segment's input (the embedding output) leaves the device as soon as it is copied out.
@@ -65,6 +72,7 @@ private:
     checkpoint::CheckpointPolicy policy_;
     std::vector<checkpoint::Segment> segments_;
     SegmentHooksFor segment_hooks_;
+    int mlp_tile_tokens_ = 0;
 };
 
 } // namespace engine::nn

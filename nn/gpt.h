@@ -63,6 +63,13 @@ public:
 
     const GPTConfig& config() const { return config_; }
 
+protected:
+    void tile_mlps(int tokens) override {
+        for (const std::unique_ptr<Block>& block : h) block->mlp.tile_rows = tokens;
+    }
+
+public:
+
     Embedding wte, wpe; // wte.weight (V,C), stored in a (Vp,C) allocation: wte.padded_weight
     Dropout drop;
     std::vector<std::unique_ptr<Block>> h;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <utility>
 
+#include "checkpoint/checkpoint.h"
 #include "nn/init.h"
 
 namespace engine::nn {
@@ -130,7 +131,9 @@ MLP::MLP(int channels, int layers, float dropout_probability, const InitOptions&
 }
 
 Tensor MLP::forward(const Tensor& input) const {
-    return residual_dropout.forward(c_proj.forward(gelu(c_fc.forward(input))));
+    if (tile_rows == 0) return residual_dropout.forward(c_proj.forward(gelu(c_fc.forward(input))));
+    const auto rows = [this](const Tensor& tile) { return c_proj.forward(gelu(c_fc.forward(tile))); };
+    return residual_dropout.forward(checkpoint::tiled_rows(rows, input, tile_rows));
 }
 
 Block::Block(int channels, int heads, int layers, float dropout_probability, const InitOptions& init)

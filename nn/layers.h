@@ -156,9 +156,13 @@ public:
 class MLP : public Layer {
 public:
     MLP(int channels, int layers, float dropout_probability, const InitOptions& init);
-    Tensor forward(const Tensor& input) const override; // c_fc (C,4C) -> gelu -> c_proj (4C,C) -> dropout
+    // c_fc (C,4C) -> gelu -> c_proj (4C,C) -> dropout. With tile_rows > 0 the part before the dropout runs over
+    // tiles of that many of the input's rows (checkpoint::tiled_rows: the sequence-tiled MLP); the dropout, whose
+    // mask is drawn over the whole output, stays outside the tiles, so its draws are the untiled ones.
+    Tensor forward(const Tensor& input) const override;
     Linear c_fc, c_proj;
     Dropout residual_dropout;
+    int64_t tile_rows = 0; // 0: untiled (CausalLM::set_mlp_tile_tokens)
 };
 
 // Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)). The checkpointable unit.

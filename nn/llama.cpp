@@ -124,7 +124,8 @@ LlamaMLP::LlamaMLP(const LlamaConfig& config, const InitOptions& init)
 }
 
 Tensor LlamaMLP::forward(const Tensor& input) const {
-    return down_proj.forward(swiglu(gate_proj.forward(input), up_proj.forward(input)));
+    const auto rows = [this](const Tensor& x) { return down_proj.forward(swiglu(gate_proj.forward(x), up_proj.forward(x))); };
+    return tile_rows == 0 ? rows(input) : checkpoint::tiled_rows(rows, input, tile_rows);
 }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, const RopeCache& rope, const InitOptions& init)

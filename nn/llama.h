@@ -70,8 +70,11 @@ private:
 class LlamaMLP : public Layer {
 public:
     LlamaMLP(const LlamaConfig& config, const InitOptions& init);
-    Tensor forward(const Tensor& input) const override; // down(silu(gate(x)) * up(x))
+    // down(silu(gate(x)) * up(x)); with tile_rows > 0 over tiles of that many of the input's rows
+    // (checkpoint::tiled_rows: the sequence-tiled MLP).
+    Tensor forward(const Tensor& input) const override;
     TorchLinear gate_proj, up_proj, down_proj;
+    int64_t tile_rows = 0; // 0: untiled (CausalLM::set_mlp_tile_tokens)
 };
 
 // x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm(·)). The checkpointable unit.
@@ -117,6 +120,12 @@ public:
 
     const LlamaConfig& config() const { return config_; }
 
+protected:
+    void tile_mlps(int tokens) override {
+        for (const std::unique_ptr<LlamaDecoderLayer>& layer : model.layers) layer->mlp.tile_rows = tokens;
+    }
+
+public:
     LlamaModel model;
     std::unique_ptr<TorchLinear> lm_head; // null when tie_word_embeddings: the head reads model.embed_tokens
 };

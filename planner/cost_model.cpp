@@ -116,6 +116,8 @@ namespace {
 // bytes and op count, and the LM head's GEMM and bytes.
 struct LayerWork {
     double layer_gemm = 0, layer_attention = 0, layer_bytes = 0, layer_ops = 0;
+    // Of them, the MLP's forward: what a tiled MLP runs once more in backward (GEMMs, its activation's bytes, ops).
+    double mlp_gemm = 0, mlp_bytes = 0, mlp_ops = 0;
     double head_gemm = 0, head_bytes = 0;
     double parameters = 0; // what the optimizer updates
 };
@@ -135,6 +137,9 @@ LayerWork gpt_work(const nn::GPTConfig& config, double batch, double seq_len, do
     work.layer_attention = causal_attention_flops(batch, seq_len, width);
     work.layer_bytes = 22.0 * rows * width * element;
     work.layer_ops = 15.0;
+    work.mlp_gemm = 16.0 * rows * width * width; // c_fc and c_proj
+    work.mlp_bytes = 8.0 * rows * width * element; // GELU over 4C, in and out
+    work.mlp_ops = 3.0;
     work.head_gemm = 2.0 * rows * width * vocabulary;
     work.head_bytes = 3.0 * rows * vocabulary * element;
     work.parameters = static_cast<double>(parameter_count(config, config.vocab_size));
@@ -152,6 +157,9 @@ LayerWork llama_work(const nn::LlamaConfig& config, double batch, double seq_len
     // (2 A + 4 K), attention's packed input and output (2 A + 2 K), two residual adds (6 A), SwiGLU (3 M).
     work.layer_bytes = rows * element * (16.0 * width + 8.0 * key_value + 3.0 * intermediate);
     work.layer_ops = 16.0; // rms_norm, 3 projections, 2 ropes, concat, attention, o_proj, add, rms_norm, 3, swiglu, add
+    work.mlp_gemm = 6.0 * rows * width * intermediate; // gate, up, down
+    work.mlp_bytes = 3.0 * rows * intermediate * element; // SwiGLU
+    work.mlp_ops = 4.0;
     work.head_gemm = 2.0 * rows * width * config.vocab_size; // no padding
     work.head_bytes = 3.0 * rows * config.vocab_size * element;
     work.parameters = static_cast<double>(llama_parameter_count(config));
@@ -163,7 +171,7 @@ LayerWork llama_work(const nn::LlamaConfig& config, double batch, double seq_len
 StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumulation_steps, int seq_len,
                       const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
                       int optimizer_shards, const Ceilings& ceilings, bool offload_optimizer,
-                      GradientOffload gradients, bool offload_parameters, int loss_chunk_tokens) {
+                      GradientOffload gradients, bool offload_parameters, int loss_chunk_tokens, int mlp_tile_tokens) {
     const double rows = static_cast<double>(micro_batch) * seq_len; // N = B*T per micro-batch
     const double width = config.width(), layers = config.layers();
     const double steps = accumulation_steps;
@@ -210,6 +218,18 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
         const double head_gradient = static_cast<double>(config.padded_vocab_size()) * width * wide;
         cost.streamed_bytes += steps * ((chunks - 1.0) * 2.0 * head_gradient + stream);
         cost.ops += steps * (5.0 * chunks - 3.0);
+    }
+    if (mlp_tile_tokens > 0) {
+        // The tiled MLP: every layer's backward runs the MLP forward once more, tile by tile (recompute); the tiles
+        // go in and out through row copies (forward: the input rows and the result's, 4 A; backward: the input
+        // rows, d(result)'s and d(input)'s, 6 A, and d(input) zeroed, A); per tile its ops forward (the MLP's and
+        // two copies), and in backward its recompute, a backward of twice the ops and three copies, where the
+        // untiled MLP's three passes are in layer_ops already.
+        const double tiles = std::ceil(rows / std::min<double>(mlp_tile_tokens, rows));
+        cost.recompute_flops += steps * layers * work.mlp_gemm;
+        cost.gemm_flops += steps * layers * work.mlp_gemm;
+        cost.streamed_bytes += steps * layers * (work.mlp_bytes + 11.0 * stream);
+        cost.ops += steps * layers * (tiles * (4.0 * work.mlp_ops + 5.0) + 1.0 - 3.0 * work.mlp_ops);
     }
     cost.host_device_bytes = steps * 2.0 * offloaded * stream;
     if (offload_optimizer) {

@@ -35,7 +35,7 @@ struct StepCost {
     // Per optimizer step (all micro-batches).
     double forward_flops = 0;   // GEMMs and attention of the forwards
     double backward_flops = 0;  // 2x the GEMMs, 2.5x attention
-    double recompute_flops = 0; // the checkpointed blocks' second forward
+    double recompute_flops = 0; // the checkpointed blocks' second forward, and a tiled MLP's
     double gemm_flops = 0, attention_flops = 0; // the same FLOPs split by which ceiling they meet
     double streamed_bytes = 0;     // elementwise traffic of forward, backward, recompute and the optimizer
     double host_device_bytes = 0;  // offload: each saved input out in forward and back before its recompute;
@@ -57,6 +57,6 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
                       const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
                       int optimizer_shards, const Ceilings& ceilings, bool offload_optimizer = false,
                       GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
-                      int loss_chunk_tokens = 0);
+                      int loss_chunk_tokens = 0, int mlp_tile_tokens = 0);
 
 } // namespace engine::planner

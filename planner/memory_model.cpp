@@ -25,7 +25,9 @@ namespace {
 // saved, but C++ keeps an expression's temporaries until it ends, so the MLP line holds the after-attention
 // residual, ln_2 out, c_fc out (4), gelu out (4), c_proj out and the dropout output at once: 12 A (11 A when
 // dropout is off and returns its input).
-StepTerms gpt_step_terms(const nn::GPTConfig& config, int batch, int seq_len, DType dtype) {
+// With the MLP tiled (mlp_tile_tokens > 0; docs/MEMORY.md, "The tiled MLP") its node saves ln_2 out only: P = 8A +
+// 4R + H, and a tile of m rows (a = (m,C)) holds its input copy, c_fc out (4a), gelu out (4a) and c_proj out (a).
+StepTerms gpt_step_terms(const nn::GPTConfig& config, int batch, int seq_len, DType dtype, int mlp_tile_tokens) {
     // bf16 (mixed precision): activations and their gradients are bf16; the statistics (layernorm mean and
     // rstd, attention's logsumexp, the losses) are compute_dtype(bf16) = f32.
     const size_t element = dtype_size(dtype);
@@ -43,6 +45,36 @@ StepTerms gpt_step_terms(const nn::GPTConfig& config, int batch, int seq_len, DT
     terms.scalar = wide;
     terms.embedding_peak = (dropout_active ? 2 : 1) * A; // its output and its dropout's
     terms.final_norm_statistics = 2 * R;                 // ln_f's mean and rstd
+    // The loss's seed and multiply's gradient (2s), the head's d(ln_f out) (A), dropout's gradient (A).
+    terms.other_workspace = std::max({2 * terms.scalar, A, (dropout_active ? 2 : 1) * A});
+    if (mlp_tile_tokens > 0) {
+        const size_t tile = std::min(static_cast<size_t>(mlp_tile_tokens), rows);
+        const size_t row = static_cast<size_t>(config.n_embd) * element;
+        const size_t a = tile * row;
+        terms.layer_saved = 8 * A + 4 * R + H;
+        // The result (A) is made after the first tile's forward (10a), beside that tile's output alone (a); only the
+        // later tiles (the largest: a whole one, or with two tiles the shorter last) meet it.
+        const size_t later = tile < rows ? std::min(tile, rows - tile) : 0;
+        const size_t mlp_forward = std::max({10 * a, A + a, later == 0 ? 0 : A + 10 * later * row});
+        // Forward: the MLP's moments; the dropout or the final add (2A).
+        terms.layer_transient = std::max(2 * A, mlp_forward);
+        // No-grad: the attention line (ln_1 out, qkv, attention out with its logsumexp, then c_proj out and
+        // dropout's: 5A + H, 6A or 7A), ln_1 and ln_2 with their statistics, the MLP line (aa and ln_2 out beside
+        // the MLP's moments) and its dropout or final add (4A).
+        terms.no_grad_layer_peak =
+            std::max({5 * A + H, (dropout_active ? 7 : 6) * A, 2 * A + 2 * R, 2 * A + mlp_forward, 4 * A});
+        // Backward: the tiled node holds d(aa), d(mlp out) and d(ln_2 out) (3A) while a tile is recomputed (10a less
+        // c_proj out) and backpropagated: c_proj's d(gelu out) (4a) beside d(tile out) (a) is its high, 14a. The
+        // attention's (d(x), d(attention out), d(qkv) beside its saved part) stays below.
+        terms.backward_activations = 10 * a; // the recomputed tile: its input copy, c_fc out, gelu out, c_proj out
+        terms.layer_backward = 3 * A + 14 * a;
+        terms.recomputed_layer_backward = 4 * A + 14 * a;
+        // The workspace alone: the tiled node's 3A with gelu's d(gelu out) and d(c_fc out) (8a); the attention's and
+        // c_attn's backward (d(x), d(attention out) or d(ln_1 out), d(qkv): 5A).
+        terms.layer_workspace = std::max(3 * A + 8 * a, 5 * A);
+        terms.recomputed_layer_workspace = std::max(3 * A + 8 * a, 5 * A) + A;
+        return terms;
+    }
     terms.layer_saved = 16 * A + 4 * R + H;
     terms.layer_transient = 2 * A;
     terms.no_grad_layer_peak = (dropout_active ? 12 : 11) * A;
@@ -53,8 +85,6 @@ StepTerms gpt_step_terms(const nn::GPTConfig& config, int batch, int seq_len, DT
     terms.recomputed_layer_backward = 7 * A;
     terms.layer_workspace = 9 * A;
     terms.recomputed_layer_workspace = 10 * A;
-    // The loss's seed and multiply's gradient (2s), the head's d(ln_f out) (A), dropout's gradient (A).
-    terms.other_workspace = std::max({2 * terms.scalar, A, (dropout_active ? 2 : 1) * A});
     return terms;
 }
 
@@ -206,6 +236,10 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
         const size_t saved = segment.layer_count * P;
         if (!segment.checkpointed) {
             joint(kept_before[index] + saved + losses + terms.layer_backward, "backward of " + block_range(segment));
+            // A tiled MLP recomputes in backward: a tile's forward beside the layer's saved set and the loss.
+            if (terms.backward_activations > 0)
+                activation(kept_before[index] + terms.scalar + saved + terms.backward_activations,
+                           "backward of " + block_range(segment) + " (an MLP tile's recompute)");
             continue;
         }
         activation(kept_before[index] + terms.scalar + saved + terms.layer_transient,
@@ -260,7 +294,7 @@ ParameterTerms parameter_terms(const nn::ModelConfig& config, DType dtype) {
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                                 DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
                                 bool offload_optimizer, GradientOffload gradients_where, bool offload_parameters,
-                                int loss_chunk_tokens) {
+                                int loss_chunk_tokens, int mlp_tile_tokens) {
     config.validate();
     ENGINE_CHECK(!offload_parameters || (offload_optimizer && policy.enabled),
                  "predict_memory: offload_parameters needs offload_optimizer and gradient checkpointing");
@@ -280,8 +314,10 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
     ENGINE_CHECK(loss_chunk_tokens >= 0,
                  "predict_memory: loss_chunk_tokens " << loss_chunk_tokens << " must be >= 0 (0: the whole logits)");
-    StepTerms terms = config.is_llama() ? llama_step_terms(config.llama(), batch, seq_len, dtype)
-                                        : gpt_step_terms(config.gpt(), batch, seq_len, dtype);
+    ENGINE_CHECK(mlp_tile_tokens >= 0,
+                 "predict_memory: mlp_tile_tokens " << mlp_tile_tokens << " must be >= 0 (0: the whole MLP)");
+    StepTerms terms = config.is_llama() ? llama_step_terms(config.llama(), batch, seq_len, dtype, mlp_tile_tokens)
+                                        : gpt_step_terms(config.gpt(), batch, seq_len, dtype, mlp_tile_tokens);
     if (loss_chunk_tokens > 0) {
         // linear_cross_entropy: d(hidden) (A), one chunk's logits (a last, shorter chunk reuses the buffer) and
         // the per-token losses; the (1) loss comes after the chunk buffer is gone.
@@ -411,35 +447,17 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     return prediction;
 }
 
-int automatic_loss_chunk(const nn::ModelConfig& config, int batch, int seq_len, DType dtype) {
-    ENGINE_CHECK(batch > 0 && seq_len > 0,
-                 "automatic_loss_chunk: batch " << batch << " and seq_len " << seq_len << " must be positive");
-    const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
-    const size_t row_bytes = static_cast<size_t>(config.padded_vocab_size()) * dtype_size(dtype);
-    // What the streaming head holds besides its chunk's logits: d(hidden) and the per-token losses.
-    const size_t fixed = rows * static_cast<size_t>(config.width()) * dtype_size(dtype) +
-                         rows * dtype_size(compute_dtype(dtype));
-    if (fixed + rows * row_bytes <= automatic_loss_chunk_bytes) return static_cast<int>(rows);
-    // A large micro-batch's d(hidden) alone can pass the target: the chunk's logits still get half of it, so
-    // that the chunks stay large enough for the GEMMs and few enough for the head gradient's re-reads.
-    const size_t room = std::max(automatic_loss_chunk_bytes > fixed ? automatic_loss_chunk_bytes - fixed : 0,
-                                 automatic_loss_chunk_bytes / 2);
-    const size_t multiple = static_cast<size_t>(minimum_loss_chunk);
-    const size_t chunk = std::max(room / row_bytes / multiple * multiple, multiple);
-    return static_cast<int>(std::min(chunk, rows));
-}
-
 std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                         DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
                         bool offload_optimizer, GradientOffload gradients, bool offload_parameters,
-                        int loss_chunk_tokens) {
+                        int loss_chunk_tokens, int mlp_tile_tokens) {
     const MemoryPrediction planned =
         predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps,
-                       offload_optimizer, gradients, offload_parameters, loss_chunk_tokens);
+                       offload_optimizer, gradients, offload_parameters, loss_chunk_tokens, mlp_tile_tokens);
     // Streamed gradients need checkpointed segments: the plain comparison keeps the window.
     const MemoryPrediction plain = predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer,
                                                   optimizer_shards, 1, offload_optimizer, GradientOffload::window,
-                                                  false, loss_chunk_tokens);
+                                                  false, loss_chunk_tokens, mlp_tile_tokens);
     const int layers = config.layers();
     std::ostringstream text;
     text << "model: " << config.to_string() << "\n";
@@ -512,7 +530,7 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
         const size_t chunk = std::min(static_cast<size_t>(loss_chunk_tokens), rows);
         const MemoryPrediction whole =
             predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps,
-                           offload_optimizer, gradients, offload_parameters, 0);
+                           offload_optimizer, gradients, offload_parameters, 0, mlp_tile_tokens);
         text << "loss: streaming head, " << (rows + chunk - 1) / chunk << " chunks of " << chunk << " tokens: one chunk's logits ("
              << chunk << "," << vocabulary << ") = " << mebibytes(chunk * logits_row) << " and d(hidden) "
              << mebibytes(rows * static_cast<size_t>(config.width()) * dtype_size(dtype))
@@ -522,6 +540,24 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
     } else {
         text << "loss: fused classifier, the gradient written over the logits (B,T," << vocabulary
              << ") = " << mebibytes(rows * logits_row) << ": no second buffer of that size in workspace\n";
+    }
+    const size_t intermediate = config.is_llama() ? 3 * static_cast<size_t>(config.llama().intermediate_size)
+                                                  : 8 * static_cast<size_t>(config.width()); // g, u, w; c_fc and gelu out
+    if (mlp_tile_tokens > 0) {
+        const size_t tile = std::min(static_cast<size_t>(mlp_tile_tokens), rows);
+        const MemoryPrediction untiled =
+            predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps,
+                           offload_optimizer, gradients, offload_parameters, loss_chunk_tokens, 0);
+        text << "MLP: tiled, " << (rows + tile - 1) / tile << " tiles of " << tile << " tokens: a tile's intermediates "
+             << mebibytes(tile * intermediate * dtype_size(dtype)) << " instead of the whole micro-batch's "
+             << mebibytes(rows * intermediate * dtype_size(dtype)) << " per layer; activations "
+             << mebibytes(planned.of(MemoryCategory::activations)) << " instead of "
+             << mebibytes(untiled.of(MemoryCategory::activations)) << ", the step peak " << mebibytes(planned.peak_bytes)
+             << " instead of " << mebibytes(untiled.peak_bytes)
+             << " (--mlp-tile-tokens off); one more MLP forward per layer in backward\n";
+    } else {
+        text << "MLP: whole, its intermediates " << mebibytes(rows * intermediate * dtype_size(dtype))
+             << " per layer (--mlp-tile-tokens N tiles them)\n";
     }
     if (config.is_llama())
         text << "vocabulary " << config.vocab_size() << ", not padded (" << parameter_count(config, config.vocab_size())

@@ -83,13 +83,14 @@ struct MemoryPrediction {
 // offload_optimizer: the masters, their gradients and the optimizer state on the host; `gradients`: where a
 // window's gradients are summed then; offload_parameters: the checkpointed layers' working copies parked on the
 // host too, fetched one segment at a time (StepShape); loss_chunk_tokens > 0: the streaming LM head
-// (linear_cross_entropy over chunks of that many of the B·T tokens) in place of the whole logits.
+// (linear_cross_entropy over chunks of that many of the B·T tokens) in place of the whole logits; mlp_tile_tokens
+// > 0: every decoder layer's MLP tiled over that many of them (checkpoint::tiled_rows).
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                 const checkpoint::CheckpointPolicy& policy, DType dtype = DType::f32,
                                 OptimizerKind optimizer = OptimizerKind::adamw, int optimizer_shards = 1,
                                 int accumulation_steps = 1, bool offload_optimizer = false,
                                 GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
-                                int loss_chunk_tokens = 0);
+                                int loss_chunk_tokens = 0, int mlp_tile_tokens = 0);
 
 // The streaming LM head's chunk when nothing asks for another (train_gpt's --loss-chunk-tokens auto): the head's
 // transient (its d(hidden), one chunk's logits, the per-token losses) at most automatic_loss_chunk_bytes. Every
@@ -99,6 +100,16 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
 inline constexpr size_t automatic_loss_chunk_bytes = size_t(256) << 20;
 inline constexpr int minimum_loss_chunk = 64; // tokens: the planner halves a chunk no further; auto rounds to it
 int automatic_loss_chunk(const nn::ModelConfig& config, int batch, int seq_len, DType dtype);
+
+// The MLP tile when nothing asks for another (train_gpt's --mlp-tile-tokens auto): 0 (the whole MLP, no extra
+// forward) while one layer's MLP intermediates for the whole micro-batch (Llama's g, u, w; GPT-2's c_fc and gelu
+// outputs) are at most automatic_mlp_tile_threshold (the streaming head's own target: tiling costs one more MLP
+// forward, so it waits until the intermediates are as large as the head's buffers), else the largest multiple of
+// minimum_mlp_tile tokens whose intermediates are at most automatic_mlp_tile_bytes (at least one).
+inline constexpr size_t automatic_mlp_tile_threshold = size_t(256) << 20;
+inline constexpr size_t automatic_mlp_tile_bytes = size_t(64) << 20;
+inline constexpr int minimum_mlp_tile = 64; // tokens: the planner halves a tile no further; auto rounds to it
+int automatic_mlp_tile(const nn::ModelConfig& config, int batch, int seq_len, DType dtype);
 
 // The parameters' element count with wte's rows counted as `vocabulary_rows`: vocab_size gives the real count
 // (what the optimizer keeps moments for), padded_vocab_size() the stored one. For Llama both are vocab_size
@@ -111,7 +122,7 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
                         DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw,
                         int optimizer_shards = 1, int accumulation_steps = 1, bool offload_optimizer = false,
                         GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
-                        int loss_chunk_tokens = 0);
+                        int loss_chunk_tokens = 0, int mlp_tile_tokens = 0);
 
 // One decoder layer's parameters (what streamed gradients hold per layer), and the largest of them.
 size_t layer_parameter_count(const nn::ModelConfig& config);

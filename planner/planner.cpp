@@ -132,35 +132,56 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                             if (gradients == GradientOffload::stream && (!offload_optimizer || !policy.enabled)) continue;
                             for (bool offload_parameters : {false, true}) {
                                 if (offload_parameters && (!offload_optimizer || !policy.enabled)) continue;
-                                const auto plan_with = [&](int loss_chunk) {
+                                const auto plan_with = [&](int loss_chunk, int mlp_tile) {
                                     Plan plan;
                                     plan.shape = StepShape{micro_batch, per_rank / micro_batch, policy, precision,
                                                            zero_stage, offload_optimizer, gradients, offload_parameters,
-                                                           loss_chunk};
+                                                           loss_chunk, mlp_tile};
                                     plan.ranks = options.ranks;
                                     const int steps = plan.shape.gradient_accumulation_steps;
                                     plan.memory = predict_memory(config, micro_batch, seq_len, policy, dtype,
                                                                  options.optimizer, shards, steps, offload_optimizer,
-                                                                 gradients, offload_parameters, loss_chunk);
+                                                                 gradients, offload_parameters, loss_chunk, mlp_tile);
                                     plan.cost = predict_cost(config, micro_batch, steps, seq_len, policy, dtype,
                                                              options.optimizer, shards, ceilings, offload_optimizer,
-                                                             gradients, offload_parameters, loss_chunk);
+                                                             gradients, offload_parameters, loss_chunk, mlp_tile);
                                     plan.peak_bytes = plan.memory.peak_on(options.device);
                                     plan.host_peak_bytes = plan.memory.host_peak_bytes;
                                     return plan;
                                 };
                                 const int rows = micro_batch * seq_len;
-                                if (options.loss_chunk_tokens) {
-                                    search.plans.push_back(plan_with(std::min(*options.loss_chunk_tokens, rows)));
-                                    continue;
-                                }
-                                // auto: one chunk of every token, halved while the plan does not fit (down to
+                                const auto fits = [&](const Plan& plan) { return plan.fits(budget, options.host_budget); };
+                                // Of two plans the one that fits, else the smaller peak: when nothing fits, the search
+                                // still names the smallest peak any chunk and tile reach (which need not be the
+                                // smallest ones: a single tile, say, never holds its result beside its first tile).
+                                const auto better = [&](Plan first, Plan second) {
+                                    if (fits(first) != fits(second)) return fits(first) ? first : second;
+                                    return second.peak_bytes < first.peak_bytes && !fits(first) ? second : first;
+                                };
+                                const auto halve_chunk = [&](Plan plan) {
+                                    Plan best = plan;
+                                    while (!fits(plan) && plan.shape.loss_chunk_tokens / 2 >= minimum_loss_chunk) {
+                                        plan = plan_with(plan.shape.loss_chunk_tokens / 2, plan.shape.mlp_tile_tokens);
+                                        best = better(best, plan);
+                                    }
+                                    return best;
+                                };
+                                // auto chunk: one chunk of every token, halved while the plan does not fit (down to
                                 // minimum_loss_chunk): the same FLOPs at any chunk, and each chunk more re-reads the
-                                // head's gradient, so the largest that fits.
-                                Plan plan = plan_with(rows);
-                                while (!plan.fits(budget, options.host_budget) &&
-                                       plan.shape.loss_chunk_tokens / 2 >= minimum_loss_chunk)
-                                    plan = plan_with(plan.shape.loss_chunk_tokens / 2);
+                                // head's gradient, so the largest that fits. auto tile: none while the plan fits at
+                                // some chunk; else one tile of every token, halved the same way, each with the largest
+                                // chunk that fits beside it (any tile costs one more MLP forward, each tile more a few
+                                // launches).
+                                const int tile = options.mlp_tile_tokens ? std::min(*options.mlp_tile_tokens, rows) : 0;
+                                const auto with_tile = [&](int mlp_tile) {
+                                    return options.loss_chunk_tokens
+                                               ? plan_with(std::min(*options.loss_chunk_tokens, rows), mlp_tile)
+                                               : halve_chunk(plan_with(rows, mlp_tile));
+                                };
+                                Plan plan = with_tile(tile);
+                                for (int tried = rows; !options.mlp_tile_tokens && !fits(plan) && tried >= minimum_mlp_tile;
+                                     tried /= 2)
+                                    plan = better(plan, with_tile(tried));
                                 search.plans.push_back(std::move(plan));
                             }
                         }

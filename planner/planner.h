@@ -38,6 +38,11 @@ struct PlannerOptions {
     // not fit, down to minimum_loss_chunk (the largest chunk that fits is the fastest: each chunk more re-reads
     // the head's gradient).
     std::optional<int> loss_chunk_tokens;
+    // The MLP tile (StepShape::mlp_tile_tokens) every plan takes, at most its micro-batch's B·T (0: the whole
+    // MLP). Unset (auto): untiled while the plan fits; a plan that does not fit with its smallest loss chunk tries
+    // tiles of all B·T tokens, halved while it does not fit, down to minimum_mlp_tile (tiling costs one more MLP
+    // forward at any tile, and each tile more some launches: the largest that fits).
+    std::optional<int> mlp_tile_tokens;
 };
 
 struct Plan {

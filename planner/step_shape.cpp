@@ -66,6 +66,8 @@ std::optional<ConfigProblem> StepShape::problem() const {
                                                    "gradient_checkpointing"};
     if (loss_chunk_tokens < 0)
         return ConfigProblem{"loss_chunk_tokens", "must be >= 0 (0: the whole logits), got " + std::to_string(loss_chunk_tokens)};
+    if (mlp_tile_tokens < 0)
+        return ConfigProblem{"mlp_tile_tokens", "must be >= 0 (0: the whole MLP), got " + std::to_string(mlp_tile_tokens)};
     return std::nullopt;
 }
 
@@ -86,6 +88,8 @@ std::string StepShape::flags() const {
     if (offload_parameters) text << " --offload-parameters cpu";
     if (loss_chunk_tokens > 0) text << " --loss-chunk-tokens " << loss_chunk_tokens;
     else text << " --loss-chunk-tokens off";
+    if (mlp_tile_tokens > 0) text << " --mlp-tile-tokens " << mlp_tile_tokens;
+    else text << " --mlp-tile-tokens off";
     return text.str();
 }
 
@@ -105,6 +109,7 @@ std::string StepShape::summary(int ranks) const {
                                                                : ", optimizer on the host");
     if (offload_parameters) text << ", parameters streamed";
     if (loss_chunk_tokens > 0) text << ", loss chunks of " << loss_chunk_tokens;
+    if (mlp_tile_tokens > 0) text << ", MLP tiles of " << mlp_tile_tokens;
     return text.str();
 }
 

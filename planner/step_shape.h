@@ -65,6 +65,10 @@ struct StepShape {
     // this many tokens of the micro-batch's B·T, so that the (B,T,Vp) logits never exist, one (chunk,Vp) block at
     // a time instead. 0: the whole logits (the fused classifier over forward_padded).
     int loss_chunk_tokens = 0;
+    // The sequence-tiled MLP (docs/MEMORY.md, "The tiled MLP"): every decoder layer's MLP over tiles of this many
+    // of the micro-batch's B·T tokens (checkpoint::tiled_rows), so that its intermediates exist one tile at a
+    // time; each backward re-runs the MLP forward once more. 0: the whole MLP.
+    int mlp_tile_tokens = 0;
 
     // Every rule on these fields, the checkpoint policy's included: the first broken one, or nullopt.
     std::optional<ConfigProblem> problem() const;

@@ -30,6 +30,9 @@ struct StepTerms {
     size_t layer_saved = 0;           // P: a layer's saved set under grad mode, its input included
     size_t layer_transient = 0;       // above P at a layer's forward high-water mark
     size_t no_grad_layer_peak = 0;    // a layer under no-grad, above its input (nothing is saved)
+    // Activations a layer's backward allocates above its saved set: a tiled MLP's recompute of one tile (0 untiled:
+    // plain backward allocates only gradients).
+    size_t backward_activations = 0;
     // Activations + workspace above P at a layer's backward high-water mark (the incoming gradient included):
     // plain, and in a recomputed segment, whose checkpoint node keeps its incoming gradient to the end.
     size_t layer_backward = 0;
@@ -42,7 +45,8 @@ struct StepTerms {
 };
 
 // Llama (nn/llama.h): every term for a micro-batch of batch x seq_len in `dtype` (bf16: mixed precision).
-StepTerms llama_step_terms(const nn::LlamaConfig& config, int batch, int seq_len, DType dtype);
+// mlp_tile_tokens > 0: its MLP tiled over that many rows (checkpoint::tiled_rows).
+StepTerms llama_step_terms(const nn::LlamaConfig& config, int batch, int seq_len, DType dtype, int mlp_tile_tokens = 0);
 // Llama's parameters: embed_tokens, per layer q/k/v/o (k, v of key_value_width), gate/up/down and two RMSNorm
 // gains, the final norm, and lm_head unless tied. No vocabulary padding: stored and real counts are equal.
 size_t llama_parameter_count(const nn::LlamaConfig& config);

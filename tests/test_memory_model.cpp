@@ -7,6 +7,7 @@
 #include "planner/memory_model.h"
 #include "gradcheck.h"
 #include "optim/trainer.h"
+#include "token_stream.h"
 
 namespace engine::testing {
 namespace {
@@ -43,12 +44,13 @@ enum class Loss { in_place, plain };
 
 // One step exactly as predict_memory describes it, measured from the allocator.
 Measured measure(const Shape3& shape, const CheckpointPolicy& policy, std::mt19937_64& generator,
-                 Loss loss_kind = Loss::in_place) {
+                 Loss loss_kind = Loss::in_place, int mlp_tile = 0) {
     current_tape().clear();
     const MemoryStats empty = memory_stats(Device::cpu);
     nn::GPT model(shape.config, 7, Device::cpu, shape.dtype);
     model.train(true);
     model.set_checkpointing(policy);
+    model.set_mlp_tile_tokens(mlp_tile);
     const MemoryStats built = memory_stats(Device::cpu);
     Measured measured;
     measured.parameters = built.current(MemoryCategory::parameters) - empty.current(MemoryCategory::parameters);
@@ -185,6 +187,72 @@ TEST(MemoryModel, Bf16IsExactToTheByteAndHalvesActivationsAndOffload) {
             EXPECT_EQ(bf16.parameters, f32.parameters + f32.parameters / 2) << context << ": f32 masters + bf16 copies";
             EXPECT_EQ(bf16.gradients, f32.gradients) << context << ": gradients stay f32";
         }
+    }
+}
+
+// The tiled MLP (GPT-2: c_fc, gelu and c_proj tiled, the dropout outside): every category of a bare step to the
+// byte, for tiles of one row, a few, two with a shorter last and every row; and the joint peak of trainer steps.
+TEST(MemoryModel, TiledMlpIsExactToTheByte) {
+    std::mt19937_64 generator = fresh_generator();
+    const std::vector<Shape3> shapes = {{config_of(64, 6, 4, 32, 0.1f, 16), 2, 16, DType::f32},
+                                        {config_of(256, 4, 4, 64, 0.0f, 32), 2, 32, DType::bf16},
+                                        {config_of(32, 3, 2, 48, 0.0f, 24), 1, 24, DType::f32}};
+    const std::vector<CheckpointPolicy> policies = {CheckpointPolicy{false, 1, 1, false}, CheckpointPolicy{true, 1, 1, false},
+                                                    CheckpointPolicy{true, 1, 2, false}, CheckpointPolicy{true, 1, 1, true}};
+    for (const Shape3& shape : shapes) {
+        const int rows = shape.batch * shape.seq_len;
+        for (const int tile : {1, 5, rows - 3, rows}) {
+            for (const CheckpointPolicy& policy : policies) {
+                const auto predicted = planner::predict_memory(shape.config, shape.batch, shape.seq_len, policy,
+                                                               shape.dtype, planner::OptimizerKind::none, 1, 1, false,
+                                                               GradientOffload::window, false, 0, tile);
+                const Measured measured = measure(shape, policy, generator, Loss::in_place, tile);
+                const std::string context = shape.config.to_string() + ", " + dtype_name(shape.dtype) + ", " +
+                                            policy.to_string() + ", MLP tiles of " + std::to_string(tile);
+                std::printf("  %-110s activations %8zu / %8zu B  workspace %7zu / %7zu B  (%s)\n", context.c_str(),
+                            predicted.of(MemoryCategory::activations), measured.activations,
+                            predicted.of(MemoryCategory::workspace), measured.workspace,
+                            predicted.activations_peak_moment.c_str());
+                EXPECT_EQ(predicted.of(MemoryCategory::activations), measured.activations) << context;
+                EXPECT_EQ(predicted.of(MemoryCategory::workspace), measured.workspace) << context;
+                EXPECT_EQ(predicted.of(MemoryCategory::pinned_host), measured.pinned_host) << context;
+            }
+        }
+    }
+    // Trainer steps (AdamW, two micro-batches): the joint peak, with the streaming head too.
+    struct Run {
+        nn::GPTConfig config;
+        CheckpointPolicy policy;
+        bool bf16;
+        int loss_chunk, mlp_tile;
+    };
+    for (const Run& run : {Run{config_of(64, 6, 4, 32, 0.1f, 16), CheckpointPolicy{false, 1, 1, false}, false, 0, 5},
+                           Run{config_of(64, 6, 4, 32, 0.1f, 16), CheckpointPolicy{true, 1, 1, true}, true, 0, 32},
+                           Run{config_of(256, 4, 4, 64, 0.0f, 32), CheckpointPolicy{true, 2, 1, false}, false, 16, 20},
+                           Run{config_of(32, 3, 2, 48, 0.0f, 24), CheckpointPolicy{false, 1, 1, false}, true, 7, 1}}) {
+        current_tape().clear();
+        const size_t before = memory_stats(Device::cpu).current_bytes;
+        const DType dtype = run.bf16 ? DType::bf16 : DType::f32;
+        const auto predicted = planner::predict_memory(run.config, 2, run.config.max_seq_len, run.policy, dtype,
+                                                       planner::OptimizerKind::adamw, 1, 2, false,
+                                                       GradientOffload::window, false, run.loss_chunk, run.mlp_tile);
+        nn::GPT model(run.config, 11, Device::cpu, DType::f32);
+        optim::TrainerConfig trainer_config;
+        trainer_config.shape.per_device_train_batch_size = 2;
+        trainer_config.shape.gradient_accumulation_steps = 2;
+        trainer_config.shape.checkpointing = run.policy;
+        trainer_config.shape.precision = run.bf16 ? Precision::bf16 : Precision::fp32;
+        trainer_config.shape.loss_chunk_tokens = run.loss_chunk;
+        trainer_config.shape.mlp_tile_tokens = run.mlp_tile;
+        trainer_config.max_steps = 2;
+        optim::Trainer trainer(model, trainer_config);
+        int cursor = 0;
+        const nn::BatchSource source = token_stream_batches(run.config.vocab_size, 2, run.config.max_seq_len, cursor);
+        const std::string context = run.config.to_string() + ", " + run.policy.to_string() + ", loss chunks " +
+                                    std::to_string(run.loss_chunk) + ", MLP tiles " + std::to_string(run.mlp_tile);
+        for (int step = 0; step < 2; ++step)
+            EXPECT_EQ(trainer.train_step(source)->memory.peak_bytes - before, predicted.unified_peak_bytes)
+                << context << ", step " << step + 1 << " (" << predicted.peak_moment << ")";
     }
 }
 

@@ -25,12 +25,13 @@ struct Measured {
 // One step as the trainer's loss runs it (forward_padded, the fused classifier, multiply by 1/items, backward),
 // measured from the allocator: the persistent categories after construction, the others' rise over the step.
 Measured measure(const nn::LlamaConfig& config, int batch, int seq_len, DType dtype, const CheckpointPolicy& policy,
-                 std::mt19937_64& generator) {
+                 std::mt19937_64& generator, int mlp_tile = 0) {
     current_tape().clear();
     const MemoryStats empty = memory_stats(Device::cpu);
     nn::Llama model(config, 7, Device::cpu, dtype);
     model.train(true);
     model.set_checkpointing(policy);
+    model.set_mlp_tile_tokens(mlp_tile);
     const MemoryStats built = memory_stats(Device::cpu);
     Measured measured;
     measured.parameters = built.current(MemoryCategory::parameters) - empty.current(MemoryCategory::parameters);
@@ -72,7 +73,7 @@ struct Trained {
 
 // `steps` optimizer steps of a real optim::Trainer (AdamW), as train_gpt runs them.
 Trained train(const nn::LlamaConfig& config, int micro_batch, int accumulation, int length,
-              const CheckpointPolicy& policy, bool bf16, int steps = 2, int loss_chunk = 0) {
+              const CheckpointPolicy& policy, bool bf16, int steps = 2, int loss_chunk = 0, int mlp_tile = 0) {
     current_tape().clear();
     Trained trained;
     trained.before = memory_stats(Device::cpu).current_bytes;
@@ -85,6 +86,7 @@ Trained train(const nn::LlamaConfig& config, int micro_batch, int accumulation, 
     trainer_config.max_steps = steps;
     trainer_config.shape.precision = bf16 ? Precision::bf16 : Precision::fp32;
     trainer_config.shape.loss_chunk_tokens = loss_chunk;
+    trainer_config.shape.mlp_tile_tokens = mlp_tile;
     optim::Trainer trainer(model, trainer_config);
     int cursor = 0;
     const nn::BatchSource source = token_stream_batches(config.vocab_size, micro_batch, length, cursor);
@@ -174,6 +176,43 @@ TEST(MemoryModelLlama, EveryCategoryIsExactToTheByte) {
     }
 }
 
+// With the MLP tiled: every category of a bare step to the byte, for tiles of one row, a few, a last shorter one
+// and every row, over the shapes where the MLP's backward, the residual add or the head holds the peak.
+TEST(MemoryModelLlama, TiledMlpIsExactToTheByte) {
+    std::mt19937_64 generator = fresh_generator();
+    nn::LlamaConfig narrow_intermediate = test::small_llama_config(false);
+    narrow_intermediate.intermediate_size = 24;
+    const std::vector<Case> tiled_cases = {
+        {test::small_llama_config(false), 2, 33, DType::f32},
+        {test::small_llama_config(true), 2, 17, DType::bf16},
+        {small_vocabulary_config(), 2, 33, DType::f32},
+        {small_vocabulary_config(), 1, 33, DType::bf16},
+        {narrow_intermediate, 2, 16, DType::f32},
+    };
+    for (const Case& shape : tiled_cases) {
+        const int rows = shape.batch * shape.seq_len;
+        for (const int tile : {1, 7, 16, rows}) {
+            for (const CheckpointPolicy& policy : {policies()[0], policies()[1], policies()[3], policies()[6]}) {
+                const planner::MemoryPrediction predicted =
+                    planner::predict_memory(shape.config, shape.batch, shape.seq_len, policy, shape.dtype,
+                                            planner::OptimizerKind::none, 1, 1, false, GradientOffload::window, false, 0,
+                                            tile);
+                const Measured measured =
+                    measure(shape.config, shape.batch, shape.seq_len, shape.dtype, policy, generator, tile);
+                const std::string context = describe(shape.config, shape.batch, shape.seq_len, shape.dtype, policy) +
+                                            ", MLP tiles of " + std::to_string(tile);
+                std::printf("  %-160s activations %8zu / %8zu B  workspace %7zu / %7zu B  (%s)\n", context.c_str(),
+                            predicted.of(MemoryCategory::activations), measured.activations,
+                            predicted.of(MemoryCategory::workspace), measured.workspace,
+                            predicted.activations_peak_moment.c_str());
+                EXPECT_EQ(predicted.of(MemoryCategory::activations), measured.activations) << context;
+                EXPECT_EQ(predicted.of(MemoryCategory::workspace), measured.workspace) << context;
+                EXPECT_EQ(predicted.of(MemoryCategory::pinned_host), measured.pinned_host) << context;
+            }
+        }
+    }
+}
+
 // The joint peak of real optim::Trainer steps (AdamW: the optimizer state is in the figure), and its
 // persistent categories, equal the prediction to the byte: plain, every_n_layers 2, checkpointing with
 // offload, and bf16 mixed precision, tied and untied, with and without accumulation.
@@ -184,6 +223,7 @@ TEST(MemoryModelLlama, TrainerStepPeakIsExactToTheByte) {
         CheckpointPolicy policy;
         bool bf16;
         int loss_chunk = 0; // the streaming head's chunk (0: the whole logits)
+        int mlp_tile = 0;   // the MLP's tile (0: the whole MLP)
     };
     const nn::LlamaConfig untied = test::small_llama_config(false), tied = test::small_llama_config(true);
     const std::vector<Run> runs = {
@@ -205,18 +245,24 @@ TEST(MemoryModelLlama, TrainerStepPeakIsExactToTheByte) {
         {tied, 2, 1, 33, CheckpointPolicy{true, 2, 1, false}, false, 66},
         {untied, 2, 2, 33, CheckpointPolicy{true, 1, 1, true}, true, 7},
         {tied, 1, 3, 33, CheckpointPolicy{false, 1, 1, false}, true, 5},
+        // The tiled MLP, alone and with the streaming head, plain, checkpointed and offloaded.
+        {untied, 2, 1, 33, CheckpointPolicy{false, 1, 1, false}, false, 0, 8},
+        {small_vocabulary_config(), 2, 1, 33, CheckpointPolicy{false, 1, 1, false}, false, 0, 5},
+        {small_vocabulary_config(), 2, 2, 33, CheckpointPolicy{true, 1, 1, true}, true, 0, 16},
+        {tied, 2, 1, 33, CheckpointPolicy{true, 2, 1, false}, true, 16, 66},
+        {untied, 1, 2, 33, CheckpointPolicy{true, 1, 1, false}, false, 7, 3},
     };
     for (const Run& run : runs) {
         const DType dtype = run.bf16 ? DType::bf16 : DType::f32;
         const planner::MemoryPrediction predicted =
             planner::predict_memory(run.config, run.micro_batch, run.length, run.policy, dtype,
                                     planner::OptimizerKind::adamw, 1, run.accumulation, false,
-                                    GradientOffload::window, false, run.loss_chunk);
-        const Trained trained =
-            train(run.config, run.micro_batch, run.accumulation, run.length, run.policy, run.bf16, 2, run.loss_chunk);
+                                    GradientOffload::window, false, run.loss_chunk, run.mlp_tile);
+        const Trained trained = train(run.config, run.micro_batch, run.accumulation, run.length, run.policy, run.bf16, 2,
+                                      run.loss_chunk, run.mlp_tile);
         const std::string context = describe(run.config, run.micro_batch, run.length, dtype, run.policy) +
                                     ", accumulation " + std::to_string(run.accumulation) + ", loss chunks " +
-                                    std::to_string(run.loss_chunk);
+                                    std::to_string(run.loss_chunk) + ", MLP tiles " + std::to_string(run.mlp_tile);
         std::printf("  %-160s peak predicted %9zu B, measured %9zu / %9zu B (%s)\n", context.c_str(),
                     predicted.unified_peak_bytes, trained.peaks[0], trained.peaks[1], predicted.peak_moment.c_str());
         for (size_t step = 0; step < trained.peaks.size(); ++step) {

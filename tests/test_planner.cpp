@@ -27,7 +27,7 @@ struct Trained {
 };
 
 Trained train(const nn::GPTConfig& config, int micro_batch, int accumulation, const CheckpointPolicy& policy,
-              int step_count = steps, bool bf16 = false, int loss_chunk = 0) {
+              int step_count = steps, bool bf16 = false, int loss_chunk = 0, int mlp_tile = 0) {
     current_tape().clear();
     const size_t before = memory_stats(Device::cpu).current_bytes;
     Trained trained;
@@ -41,6 +41,7 @@ Trained train(const nn::GPTConfig& config, int micro_batch, int accumulation, co
         trainer_config.max_steps = step_count;
         trainer_config.shape.precision = bf16 ? Precision::bf16 : Precision::fp32;
         trainer_config.shape.loss_chunk_tokens = loss_chunk;
+        trainer_config.shape.mlp_tile_tokens = mlp_tile;
         optim::Trainer trainer(model, trainer_config);
         int cursor = 0;
         const nn::BatchSource source = token_stream_batches(config.vocab_size, micro_batch, config.max_seq_len, cursor);
@@ -112,7 +113,8 @@ TEST(Planner, GridOfBudgetsFitsMatchesThePredictionAndLearnsTheSame) {
             const std::string context = std::string(name) + ", budget " + std::to_string(budget) + ": " + plan.flags();
             if (!runs.contains(plan.flags()))
                 runs[plan.flags()] = train(config, plan.shape.per_device_train_batch_size, plan.shape.gradient_accumulation_steps,
-                                          plan.shape.checkpointing, steps, false, plan.shape.loss_chunk_tokens);
+                                          plan.shape.checkpointing, steps, false, plan.shape.loss_chunk_tokens,
+                                          plan.shape.mlp_tile_tokens);
             const Trained& trained = runs[plan.flags()];
             std::printf("  %-6s budget %9zu B -> %-44s predicted %8zu B, measured %8zu / %8zu B, %.3f ms\n", name,
                         budget == SIZE_MAX ? 0 : budget, plan.summary().c_str(), plan.peak_bytes, trained.peaks[0],
@@ -203,7 +205,8 @@ TEST(Planner, CostModelErrorAcrossPlans) {
 
 TEST(Planner, NoPlanFitsNamesTheSmallestPeakAndItsFlags) {
     const nn::GPTConfig config = nn::GPTConfig::named("tiny");
-    const planner::PlanSearch search = planner::search_plans(config, SIZE_MAX, global_batch, {});
+    // A budget nothing fits: every plan takes its smallest loss chunk and MLP tile, as under any budget below it.
+    const planner::PlanSearch search = planner::search_plans(config, 0, global_batch, {});
     const planner::Plan& smallest = search.plans[search.smallest];
     try {
         planner::plan_for_budget(config, smallest.peak_bytes - 1, global_batch);
@@ -337,6 +340,67 @@ TEST(Planner, ChunksTheLossHeadOnlyAsFarAsTheBudgetNeeds) {
     options.loss_chunk_tokens = 0;
     for (const planner::Plan& plan : planner::search_plans(config, SIZE_MAX, 8, options).plans)
         EXPECT_NE(plan.flags().find("--loss-chunk-tokens off"), std::string::npos) << plan.flags();
+}
+
+// The MLP tile: none while a plan fits untiled (any tile costs one more MLP forward: priced, so a tiled plan is
+// slower than the same plan untiled); under a budget below every untiled plan's smallest peak, the chosen plan
+// tiles and fits; a fixed tile goes into every plan.
+TEST(Planner, TilesTheMlpOnlyWhenTheBudgetNeedsIt) {
+    const nn::ModelConfig config(nn::GPTConfig::named("gpt2-124M"));
+    planner::PlannerOptions options;
+    options.device = Device::cuda;
+    options.seq_len = 1024;
+    options.precisions = {Precision::bf16};
+    options.allow_offload_optimizer = false;
+    const planner::PlanSearch all = planner::search_plans(config, SIZE_MAX, 8, options);
+    for (const planner::Plan& plan : all.plans) EXPECT_EQ(plan.shape.mlp_tile_tokens, 0) << plan.flags();
+    const planner::Plan& fastest = all.plans[*all.chosen];
+    const StepShape& shape = fastest.shape;
+    const int rows = shape.per_device_train_batch_size * 1024;
+    const auto cost_at = [&](int tile) {
+        return planner::predict_cost(config, shape.per_device_train_batch_size, shape.gradient_accumulation_steps, 1024,
+                                     shape.checkpointing, DType::bf16, planner::OptimizerKind::adamw, 1,
+                                     planner::ceilings_for(Device::cuda, DType::bf16), false, GradientOffload::window,
+                                     false, shape.loss_chunk_tokens, tile);
+    };
+    EXPECT_GT(cost_at(rows).seconds, cost_at(0).seconds) << "one tile still runs the MLP forward once more";
+    EXPECT_GT(cost_at(64).seconds, cost_at(rows).seconds) << "more tiles, more launches";
+
+    options.mlp_tile_tokens = 0;
+    const planner::PlanSearch untiled = planner::search_plans(config, 0, 8, options);
+    const size_t smallest_untiled = untiled.plans[untiled.smallest].peak_bytes;
+    options.mlp_tile_tokens.reset();
+    const planner::PlanSearch tight = planner::search_plans(config, smallest_untiled - 1, 8, options);
+    ASSERT_TRUE(tight.chosen.has_value()) << "tiles reach below the smallest untiled peak " << smallest_untiled;
+    const planner::Plan& chosen = tight.plans[*tight.chosen];
+    EXPECT_GT(chosen.shape.mlp_tile_tokens, 0) << chosen.flags();
+    EXPECT_LE(chosen.peak_bytes, smallest_untiled - 1) << chosen.flags();
+    EXPECT_NE(chosen.flags().find("--mlp-tile-tokens " + std::to_string(chosen.shape.mlp_tile_tokens)), std::string::npos);
+
+    options.mlp_tile_tokens = 300;
+    for (const planner::Plan& plan : planner::search_plans(config, SIZE_MAX, 8, options).plans)
+        EXPECT_EQ(plan.shape.mlp_tile_tokens, std::min(300, plan.shape.per_device_train_batch_size * 1024)) << plan.flags();
+}
+
+// auto's tile: off while a layer's MLP intermediates stay within the head's 256 MiB target, then tiles whose
+// intermediates stay within 64 MiB, in multiples of 64 tokens.
+TEST(Planner, TheAutomaticMlpTileWaitsForLargeIntermediates) {
+    EXPECT_EQ(planner::automatic_mlp_tile(nn::ModelConfig(nn::GPTConfig::named("tiny")), 8, 64, DType::f32), 0);
+    const nn::ModelConfig gpt2(nn::GPTConfig::named("gpt2-124M"));
+    EXPECT_EQ(planner::automatic_mlp_tile(gpt2, 8, 1024, DType::f32), 0);  // 8 x 1024 x 8C x 4 B = 192 MiB
+    EXPECT_EQ(planner::automatic_mlp_tile(gpt2, 16, 1024, DType::f32), 2688); // 384 MiB: 64 MiB / 24 KiB a row
+    nn::LlamaConfig one_billion = nn::LlamaConfig::named("smollm-135m");
+    one_billion.vocab_size = 128256;
+    one_billion.hidden_size = 2048;
+    one_billion.intermediate_size = 8192;
+    one_billion.num_hidden_layers = 16;
+    one_billion.num_attention_heads = 32;
+    one_billion.num_key_value_heads = 8;
+    one_billion.max_position_embeddings = 8192;
+    const nn::ModelConfig llama(one_billion);
+    EXPECT_EQ(planner::automatic_mlp_tile(llama, 1, 4096, DType::bf16), 0);   // 3 x 8192 x 2 B a row: 192 MiB
+    EXPECT_EQ(planner::automatic_mlp_tile(llama, 1, 8192, DType::bf16), 1344); // 384 MiB: 64 MiB / 48 KiB, to 64
+    EXPECT_THROW(planner::automatic_mlp_tile(llama, 0, 8192, DType::bf16), EngineError);
 }
 
 TEST(Planner, ParsesMemorySizes) {

@@ -241,16 +241,7 @@ TrainedRun train(const std::string& model_name, Precision precision, int loss_ch
     optim::Trainer trainer(*model, trainer_config);
     int cursor = 0;
     const int length = 24;
-    const nn::BatchSource tokens = token_stream_batches(config.vocab_size(), 2, length, cursor);
-    // Every third label of the second sequence padded out, as a padded batch's.
-    const nn::BatchSource source = [&]() -> std::optional<nn::Batch> {
-        std::optional<nn::Batch> next = tokens();
-        if (!next) return next;
-        std::vector<int32_t> labels = next->labels.to_vector<int32_t>();
-        for (int t = 0; t < length; t += 3) labels[static_cast<size_t>(length + t)] = default_ignore_index;
-        next->labels = Tensor::from_vector<int32_t>(labels, {2, length}, Device::cpu);
-        return next;
-    };
+    const nn::BatchSource source = padded_label_batches(config.vocab_size(), length, cursor);
     TrainedRun trained;
     for (int step = 0; step < 3; ++step) trained.losses.push_back(trainer.train_step(source)->loss);
     trained.evaluated = trainer.evaluate({*source(), *source()}).loss; // no grad: the loss-only chunks

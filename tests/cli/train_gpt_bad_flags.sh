@@ -62,6 +62,11 @@ expect --loss-chunk-tokens --loss-chunk-tokens -16
 expect --loss-chunk-tokens --loss-chunk-tokens many
 expect --loss-chunk-tokens --loss-chunk-tokens 513 # the default micro-batch holds 8 x 64 = 512 tokens
 expect --loss-chunk-tokens --per-device-train-batch-size 2 --seq-len 32 --loss-chunk-tokens 65
+expect --mlp-tile-tokens --mlp-tile-tokens 0
+expect --mlp-tile-tokens --mlp-tile-tokens -16
+expect --mlp-tile-tokens --mlp-tile-tokens wide
+expect --mlp-tile-tokens --mlp-tile-tokens 513 # the default micro-batch holds 8 x 64 = 512 tokens
+expect --mlp-tile-tokens --per-device-train-batch-size 2 --seq-len 32 --mlp-tile-tokens 65
 # --eval-data: the flags that need it, its file (missing, a directory, too short for one batch, ids outside the
 # vocabulary), K and M below 1, and K beyond the batches the file holds (600 bytes: 9 windows, one batch of 8).
 printf 'a%.0s' $(seq 600) >"$work/six_hundred.txt"

@@ -2,7 +2,7 @@
 # ctest train_gpt_runs: the main job as a user runs it. With no flags its loss falls; --log writes one JSON
 # line per step with the printed fields; --plan predicts without training; a run saved at step 3 and
 # resumed gives bitwise the losses of an uninterrupted run; --profile prints and logs the op table; the
-# streaming LM head's chunks train as the whole logits do.
+# streaming LM head's chunks train as the whole logits do, and so do the tiled MLP's tiles.
 # usage: train_gpt_runs.sh TRAIN_GPT WORK_DIR
 set -u
 train_gpt=$1
@@ -102,6 +102,26 @@ check "one chunk is bitwise the whole logits; small chunks agree" $? "see above"
 "$train_gpt" --loss-chunk-tokens 100 --plan >"$work/chunks_plan.out" 2>&1 &&
   grep -q "^loss: streaming head, 6 chunks of 100 tokens" "$work/chunks_plan.out"
 check "--plan names the loss chunks" $? "$(grep loss: "$work/chunks_plan.out")"
+
+# --mlp-tile-tokens: the default (auto) on the tiny model is off (its MLP intermediates are far below 64 MiB);
+# one tile of all 8 x 64 tokens trains bitwise as off, tiles of 100 (the last 12) to the same losses up to
+# rounding; --plan names the tile and what it saves.
+for tiles in off 512 100; do
+  "$train_gpt" --max-steps 4 --mlp-tile-tokens "$tiles" --log "$work/tiles_$tiles.jsonl" >"$work/tiles_$tiles.out" 2>&1
+  check "--mlp-tile-tokens $tiles run exits 0" $? "$(tail -2 "$work/tiles_$tiles.out")"
+done
+"$python" - "$work/tiles_off.jsonl" "$work/tiles_512.jsonl" "$work/tiles_100.jsonl" "$work/chunks_off.jsonl" <<'PY'
+import json, sys
+off, one, small, default = ([json.loads(line)["loss"] for line in open(path)] for path in sys.argv[1:])
+assert off == default, f"--mlp-tile-tokens off {off} != the default (auto: off here) {default}"
+assert one == off, f"one tile {one} != the whole MLP {off}"
+assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(small, off)), f"tiles of 100 {small} vs {off}"
+print(f"losses {off[-1]:.6f} (off) {one[-1]:.6f} (one tile) {small[-1]:.6f} (tiles of 100)")
+PY
+check "one MLP tile is bitwise the whole MLP; small tiles agree" $? "see above"
+"$train_gpt" --mlp-tile-tokens 100 --plan >"$work/tiles_plan.out" 2>&1 &&
+  grep -q "^MLP: tiled, 6 tiles of 100 tokens" "$work/tiles_plan.out"
+check "--plan names the MLP tiles" $? "$(grep MLP: "$work/tiles_plan.out")"
 
 echo "$((total - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -32,6 +32,7 @@ struct MemoryCase {
     GradientOffload gradients = GradientOffload::window; // with the optimizer on the host
     bool parameters = false;                             // and streamed parameters
     int loss_chunk = 0;                                  // the streaming LM head's chunk (0: the whole logits)
+    int mlp_tile = 0;                                    // the MLP's tile (0: the whole MLP)
 };
 void PrintTo(const MemoryCase& memory_case, std::ostream* out) { *out << memory_case.name; }
 
@@ -71,6 +72,7 @@ Measured measure(const MemoryCase& run, bool offload_optimizer) {
     if (offload_optimizer) trainer_config.shape.offload_gradients = run.gradients;
     trainer_config.shape.offload_parameters = offload_optimizer && run.parameters;
     trainer_config.shape.loss_chunk_tokens = run.loss_chunk;
+    trainer_config.shape.mlp_tile_tokens = run.mlp_tile;
     optim::Trainer trainer(*model, trainer_config);
     int cursor = 0;
     const nn::BatchSource source = [&]() -> std::optional<nn::Batch> {
@@ -86,7 +88,7 @@ Measured measure(const MemoryCase& run, bool offload_optimizer) {
     measured.predicted = planner::predict_memory(config, batch, length, run.policy, precision_dtype(run.precision),
                                                  OptimizerKind::adamw, 1, accumulation, offload_optimizer,
                                                  offload_optimizer ? run.gradients : GradientOffload::window,
-                                                 offload_optimizer && run.parameters, run.loss_chunk);
+                                                 offload_optimizer && run.parameters, run.loss_chunk, run.mlp_tile);
     for (int step = 0; step < 2; ++step) {
         const std::optional<optim::StepResult> result = trainer.train_step(source);
         EXPECT_TRUE(result.has_value());
@@ -159,7 +161,12 @@ INSTANTIATE_TEST_SUITE_P(
                       MemoryCase{"gpt_bf16_loss_chunks", false, Precision::bf16, {true, 1, 1, true, false},
                                  GradientOffload::stream, false, 20},
                       MemoryCase{"llama_fp32_loss_chunks", true, Precision::fp32, {}, GradientOffload::window, false,
-                                 13}),
+                                 13},
+                      // The tiled MLP: a shorter last tile, with the head's chunks and the tiers, and plain.
+                      MemoryCase{"gpt_bf16_mlp_tiles", false, Precision::bf16, {true, 1, 1, true, false},
+                                 GradientOffload::stream, false, 20, 12},
+                      MemoryCase{"llama_fp32_mlp_tiles", true, Precision::fp32, {}, GradientOffload::window, false, 0,
+                                 7}),
     [](const ::testing::TestParamInfo<MemoryCase>& info) { return std::string(info.param.name); });
 
 } // namespace
