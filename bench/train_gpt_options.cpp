@@ -202,7 +202,8 @@ data parallelism (mpirun -np N train_gpt ...; docs/DISTRIBUTED.md):
                                  B x T tokens, so that its intermediates exist one tile at a time, for one more
                                  MLP forward in backward (off: the whole MLP; auto (default): off while a layer's
                                  MLP intermediates take at most 256 MiB, else the largest multiple of 64 tokens
-                                 whose intermediates take at most 64 MiB; under --max-memory the planner's choice)
+                                 whose intermediates take at most 64 MiB; under --max-memory the planner's choice,
+                                 and a fixed N is cut to each plan's micro-batch)
   --offload-parameters none|cpu  with --offload-optimizer cpu and --gradient-checkpointing, cpu: the checkpointed
                                  layers' working weights live in host memory too and come to the device for each
                                  segment's forward and again for its recompute and backward, one segment at a time

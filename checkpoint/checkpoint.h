@@ -49,7 +49,10 @@ std::vector<Tensor> checkpoint(const SegmentFunction& fn, const std::vector<Tens
 // rows come out the same for any row count (this CPU BLAS's GEMM does); parameter gradients are the untiled
 // ones summed in tiles. Costs one more forward of the function per backward. tile_rows >= the row count: one
 // tile (the function recomputed whole in backward). Throws on an empty function, a tile below 1 or an input
-// with no rows, and when a tile's output is not (rows, C_out) of one dtype and device.
+// with no rows, and when a tile's output is not (rows, C_out > 0) of one dtype and device. A function that throws
+// in a tile's backward leaves the earlier tiles' parameter gradients added (as checkpoint's backward does): zero
+// them before retrying. Gradients the function sends to non-leaf tensors it captures (not its input) are dropped:
+// capture parameters (leaves) only.
 using RowFunction = std::function<Tensor(const Tensor&)>;
 Tensor tiled_rows(const RowFunction& function, const Tensor& input, int64_t tile_rows);
 // Tiles run by tiled_rows since the counter was last reset (per thread; forward and backward each count).

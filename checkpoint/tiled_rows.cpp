@@ -28,7 +28,7 @@ struct TileOutput {
 };
 
 void check_piece(const Tensor& piece, int64_t count, const TileOutput& expected, const Tensor& input) {
-    ENGINE_CHECK(piece.defined() && piece.dim() == 2 && piece.size(0) == count,
+    ENGINE_CHECK(piece.defined() && piece.dim() == 2 && piece.size(0) == count && piece.size(1) > 0,
                  "tiled_rows: the function returned " << piece.describe() << " for a tile of " << count << " rows of "
                                                       << input.describe() << "; a row-wise function returns (rows, C_out)");
     ENGINE_CHECK(piece.size(1) == expected.width && piece.dtype() == expected.dtype && piece.device() == expected.device,

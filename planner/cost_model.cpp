@@ -230,6 +230,10 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
         cost.gemm_flops += steps * layers * work.mlp_gemm;
         cost.streamed_bytes += steps * layers * (work.mlp_bytes + 11.0 * stream);
         cost.ops += steps * layers * (tiles * (4.0 * work.mlp_ops + 5.0) + 1.0 - 3.0 * work.mlp_ops);
+        // A checkpointed layer's segment recompute runs the tiled forward again: its copies (4 A) and, beside the
+        // MLP ops layer_ops counts for the recompute, two copies a tile and the MLP's launches once per tile.
+        cost.streamed_bytes += steps * recomputed * 4.0 * stream;
+        cost.ops += steps * recomputed * (tiles * (work.mlp_ops + 2.0) - work.mlp_ops);
     }
     cost.host_device_bytes = steps * 2.0 * offloaded * stream;
     if (offload_optimizer) {

@@ -348,7 +348,7 @@ TEST(PlannerLlama, ChoosesAPlanThatFitsAndIsExactWhenTrained) {
         EXPECT_EQ(plan.shape.per_device_train_batch_size * plan.shape.gradient_accumulation_steps, global_batch);
         const Trained trained = train(config, plan.shape.per_device_train_batch_size, plan.shape.gradient_accumulation_steps, config.max_position_embeddings,
                                       plan.shape.checkpointing, plan.shape.precision == Precision::bf16, 2,
-                                      plan.shape.loss_chunk_tokens);
+                                      plan.shape.loss_chunk_tokens, plan.shape.mlp_tile_tokens);
         std::printf("  budget %9zu B -> %-50s predicted %8zu B, measured %8zu / %8zu B\n", budget,
                     plan.summary().c_str(), plan.peak_bytes, trained.peaks[0], trained.peaks[1]);
         for (size_t peak : trained.peaks) {

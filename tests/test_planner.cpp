@@ -205,7 +205,8 @@ TEST(Planner, CostModelErrorAcrossPlans) {
 
 TEST(Planner, NoPlanFitsNamesTheSmallestPeakAndItsFlags) {
     const nn::GPTConfig config = nn::GPTConfig::named("tiny");
-    // A budget nothing fits: every plan takes its smallest loss chunk and MLP tile, as under any budget below it.
+    // A budget nothing fits: every plan keeps the smallest peak its loss chunks and MLP tiles reach, as under any
+    // budget below that peak.
     const planner::PlanSearch search = planner::search_plans(config, 0, global_batch, {});
     const planner::Plan& smallest = search.plans[search.smallest];
     try {
