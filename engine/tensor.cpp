@@ -198,6 +198,7 @@ void Tensor::set_requires_grad(bool requires_grad) {
         Tensor buffer = zeros(shape(), compute_dtype(dtype()), device(), MemoryCategory::gradients);
         self.grad = buffer.impl_;
     }
+    if (!requires_grad) self.grad.reset(); // frozen: nothing accumulates, so nothing is held
     self.requires_grad = requires_grad;
 }
 
@@ -220,7 +221,7 @@ void Tensor::share_gradient_buffer(const Tensor& owner) {
 
 void Tensor::set_gradient_buffer(const Tensor& buffer) {
     TensorImpl& self = impl();
-    ENGINE_CHECK(self.is_leaf && self.requires_grad,
+    ENGINE_CHECK(self.is_leaf && (self.requires_grad || buffer.defined()),
                  "set_gradient_buffer: " << describe() << " must be a leaf that requires grad");
     if (!buffer.defined()) {
         self.grad.reset();
@@ -232,6 +233,7 @@ void Tensor::set_gradient_buffer(const Tensor& buffer) {
                                          << device_name(device()) << ")");
     Tensor view = buffer.shape() == shape() ? buffer : buffer.reshape(shape());
     self.grad = view.impl_;
+    self.requires_grad = true;
 }
 
 void move_storage_to(const std::vector<Tensor>& tensors, Device device, bool include_gradients,

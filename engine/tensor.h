@@ -108,7 +108,8 @@ public:
     // Autograd.
     bool requires_grad() const { return impl().requires_grad; }
     bool is_leaf() const { return impl().is_leaf; }
-    // On a leaf: turns gradient tracking on and allocates its persistent gradient buffer once.
+    // On a leaf: true turns gradient tracking on and allocates its persistent gradient buffer once; false turns
+    // it off and lets the buffer go (a frozen parameter holds none: nn::Module::set_requires_grad).
     void set_requires_grad(bool requires_grad);
     Tensor grad() const; // the persistent gradient buffer of a leaf (dtype compute_dtype(dtype())); undefined if none
     // A new tensor sharing this one's storage but with no autograd history: saved-tensor style.
@@ -155,7 +156,8 @@ public:
     // element count in compute_dtype(dtype()) on its device, which the caller zeroed), or with an undefined
     // tensor takes the buffer away, leaving the leaf requiring grad with nothing to accumulate into: an op that
     // records it then fails, naming it, until a buffer is given again. Nodes recorded before keep the buffer
-    // they captured.
+    // they captured. A leaf that did not require grad does once given a buffer (unfreezing a parameter whose
+    // buffer is a view of a larger one: the padded table).
     void set_gradient_buffer(const Tensor& buffer);
 
     explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}

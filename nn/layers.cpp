@@ -69,6 +69,12 @@ TorchLinear::TorchLinear(int in_features, int out_features, const InitOptions& i
                                 initial_normal({out_features, in_features}, init.standard_deviation, init.parameters));
 }
 
+TorchLinear::TorchLinear(int in_features, int out_features, const ParameterOptions& options) {
+    check_layer("TorchLinear", in_features, out_features, options);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+    weight = register_parameter("weight", initial_uniform({out_features, in_features}, bound, options));
+}
+
 RMSNorm::RMSNorm(int channels, double eps, const ParameterOptions& options) : eps(eps) {
     check_layer("RMSNorm", channels, 1, options);
     ENGINE_CHECK(std::isfinite(eps) && eps >= 0.0, "RMSNorm: eps " << eps << " must be finite and >= 0");

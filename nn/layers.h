@@ -13,6 +13,9 @@
 
 namespace engine::nn {
 
+struct LoraConfig; // nn/lora.h
+class LoraAdapter;
+
 // Where a layer's parameters live and which generator draws their initial values. Every field may stay
 // defaulted: f32 parameters on the CPU, drawn from this thread's default generator (nn::manual_seed).
 struct ParameterOptions {
@@ -38,7 +41,28 @@ struct InitOptions {
 // its checkpoints load without a transpose. PyTorch's torch.nn.Linear stores the TRANSPOSE, (out, in):
 // copying a PyTorch state dict's "weight" into this one needs a transpose, and y = x · weight here is
 // y = x · weightᵀ there.
-class Linear : public Layer {
+// A linear layer LoRA can adapt (nn/lora.h): Linear and TorchLinear. Without an adapter its forward is the
+// layer's own; with one, base(x) + scaling·B·A·dropout(x), the adapter's matrices registered as this layer's
+// children lora_A and lora_B (PEFT's names and torch.nn.Linear shapes: (r,in) and (out,r)).
+class AdaptableLinear : public Layer {
+public:
+    virtual int in_features() const = 0;
+    virtual int out_features() const = 0;
+    // Gives this layer an adapter of its shape (nn::apply_lora makes them). Refused, changing nothing, when the
+    // layer has one already, when the shapes differ, and once the layer has working copies apart from its
+    // parameters (set_compute_dtype, set_master_device: attach first).
+    void attach_lora(std::shared_ptr<LoraAdapter> adapter);
+    std::shared_ptr<LoraAdapter> detach_lora(); // takes the adapter away (nn::merge_lora)
+    const LoraAdapter* lora() const { return lora_.get(); }
+
+protected:
+    Tensor with_lora(Tensor base_output, const Tensor& input) const; // base_output, plus the adapter's path if any
+
+private:
+    std::shared_ptr<LoraAdapter> lora_;
+};
+
+class Linear : public AdaptableLinear {
 public:
     // PyTorch's default initialisation: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with
     // a = sqrt(5) gives exactly this bound for the weight). bias = false leaves `bias` undefined. The weight
@@ -46,7 +70,11 @@ public:
     Linear(int in_features, int out_features, bool bias = true, const ParameterOptions& options = {});
     // GPT-2's: weight ~ N(0, weight_std²); bias = 0.
     Linear(int in_features, int out_features, const InitOptions& init, double weight_std);
-    Tensor forward(const Tensor& input) const override { return linear(input, working(weight), working(bias)); }
+    Tensor forward(const Tensor& input) const override {
+        return with_lora(linear(input, working(weight), working(bias)), input);
+    }
+    int in_features() const override { return static_cast<int>(weight.size(0)); }
+    int out_features() const override { return static_cast<int>(weight.size(1)); }
     Tensor weight, bias; // (in,out), (out) or undefined
 };
 
@@ -65,10 +93,16 @@ public:
 // y = x · weightᵀ over the last dimension, no bias: torch.nn.Linear(in, out, bias=False) with its (out, in)
 // weight layout, as Hugging Face's Llama projections store it, so their checkpoints load without a transpose.
 // Weight ~ N(0, init.standard_deviation²) (Hugging Face's initializer_range).
-class TorchLinear : public Layer {
+class TorchLinear : public AdaptableLinear {
 public:
     TorchLinear(int in_features, int out_features, const InitOptions& init);
-    Tensor forward(const Tensor& input) const override { return matmul(input, working(weight), /*transpose_b=*/true); }
+    // torch.nn.Linear's default initialisation: weight ~ U(-1/sqrt(in), 1/sqrt(in)).
+    TorchLinear(int in_features, int out_features, const ParameterOptions& options);
+    Tensor forward(const Tensor& input) const override {
+        return with_lora(matmul(input, working(weight), /*transpose_b=*/true), input);
+    }
+    int in_features() const override { return static_cast<int>(weight.size(1)); }
+    int out_features() const override { return static_cast<int>(weight.size(0)); }
     Tensor weight; // (out,in)
 };
 

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <tuple>
 
 #include "checkpoint/checkpoint.h"
 #include "engine/cuda/runtime.h"
@@ -23,6 +24,15 @@ Tensor Module::register_parameter(const std::string& name, const Tensor& initial
 
 void Module::register_module(const std::string& name, Module& child) { children_.emplace_back(name, &child); }
 
+void Module::remove_module(const std::string& name) {
+    for (auto child = children_.begin(); child != children_.end(); ++child)
+        if (child->first == name) {
+            children_.erase(child);
+            return;
+        }
+    ENGINE_FAIL("remove_module: no child module is named '" << name << "'");
+}
+
 const Tensor& Module::register_alias(const Tensor& alias) {
     aliases_.push_back(alias);
     return aliases_.back();
@@ -31,6 +41,14 @@ const Tensor& Module::register_alias(const Tensor& alias) {
 void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const {
     for (const auto& [name, parameter] : parameters_) out.emplace_back(prefix + name, parameter);
     for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+    std::vector<std::pair<std::string, Module*>> out = {{"", this}};
+    for (auto& [name, child] : children_)
+        for (auto& [child_name, module] : child->named_modules())
+            out.emplace_back(child_name.empty() ? name : name + "." + child_name, module);
+    return out;
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
@@ -67,7 +85,95 @@ int64_t stored_rows(const Tensor& parameter) {
     const size_t row_bytes = parameter.nbytes() / static_cast<size_t>(parameter.size(0));
     return static_cast<int64_t>(parameter.storage_bytes() / row_bytes);
 }
+
+// `tensor`'s gradient buffer becomes the first rows of `buffer` (a view of it when it holds more rows).
+void give_gradient_rows(Tensor tensor, const Tensor& buffer) {
+    tensor.set_gradient_buffer(tensor.dim() >= 1 && tensor.size(0) != buffer.size(0) ? buffer.with_rows(tensor.size(0))
+                                                                                       : buffer);
+}
 } // namespace
+
+std::vector<std::pair<std::string, Tensor>> Module::named_trainable_parameters() const {
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (auto& named : named_parameters())
+        if (named.second.requires_grad()) out.push_back(std::move(named));
+    return out;
+}
+
+std::vector<Tensor> Module::trainable_parameters() const {
+    std::vector<Tensor> out;
+    for (auto& [name, parameter] : named_trainable_parameters()) out.push_back(parameter);
+    return out;
+}
+
+size_t Module::trainable_parameter_count() const {
+    size_t count = 0;
+    for (auto& [name, parameter] : named_trainable_parameters()) count += static_cast<size_t>(parameter.numel());
+    return count;
+}
+
+// A zeroed gradient buffer over every row a parameter's storage holds (the padded table's too), of which each
+// handle over that storage sees its own rows, as when the parameter was registered.
+Tensor Module::gradient_buffer_for(size_t index) const {
+    const Tensor& parameter = parameters_[index].second;
+    Shape shape = parameter.shape();
+    if (!shape.empty()) shape[0] = stored_rows(parameter);
+    return Tensor::zeros(shape, engine::compute_dtype(parameter.dtype()), parameter.device(), MemoryCategory::gradients);
+}
+
+void Module::set_requires_grad_of(size_t index, const Tensor& buffer) {
+    Tensor parameter = parameters_[index].second;
+    // The tensors over this parameter's storage: its views, and its working copy beside it (bf16), whose
+    // gradient buffer is the master's.
+    std::vector<Tensor> handles = {parameter};
+    for (const Tensor& alias : aliases_)
+        if (alias.shares_storage_with(parameter)) handles.push_back(alias);
+    if (index < working_copies_.size()) {
+        const WorkingCopy& copy = working_copies_[index];
+        handles.insert(handles.end(), {copy.master_storage, copy.working_storage, copy.working});
+    }
+    for (Tensor& handle : handles) {
+        if (buffer.defined()) give_gradient_rows(handle, buffer);
+        else handle.set_requires_grad(false);
+    }
+}
+
+void Module::set_requires_grad(bool requires_grad) {
+    ENGINE_CHECK(!master_device_, "set_requires_grad: the masters are on " << device_name(*master_device_)
+                                      << " apart from the working copies (set_master_device); freeze parameters "
+                                         "before placing them");
+    std::vector<Module*> tree;
+    collect_modules(tree);
+    // Every buffer is allocated before the first is given: running out of memory changes nothing.
+    std::vector<std::tuple<Module*, size_t, Tensor>> changes;
+    for (Module* module : tree)
+        for (size_t index = 0; index < module->parameters_.size(); ++index)
+            if (module->parameters_[index].second.requires_grad() != requires_grad)
+                changes.emplace_back(module, index, requires_grad ? module->gradient_buffer_for(index) : Tensor());
+    for (const auto& [module, index, buffer] : changes) module->set_requires_grad_of(index, buffer);
+}
+
+void Module::set_parameter_requires_grad(const std::string& name, bool requires_grad) {
+    ENGINE_CHECK(!master_device_, "set_parameter_requires_grad('" << name << "'): the masters are on "
+                                      << device_name(*master_device_) << " apart from the working copies "
+                                         "(set_master_device); freeze parameters before placing them");
+    std::vector<std::pair<std::string, Tensor>> named = named_parameters();
+    std::vector<Module*> tree;
+    collect_modules(tree);
+    // named_parameters() walks the tree depth first as collect_modules does, so the k-th name is the k-th
+    // parameter met in that walk.
+    size_t position = 0;
+    for (Module* module : tree) {
+        for (size_t index = 0; index < module->parameters_.size(); ++index, ++position) {
+            if (named[position].first != name) continue;
+            if (module->parameters_[index].second.requires_grad() == requires_grad) return;
+            return module->set_requires_grad_of(index, requires_grad ? module->gradient_buffer_for(index) : Tensor());
+        }
+    }
+    ENGINE_FAIL("set_parameter_requires_grad: no parameter is named '"
+                << name << "' (" << named.size() << " parameters"
+                << (named.empty() ? std::string() : ", the first '" + named.front().first + "'") << ")");
+}
 
 void Module::set_compute_dtype(DType dtype) {
     ENGINE_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,
@@ -100,10 +206,10 @@ void Module::make_working_copies(DType dtype, Device device,
         copy.master_storage = master.dim() >= 1 ? master.with_rows(stored_rows(master)) : master;
         Tensor working_storage = Tensor::empty(copy.master_storage.shape(), dtype, device, MemoryCategory::parameters);
         working_storage.set_name(name);
-        // A leaf that requires grad. Beside its master: its gradient buffer is the master's (f32,
-        // compute_dtype(bf16)). On another device: a buffer of its own there, where backward runs.
-        if (device == master.device()) working_storage.share_gradient_buffer(copy.master_storage);
-        else working_storage.set_requires_grad(true);
+        // A leaf that requires grad, unless its master is frozen. Beside its master: its gradient buffer is the
+        // master's (f32, compute_dtype(bf16)). On another device: a buffer of its own there, where backward runs.
+        if (master.requires_grad() && device == master.device()) working_storage.share_gradient_buffer(copy.master_storage);
+        else if (master.requires_grad()) working_storage.set_requires_grad(true);
         copy.working_storage = working_storage;
         copy.working = master.dim() >= 1 ? working_storage.with_rows(master.size(0)) : working_storage;
         refresh(copy);
@@ -114,6 +220,7 @@ void Module::make_working_copies(DType dtype, Device device,
     const bool apart = !copies.empty() && device != copies.front().master_storage.device();
     if (apart && no_gradients_on_placement_)
         for (WorkingCopy& copy : copies) {
+            if (!copy.working_storage.requires_grad()) continue; // frozen: it never had one
             copy.working_storage.set_gradient_buffer(Tensor());
             copy.working.set_gradient_buffer(Tensor());
         }
@@ -157,7 +264,9 @@ void Module::collect_working(std::vector<Tensor>& out) const {
 
 void Module::attach_working_gradients() {
     ENGINE_CHECK(master_device_, "attach_working_gradients: the masters are not apart from the working copies");
-    for (WorkingCopy& copy : working_copies_) {
+    for (size_t index = 0; index < working_copies_.size(); ++index) {
+        WorkingCopy& copy = working_copies_[index];
+        if (!parameters_[index].second.requires_grad()) continue; // frozen: no gradient to stream
         const Tensor buffer = Tensor::zeros(copy.working_storage.shape(), engine::compute_dtype(copy.working_storage.dtype()),
                                             copy.working_storage.device(), MemoryCategory::gradients);
         copy.working_storage.set_gradient_buffer(buffer);
@@ -169,6 +278,7 @@ void Module::attach_working_gradients() {
 
 void Module::release_working_gradients() {
     for (WorkingCopy& copy : working_copies_) {
+        if (!copy.working_storage.requires_grad()) continue; // frozen
         copy.working_storage.set_gradient_buffer(Tensor());
         copy.working.set_gradient_buffer(Tensor());
     }

@@ -25,8 +25,27 @@ public:
     // Depth-first in registration order, with dotted names.
     std::vector<std::pair<std::string, Tensor>> named_parameters() const;
     std::vector<Tensor> parameters() const;
+    // Every module of the subtree with its dotted name ("" for this one), in named_parameters()' order.
+    std::vector<std::pair<std::string, Module*>> named_modules();
     void zero_grad(); // memset of every gradient buffer; never frees
     size_t parameter_count() const;
+
+    // Frozen parameters (docs/TRAINING.md, "Frozen parameters"). set_requires_grad(false) freezes every parameter
+    // of this subtree, PyTorch's requires_grad_(False): its gradient buffer is freed, and so are the buffers of
+    // its views (register_alias) and of its working copy, so backward computes no gradient for it (a frozen
+    // linear weight's weight-gradient GEMM is skipped; the input gradient still flows), and a trainer gives it no
+    // optimizer state, no part in the gradient norm or the data-parallel reduction, and never writes it. It stays
+    // in named_parameters() (files save and load it). true gives each frozen parameter a zeroed buffer again.
+    // Call it before set_master_device (refused once the masters are apart) and before building a trainer,
+    // which lists the trainable parameters when it is made.
+    void set_requires_grad(bool requires_grad);
+    // The same for one parameter, by its dotted name in named_parameters(); a name that names none throws,
+    // naming it and changing nothing.
+    void set_parameter_requires_grad(const std::string& name, bool requires_grad);
+    // named_parameters() less the frozen ones, in the same order: what an optimizer updates.
+    std::vector<std::pair<std::string, Tensor>> named_trainable_parameters() const;
+    std::vector<Tensor> trainable_parameters() const;
+    size_t trainable_parameter_count() const;
     // Train mode turns dropout on; both reach every registered submodule. New modules start in train mode, as
     // in PyTorch: a module registered after eval() is in train mode until the next call.
     void train(bool training = true);
@@ -53,6 +72,9 @@ public:
     // parameters' own dtype) removes the copies. The copies are made now from the masters' values.
     void set_compute_dtype(DType dtype);
     DType compute_dtype() const { return compute_dtype_; }
+    // Whether this module's own parameters have working copies apart from them (set_compute_dtype to another
+    // dtype, or set_master_device).
+    bool has_working_copies() const { return !working_copies_.empty(); }
     // Rounds the masters into the working copies again: after anything writes the masters (the optimizer
     // step, a load, a broadcast). The trainer and the library's loaders call it; code that writes parameters
     // itself must too. Nothing without copies.
@@ -119,6 +141,8 @@ protected:
     Tensor register_parameter(const std::string& name, const Tensor& initial);
     // The child must outlive this module's use of it: a member, or owned by this module (nn::Sequential).
     void register_module(const std::string& name, Module& child);
+    // Takes a registered child away again (a LoRA adapter merged into its layer); a name not registered throws.
+    void remove_module(const std::string& name);
     // A tensor the module keeps over one of its parameters' storage, besides the parameter itself (the
     // padded token table, nn::Embedding): to() moves it with the parameter. Returns it for the member.
     const Tensor& register_alias(const Tensor& alias);
@@ -130,6 +154,10 @@ private:
         Tensor working;         // working_storage with the master's own rows
     };
     void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
+    // Freezes parameters_[index] with its views and working copy (set_requires_grad), or with a `buffer` from
+    // gradient_buffer_for unfreezes them over it.
+    Tensor gradient_buffer_for(size_t index) const;
+    void set_requires_grad_of(size_t index, const Tensor& buffer);
     // Copies in `dtype` on `device` (the masters' own device: sharing their gradient buffers; another: each
     // with a gradient buffer of its own).
     void make_working_copies(DType dtype, Device device,

@@ -21,8 +21,8 @@ ScheduleConfig schedule_config(const TrainerConfig& config) {
 
 std::unique_ptr<Optimizer> make_optimizer(const nn::Module& model, const TrainerConfig& config, ShardRange shard) {
     if (config.optimizer == OptimizerKind::sgd)
-        return std::make_unique<SGD>(model.named_parameters(), config.sgd_options(), decay_matrices_only, shard);
-    return std::make_unique<AdamW>(model.named_parameters(), config.adamw_options(), decay_matrices_only, shard);
+        return std::make_unique<SGD>(model.named_trainable_parameters(), config.sgd_options(), decay_matrices_only, shard);
+    return std::make_unique<AdamW>(model.named_trainable_parameters(), config.adamw_options(), decay_matrices_only, shard);
 }
 
 void synchronize_device(Device device) {
@@ -32,7 +32,7 @@ void synchronize_device(Device device) {
 // The first parameter (in model order) whose accumulated gradient holds a NaN or an Inf, for the error: read
 // where the step's gradients are when it is asked (with the optimizer on the host, gathered in the masters').
 std::string first_nonfinite_gradient(const nn::Module& model) {
-    for (const auto& [name, parameter] : model.named_parameters())
+    for (const auto& [name, parameter] : model.named_trainable_parameters())
         if (!all_finite(parameter.grad())) return name;
     return "none (the gradients are finite; the loss is not)";
 }
@@ -78,6 +78,9 @@ void mark_streamed_layers(nn::Module& model, const StepShape& shape) {
 ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator)
     : model_(model), config_(config), schedule_(schedule_config(config)), communicator_(communicator) {
     ENGINE_CHECK(!model_.parameters().empty(), "trainer: the module has no parameters to train");
+    ENGINE_CHECK(model_.trainable_parameter_count() > 0,
+                 "trainer: every one of the module's " << model_.named_parameters().size()
+                     << " parameters is frozen (Module::set_requires_grad): there is nothing to train");
     // Every refusal before the model changes.
     const bool masters_apart = model_.master_device().has_value();
     ENGINE_CHECK(config_.shape.offload_optimizer || !masters_apart,
@@ -105,8 +108,14 @@ ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, dis
         mark_streamed_layers(model_, config_.shape);
         model_.set_master_device(Device::cpu);
     }
-    parameters_ = model_.parameters();
-    gradient_leaves_ = model_.working_parameters();
+    // The trainable parameters only: a frozen one has no gradient, no optimizer state and no part in the norm or
+    // the reduction. The working copies in the same order.
+    const std::vector<Tensor> masters = model_.parameters(), working = model_.working_parameters();
+    for (size_t index = 0; index < masters.size(); ++index) {
+        if (!masters[index].requires_grad()) continue;
+        parameters_.push_back(masters[index]);
+        gradient_leaves_.push_back(working[index]);
+    }
     streamed_leaves_.assign(parameters_.size(), false);
     device_ = model_.compute_device();
     loss_dtype_ = model_.compute_dtype() == DType::bf16 ? DType::f32 : parameters_.front().dtype();
@@ -158,6 +167,12 @@ Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batc
                  "trainer: the tape holds " << current_tape().size()
                      << " nodes of a forward that was never backpropagated; run evaluation under NoGradGuard");
     ENGINE_CHECK(!micro_batches.empty(), "trainer: an accumulation window needs at least one micro-batch");
+    // The trainable parameters were listed when the trainer was built; one frozen since has no buffer to step.
+    for (size_t index = 0; index < parameters_.size(); ++index)
+        if (!parameters_[index].requires_grad())
+            ENGINE_FAIL("trainer: parameter '" << optimizer_->parameter_names()[index]
+                                               << "' was frozen after the trainer was built; freeze parameters "
+                                                  "(Module::set_requires_grad) before building it");
     ENGINE_CHECK(static_cast<int>(micro_batches.size()) <= config_.shape.gradient_accumulation_steps,
                  "trainer: " << micro_batches.size() << " micro-batches exceed gradient_accumulation_steps "
                              << config_.shape.gradient_accumulation_steps);
@@ -363,6 +378,7 @@ void ModuleTrainer::stream_segment_gradients(int first_layer, int layer_count) {
         const std::vector<Tensor> masters = block.parameters();
         const std::vector<Tensor> working = block.working_parameters();
         for (size_t index = 0; index < masters.size(); ++index) {
+            if (!masters[index].requires_grad()) continue; // frozen: no gradient
             // Down, then added in f32 into the master's buffer: one micro-batch after the other, in order.
             const Tensor staged = working[index].grad().to(Device::cpu, MemoryCategory::workspace);
             accumulate_into(masters[index].grad(), staged);

@@ -127,9 +127,10 @@ void mark_streamed_layers(nn::Module& model, const StepShape& shape);
 class ModuleTrainer {
 public:
     // Applies the checkpoint policy through model.set_checkpointing (a module without checkpointable layers
-    // refuses an enabled one), seeds the engine RNG, and creates the optimizer over model.named_parameters()
-    // (its state is allocated now) and the schedule. The model must outlive the trainer and hold at least one
-    // parameter; its device is the one its forward runs on (Module::compute_device). With a communicator the trainer is data-parallel from
+    // refuses an enabled one), seeds the engine RNG, and creates the optimizer over
+    // model.named_trainable_parameters() (its state is allocated now) and the schedule. The model must outlive the
+    // trainer and hold at least one trainable parameter (frozen ones, Module::set_requires_grad, get no gradient,
+    // state, norm or reduction, and must be frozen before the trainer is built); its device is the one its forward runs on (Module::compute_device). With a communicator the trainer is data-parallel from
     // the start (see set_communicator), and zero_stage 1 shards the optimizer state over its ranks.
     ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator = nullptr);
     virtual ~ModuleTrainer();

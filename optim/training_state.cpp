@@ -93,8 +93,10 @@ void restore_training_state(const io::TrainingState& state, ModuleTrainer& train
     for (const Optimizer::StateShard& shard : trainer.optimizer().state_shards())
         targets.push_back({optimizer_prefix + shard.name, shard.state,
                            trainer.optimizer().sharded() ? shard.parameter : shard.state, shard.first});
+    // Every parameter, frozen ones too (the file restores the whole model), and the state of the trainable ones.
     const size_t parameters = trainer.module().named_parameters().size();
-    const size_t expected = parameters * (trainer.config().optimizer == OptimizerKind::adamw ? 3 : 2);
+    const size_t trainable = trainer.module().named_trainable_parameters().size();
+    const size_t expected = parameters + trainable * (trainer.config().optimizer == OptimizerKind::adamw ? 2 : 1);
     ENGINE_CHECK(expected == state.tensors.size(), "training state holds " << state.tensors.size()
                                                    << " tensors, this model and optimizer have " << expected);
     for (const Target& target : targets) {

@@ -179,6 +179,13 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
 
 void save_safetensors(const Module& module, const std::string& path, std::optional<DType> file_dtype,
                       const std::string& name_prefix) {
+    std::vector<std::pair<std::string, Tensor>> named;
+    for (const auto& [name, parameter] : module.named_parameters()) named.emplace_back(name_prefix + name, parameter);
+    save_safetensors(named, path, file_dtype);
+}
+
+void save_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& path,
+                      std::optional<DType> file_dtype) {
     ENGINE_CHECK(!file_dtype || *file_dtype == DType::f32 || *file_dtype == DType::f64 || *file_dtype == DType::bf16,
                  "save_safetensors '" << path << "': cannot write " << dtype_name(*file_dtype)
                                       << " (F32, F64 or BF16 only)");
@@ -186,7 +193,7 @@ void save_safetensors(const Module& module, const std::string& path, std::option
     json["__metadata__"] = {{"format", "pt"}};
     std::vector<std::vector<char>> payloads;
     int64_t offset = 0;
-    for (const auto& [name, parameter] : module.named_parameters()) {
+    for (const auto& [name, parameter] : tensors) {
         ENGINE_CHECK(parameter.dtype() == DType::f32 || parameter.dtype() == DType::f64 || parameter.dtype() == DType::bf16,
                      "save_safetensors '" << path << "': parameter " << parameter.describe() << " is not a float");
         const DType dtype = file_dtype.value_or(parameter.dtype());
@@ -199,7 +206,7 @@ void save_safetensors(const Module& module, const std::string& path, std::option
         std::vector<char> bytes(host.nbytes());
         std::memcpy(bytes.data(), host.raw_data(), bytes.size());
         const int64_t size = static_cast<int64_t>(bytes.size());
-        json[name_prefix + name] = {{"dtype", dtype == DType::f32 ? "F32" : dtype == DType::f64 ? "F64" : "BF16"},
+        json[name] = {{"dtype", dtype == DType::f32 ? "F32" : dtype == DType::f64 ? "F64" : "BF16"},
                       {"shape", parameter.shape()},
                       {"data_offsets", {offset, offset + size}}};
         offset += size;

@@ -45,6 +45,9 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path);
 // name_prefix goes in front of every name (train_gpt writes GPT-2 directories with transformers' "transformer.").
 void save_safetensors(const Module& module, const std::string& path, std::optional<DType> file_dtype = std::nullopt,
                       const std::string& name_prefix = "");
+// The same for named tensors (an adapter's, nn/io/peft.h), under the names given, in the order given.
+void save_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& path,
+                      std::optional<DType> file_dtype = std::nullopt);
 
 // Loads a file into `module`'s parameters (converted to each parameter's dtype and device).
 // - A `transformer.` prefix on names is accepted.

@@ -4,7 +4,7 @@
 // after steps with accumulation, clipping, bf16 and checkpointing, for GPT-2 and Llama (tied and untied); the
 // device holds no master, gradient copy or moment, and the host holds them; with streamed parameters the
 // checkpointed layers' working copies are on the host too, and one layer's on the device while it is used;
-// resume is bitwise; a model on the host is refused.
+// resume is bitwise; frozen parameters offload as they train on the device; a model on the host is refused.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -37,12 +37,26 @@ struct OffloadCase {
     bool parameters = false; // streamed parameters too (offload_parameters)
     int loss_chunk = 0;      // the streaming LM head's chunk, in both runs (0: the whole logits)
     int mlp_tile = 0;        // the MLP's tile, in both runs (0: the whole MLP)
+    bool frozen = false;     // the token table, the first layer and the other layers' query weights frozen
 };
 void PrintTo(const OffloadCase& offload_case, std::ostream* out) { *out << offload_case.name; }
 
+// OffloadCase::frozen's parameters (tests/test_frozen_parameters.cpp freezes the same on the host).
+bool frozen_parameter(const std::string& name) {
+    const bool table = name == "wte.weight" || name == "model.embed_tokens.weight";
+    const bool first_layer = name.rfind("h.0.", 0) == 0 || name.rfind("model.layers.0.", 0) == 0;
+    const bool query = name.find("c_attn.weight") != std::string::npos || name.find("q_proj.weight") != std::string::npos;
+    return table || first_layer || query;
+}
+
 std::unique_ptr<nn::CausalLM> build(const OffloadCase& run) {
-    if (run.llama) return std::make_unique<nn::Llama>(small_llama_config(run.tied), 11, Device::cuda);
-    return std::make_unique<nn::GPT>(small_gpt_config(), 11, Device::cuda);
+    std::unique_ptr<nn::CausalLM> model;
+    if (run.llama) model = std::make_unique<nn::Llama>(small_llama_config(run.tied), 11, Device::cuda);
+    else model = std::make_unique<nn::GPT>(small_gpt_config(), 11, Device::cuda);
+    if (run.frozen)
+        for (const auto& [name, parameter] : model->named_parameters())
+            if (frozen_parameter(name)) model->set_parameter_requires_grad(name, false);
+    return model;
 }
 
 optim::TrainerConfig config_of(const OffloadCase& run, bool offload) {
@@ -277,6 +291,49 @@ TEST(TiledMlpOnDevice, TrainsAsTheWholeMlp) {
                 << run.name << " step " << step + 1;
         std::printf("  %s: last loss whole %.7f, one tile %.7f, tiles of 5 %.7f\n", run.name, whole.losses.back(),
                     one_tile.losses.back(), tiled.losses.back());
+    }
+}
+
+// Frozen parameters with the model state on the host: bitwise the all-on-device frozen run with the window's
+// gradients, streamed gradients and streamed parameters; the frozen masters keep their bits; the host holds
+// gradients and moments for the trainable parameters only, and the device no gradient for a frozen one.
+TEST(FrozenOffloaded, BitwiseTheAllOnDeviceFrozenRun) {
+    if (!engine::cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    engine::cuda::set_tf32_enabled(false);
+    for (OffloadCase run : {OffloadCase{"gpt_bf16_streamed_parameters", false, true, Precision::bf16, true,
+                                        GradientOffload::stream, true},
+                            OffloadCase{"llama_fp32_checkpointed", true, false, Precision::fp32, true},
+                            OffloadCase{"llama_tied_bf16_streamed", true, true, Precision::bf16, true,
+                                        GradientOffload::stream}}) {
+        run.frozen = true;
+        const Trained on_device = train(run, false);
+        const Trained offloaded = train(run, true);
+        EXPECT_EQ(offloaded.losses, on_device.losses) << run.name;
+        EXPECT_EQ(offloaded.norms, on_device.norms) << run.name;
+        EXPECT_TRUE(offloaded.masters == on_device.masters) << run.name;
+        const std::unique_ptr<nn::CausalLM> model = build(run);
+        const std::vector<std::vector<unsigned char>> initial = master_bytes(*model);
+        size_t trainable_gradients = 0, trainable_moments = 0, frozen = 0;
+        const auto named = model->named_parameters();
+        for (size_t index = 0; index < named.size(); ++index) {
+            const auto& [name, parameter] = named[index];
+            if (frozen_parameter(name)) {
+                ++frozen;
+                EXPECT_TRUE(offloaded.masters[index] == initial[index]) << run.name << ": frozen " << name << " moved";
+            } else {
+                EXPECT_FALSE(offloaded.masters[index] == initial[index]) << run.name << ": " << name << " did not learn";
+                trainable_gradients += parameter.storage_bytes();
+                trainable_moments += 2 * parameter.nbytes();
+            }
+        }
+        EXPECT_GT(frozen, 0u) << run.name;
+        EXPECT_EQ(on_device.device.current(MemoryCategory::gradients), trainable_gradients) << run.name;
+        EXPECT_EQ(offloaded.host.current(MemoryCategory::gradients), trainable_gradients) << run.name;
+        EXPECT_EQ(offloaded.host.current(MemoryCategory::optimizer_state), trainable_moments) << run.name;
+        EXPECT_EQ(offloaded.device.current(MemoryCategory::optimizer_state), 0u) << run.name;
+        std::printf("  %s frozen: %zu of %zu parameters frozen, losses %.6f -> %.6f bitwise; host %zu B of gradients\n",
+                    run.name, frozen, named.size(), on_device.losses.front(), on_device.losses.back(),
+                    offloaded.host.current(MemoryCategory::gradients));
     }
 }
 

@@ -1,0 +1,283 @@
+// Frozen parameters (nn::Module::set_requires_grad, issue 28 item 1): no gradient buffer, no optimizer state,
+// no weight-gradient GEMM and no part in the norm. Against the same model with nothing frozen: the trainable
+// parameters' gradients bitwise (GPT-2 with its tied, padded table and Llama; f32 and bf16; plain and
+// checkpointed), the gradients' bytes less exactly the frozen ones', the GEMMs skipped counted; over steps the
+// frozen weights bitwise unchanged under weight decay while the rest learns; resume; unfreezing; bad input.
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/distributed/communicator.h"
+#include "engine/profiling.h"
+#include "expect_error.h"
+#include "nn/model_config.h"
+#include "optim/trainer.h"
+#include "optim/training_state.h"
+#include "parameter_snapshot.h"
+#include "token_stream.h"
+
+namespace engine::testing {
+namespace {
+
+constexpr int length = 24;
+
+// What the tests freeze: the token table (GPT-2's is tied to the head and padded), every parameter of the first
+// decoder layer, and the query side of every other layer's attention (a weight whose bias, in GPT-2, stays
+// trainable). The position table (GPT-2), the norms and the MLPs of the other layers stay trainable, so the
+// input gradient must still flow through every frozen layer.
+bool frozen_by_default(const std::string& name) {
+    const bool table = name == "wte.weight" || name == "model.embed_tokens.weight";
+    const bool first_layer = name.rfind("h.0.", 0) == 0 || name.rfind("model.layers.0.", 0) == 0;
+    const bool query = name.find("c_attn.weight") != std::string::npos || name.find("q_proj.weight") != std::string::npos;
+    return table || first_layer || query;
+}
+
+std::unique_ptr<nn::CausalLM> build(const std::string& model_name) {
+    return nn::ModelConfig::named(model_name).build(5, Device::cpu, DType::f32);
+}
+
+// Freezes the parameters `frozen` picks, by name; returns their names.
+std::vector<std::string> freeze(nn::Module& model, const std::function<bool(const std::string&)>& frozen) {
+    std::vector<std::string> names;
+    for (const auto& [name, parameter] : model.named_parameters())
+        if (frozen(name)) names.push_back(name);
+    for (const std::string& name : names) model.set_parameter_requires_grad(name, false);
+    return names;
+}
+
+optim::TrainerConfig config_of(Precision precision, bool checkpointed) {
+    optim::TrainerConfig config;
+    config.shape.per_device_train_batch_size = 2;
+    config.shape.gradient_accumulation_steps = 2;
+    config.shape.precision = precision;
+    config.shape.checkpointing = checkpoint::CheckpointPolicy{checkpointed, 1, 1, false};
+    config.learning_rate = 3e-3;
+    config.weight_decay = 0.1; // frozen matrices must not decay either
+    config.max_grad_norm = 0.5;
+    config.max_steps = 6;
+    return config;
+}
+
+std::vector<nn::Batch> window(int vocabulary, int& cursor) {
+    const nn::BatchSource source = padded_label_batches(vocabulary, length, cursor);
+    return {*source(), *source()};
+}
+
+size_t gradient_bytes() { return memory_stats(Device::cpu).current(MemoryCategory::gradients); }
+
+// One window's gradients with nothing frozen and with the default set frozen: the trainable ones bitwise equal,
+// the frozen ones without a buffer, and the gradient bytes less exactly theirs (the padded table's stored rows).
+TEST(FrozenParameters, TrainableGradientsAreBitwiseTheUnfrozenRunsAndFrozenOnesHaveNoBuffer) {
+    for (const std::string model_name : {"tiny", "llama-tiny"}) {
+        for (const Precision precision : {Precision::fp32, Precision::bf16}) {
+            for (const bool checkpointed : {false, true}) {
+                const std::string what = model_name + " " + precision_name(precision) + (checkpointed ? " checkpointed" : "");
+                current_tape().clear();
+                const size_t before = gradient_bytes();
+                const std::unique_ptr<nn::CausalLM> whole = build(model_name);
+                optim::Trainer whole_trainer(*whole, config_of(precision, checkpointed));
+                const size_t whole_bytes = gradient_bytes() - before;
+                int cursor = 0;
+                whole_trainer.accumulate_gradients(window(whole->vocab_size(), cursor));
+
+                const std::unique_ptr<nn::CausalLM> model = build(model_name);
+                const std::vector<std::string> frozen = freeze(*model, frozen_by_default);
+                optim::Trainer trainer(*model, config_of(precision, checkpointed));
+                cursor = 0;
+                trainer.accumulate_gradients(window(model->vocab_size(), cursor));
+
+                size_t freed = 0;
+                const auto whole_parameters = whole->named_parameters();
+                const auto parameters = model->named_parameters();
+                ASSERT_EQ(parameters.size(), whole_parameters.size());
+                size_t trainable = 0;
+                for (size_t index = 0; index < parameters.size(); ++index) {
+                    const auto& [name, parameter] = parameters[index];
+                    const bool is_frozen = frozen_by_default(name);
+                    EXPECT_EQ(parameter.requires_grad(), !is_frozen) << what << " " << name;
+                    if (is_frozen) {
+                        EXPECT_FALSE(parameter.grad().defined()) << what << " " << name;
+                        freed += whole_parameters[index].second.grad().storage_bytes();
+                        continue;
+                    }
+                    ++trainable;
+                    EXPECT_EQ(as_doubles(parameter.grad()), as_doubles(whole_parameters[index].second.grad()))
+                        << what << " " << name;
+                }
+                EXPECT_EQ(trainable, model->named_trainable_parameters().size()) << what;
+                EXPECT_EQ(trainable + frozen.size(), parameters.size()) << what;
+                // Both models are alive: the frozen model's buffers are the whole one's less the frozen ones.
+                EXPECT_EQ(gradient_bytes() - before, 2 * whole_bytes - freed) << what;
+                EXPECT_GT(freed, 0u) << what;
+            }
+        }
+    }
+}
+
+// The skipped weight-gradient GEMMs, counted by the op profiler: one "linear" backward call fewer per frozen
+// linear weight and micro-batch, and the input gradients still computed (GPT-2, whose trainable position table
+// needs them down to the first layer).
+TEST(FrozenParameters, FrozenLinearWeightsSkipTheirWeightGradientGemm) {
+    const auto backward_linear_calls = [](bool with_frozen) {
+        current_tape().clear();
+        const std::unique_ptr<nn::CausalLM> model = build("tiny");
+        if (with_frozen) freeze(*model, frozen_by_default);
+        optim::Trainer trainer(*model, config_of(Precision::fp32, false));
+        int cursor = 0;
+        const std::vector<nn::Batch> batches = window(model->vocab_size(), cursor);
+        profiling::reset();
+        profiling::set_enabled(true);
+        trainer.accumulate_gradients(batches);
+        profiling::set_enabled(false);
+        return profiling::snapshot().calls_of("linear", profiling::Phase::backward);
+    };
+    const int64_t whole = backward_linear_calls(false), frozen = backward_linear_calls(true);
+    const nn::ModelConfig config = nn::ModelConfig::named("tiny");
+    const int layers = config.gpt().n_layer;
+    // Frozen linear weights: the first layer's four (c_attn, attn.c_proj, c_fc, mlp.c_proj) and each other
+    // layer's c_attn; two micro-batches each.
+    const int64_t skipped = 2 * (4 + (layers - 1));
+    EXPECT_EQ(whole - frozen, skipped) << whole << " backward linear calls against " << frozen;
+    EXPECT_GT(frozen, 0);
+}
+
+// Over six steps with weight decay and clipping: every frozen parameter keeps its bits, every trainable one
+// moves, the loss falls, the optimizer holds state for the trainable parameters only, and the reported norm is
+// the trainable gradients'.
+TEST(FrozenParameters, FrozenWeightsStayBitwiseWhileTheRestLearns) {
+    for (const std::string model_name : {"tiny", "llama-tiny"}) {
+        for (const Precision precision : {Precision::fp32, Precision::bf16}) {
+            const std::string what = model_name + " " + precision_name(precision);
+            current_tape().clear();
+            const std::unique_ptr<nn::CausalLM> model = build(model_name);
+            const Snapshot initial = values_of(*model);
+            freeze(*model, frozen_by_default);
+            const size_t state_before = memory_stats(Device::cpu).current(MemoryCategory::optimizer_state);
+            optim::Trainer trainer(*model, config_of(precision, true));
+            const size_t state_bytes = memory_stats(Device::cpu).current(MemoryCategory::optimizer_state) - state_before;
+            size_t trainable_bytes = 0;
+            for (const Tensor& parameter : model->trainable_parameters()) trainable_bytes += parameter.nbytes();
+            EXPECT_EQ(state_bytes, 2 * trainable_bytes) << what << ": two f32 moments per trainable element";
+            EXPECT_EQ(trainer.optimizer().parameter_names().size(), model->named_trainable_parameters().size()) << what;
+
+            int cursor = 0;
+            std::vector<double> losses;
+            for (int step = 0; step < 6; ++step) {
+                const optim::Accumulation accumulated = trainer.accumulate_gradients(window(model->vocab_size(), cursor));
+                Snapshot trainable_gradients;
+                for (const Tensor& parameter : model->trainable_parameters())
+                    trainable_gradients.push_back(as_doubles(parameter.grad()));
+                const optim::StepResult result = trainer.apply_update(accumulated);
+                EXPECT_NEAR(result.grad_norm, global_norm(trainable_gradients), 1e-6 * result.grad_norm) << what;
+                losses.push_back(result.loss);
+            }
+            EXPECT_LT(losses.back(), losses.front()) << what;
+            const Snapshot trained = values_of(*model);
+            const auto parameters = model->named_parameters();
+            for (size_t index = 0; index < parameters.size(); ++index) {
+                if (frozen_by_default(parameters[index].first))
+                    EXPECT_EQ(trained[index], initial[index]) << what << " " << parameters[index].first;
+                else
+                    EXPECT_NE(trained[index], initial[index]) << what << " " << parameters[index].first;
+            }
+        }
+    }
+}
+
+// A state saved with frozen parameters holds every weight and the trainable ones' moments, and resumes bitwise.
+TEST(FrozenParameters, ResumesBitwise) {
+    const std::filesystem::path directory = std::filesystem::temp_directory_path() / "engine_frozen_resume";
+    std::filesystem::remove_all(directory);
+    const auto run = [&](int first_step, int last_step, bool resume, bool save) {
+        current_tape().clear();
+        const std::unique_ptr<nn::CausalLM> model = build("llama-tiny");
+        freeze(*model, frozen_by_default);
+        optim::Trainer trainer(*model, config_of(Precision::bf16, true));
+        if (resume) optim::resume_training_state(directory.string(), trainer, nullptr);
+        int cursor = 4 * first_step;
+        for (int step = first_step; step < last_step; ++step) trainer.apply_update(trainer.accumulate_gradients(window(model->vocab_size(), cursor)));
+        if (save) {
+            const io::TrainingState state = optim::capture_training_state(trainer, nullptr);
+            EXPECT_EQ(state.tensors.size(),
+                      model->named_parameters().size() + 2 * model->named_trainable_parameters().size());
+            optim::save_training_state(directory.string(), trainer, nullptr);
+        }
+        return values_of(*model);
+    };
+    const Snapshot straight = run(0, 4, false, false);
+    run(0, 2, false, true);
+    EXPECT_EQ(run(2, 4, true, false), straight);
+    std::filesystem::remove_all(directory);
+}
+
+// Freezing then unfreezing gives zeroed buffers over the same rows as at registration (the tied, padded table's
+// views too): the model then trains bitwise as one never frozen.
+TEST(FrozenParameters, UnfrozenParametersTrainAsNeverFrozen) {
+    const auto train = [](bool round_trip) {
+        current_tape().clear();
+        const std::unique_ptr<nn::CausalLM> model = build("tiny");
+        if (round_trip) {
+            const size_t before = gradient_bytes();
+            model->set_requires_grad(false);
+            EXPECT_EQ(model->trainable_parameter_count(), 0u);
+            for (const Tensor& parameter : model->parameters()) EXPECT_FALSE(parameter.grad().defined());
+            EXPECT_LT(gradient_bytes(), before);
+            model->set_requires_grad(true);
+            EXPECT_EQ(gradient_bytes(), before);
+            for (const Tensor& parameter : model->parameters())
+                for (double value : as_doubles(parameter.grad())) EXPECT_EQ(value, 0.0);
+        }
+        optim::Trainer trainer(*model, config_of(Precision::bf16, false));
+        int cursor = 0;
+        for (int step = 0; step < 2; ++step) trainer.apply_update(trainer.accumulate_gradients(window(model->vocab_size(), cursor)));
+        return values_of(*model);
+    };
+    EXPECT_EQ(train(true), train(false));
+}
+
+// Data parallelism in one process: a communicator and ZeRO-1 over it reduce only the trainable gradients and
+// take the same steps as no communicator.
+TEST(FrozenParameters, ZeroStageOneStepsAsOneProcess) {
+    const auto train = [](bool zero) {
+        current_tape().clear();
+        const auto communicator = distributed::make_communicator(distributed::Backend::none);
+        const std::unique_ptr<nn::CausalLM> model = build("tiny");
+        freeze(*model, frozen_by_default);
+        optim::TrainerConfig config = config_of(Precision::fp32, false);
+        config.shape.zero_stage = zero ? 1 : 0;
+        optim::Trainer trainer(*model, config, zero ? communicator.get() : nullptr);
+        int cursor = 0;
+        for (int step = 0; step < 2; ++step) trainer.apply_update(trainer.accumulate_gradients(window(model->vocab_size(), cursor)));
+        return values_of(*model);
+    };
+    EXPECT_EQ(train(true), train(false));
+}
+
+TEST(FrozenParameters, BadInputIsRefusedAndChangesNothing) {
+    current_tape().clear();
+    const std::unique_ptr<nn::CausalLM> model = build("tiny");
+    const size_t trainable = model->trainable_parameter_count();
+    expect_error([&] { model->set_parameter_requires_grad("h.0.attn.q_proj.weight", false); },
+                 {"set_parameter_requires_grad", "no parameter is named 'h.0.attn.q_proj.weight'"});
+    EXPECT_EQ(model->trainable_parameter_count(), trainable);
+
+    model->set_requires_grad(false);
+    expect_error([&] { optim::Trainer refused(*model, config_of(Precision::fp32, false)); },
+                 {"every one of the module's", "parameters is frozen"});
+    model->set_requires_grad(true);
+
+    optim::Trainer trainer(*model, config_of(Precision::fp32, false));
+    model->set_parameter_requires_grad("h.1.mlp.c_fc.weight", false);
+    int cursor = 0;
+    const Snapshot before = values_of(*model);
+    expect_error([&] { trainer.accumulate_gradients(window(model->vocab_size(), cursor)); },
+                 {"'h.1.mlp.c_fc.weight' was frozen after the trainer was built"});
+    EXPECT_EQ(values_of(*model), before);
+    EXPECT_TRUE(current_tape().empty());
+}
+
+} // namespace
+} // namespace engine::testing
