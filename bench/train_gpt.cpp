@@ -18,6 +18,7 @@
 #include "planner/planner.h"
 #include "engine/distributed/communicator.h"
 #include "engine/profiling.h"
+#include "nn/io/peft.h"
 #include "nn/io/pretrained.h"
 #include "nn/io/safetensors.h"
 #include "nn/io/token_data.h"
@@ -394,6 +395,38 @@ int run(const Options& flags) {
     const std::unique_ptr<nn::CausalLM> built =
         options.model.build(options.trainer.seed, offload ? Device::cpu : options.resolved_device, DType::f32);
     nn::CausalLM& model = *built;
+    const auto load_init = [&] {
+        if (options.init.empty()) return;
+        try {
+            load_initial_weights(model, options.init);
+        } catch (const EngineError& error) {
+            throw train_gpt::flag_error("--init", error);
+        }
+    };
+    // LoRA: the base weights first (--init holds no adapter), then the adapters, before any working copy or
+    // placement, which then treat them as the layers' own parameters.
+    const bool lora = options.lora || !options.init_adapter.empty();
+    std::optional<nn::LoraConfig> lora_config = options.lora;
+    if (lora) {
+        load_init();
+        nn::ParameterOptions adapter_options;
+        adapter_options.generator = std::make_shared<nn::Generator>(options.trainer.seed + 1);
+        try {
+            if (!options.init_adapter.empty()) lora_config = nn::load_adapter(model, options.init_adapter, adapter_options);
+            else nn::apply_lora(model, *options.lora, adapter_options);
+        } catch (const EngineError& error) {
+            const bool rank = std::string(error.what()).find("LoRA: r ") != std::string::npos;
+            throw train_gpt::flag_error(!options.init_adapter.empty() ? "--init-adapter"
+                                        : rank                        ? "--lora-r"
+                                                                      : "--lora-target-modules",
+                                        error);
+        }
+        if (lead)
+            std::cout << "LoRA: r " << lora_config->r << ", alpha " << lora_config->lora_alpha << ", dropout "
+                      << lora_config->lora_dropout << ", " << nn::adapted_layers(model).size() << " layers adapted; "
+                      << model.trainable_parameter_count() << " of " << model.parameter_count()
+                      << " parameters train\n";
+    }
     if (offload) {
         // The streamed layers' copies parked and without device buffers as they are made (the trainer applies
         // the same precision and policy again, which changes nothing).
@@ -402,13 +435,7 @@ int run(const Options& flags) {
         optim::mark_streamed_layers(model, config.shape);
         model.set_master_device(Device::cpu, options.resolved_device);
     }
-    if (!options.init.empty()) {
-        try {
-            load_initial_weights(model, options.init);
-        } catch (const EngineError& error) {
-            throw train_gpt::flag_error("--init", error);
-        }
-    }
+    if (!lora) load_init();
     optim::Trainer trainer(model, config, world_size > 1 ? communicator.get() : nullptr);
     if (!options.resume.empty()) {
         optim::ResumedRun resumed;
@@ -577,6 +604,22 @@ int run(const Options& flags) {
             nn::save_safetensors(model, options.save, options.save_dtype);
         }
         std::cout << "saved " << options.save << "\n";
+    }
+    if (lead && !options.save_adapter.empty()) {
+        nn::save_adapter(model, *lora_config, options.save_adapter, options.init);
+        std::cout << "saved adapter " << options.save_adapter << "\n";
+    }
+    if (lead && !options.merge.empty()) {
+        // Merged on a plain f32 copy on the host: the trained model may have working copies or masters apart.
+        const std::unique_ptr<nn::CausalLM> merged = options.model.build(options.trainer.seed, Device::cpu, DType::f32);
+        nn::apply_lora(*merged, *lora_config);
+        const auto trained = model.named_parameters();
+        const auto copies = merged->named_parameters();
+        for (size_t index = 0; index < copies.size(); ++index) Tensor(copies[index].second).copy_from(trained[index].second);
+        nn::merge_lora(*merged);
+        const bool from_directory = !options.init.empty() && nn::is_pretrained_directory(options.init);
+        nn::save_pretrained(*merged, options.merge, options.save_dtype, from_directory ? options.init : "");
+        std::cout << "saved merged model " << options.merge << "\n";
     }
     return 0;
 }

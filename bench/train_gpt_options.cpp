@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "engine/cuda/runtime.h"
 
@@ -63,6 +64,25 @@ void require_file(const std::string& flag, const std::string& path) {
 }
 
 namespace {
+
+// A directory an output flag writes after training (--save-adapter, --merge): checked now, not after the run.
+void require_new_directory(const std::string& flag, const std::string& path) {
+    namespace fs = std::filesystem;
+    require(!path.empty(), flag, "needs a directory");
+    std::error_code error;
+    const fs::path target = fs::path(path).lexically_normal();
+    const fs::path parent = (target.has_filename() ? target : target.parent_path()).parent_path();
+    require(parent.empty() || fs::is_directory(parent, error), flag, "no directory for '" + path + "'");
+    require(!fs::exists(target, error) || fs::is_directory(target, error), flag, "'" + path + "' is a file, not a directory");
+}
+
+// LoraConfig::problem() names PEFT's field first: its flag.
+std::string lora_flag(const std::string& problem) {
+    if (problem.rfind("lora_alpha", 0) == 0) return "--lora-alpha";
+    if (problem.rfind("lora_dropout", 0) == 0) return "--lora-dropout";
+    if (problem.rfind("target_modules", 0) == 0) return "--lora-target-modules";
+    return "--lora-r";
+}
 
 // The engine's own checks, reported against the flag they came from.
 template <typename Function>
@@ -208,6 +228,16 @@ data parallelism (mpirun -np N train_gpt ...; docs/DISTRIBUTED.md):
                                  layers' working weights live in host memory too and come to the device for each
                                  segment's forward and again for its recompute and backward, one segment at a time
                                  (DeepSpeed's offload_param); the embeddings and the head stay
+LoRA (PEFT's names; docs/TRAINING.md, "LoRA"): the model frozen, adapters on the target layers trained
+  --lora-r N                     LoRA of rank N on --lora-target-modules
+  --lora-alpha X                 scaling X / r (default 8, PEFT's)
+  --lora-dropout P               dropout on the adapters' input (default 0)
+  --lora-target-modules A,B,...  layer names or their last parts (default PEFT's: q_proj,v_proj for Llama,
+                                 c_attn for GPT-2); all-linear: every linear layer but the head
+  --init-adapter DIR             start from a PEFT adapter directory (its config sets r, alpha, dropout, targets)
+  --save-adapter DIR             after training, write the adapters as PEFT's adapter_config.json and
+                                 adapter_model.safetensors (PeftModel.from_pretrained loads them)
+  --merge DIR                    after training, write a Hugging Face model directory with the adapters merged
 training (Hugging Face names; each flag sets the TrainerConfig field of its name, whose validate() is the one
 check of the values; the defaults shown are train_gpt's, for a quick run of the tiny model; the library's
 TrainerConfig{} differs in: gradient_accumulation_steps 1, learning_rate 1e-3, weight_decay 0, adam_beta2 0.999,
@@ -286,6 +316,9 @@ Options parse_options(const std::vector<std::string>& arguments) {
     using engine::nn::GPTConfig;
     using engine::nn::LlamaConfig;
     std::set<std::string> given; // the flags on the command line, for the planner's conflicts
+    engine::nn::LoraConfig lora; // --lora-*: applied to options.lora with --lora-r
+    lora.target_modules.clear();
+    bool lora_given = false;
 
     const std::map<std::string, FlagSetter> valued = {
         {"--model", [&](auto&, auto& value) { options.model_name = value; }},
@@ -400,6 +433,21 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--communicator", [&](auto& f, auto& v) {
              require(v == "auto" || v == "none" || v == "mpi" || v == "nccl", f, "'" + v + "' is not auto, none, mpi or nccl");
              options.communicator = v; }},
+        {"--lora-r", [&](auto& f, auto& v) { lora.r = parse_int(f, v); lora_given = true; }},
+        {"--lora-alpha", [&](auto& f, auto& v) { lora.lora_alpha = parse_number(f, v); }},
+        {"--lora-dropout", [&](auto& f, auto& v) { lora.lora_dropout = parse_number(f, v); }},
+        {"--lora-target-modules", [&](auto& f, auto& v) {
+             lora.target_modules.clear();
+             std::stringstream names(v);
+             for (std::string name; std::getline(names, name, ',');) lora.target_modules.push_back(name);
+             require(!lora.target_modules.empty(), f, "needs a comma-separated list of layer names"); }},
+        {"--init-adapter", [&](auto& f, auto& v) {
+             std::error_code error;
+             require(std::filesystem::is_regular_file(std::filesystem::path(v) / "adapter_config.json", error), f,
+                     "'" + v + "' holds no adapter_config.json");
+             options.init_adapter = v; }},
+        {"--save-adapter", [&](auto& f, auto& v) { require_new_directory(f, v); options.save_adapter = v; }},
+        {"--merge", [&](auto& f, auto& v) { require_new_directory(f, v); options.merge = v; }},
         {"--device", [&](auto& f, auto& v) { require(v == "auto" || v == "cpu" || v == "cuda", f, "'" + v + "' is not auto, cpu or cuda"); options.device = v; }},
     };
     const std::map<std::string, bool*> switches = {
@@ -415,6 +463,23 @@ Options parse_options(const std::vector<std::string>& arguments) {
 
     given = apply_flags(arguments, valued, switches);
     if (options.help) return options;
+    // LoRA: every flag checked now, the targets against the model once it is built (before anything is written).
+    const bool lora_flags = given.contains("--lora-alpha") || given.contains("--lora-dropout") ||
+                            given.contains("--lora-target-modules");
+    require(!options.init_adapter.empty() || lora_given || !lora_flags,
+            given.contains("--lora-alpha") ? "--lora-alpha" : given.contains("--lora-dropout") ? "--lora-dropout"
+                                                                                              : "--lora-target-modules",
+            "needs --lora-r N (or --init-adapter DIR)");
+    require(options.init_adapter.empty() || !(lora_given || lora_flags), "--init-adapter",
+            "its adapter_config.json sets r, alpha, dropout and targets; leave the --lora-* flags out");
+    for (const char* lora_output : {"--save-adapter", "--merge"})
+        require(lora_given || !options.init_adapter.empty() || !given.contains(lora_output), lora_output,
+                "needs --lora-r N or --init-adapter DIR");
+    if (lora_given || !options.init_adapter.empty()) {
+        require(options.save.empty(), "--save", "writes the whole model; with LoRA use --save-adapter DIR or --merge DIR");
+        require(!given.contains("--max-memory") && !options.plan, given.contains("--max-memory") ? "--max-memory" : "--plan",
+                "the memory model does not know LoRA's frozen weights yet (issue 28); leave it out");
+    }
     require(options.save_every == 0 || !options.out.empty(), "--save-every", "needs --out DIR");
     require(!options.save_dtype || !options.save.empty(), "--save-dtype", "needs --save FILE|DIR");
     for (const char* eval_flag : {"--eval-steps", "--eval-every"})
@@ -434,6 +499,14 @@ Options parse_options(const std::vector<std::string>& arguments) {
     }
     for (const auto& [flag, apply] : overrides) apply(options.model);
     const engine::nn::ModelConfig& model = options.model;
+    if (lora_given) {
+        // PEFT's default targets for the architecture (its TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
+        if (lora.target_modules.empty())
+            lora.target_modules = model.is_llama() ? std::vector<std::string>{"q_proj", "v_proj"}
+                                                   : std::vector<std::string>{"c_attn"};
+        if (const std::optional<std::string> problem = lora.problem()) throw UsageError(lora_flag(*problem), *problem);
+        options.lora = lora;
+    }
     // The model's own rules (GPTConfig::problem, LlamaConfig::problem), named by the flag of the field.
     if (const std::optional<engine::ConfigProblem> problem = model.problem())
         throw UsageError(flag_for_field(problem->field), problem->reason);

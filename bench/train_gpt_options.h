@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/dtype.h"
+#include "nn/lora.h"
 #include "nn/model_config.h"
 #include "nn/io/token_data.h"
 #include "optim/trainer.h"
@@ -103,6 +104,11 @@ struct Options {
     // --profile (or ENGINE_PROFILE=1): the op profiler (engine/profiling.h) over the training steps after the
     // first two; its table is printed after training and logged under "profile" on the last --log line.
     bool profile = false;
+    // LoRA (docs/TRAINING.md, "LoRA"): --lora-r N, or --init-adapter DIR (PEFT's adapter_config.json gives r,
+    // alpha, dropout and targets), freezes the model and trains adapters; --save-adapter DIR writes PEFT's files
+    // after training and --merge DIR a Hugging Face model directory with the adapters merged into the weights.
+    std::optional<engine::nn::LoraConfig> lora;
+    std::string init_adapter, save_adapter, merge;
     bool help = false;
 };
 

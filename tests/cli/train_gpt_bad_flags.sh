@@ -80,6 +80,20 @@ expect --eval-steps --eval-data "$work/six_hundred.txt" --eval-steps 0
 expect --eval-steps --eval-data "$work/six_hundred.txt" --eval-steps two
 expect --eval-every --eval-data "$work/six_hundred.txt" --eval-every 0
 expect --eval-steps --eval-data "$work/six_hundred.txt" --eval-steps 2
+# LoRA: flags that need --lora-r, bad values, targets the model lacks, outputs that cannot be written.
+expect --lora-r --lora-r 0
+expect --lora-r --model llama-tiny --lora-r 4096
+expect --lora-alpha --lora-alpha 16
+expect --lora-dropout --lora-r 4 --lora-dropout 1.5
+expect --lora-target-modules --model llama-tiny --lora-r 4 --lora-target-modules q_proj,c_attn
+expect --lora-target-modules --lora-r 4 --lora-target-modules lm_head
+expect --save --lora-r 4 --save "$work/lora.safetensors"
+expect --plan --lora-r 4 --plan
+expect --max-memory --lora-r 4 --max-memory 1GiB
+expect --init-adapter --init-adapter "$work"
+expect --save-adapter --save-adapter "$work/stdout"
+expect --merge --merge "$work/stderr" --lora-r 4
+expect --merge --merge "$work/lora_merged"
 # A data file whose token ids exceed the vocabulary is refused naming the file and the offset.
 "$train_gpt" --data "$work/high_byte.txt" --vocab-size 128 >"$work/stdout" 2>"$work/stderr"
 rc=$?

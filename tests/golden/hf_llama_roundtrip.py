@@ -9,11 +9,10 @@ forward in transformers (finite). The same for the tied variant. A GPT-2 directo
 usage: hf_llama_roundtrip.py TRAIN_GPT DATA_DIR WORK_DIR
 Exits 77 (ctest: skipped) when torch, transformers or safetensors is not importable.
 """
-import pathlib
-import shutil
-import struct
 import subprocess
 import sys
+
+from roundtrip_setup import prepare
 
 try:
     import torch
@@ -23,16 +22,7 @@ except ImportError as error:
     print(f"skipped: {error}")
     sys.exit(77)
 
-train_gpt, data_dir, work = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
-shutil.rmtree(work, ignore_errors=True)
-work.mkdir(parents=True)
-
-# An llm.c token shard of ids < 64 (the checkpoints' vocabulary): header magic, version, count.
-generator = torch.Generator().manual_seed(7)
-tokens = torch.randint(0, 64, (4096,), generator=generator).tolist()
-with open(work / "train.bin", "wb") as file:
-    file.write(struct.pack("<256i", *([20240520, 1, len(tokens)] + [0] * 253)))
-    file.write(struct.pack(f"<{len(tokens)}H", *tokens))
+train_gpt, data_dir, work, tokens = prepare(7)
 
 
 def train(source, out):

@@ -5,11 +5,11 @@ into transformers' GPT2LMHeadModel with every weight accounted for and equal to 
 usage: hf_roundtrip.py TRAIN_GPT DATA_DIR WORK_DIR
 Exits 77 (ctest: skipped) when torch, transformers or safetensors is not importable.
 """
-import pathlib
 import shutil
-import struct
 import subprocess
 import sys
+
+from roundtrip_setup import prepare
 
 try:
     import torch
@@ -19,18 +19,9 @@ except ImportError as error:
     print(f"skipped: {error}")
     sys.exit(77)
 
-train_gpt, data_dir, work = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
-shutil.rmtree(work, ignore_errors=True)
-(work / "out").mkdir(parents=True)
+train_gpt, data_dir, work, tokens = prepare(7)
+(work / "out").mkdir()
 source = data_dir / "hf_gpt2_tiny"
-
-# An llm.c token shard of ids < 64 (the checkpoint's vocabulary): header magic, version, count.
-generator = torch.Generator().manual_seed(7)
-tokens = torch.randint(0, 64, (4096,), generator=generator).tolist()
-with open(work / "train.bin", "wb") as file:
-    header = [20240520, 1, len(tokens)] + [0] * 253
-    file.write(struct.pack("<256i", *header))
-    file.write(struct.pack(f"<{len(tokens)}H", *tokens))
 
 command = [train_gpt, "--vocab-size", "64", "--max-seq-len", "16", "--n-layer", "2", "--n-head", "4", "--n-embd", "32",
            "--init", str(source / "model.safetensors"), "--data", str(work / "train.bin"), "--seq-len", "16",
