@@ -615,7 +615,9 @@ int run(const Options& flags) {
         nn::apply_lora(*merged, *lora_config);
         const auto trained = model.named_parameters();
         const auto copies = merged->named_parameters();
-        for (size_t index = 0; index < copies.size(); ++index) Tensor(copies[index].second).copy_from(trained[index].second);
+        // Frozen weights trained under bf16 are stored in bf16 (docs/TRAINING.md): they widen exactly.
+        for (size_t index = 0; index < copies.size(); ++index)
+            convert_into(copies[index].second, trained[index].second.to(Device::cpu));
         nn::merge_lora(*merged);
         const bool from_directory = !options.init.empty() && nn::is_pretrained_directory(options.init);
         nn::save_pretrained(*merged, options.merge, options.save_dtype, from_directory ? options.init : "");

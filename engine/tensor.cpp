@@ -11,6 +11,7 @@
 
 #include "engine/autograd.h"
 #include "engine/cuda/runtime.h"
+#include "engine/ops.h"
 #include "engine/profiling.h"
 
 namespace engine {
@@ -261,6 +262,42 @@ void move_storage_to(const std::vector<Tensor>& tensors, Device device, bool inc
     }
     // Allocated and copied all: now rebind, which cannot fail.
     for (auto& [holder, storage] : rebinds) holder->storage = storage;
+}
+
+void convert_storage_to(const std::vector<Tensor>& tensors, DType dtype) {
+    std::vector<TensorImpl*> holders;
+    for (const Tensor& tensor : tensors) {
+        if (!tensor.defined()) continue;
+        TensorImpl& impl = detail::impl_of(tensor);
+        ENGINE_CHECK(!impl.grad, "convert_storage_to(" << dtype_name(dtype) << "): " << tensor.describe()
+                                     << " has a gradient buffer, whose dtype would no longer be its own");
+        holders.push_back(&impl);
+    }
+    // One new storage per old one, converted whole (every view over it starts at its first element).
+    std::map<const Storage*, std::shared_ptr<Storage>> converted;
+    for (TensorImpl* holder : holders) {
+        if (holder->dtype == dtype) continue;
+        const Storage& old = *holder->storage;
+        std::shared_ptr<Storage>& target = converted[&old];
+        if (target) continue;
+        const int64_t count = static_cast<int64_t>(old.bytes() / dtype_size(holder->dtype));
+        target = std::make_shared<Storage>(old.device(), static_cast<size_t>(count) * dtype_size(dtype), old.category());
+        auto whole = [&](std::shared_ptr<Storage> storage, DType element) {
+            auto impl = std::make_shared<TensorImpl>();
+            impl->storage = std::move(storage);
+            impl->shape = {count};
+            impl->dtype = element;
+            impl->id = next_tensor_id();
+            return Tensor(std::move(impl));
+        };
+        convert_into(whole(target, dtype), whole(holder->storage, holder->dtype));
+    }
+    // Converted all: now rebind, which cannot fail.
+    for (TensorImpl* holder : holders) {
+        if (holder->dtype == dtype) continue;
+        holder->storage = converted.at(holder->storage.get());
+        holder->dtype = dtype;
+    }
 }
 
 namespace {

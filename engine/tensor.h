@@ -182,6 +182,13 @@ private:
 void move_storage_to(const std::vector<Tensor>& tensors, Device device, bool include_gradients = true,
                      std::optional<MemoryCategory> category = std::nullopt);
 
+// Converts every tensor's storage to `dtype` in place (rounded to nearest even into bf16): handles keep their
+// identity and shapes and see the new storage in the new dtype, and storages shared before (a with_rows view)
+// are shared after. For tensors without a gradient buffer (a frozen parameter stored in its compute dtype,
+// nn::Module::set_compute_dtype); one with a buffer is refused, naming it. All new storage is allocated and
+// filled before any is swapped in, so a failure changes nothing.
+void convert_storage_to(const std::vector<Tensor>& tensors, DType dtype);
+
 // Parameter streaming (docs/MEMORY.md, "Parameters streamed"): for one use, tensors see a copy of their
 // storage on another device. The constructor binds every tensor to a fresh copy of its storage on `device`
 // (in `category`)

@@ -114,8 +114,13 @@ size_t Module::trainable_parameter_count() const {
 
 // A zeroed gradient buffer over every row a parameter's storage holds (the padded table's too), of which each
 // handle over that storage sees its own rows, as when the parameter was registered.
-Tensor Module::gradient_buffer_for(size_t index) const {
+Tensor Module::gradient_buffer_for(size_t index, const std::string& name) const {
     const Tensor& parameter = parameters_[index].second;
+    // A frozen parameter stored in bf16 has no f32 master any more: training it would update bf16 values.
+    ENGINE_CHECK(!(parameter.dtype() == DType::bf16 && compute_dtype_ == DType::bf16),
+                 "set_requires_grad(true): parameter '" << name << "' was frozen when "
+                     "set_compute_dtype(bf16) stored it in bf16, without its f32 master; call set_compute_dtype(f32) "
+                     "first (its bf16 values become the master), then unfreeze it");
     Shape shape = parameter.shape();
     if (!shape.empty()) shape[0] = stored_rows(parameter);
     return Tensor::zeros(shape, engine::compute_dtype(parameter.dtype()), parameter.device(), MemoryCategory::gradients);
@@ -144,12 +149,15 @@ void Module::set_requires_grad(bool requires_grad) {
                                          "before placing them");
     std::vector<Module*> tree;
     collect_modules(tree);
+    const std::vector<std::pair<std::string, Tensor>> named = named_parameters(); // in the walk's order
     // Every buffer is allocated before the first is given: running out of memory changes nothing.
     std::vector<std::tuple<Module*, size_t, Tensor>> changes;
+    size_t position = 0;
     for (Module* module : tree)
-        for (size_t index = 0; index < module->parameters_.size(); ++index)
+        for (size_t index = 0; index < module->parameters_.size(); ++index, ++position)
             if (module->parameters_[index].second.requires_grad() != requires_grad)
-                changes.emplace_back(module, index, requires_grad ? module->gradient_buffer_for(index) : Tensor());
+                changes.emplace_back(module, index,
+                                     requires_grad ? module->gradient_buffer_for(index, named[position].first) : Tensor());
     for (const auto& [module, index, buffer] : changes) module->set_requires_grad_of(index, buffer);
 }
 
@@ -167,7 +175,7 @@ void Module::set_parameter_requires_grad(const std::string& name, bool requires_
         for (size_t index = 0; index < module->parameters_.size(); ++index, ++position) {
             if (named[position].first != name) continue;
             if (module->parameters_[index].second.requires_grad() == requires_grad) return;
-            return module->set_requires_grad_of(index, requires_grad ? module->gradient_buffer_for(index) : Tensor());
+            return module->set_requires_grad_of(index, requires_grad ? module->gradient_buffer_for(index, name) : Tensor());
         }
     }
     ENGINE_FAIL("set_parameter_requires_grad: no parameter is named '"
@@ -175,22 +183,51 @@ void Module::set_parameter_requires_grad(const std::string& name, bool requires_
                 << (named.empty() ? std::string() : ", the first '" + named.front().first + "'") << ")");
 }
 
+namespace {
+// Whether a parameter is stored in the compute dtype itself, without a copy: a frozen one on the compute device
+// (docs/TRAINING.md, "Frozen parameters"). Nothing writes it, so it needs no f32 master.
+bool stored_in_compute_dtype(const Tensor& parameter, Device device) {
+    return !parameter.requires_grad() && parameter.device() == device;
+}
+} // namespace
+
 void Module::set_compute_dtype(DType dtype) {
     ENGINE_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,
                  "set_compute_dtype: " << dtype_name(dtype) << " is not a compute dtype (f32, f64 or bf16)");
-    for (const auto& [name, master] : named_parameters())
-        ENGINE_CHECK(dtype == master.dtype() || (master.dtype() == DType::f32 && dtype == DType::bf16),
+    for (const auto& [name, master] : named_parameters()) {
+        // A frozen parameter moves between f32 and bf16 itself: bf16 after set_compute_dtype(bf16), f32 (its bf16
+        // values, exactly) after set_compute_dtype(f32).
+        const bool frozen_between = !master.requires_grad() && (dtype == DType::f32 || dtype == DType::bf16) &&
+                                    (master.dtype() == DType::f32 || master.dtype() == DType::bf16);
+        ENGINE_CHECK(dtype == master.dtype() || (master.dtype() == DType::f32 && dtype == DType::bf16) || frozen_between,
                      "set_compute_dtype: parameter '" << name << "' is " << dtype_name(master.dtype())
                                                       << "; working copies are bf16 over f32 masters");
+    }
     // Copies in that dtype already (the masters placed apart with them): nothing to remake.
     if (dtype == compute_dtype_ && master_device_) return;
     ENGINE_CHECK(!any_parked(), "set_compute_dtype: working copies are parked on the host (parameter streaming); "
                                 "unpark_working_copies first");
-    // Every module's copies are made before any module takes them: an allocation failure changes nothing.
-    // With the masters apart, the copies stay on the compute device and only their dtype changes.
+    // Every module's copies are made, and the frozen parameters converted, before any module takes them: an
+    // allocation failure changes nothing. With the masters apart, the copies stay on the compute device and only
+    // their dtype changes.
     const Device device = compute_device();
     std::vector<std::pair<Module*, std::vector<WorkingCopy>>> made;
     make_working_copies(dtype, device, made);
+    std::vector<Module*> tree;
+    collect_modules(tree);
+    std::vector<Tensor> stored; // the frozen parameters stored in the compute dtype, with their views
+    for (Module* module : tree)
+        for (const auto& [name, parameter] : module->parameters_) {
+            if (!stored_in_compute_dtype(parameter, device) || parameter.dtype() == dtype) continue;
+            stored.push_back(parameter);
+            for (const Tensor& alias : module->aliases_)
+                if (alias.shares_storage_with(parameter)) stored.push_back(alias);
+        }
+    for (auto& [module, copies] : made) // the views the new entries keep over a parameter being converted
+        for (const WorkingCopy& copy : copies)
+            if (copy.working_storage.shares_storage_with(copy.master_storage) && copy.master_storage.dtype() != dtype)
+                stored.insert(stored.end(), {copy.master_storage, copy.working_storage});
+    convert_storage_to(stored, dtype);
     for (auto& [module, copies] : made) {
         module->working_copies_ = std::move(copies);
         module->compute_dtype_ = dtype;
@@ -200,10 +237,18 @@ void Module::set_compute_dtype(DType dtype) {
 void Module::make_working_copies(DType dtype, Device device,
                                  std::vector<std::pair<Module*, std::vector<WorkingCopy>>>& made) {
     std::vector<WorkingCopy> copies;
+    bool any_copy = false;
     for (const auto& [name, master] : parameters_) {
-        if (dtype == master.dtype() && device == master.device()) break; // no copies
         WorkingCopy copy;
         copy.master_storage = master.dim() >= 1 ? master.with_rows(stored_rows(master)) : master;
+        // No copy: the parameter is what the forward reads (in this dtype, or about to be converted to it).
+        if ((dtype == master.dtype() && device == master.device()) || stored_in_compute_dtype(master, device)) {
+            copy.working_storage = copy.master_storage;
+            copy.working = master;
+            copies.push_back(std::move(copy));
+            continue;
+        }
+        any_copy = true;
         Tensor working_storage = Tensor::empty(copy.master_storage.shape(), dtype, device, MemoryCategory::parameters);
         working_storage.set_name(name);
         // A leaf that requires grad, unless its master is frozen. Beside its master: its gradient buffer is the
@@ -215,6 +260,7 @@ void Module::make_working_copies(DType dtype, Device device,
         refresh(copy);
         copies.push_back(std::move(copy));
     }
+    if (!any_copy) copies.clear(); // every parameter is read as it is
     // Streamed placement: this module's copies go without their device buffers, and to the host, before the
     // next module's are made.
     const bool apart = !copies.empty() && device != copies.front().master_storage.device();
@@ -236,6 +282,7 @@ void Module::make_working_copies(DType dtype, Device device,
 void Module::refresh(const WorkingCopy& copy) const {
     const Tensor& master = copy.master_storage;
     Tensor working = copy.working_storage; // a handle: copy_from writes through it
+    if (working.shares_storage_with(master)) return; // the parameter itself: nothing to copy
     if (working.device() == master.device()) return convert_into(working, master);
     if (working.dtype() == master.dtype()) return working.copy_from(master);
     // Rounded where the master is, then copied: half the bytes cross to the device, and the rounding is the

@@ -156,7 +156,7 @@ private:
     void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
     // Freezes parameters_[index] with its views and working copy (set_requires_grad), or with a `buffer` from
     // gradient_buffer_for unfreezes them over it.
-    Tensor gradient_buffer_for(size_t index) const;
+    Tensor gradient_buffer_for(size_t index, const std::string& name) const; // name: the dotted one, for errors
     void set_requires_grad_of(size_t index, const Tensor& buffer);
     // Copies in `dtype` on `device` (the masters' own device: sharing their gradient buffers; another: each
     // with a gradient buffer of its own).

@@ -5,17 +5,27 @@
 #include <cmath>
 #include <vector>
 
+#include "engine/ops.h"
 #include "nn/module.h"
 
 namespace engine::testing {
 
 inline std::vector<double> as_doubles(const Tensor& tensor) {
     if (tensor.dtype() == DType::f64) return tensor.to_vector<double>();
-    const std::vector<float> values = tensor.to_vector<float>();
+    // bf16 (a frozen parameter stored in its compute dtype) widens exactly.
+    const std::vector<float> values = tensor.dtype() == DType::bf16 ? cast(tensor, DType::f32).to_vector<float>()
+                                                                     : tensor.to_vector<float>();
     return {values.begin(), values.end()};
 }
 
 using Snapshot = std::vector<std::vector<double>>;
+
+// Values rounded to bf16 as the engine rounds (to nearest even), then widened: what a frozen f32 parameter holds
+// once set_compute_dtype(bf16) has stored it in bf16.
+inline std::vector<double> bf16_rounded(const std::vector<double>& values) {
+    const Tensor exact = Tensor::from_vector<double>(values, {static_cast<int64_t>(values.size())}, Device::cpu);
+    return as_doubles(cast(cast(exact, DType::f32), DType::bf16));
+}
 inline Snapshot gradients_of(const nn::Module& model) {
     Snapshot snapshot;
     for (const Tensor& parameter : model.parameters()) snapshot.push_back(as_doubles(parameter.grad()));

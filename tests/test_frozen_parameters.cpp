@@ -156,11 +156,22 @@ TEST(FrozenParameters, FrozenWeightsStayBitwiseWhileTheRestLearns) {
             const Snapshot initial = values_of(*model);
             freeze(*model, frozen_by_default);
             const size_t state_before = memory_stats(Device::cpu).current(MemoryCategory::optimizer_state);
+            const size_t parameters_before = memory_stats(Device::cpu).current(MemoryCategory::parameters);
+            size_t frozen_stored = 0, trainable_stored = 0; // f32 bytes, the padded table's stored rows too
+            for (const auto& [name, parameter] : model->named_parameters())
+                (parameter.requires_grad() ? trainable_stored : frozen_stored) += parameter.storage_bytes();
             optim::Trainer trainer(*model, config_of(precision, true));
             const size_t state_bytes = memory_stats(Device::cpu).current(MemoryCategory::optimizer_state) - state_before;
             size_t trainable_bytes = 0;
             for (const Tensor& parameter : model->trainable_parameters()) trainable_bytes += parameter.nbytes();
             EXPECT_EQ(state_bytes, 2 * trainable_bytes) << what << ": two f32 moments per trainable element";
+            // Under bf16 the trainable parameters gain bf16 copies (half their f32 bytes) and the frozen ones are
+            // stored in bf16 in place of their f32 masters (half their bytes freed).
+            const size_t parameters_after = memory_stats(Device::cpu).current(MemoryCategory::parameters);
+            if (precision == Precision::bf16)
+                EXPECT_EQ(parameters_after + frozen_stored / 2, parameters_before + trainable_stored / 2) << what;
+            else
+                EXPECT_EQ(parameters_after, parameters_before) << what;
             EXPECT_EQ(trainer.optimizer().parameter_names().size(), model->named_trainable_parameters().size()) << what;
 
             int cursor = 0;
@@ -178,9 +189,13 @@ TEST(FrozenParameters, FrozenWeightsStayBitwiseWhileTheRestLearns) {
             const Snapshot trained = values_of(*model);
             const auto parameters = model->named_parameters();
             for (size_t index = 0; index < parameters.size(); ++index) {
-                if (frozen_by_default(parameters[index].first))
-                    EXPECT_EQ(trained[index], initial[index]) << what << " " << parameters[index].first;
-                else
+                if (frozen_by_default(parameters[index].first)) {
+                    // Under bf16 a frozen weight is its bf16 rounding from the trainer's construction on.
+                    const bool bf16 = precision == Precision::bf16;
+                    EXPECT_EQ(parameters[index].second.dtype(), bf16 ? DType::bf16 : DType::f32) << what;
+                    EXPECT_EQ(trained[index], bf16 ? bf16_rounded(initial[index]) : initial[index])
+                        << what << " " << parameters[index].first;
+                } else
                     EXPECT_NE(trained[index], initial[index]) << what << " " << parameters[index].first;
             }
         }
@@ -254,6 +269,59 @@ TEST(FrozenParameters, ZeroStageOneStepsAsOneProcess) {
         return values_of(*model);
     };
     EXPECT_EQ(train(true), train(false));
+}
+
+// set_compute_dtype(bf16) stores a frozen parameter in bf16, without its f32 master: the forward reads the
+// same bf16 values as an unfrozen model's working copies (logits bitwise equal), the f32 bytes are freed,
+// unfreezing is refused (no master to train), and set_compute_dtype(f32) widens them back exactly.
+TEST(FrozenParameters, StoredInBf16UnderBf16AndWidenedBack) {
+    for (const std::string model_name : {"tiny", "llama-tiny"}) {
+        current_tape().clear();
+        const std::unique_ptr<nn::CausalLM> whole = build(model_name);
+        const std::unique_ptr<nn::CausalLM> model = build(model_name);
+        const Snapshot initial = values_of(*model);
+        const std::vector<std::string> frozen = freeze(*model, frozen_by_default);
+        const size_t before = memory_stats(Device::cpu).current(MemoryCategory::parameters);
+        whole->set_compute_dtype(DType::bf16);
+        const size_t whole_copies = memory_stats(Device::cpu).current(MemoryCategory::parameters) - before;
+        model->set_compute_dtype(DType::bf16);
+        const size_t after = memory_stats(Device::cpu).current(MemoryCategory::parameters);
+        size_t frozen_stored = 0;
+        const auto named = model->named_parameters();
+        for (size_t index = 0; index < named.size(); ++index) {
+            const auto& [name, parameter] = named[index];
+            if (parameter.requires_grad()) continue;
+            EXPECT_EQ(parameter.dtype(), DType::bf16) << model_name << " " << name;
+            EXPECT_EQ(as_doubles(parameter), bf16_rounded(initial[index])) << model_name << " " << name;
+            frozen_stored += parameter.storage_bytes();
+        }
+        // The whole model gained bf16 copies of everything (half its f32 bytes); this one of its trainable
+        // parameters only, and its frozen ones now take half of their f32 bytes (so it holds 2 × theirs less).
+        EXPECT_EQ(after + 2 * frozen_stored, before + 2 * whole_copies) << model_name;
+        int cursor = 0;
+        const Tensor tokens = (*padded_label_batches(model->vocab_size(), length, cursor)()).inputs;
+        const auto logits = [&](nn::CausalLM& lm) {
+            NoGradGuard no_grad;
+            return as_doubles(cast(lm.forward(tokens), DType::f32));
+        };
+        EXPECT_EQ(logits(*model), logits(*whole)) << model_name;
+
+        expect_error([&] { model->set_parameter_requires_grad(frozen.front(), true); },
+                     {"'" + frozen.front() + "' was frozen when set_compute_dtype(bf16) stored it in bf16",
+                      "set_compute_dtype(f32) first"});
+        expect_error([&] { model->set_requires_grad(true); }, {"set_compute_dtype(f32) first"});
+        EXPECT_EQ(model->trainable_parameters().size(), named.size() - frozen.size()) << model_name;
+
+        model->set_compute_dtype(DType::f32);
+        for (size_t index = 0; index < named.size(); ++index) {
+            if (named[index].second.requires_grad()) continue;
+            EXPECT_EQ(named[index].second.dtype(), DType::f32) << model_name << " " << named[index].first;
+            EXPECT_EQ(as_doubles(named[index].second), bf16_rounded(initial[index])) << model_name;
+        }
+        EXPECT_EQ(memory_stats(Device::cpu).current(MemoryCategory::parameters), before + whole_copies) << model_name;
+        model->set_requires_grad(true);
+        EXPECT_EQ(model->trainable_parameters().size(), named.size()) << model_name;
+    }
 }
 
 TEST(FrozenParameters, BadInputIsRefusedAndChangesNothing) {

@@ -174,8 +174,9 @@ TEST(Lora, TrainsOnlyTheAdapters) {
             for (size_t index = 0; index < named.size(); ++index) {
                 if (named[index].first.find(".lora_") != std::string::npos)
                     EXPECT_NE(trained[index], initial[index]) << what << " " << named[index].first << " did not learn";
-                else
-                    EXPECT_EQ(trained[index], initial[index]) << what << " " << named[index].first << " moved";
+                else // the base in bf16 under bf16 (docs/TRAINING.md, "Frozen parameters")
+                    EXPECT_EQ(trained[index], precision == Precision::bf16 ? bf16_rounded(initial[index]) : initial[index])
+                        << what << " " << named[index].first << " moved";
             }
             std::printf("  %s LoRA: loss %.4f -> %.4f over 8 steps\n", what.c_str(), losses.front(), losses.back());
         }

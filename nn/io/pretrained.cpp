@@ -153,7 +153,7 @@ LlamaConfig llama_from(const ConfigReader& config) {
 // The config.json transformers writes for the model, over `base` (the source's other keys, or empty).
 json config_json(const CausalLM& model, json base, std::optional<DType> file_dtype) {
     if (!base.is_object()) base = json::object();
-    // What the file holds: file_dtype, else the masters' own dtype (f32, or f64 for an f64 model).
+    // What the file holds: file_dtype, else the first parameter's own dtype.
     const DType stored = file_dtype.value_or(model.parameters().front().dtype());
     const char* torch_dtype = stored == DType::bf16 ? "bfloat16" : stored == DType::f64 ? "float64" : "float32";
     if (const auto* llama = dynamic_cast<const Llama*>(&model)) {
@@ -304,8 +304,17 @@ std::optional<int> pretrained_end_of_text(const std::string& directory) {
     return static_cast<int>(first.get<int64_t>());
 }
 
-void save_pretrained(const CausalLM& model, const std::string& directory, std::optional<DType> file_dtype,
+void save_pretrained(const CausalLM& model, const std::string& directory, std::optional<DType> requested_dtype,
                      const std::string& source_directory) {
+    // One dtype for the whole file: the widest of the parameters' (frozen ones are bf16 under bf16 compute,
+    // and widen exactly), unless one is asked for.
+    std::optional<DType> file_dtype = requested_dtype;
+    if (!file_dtype) {
+        file_dtype = DType::bf16;
+        for (const Tensor& parameter : model.parameters())
+            if (parameter.dtype() == DType::f64 || (parameter.dtype() == DType::f32 && *file_dtype == DType::bf16))
+                file_dtype = parameter.dtype();
+    }
     json base = json::object();
     if (!source_directory.empty() && is_pretrained_directory(source_directory))
         base = read_json(config_path(source_directory));

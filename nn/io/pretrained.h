@@ -35,7 +35,8 @@ std::optional<int> pretrained_end_of_text(const std::string& directory);
 
 // Writes DIR (created if needed) so that transformers' from_pretrained loads it: config.json for the model's
 // architecture and sizes, and model.safetensors with transformers' names (GPT-2 under "transformer."; a tied
-// head is not written, as save_pretrained does). The weights are the f32 masters, or `file_dtype` (bf16).
+// head is not written, as save_pretrained does). The weights are the masters in the widest of their dtypes (f32;
+// frozen ones stored in bf16 widen exactly), or in `file_dtype` (bf16).
 // `source_directory`, when given (the --init directory), is where the model came from: its config.json's other
 // keys (token ids, ...) are kept, and its tokenizer and generation files are copied, so the result is a whole
 // model directory again. Each file is replaced atomically; an index and the shards it names that an earlier save
