@@ -199,6 +199,7 @@ inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
 inline float __fadd_rn(float x, float y) { return x + y; }
 inline float __fsub_rn(float x, float y) { return x - y; }
+inline float __fdiv_rn(float x, float y) { return x / y; }
 inline float __fmul_rn(float x, float y) { return x * y; }
 inline float __fmaf_rn(float x, float y, float z) { return std::fma(x, y, z); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }

@@ -16,7 +16,8 @@ void select_floating(const char* op, DType dtype, Function& function) {
     case DType::f32: function.template operator()<float>(); return;
     case DType::f64: function.template operator()<double>(); return;
     case DType::bf16: ENGINE_FAIL(op << ": has no bf16 kernel; cast the input to f32 first");
-    case DType::i32: break;
+    case DType::i32:
+    case DType::u8: break;
     }
     ENGINE_FAIL(op << ": expected a floating-point tensor, got " << dtype_name(dtype));
 }
@@ -28,7 +29,8 @@ void select_cpu(const char* op, DType dtype, Function& function) {
     case DType::f32: function.template operator()<float>(); return;
     case DType::f64: function.template operator()<double>(); return;
     case DType::bf16: function.template operator()<bfloat16>(); return;
-    case DType::i32: break;
+    case DType::i32:
+    case DType::u8: break;
     }
     ENGINE_FAIL(op << ": expected a floating-point tensor, got " << dtype_name(dtype));
 }
@@ -69,7 +71,8 @@ void dispatch_cuda(const char* op, DType dtype, Function&& function) {
     case DType::f32: function.template operator()<float>(); return;
     case DType::bf16: function.template operator()<bfloat16>(); return;
     case DType::f64:
-    case DType::i32: break;
+    case DType::i32:
+    case DType::u8: break;
     }
     ENGINE_FAIL(op << ": CUDA kernels take f32 or bf16, got " << dtype_name(dtype));
 }

@@ -9,7 +9,8 @@
 
 namespace engine {
 
-enum class DType { f32, f64, i32, bf16 };
+// u8: storage only (NF4 weights' codes, docs/FORMATS.md); no op computes in it.
+enum class DType { f32, f64, i32, bf16, u8 };
 enum class Device { cpu, cuda };
 
 constexpr size_t dtype_size(DType dtype) {
@@ -18,6 +19,7 @@ constexpr size_t dtype_size(DType dtype) {
     case DType::f64: return 8;
     case DType::i32: return 4;
     case DType::bf16: return 2;
+    case DType::u8: return 1;
     }
     return 0;
 }
@@ -28,6 +30,7 @@ inline const char* dtype_name(DType dtype) {
     case DType::f64: return "f64";
     case DType::i32: return "i32";
     case DType::bf16: return "bf16";
+    case DType::u8: return "u8";
     }
     return "?";
 }
@@ -39,8 +42,9 @@ template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<double>() { return DType::f64; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<bfloat16>() { return DType::bf16; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
 
-constexpr bool is_floating(DType dtype) { return dtype != DType::i32; }
+constexpr bool is_floating(DType dtype) { return dtype != DType::i32 && dtype != DType::u8; }
 // The dtype kernels compute in and parameter gradients accumulate in: f32 for bf16 storage (mixed
 // precision), the dtype itself otherwise. A bf16 leaf's persistent gradient buffer has this dtype.
 constexpr DType compute_dtype(DType dtype) { return dtype == DType::bf16 ? DType::f32 : dtype; }

@@ -93,3 +93,4 @@ void convert_into(const Tensor& out, const Tensor& input);
 #include "engine/ops/layout.h"     // permute, transpose, view, slice, concat; batched matmul with transposes
 #include "engine/ops/decode.h"     // attention_decode, embedding_at: inference with a key/value cache
 #include "engine/ops/llama.h"      // rope with rope_tables, swiglu: the Llama family's own ops
+#include "engine/ops/nf4.h"        // NF4 weights and nf4_linear: QLoRA's 4-bit frozen base

@@ -103,6 +103,7 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
     case DType::f32: for (int64_t i = 0; i < count; ++i) host.data<float>()[i] = static_cast<float>(value); break;
     case DType::f64: for (int64_t i = 0; i < count; ++i) host.data<double>()[i] = value; break;
     case DType::i32: for (int64_t i = 0; i < count; ++i) host.data<int32_t>()[i] = static_cast<int32_t>(value); break;
+    case DType::u8: for (int64_t i = 0; i < count; ++i) host.data<uint8_t>()[i] = static_cast<uint8_t>(value); break;
     case DType::bf16: {
         const bfloat16 rounded = to_bfloat16(static_cast<float>(value));
         for (int64_t i = 0; i < count; ++i) host.data<bfloat16>()[i] = rounded;
@@ -184,6 +185,7 @@ double Tensor::item() const {
     case DType::f32: return to_vector<float>()[0];
     case DType::f64: return to_vector<double>()[0];
     case DType::i32: return to_vector<int32_t>()[0];
+    case DType::u8: return to_vector<uint8_t>()[0];
     case DType::bf16: return to_float(to_vector<bfloat16>()[0]);
     }
     return 0.0;

@@ -54,9 +54,24 @@ public:
     void attach_lora(std::shared_ptr<LoraAdapter> adapter);
     std::shared_ptr<LoraAdapter> detach_lora(); // takes the adapter away (nn::merge_lora)
     const LoraAdapter* lora() const { return lora_.get(); }
+    // QLoRA's 4-bit base (nn/qlora.h, docs/TRAINING.md "QLoRA"): quantises the frozen weight to NF4 on its device
+    // and drops the parameter, so the layer holds 0.5 bytes a weight plus its scales (register_buffer) and its
+    // forward dequantises the weight for each use (engine::nf4_linear). The bias, if any, stays a frozen
+    // parameter. Refused, changing nothing, when the weight requires grad, is quantised already, or once the layer
+    // has working copies or its masters apart (quantise before set_compute_dtype and set_master_device).
+    void quantize_nf4();
+    // The layer's NF4 weight, or null while it holds a dense one.
+    const Nf4Weight* nf4_weight() const { return nf4_.defined() ? &nf4_ : nullptr; }
 
 protected:
     Tensor with_lora(Tensor base_output, const Tensor& input) const; // base_output, plus the adapter's path if any
+    // The dense weight parameter (Linear's (in,out), TorchLinear's (out,in)) and whether it is torch's layout.
+    virtual Tensor& dense_weight() = 0;
+    virtual bool torch_layout() const = 0;
+    // The NF4 weight's in and out features (its stored shape, in the layer's layout).
+    int nf4_in_features() const { return static_cast<int>(nf4_.shape[torch_layout() ? 1 : 0]); }
+    int nf4_out_features() const { return static_cast<int>(nf4_.shape[torch_layout() ? 0 : 1]); }
+    Nf4Weight nf4_;
 
 private:
     std::shared_ptr<LoraAdapter> lora_;
@@ -71,11 +86,16 @@ public:
     // GPT-2's: weight ~ N(0, weight_std²); bias = 0.
     Linear(int in_features, int out_features, const InitOptions& init, double weight_std);
     Tensor forward(const Tensor& input) const override {
+        if (nf4_.defined()) return with_lora(nf4_linear(input, nf4_, false, working(bias)), input);
         return with_lora(linear(input, working(weight), working(bias)), input);
     }
-    int in_features() const override { return static_cast<int>(weight.size(0)); }
-    int out_features() const override { return static_cast<int>(weight.size(1)); }
-    Tensor weight, bias; // (in,out), (out) or undefined
+    int in_features() const override { return nf4_.defined() ? nf4_in_features() : static_cast<int>(weight.size(0)); }
+    int out_features() const override { return nf4_.defined() ? nf4_out_features() : static_cast<int>(weight.size(1)); }
+    Tensor weight, bias; // (in,out) (undefined once quantize_nf4 ran), (out) or undefined
+
+protected:
+    Tensor& dense_weight() override { return weight; }
+    bool torch_layout() const override { return false; }
 };
 
 // Over the last dimension, eps 1e-5, with a gain and a bias.
@@ -99,11 +119,16 @@ public:
     // torch.nn.Linear's default initialisation: weight ~ U(-1/sqrt(in), 1/sqrt(in)).
     TorchLinear(int in_features, int out_features, const ParameterOptions& options);
     Tensor forward(const Tensor& input) const override {
+        if (nf4_.defined()) return with_lora(nf4_linear(input, nf4_, true), input);
         return with_lora(matmul(input, working(weight), /*transpose_b=*/true), input);
     }
-    int in_features() const override { return static_cast<int>(weight.size(1)); }
-    int out_features() const override { return static_cast<int>(weight.size(0)); }
-    Tensor weight; // (out,in)
+    int in_features() const override { return nf4_.defined() ? nf4_in_features() : static_cast<int>(weight.size(1)); }
+    int out_features() const override { return nf4_.defined() ? nf4_out_features() : static_cast<int>(weight.size(0)); }
+    Tensor weight; // (out,in); undefined once quantize_nf4 ran
+
+protected:
+    Tensor& dense_weight() override { return weight; }
+    bool torch_layout() const override { return true; }
 };
 
 // Llama's RMSNorm over the last dimension: a gain (initially 1), no bias, epsilon from the model config.

@@ -22,11 +22,12 @@ bool name_matches(const std::string& name, const std::string& target) {
 
 bool is_head(const std::string& name) { return name == "lm_head" || name_matches(name, "lm_head"); }
 
+// The adapter's parameters in the base weight's dtype and on its device; over an NF4 base, f32 (PEFT's adapters
+// over bitsandbytes' Linear4bit are float32) on the codes' device.
 ParameterOptions adapter_options(const AdaptableLinear& layer, const Tensor& weight, const ParameterOptions& options) {
-    (void)layer;
     ParameterOptions adapter = options;
-    adapter.dtype = weight.dtype();
-    adapter.device = weight.device();
+    adapter.dtype = layer.nf4_weight() ? DType::f32 : weight.dtype();
+    adapter.device = layer.nf4_weight() ? layer.nf4_weight()->device() : weight.device();
     return adapter;
 }
 
@@ -168,9 +169,13 @@ std::vector<std::string> apply_lora(Module& model, const LoraConfig& config, con
 void merge_lora(Module& model) {
     ENGINE_CHECK(!model.master_device().has_value(), "merge_lora: the model's masters are apart (set_master_device)");
     const auto layers = adapted_layers(model);
-    for (const auto& [name, layer] : layers)
+    for (const auto& [name, layer] : layers) {
         ENGINE_CHECK(!layer->has_working_copies(), "merge_lora: layer '" << name << "' has working copies; merge the "
                                                                              "masters of a model without them");
+        ENGINE_CHECK(layer->nf4_weight() == nullptr,
+                     "merge_lora: layer '" << name << "' holds its weight in NF4; merge into the dense base instead "
+                                                     "(load it unquantised, load the adapter, merge)");
+    }
     // Each merged weight computed before the first is written.
     std::vector<std::pair<Tensor, Tensor>> merged; // (weight, its new value)
     for (const auto& [name, layer] : layers) {

@@ -38,6 +38,29 @@ const Tensor& Module::register_alias(const Tensor& alias) {
     return aliases_.back();
 }
 
+void Module::register_buffer(const Tensor& buffer) {
+    ENGINE_CHECK(buffer.defined(), "register_buffer: the buffer is undefined");
+    buffers_.push_back(buffer);
+}
+
+void Module::remove_parameter(const std::string& name) {
+    ENGINE_CHECK(!master_device_, "remove_parameter('" << name << "'): the masters are apart (set_master_device)");
+    for (size_t index = 0; index < parameters_.size(); ++index) {
+        if (parameters_[index].first != name) continue;
+        if (!working_copies_.empty()) working_copies_.erase(working_copies_.begin() + static_cast<std::ptrdiff_t>(index));
+        parameters_.erase(parameters_.begin() + static_cast<std::ptrdiff_t>(index));
+        return;
+    }
+    ENGINE_FAIL("remove_parameter: no parameter is named '" << name << "'");
+}
+
+size_t Module::buffer_bytes() const {
+    size_t bytes = 0;
+    for (const Tensor& buffer : buffers_) bytes += buffer.storage_bytes();
+    for (const auto& [name, child] : children_) bytes += child->buffer_bytes();
+    return bytes;
+}
+
 void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const {
     for (const auto& [name, parameter] : parameters_) out.emplace_back(prefix + name, parameter);
     for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out);
@@ -430,21 +453,24 @@ void Module::set_master_device(Device master_device, std::optional<Device> compu
     const DType dtype = compute_dtype_ == DType::bf16 ? DType::bf16 : named.front().second.dtype();
     std::vector<Module*> tree;
     collect_modules(tree);
-    std::vector<Tensor> holders;
+    std::vector<Tensor> holders, buffers; // buffers: what the forward reads besides the copies, to the compute device
     for (Module* module : tree) {
         for (const auto& [name, parameter] : module->parameters_) holders.push_back(parameter);
         for (const Tensor& alias : module->aliases_) holders.push_back(alias);
         for (const WorkingCopy& copy : module->working_copies_) holders.push_back(copy.master_storage);
+        for (const Tensor& buffer : module->buffers_) buffers.push_back(buffer);
     }
     std::vector<std::vector<WorkingCopy>> previous;
     for (Module* module : tree) previous.push_back(std::move(module->working_copies_)), module->working_copies_.clear();
     std::vector<std::pair<Module*, std::vector<WorkingCopy>>> made;
     try {
         move_storage_to(holders, master_device);
+        move_storage_to(buffers, device);
         make_working_copies(dtype, device, made);
     } catch (...) {
         // All or nothing: the masters go back where they were, with the copies they had.
         move_storage_to(holders, here);
+        move_storage_to(buffers, here);
         for (size_t index = 0; index < tree.size(); ++index) tree[index]->working_copies_ = std::move(previous[index]);
         throw;
     }
@@ -476,6 +502,7 @@ const Tensor& Module::working(const Tensor& parameter) const {
 void Module::collect_storage_holders(std::vector<Tensor>& out) const {
     for (const auto& [name, parameter] : parameters_) out.push_back(parameter);
     for (const Tensor& alias : aliases_) out.push_back(alias);
+    for (const Tensor& buffer : buffers_) out.push_back(buffer);
     for (const WorkingCopy& copy : working_copies_) {
         out.push_back(copy.master_storage);
         out.push_back(copy.working_storage);

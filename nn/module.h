@@ -29,6 +29,8 @@ public:
     std::vector<std::pair<std::string, Module*>> named_modules();
     void zero_grad(); // memset of every gradient buffer; never frees
     size_t parameter_count() const;
+    // The bytes of every buffer of the subtree (register_buffer: an NF4 layer's codes and scales).
+    size_t buffer_bytes() const;
 
     // Frozen parameters (docs/TRAINING.md, "Frozen parameters"). set_requires_grad(false) freezes every parameter
     // of this subtree, PyTorch's requires_grad_(False): its gradient buffer is freed, and so are the buffers of
@@ -146,6 +148,13 @@ protected:
     // A tensor the module keeps over one of its parameters' storage, besides the parameter itself (the
     // padded token table, nn::Embedding): to() moves it with the parameter. Returns it for the member.
     const Tensor& register_alias(const Tensor& alias);
+    // A tensor the module keeps that is not a parameter and has no gradient (an NF4 layer's codes and scales,
+    // nn::AdaptableLinear::quantize_nf4): to() moves it in place with the parameters, and set_master_device puts
+    // it on the compute device, where the forward reads it. Files, optimizers and parameter counts never see it.
+    void register_buffer(const Tensor& buffer);
+    // Takes a registered parameter away (a weight quantised to NF4), with its gradient buffer and working copy;
+    // refused with the masters apart. A name not registered throws.
+    void remove_parameter(const std::string& name);
 
 private:
     struct WorkingCopy {
@@ -170,6 +179,7 @@ private:
     bool any_parked() const;
     std::vector<std::pair<std::string, Tensor>> parameters_;
     std::vector<Tensor> aliases_;
+    std::vector<Tensor> buffers_;
     std::vector<WorkingCopy> working_copies_; // empty, or one per parameters_ entry
     DType compute_dtype_ = DType::f32;
     std::optional<Device> master_device_; // set_master_device's, for the whole tree

@@ -12,6 +12,7 @@
 
 #include "engine/distributed/communicator.h"
 #include "engine/profiling.h"
+#include "adapter_training.h"
 #include "expect_error.h"
 #include "nn/model_config.h"
 #include "optim/trainer.h"
@@ -49,15 +50,9 @@ std::vector<std::string> freeze(nn::Module& model, const std::function<bool(cons
 }
 
 optim::TrainerConfig config_of(Precision precision, bool checkpointed) {
-    optim::TrainerConfig config;
-    config.shape.per_device_train_batch_size = 2;
-    config.shape.gradient_accumulation_steps = 2;
-    config.shape.precision = precision;
-    config.shape.checkpointing = checkpoint::CheckpointPolicy{checkpointed, 1, 1, false};
-    config.learning_rate = 3e-3;
+    optim::TrainerConfig config = adapter_trainer_config(precision, checkpointed, 3e-3, 6);
     config.weight_decay = 0.1; // frozen matrices must not decay either
     config.max_grad_norm = 0.5;
-    config.max_steps = 6;
     return config;
 }
 

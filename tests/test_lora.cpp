@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "adapter_training.h"
 #include "expect_error.h"
 #include "gradcheck.h"
 #include "nn/lora.h"
@@ -31,28 +32,6 @@ nn::LoraConfig lora_config(std::vector<std::string> targets, int r = 4, double a
     config.lora_dropout = dropout;
     config.target_modules = std::move(targets);
     return config;
-}
-
-std::vector<float> logits_of(nn::CausalLM& model, const Tensor& tokens) {
-    NoGradGuard no_grad;
-    model.eval();
-    const std::vector<float> values = cast(model.forward(tokens), DType::f32).to_vector<float>();
-    model.train();
-    return values;
-}
-
-Tensor tokens_for(int vocabulary) {
-    int cursor = 0;
-    return (*token_stream_batches(vocabulary, 2, length, cursor)()).inputs;
-}
-
-// Gives every lora_B a non-zero value, so that the adapter path changes the output.
-void perturb_adapters(nn::Module& model, double scale) {
-    std::mt19937_64 generator(7);
-    for (auto& [name, layer] : nn::adapted_layers(model)) {
-        Tensor b = layer->lora()->lora_B.weight;
-        b.copy_from(cast(random_tensor(generator, b.shape(), DType::f64, scale), b.dtype()));
-    }
 }
 
 TEST(Lora, PeftNamesShapesAndTargetRule) {
@@ -103,7 +82,7 @@ TEST(Lora, PeftNamesShapesAndTargetRule) {
 TEST(Lora, AnAdaptedModelStartsAsItsBase) {
     for (const std::string model_name : {"tiny", "llama-tiny"}) {
         const std::unique_ptr<nn::CausalLM> model = build(model_name);
-        const Tensor tokens = tokens_for(model->vocab_size());
+        const Tensor tokens = tokens_for(model->vocab_size(), length);
         const std::vector<float> base = logits_of(*model, tokens);
         nn::apply_lora(*model, lora_config({"all-linear"}, 4, 16.0, 0.1));
         EXPECT_EQ(logits_of(*model, tokens), base) << model_name;
@@ -138,14 +117,8 @@ TEST_F(LoraGradients, MatchCentralDifferences) {
 }
 
 optim::TrainerConfig config_of(Precision precision) {
-    optim::TrainerConfig config;
-    config.shape.per_device_train_batch_size = 2;
-    config.shape.gradient_accumulation_steps = 2;
-    config.shape.precision = precision;
-    config.shape.checkpointing = checkpoint::CheckpointPolicy{true, 1, 1, false};
-    config.learning_rate = 1e-2;
+    optim::TrainerConfig config = adapter_trainer_config(precision, true, 1e-2, 8);
     config.weight_decay = 0.1;
-    config.max_steps = 8;
     return config;
 }
 
@@ -191,7 +164,7 @@ TEST(Lora, MergeGivesTheAdaptedLogits) {
         const size_t base_parameters = model->named_parameters().size();
         nn::apply_lora(*model, lora_config({"all-linear"}, 4, 16.0));
         perturb_adapters(*model, 0.5);
-        const Tensor tokens = tokens_for(model->vocab_size());
+        const Tensor tokens = tokens_for(model->vocab_size(), length);
         const std::vector<float> adapted = logits_of(*model, tokens);
         nn::merge_lora(*model);
         EXPECT_TRUE(nn::adapted_layers(*model).empty());

@@ -9,6 +9,7 @@
 #if ENGINE_HAS_CUDA
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/llama_kernels.h"
+#include "kernels/cuda/nf4_kernels.h"
 #endif
 
 #if ENGINE_HAS_CUDA

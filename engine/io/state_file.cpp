@@ -36,6 +36,7 @@ uint32_t dtype_code(DType dtype) {
     case DType::f64: return 2;
     case DType::i32: return 3;
     case DType::bf16: return 4;
+    case DType::u8: return 5;
     }
     return 0;
 }
@@ -46,6 +47,7 @@ bool dtype_from_code(uint32_t code, DType* dtype) {
     case 2: *dtype = DType::f64; return true;
     case 3: *dtype = DType::i32; return true;
     case 4: *dtype = DType::bf16; return true;
+    case 5: *dtype = DType::u8; return true;
     default: return false;
     }
 }

@@ -306,6 +306,11 @@ std::optional<int> pretrained_end_of_text(const std::string& directory) {
 
 void save_pretrained(const CausalLM& model, const std::string& directory, std::optional<DType> requested_dtype,
                      const std::string& source_directory) {
+    // A quantised layer's weight is no parameter: the file would lack it, and a reader would take the directory
+    // for a whole model.
+    ENGINE_CHECK(model.buffer_bytes() == 0,
+                 "save_pretrained: the model holds weights in NF4 (nn::quantize_nf4), which a pretrained directory "
+                 "does not store; save the adapter (save_adapter) and load the dense base again to merge it");
     // One dtype for the whole file: the widest of the parameters' (frozen ones are bf16 under bf16 compute,
     // and widen exactly), unless one is asked for.
     std::optional<DType> file_dtype = requested_dtype;
