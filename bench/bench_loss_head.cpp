@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench/bench_flags.h"
+#include "bench/bench_models.h"
 #include "engine/cuda/runtime.h"
 #include "nn/model_config.h"
 #include "optim/trainer.h"
@@ -104,9 +105,7 @@ int main(int argc, char** argv) {
     for (int index = 1; index < argc; ++index) {
         const char* argument = argv[index];
         if (const char* text = flag_value(argument, "--models")) {
-            options.models.clear();
-            std::stringstream list(text);
-            for (std::string name; std::getline(list, name, ',');) options.models.push_back(name);
+            options.models = bench::model_list(text);
         } else if (const char* text = flag_value(argument, "--seq")) {
             options.seq = positive("--seq", text);
         } else if (const char* text = flag_value(argument, "--batch")) {
@@ -116,30 +115,12 @@ int main(int argc, char** argv) {
         } else if (const char* text = flag_value(argument, "--small-tile")) {
             options.small_tile = positive("--small-tile", text);
         } else if (const char* text = flag_value(argument, "--device")) {
-            if (std::strcmp(text, "cpu") != 0 && std::strcmp(text, "cuda") != 0) {
-                std::fprintf(stderr, "bench_loss_head: --device must be cpu or cuda, got '%s'\n", text);
-                return 2;
-            }
-            options.device = std::strcmp(text, "cuda") == 0 ? Device::cuda : Device::cpu;
+            options.device = bench::device_flag("bench_loss_head", text);
         } else {
             remaining.push_back(argv[index]);
         }
     }
-    std::vector<nn::ModelConfig> configs;
-    try {
-        for (const std::string& name : options.models) {
-            nn::ModelConfig config = nn::ModelConfig::named(name);
-            if (options.seq > config.max_seq_len()) {
-                std::fprintf(stderr, "bench_loss_head: --seq %d exceeds %s's max_seq_len %d\n", options.seq,
-                             name.c_str(), config.max_seq_len());
-                return 2;
-            }
-            configs.push_back(config);
-        }
-    } catch (const EngineError& error) {
-        std::fprintf(stderr, "bench_loss_head: %s\n", error.what());
-        return 2;
-    }
+    const std::vector<nn::ModelConfig> configs = bench::named_models("bench_loss_head", options.models, options.seq);
     int remaining_count = static_cast<int>(remaining.size());
     benchmark::Initialize(&remaining_count, remaining.data());
     if (benchmark::ReportUnrecognizedArguments(remaining_count, remaining.data())) return 2;

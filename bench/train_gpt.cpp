@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -22,6 +23,7 @@
 #include "nn/io/pretrained.h"
 #include "nn/io/safetensors.h"
 #include "nn/io/token_data.h"
+#include "nn/qlora.h"
 #include "optim/trainer.h"
 #include "optim/training_state.h"
 #include "train_gpt_options.h"
@@ -271,7 +273,8 @@ std::string run_config_json(const Options& options) {
                           {"offload_parameters", trainer.shape.offload_parameters},
                           {"loss_chunk_tokens", trainer.shape.loss_chunk_tokens},
                           {"mlp_tile_tokens", trainer.shape.mlp_tile_tokens},
-                          {"precision", precision_name(trainer.shape.precision)}}
+                          {"precision", precision_name(trainer.shape.precision)},
+                          {"load_in_4bit", options.load_in_4bit}}
         .dump();
 }
 
@@ -391,9 +394,11 @@ int run(const Options& flags) {
     if (options.resolved_device == Device::cuda) engine::cuda::set_tf32_enabled(options.tf32.value_or(true));
     // With the optimizer on the host the masters are built there, and only the working copies ever reach the
     // device: the device never holds the f32 masters the plan took off it.
+    // A 4-bit base is quantised on the host too, so that the device never holds the dense f32 weights.
     const bool offload = config.shape.offload_optimizer;
+    const bool on_host_first = offload || options.load_in_4bit;
     const std::unique_ptr<nn::CausalLM> built =
-        options.model.build(options.trainer.seed, offload ? Device::cpu : options.resolved_device, DType::f32);
+        options.model.build(options.trainer.seed, on_host_first ? Device::cpu : options.resolved_device, DType::f32);
     nn::CausalLM& model = *built;
     const auto load_init = [&] {
         if (options.init.empty()) return;
@@ -427,6 +432,13 @@ int run(const Options& flags) {
                       << model.trainable_parameter_count() << " of " << model.parameter_count()
                       << " parameters train\n";
     }
+    if (options.load_in_4bit) {
+        const std::vector<std::string> quantized = nn::quantize_nf4(model);
+        if (lead)
+            std::cout << "NF4: " << quantized.size() << " linear layers in 4 bits (" << model.buffer_bytes()
+                      << " B of codes and scales); " << model.parameter_count() << " parameters stay dense\n";
+        if (!offload && options.resolved_device != Device::cpu) model.to(options.resolved_device);
+    }
     if (offload) {
         // The streamed layers' copies parked and without device buffers as they are made (the trainer applies
         // the same precision and policy again, which changes nothing).
@@ -447,6 +459,11 @@ int run(const Options& flags) {
         // The model state's tier is part of the run: a state saved with the optimizer on the host resumes so.
         const nlohmann::json saved = nlohmann::json::parse(resumed.config_json, nullptr, false);
         const bool saved_offload = saved.is_object() && saved.value("offload_optimizer", false);
+        const bool saved_4bit = saved.is_object() && saved.value("load_in_4bit", false);
+        if (saved_4bit != options.load_in_4bit)
+            throw train_gpt::UsageError("--resume", resumed.path + " was saved " +
+                                                        (saved_4bit ? "with" : "without") +
+                                                        " --load-in-4bit; this run has it " + (options.load_in_4bit ? "on" : "off"));
         if (saved_offload != config.shape.offload_optimizer)
             throw train_gpt::UsageError("--resume", resumed.path + " was saved with --offload-optimizer " +
                                                         (saved_offload ? "cpu" : "none") + "; this run has " +
@@ -611,13 +628,16 @@ int run(const Options& flags) {
     }
     if (lead && !options.merge.empty()) {
         // Merged on a plain f32 copy on the host: the trained model may have working copies or masters apart.
+        // With a 4-bit base the dense base is --init's weights (or the seed's), which the merged copy loads itself.
         const std::unique_ptr<nn::CausalLM> merged = options.model.build(options.trainer.seed, Device::cpu, DType::f32);
+        if (options.load_in_4bit && !options.init.empty()) load_initial_weights(*merged, options.init);
         nn::apply_lora(*merged, *lora_config);
-        const auto trained = model.named_parameters();
-        const auto copies = merged->named_parameters();
+        std::map<std::string, Tensor> trained;
+        for (const auto& [name, parameter] : model.named_parameters()) trained.emplace(name, parameter);
         // Frozen weights trained under bf16 are stored in bf16 (docs/TRAINING.md): they widen exactly.
-        for (size_t index = 0; index < copies.size(); ++index)
-            convert_into(copies[index].second, trained[index].second.to(Device::cpu));
+        for (const auto& [name, copy] : merged->named_parameters())
+            if (const auto found = trained.find(name); found != trained.end())
+                convert_into(copy, found->second.to(Device::cpu));
         nn::merge_lora(*merged);
         const bool from_directory = !options.init.empty() && nn::is_pretrained_directory(options.init);
         nn::save_pretrained(*merged, options.merge, options.save_dtype, from_directory ? options.init : "");

@@ -238,6 +238,10 @@ LoRA (PEFT's names; docs/TRAINING.md, "LoRA"): the model frozen, adapters on the
   --save-adapter DIR             after training, write the adapters as PEFT's adapter_config.json and
                                  adapter_model.safetensors (PeftModel.from_pretrained loads them)
   --merge DIR                    after training, write a Hugging Face model directory with the adapters merged
+                                 (with --load-in-4bit: into the dense base, --init's weights)
+  --load-in-4bit                 QLoRA: the base's linear layers (not the head) frozen in NF4 with double-
+                                 quantised scales, bitsandbytes' layout (0.5 bytes a weight), dequantised for
+                                 each use in the compute dtype; needs --lora-r or --init-adapter
 training (Hugging Face names; each flag sets the TrainerConfig field of its name, whose validate() is the one
 check of the values; the defaults shown are train_gpt's, for a quick run of the tiny model; the library's
 TrainerConfig{} differs in: gradient_accumulation_steps 1, learning_rate 1e-3, weight_decay 0, adam_beta2 0.999,
@@ -458,6 +462,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--plan", &options.plan},
         {"--check-replicas", &options.check_replicas},
         {"--profile", &options.profile},
+        {"--load-in-4bit", &options.load_in_4bit},
         {"--help", &options.help},
     };
 
@@ -472,6 +477,8 @@ Options parse_options(const std::vector<std::string>& arguments) {
             "needs --lora-r N (or --init-adapter DIR)");
     require(options.init_adapter.empty() || !(lora_given || lora_flags), "--init-adapter",
             "its adapter_config.json sets r, alpha, dropout and targets; leave the --lora-* flags out");
+    require(lora_given || !options.init_adapter.empty() || !options.load_in_4bit, "--load-in-4bit",
+            "the 4-bit base is frozen: QLoRA trains adapters over it; add --lora-r N (or --init-adapter DIR)");
     for (const char* lora_output : {"--save-adapter", "--merge"})
         require(lora_given || !options.init_adapter.empty() || !given.contains(lora_output), lora_output,
                 "needs --lora-r N or --init-adapter DIR");

@@ -109,6 +109,10 @@ struct Options {
     // after training and --merge DIR a Hugging Face model directory with the adapters merged into the weights.
     std::optional<engine::nn::LoraConfig> lora;
     std::string init_adapter, save_adapter, merge;
+    // --load-in-4bit (docs/TRAINING.md, "QLoRA"; transformers' load_in_4bit with bnb_4bit_quant_type nf4 and
+    // double quantisation): every linear layer but the head in NF4 under the adapters (nn::quantize_nf4), on the
+    // host before the model goes to the device. Needs LoRA; --merge then merges into the dense base.
+    bool load_in_4bit = false;
     bool help = false;
 };
 

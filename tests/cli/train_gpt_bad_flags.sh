@@ -94,6 +94,9 @@ expect --init-adapter --init-adapter "$work"
 expect --save-adapter --save-adapter "$work/stdout"
 expect --merge --merge "$work/stderr" --lora-r 4
 expect --merge --merge "$work/lora_merged"
+# QLoRA: a 4-bit base trains nothing without adapters.
+expect --load-in-4bit --load-in-4bit
+expect --load-in-4bit --model llama-tiny --load-in-4bit --save-adapter "$work/qlora_adapter"
 # A data file whose token ids exceed the vocabulary is refused naming the file and the offset.
 "$train_gpt" --data "$work/high_byte.txt" --vocab-size 128 >"$work/stdout" 2>"$work/stderr"
 rc=$?

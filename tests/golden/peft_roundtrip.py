@@ -4,7 +4,8 @@ train_gpt trains adapters (--lora-r, --lora-target-modules) and writes them (--s
 (--merge); then PEFT's PeftModel.from_pretrained loads the adapter onto transformers' base model with every tensor
 accounted for, the adapters changed by training, and its logits (base plus the unmerged adapter path, PEFT's
 arithmetic) equal to those of the merged directory libengine wrote, loaded by transformers. An adapter PEFT wrote
-(tests/data/peft_llama_lora) continues training in train_gpt through --init-adapter.
+(tests/data/peft_llama_lora) continues training in train_gpt through --init-adapter. QLoRA (--load-in-4bit): the
+adapter trained over the NF4 base loads in PEFT onto the dense base, whose logits equal --merge's directory.
 
 usage: peft_roundtrip.py TRAIN_GPT DATA_DIR WORK_DIR
 Exits 77 (ctest: skipped) when torch, transformers, peft or safetensors is not importable.
@@ -36,11 +37,11 @@ def run(arguments):
         sys.exit(f"train_gpt {' '.join(arguments)} failed with {completed.returncode}")
 
 
-def check(name, base, targets):
+def check(name, base, targets, extra=()):
     adapter, merged = work / f"{name}_adapter", work / f"{name}_merged"
     run(["--init", str(base), "--lora-r", "4", "--lora-alpha", "16", "--lora-dropout", "0.1",
          "--lora-target-modules", ",".join(targets), "--gradient-checkpointing",
-         "--save-adapter", str(adapter), "--merge", str(merged)])
+         "--save-adapter", str(adapter), "--merge", str(merged), *extra])
     config = json.loads((adapter / "adapter_config.json").read_text())
     if config["r"] != 4 or config["lora_alpha"] != 16 or sorted(config["target_modules"]) != sorted(targets):
         sys.exit(f"{adapter}: adapter_config.json does not say what was trained: {config}")
@@ -68,6 +69,13 @@ def check(name, base, targets):
 
 check("llama", data_dir / "hf_llama_tiny", ["q_proj", "v_proj", "down_proj"])
 check("gpt2", data_dir / "hf_gpt2_tiny", ["c_attn", "c_fc"])
+# QLoRA: adapters trained over the NF4 base load onto the dense base in PEFT (as PEFT users merge a QLoRA adapter
+# into the bf16 base), and --merge writes that dense merge. The 4-bit base must have changed what was learned.
+check("llama_qlora", data_dir / "hf_llama_tiny", ["q_proj", "v_proj", "down_proj"], ["--load-in-4bit"])
+dense = load_file(work / "llama_adapter" / "adapter_model.safetensors")
+quantised = load_file(work / "llama_qlora_adapter" / "adapter_model.safetensors")
+if sorted(dense) != sorted(quantised) or all(torch.equal(dense[key], quantised[key]) for key in dense):
+    sys.exit("--load-in-4bit: the adapter trained over the NF4 base has other names or equals the dense base's")
 # PEFT's own adapter continues training in train_gpt, and is written back in PEFT's names.
 run(["--init", str(data_dir / "hf_llama_tiny"), "--init-adapter", str(data_dir / "peft_llama_lora"),
      "--save-adapter", str(work / "continued")])
