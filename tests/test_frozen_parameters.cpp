@@ -139,6 +139,43 @@ TEST(FrozenParameters, FrozenLinearWeightsSkipTheirWeightGradientGemm) {
     EXPECT_GT(frozen, 0);
 }
 
+// A linear op over a frozen weight saves nothing of its input: only the weight is needed, for the input gradient.
+// An input made by an earlier op (so it is freed when its last handle goes) is gone as soon as the caller drops
+// it, for linear (nn::Linear's layout, with a bias) and matmul (torch's layout); with a trainable weight it stays
+// saved until the backward. The gradients are the same either way.
+TEST(FrozenParameters, AFrozenWeightsOpKeepsNoInputAlive) {
+    constexpr int rows = 6, in = 5, out = 3;
+    for (const bool transposed : {false, true}) {
+        for (const bool frozen : {false, true}) {
+            const std::string what = std::string(transposed ? "matmul" : "linear") + (frozen ? ", frozen" : ", trainable");
+            current_tape().clear();
+            Tensor source = Tensor::from_vector(std::vector<float>(rows * in, 0.5f), {rows, in}, Device::cpu);
+            source.set_requires_grad(true);
+            Tensor weight = Tensor::from_vector(std::vector<float>(in * out, 0.25f),
+                                                transposed ? Shape{out, in} : Shape{in, out}, Device::cpu);
+            weight.set_requires_grad(!frozen);
+            const Tensor bias = Tensor::zeros({out}, DType::f32, Device::cpu);
+            const size_t before = memory_stats(Device::cpu).current(MemoryCategory::activations);
+            Tensor output;
+            {
+                const Tensor input = gelu(source); // (rows,in): freed with its last handle
+                output = transposed ? matmul(input, weight, true) : linear(input, weight, bias);
+            }
+            const size_t held = memory_stats(Device::cpu).current(MemoryCategory::activations) - before;
+            const size_t input_bytes = static_cast<size_t>(rows * in) * sizeof(float);
+            const size_t output_bytes = static_cast<size_t>(rows * out) * sizeof(float);
+            EXPECT_EQ(held, output_bytes + (frozen ? 0 : input_bytes)) << what;
+            backward(sum(output));
+            const std::vector<float> gradient = source.grad().to_vector<float>();
+            // d(sum)/d(source) = gelu'(0.5) · (a weight row's sum, 3 · 0.25); d(sum)/d(weight) = Σ_rows gelu(0.5) (tanh GELU:
+            // gelu(0.5) = 0.3457140, gelu'(0.5) = 0.8673699, in float64).
+            for (const float value : gradient) EXPECT_NEAR(value, 0.75 * 0.8673699, 1e-6) << what;
+            if (!frozen) EXPECT_NEAR(weight.grad().to_vector<float>()[0], rows * 0.3457140, 1e-5) << what;
+        }
+    }
+    current_tape().clear();
+}
+
 // Over six steps with weight decay and clipping: every frozen parameter keeps its bits, every trainable one
 // moves, the loss falls, the optimizer holds state for the trainable parameters only, and the reported norm is
 // the trainable gradients'.

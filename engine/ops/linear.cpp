@@ -128,8 +128,12 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
 
     GradTarget input_target(input), weight_target(weight), bias_target;
     if (bias.defined()) bias_target = GradTarget(bias);
+    // Each side is saved only for the other's gradient: a frozen weight (LoRA's base) needs no saved input, which
+    // would otherwise stay alive to the backward for nothing.
     record_node(op, {&input, &weight, &bias}, {&out},
-                [=, saved_input = input, saved_weight = weight, output_id = out.id()](BackwardContext& context) {
+                [=, saved_input = weight_target.requires_grad ? input : Tensor(),
+                 saved_weight = input_target.requires_grad ? weight : Tensor(),
+                 output_id = out.id()](BackwardContext& context) {
                     Tensor dout = context.output_grad(output_id); // (rows,out)
                     if (Tensor dinput = context.input_grad(input_target); dinput.defined())
                         gemm_tensors(op, dinput, dout, saved_weight, rows, in_features, out_features, false, true, 1.0);
@@ -157,7 +161,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_b) {
     gemm_tensors(op, out, a, b, rows, columns, inner, false, transpose_b, 0.0);
 
     GradTarget a_target(a), b_target(b);
-    record_node(op, {&a, &b}, {&out}, [=, saved_a = a, saved_b = b, output_id = out.id()](BackwardContext& context) {
+    // As linear's: each side saved only for the other's gradient (a frozen b needs no saved a).
+    record_node(op, {&a, &b}, {&out}, [=, saved_a = b_target.requires_grad ? a : Tensor(),
+                                       saved_b = a_target.requires_grad ? b : Tensor(),
+                                       output_id = out.id()](BackwardContext& context) {
         Tensor dout = context.output_grad(output_id); // (rows,N)
         if (Tensor da = context.input_grad(a_target); da.defined())
             gemm_tensors(op, da, dout, saved_b, rows, inner, columns, false, !transpose_b, 1.0);
