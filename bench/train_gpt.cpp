@@ -363,11 +363,29 @@ int run(const Options& flags) {
         // Per rank: ZeRO-1 over the launcher's ranks (mpirun -np N train_gpt --plan --zero-stage 1), printed once.
         const distributed::LaunchEnvironment launch = distributed::launch_environment();
         const StepShape& shape = config.shape;
+        const int shards = shape.zero_stage == 1 ? launch.world_size : 1;
+        if (options.lora || !options.init_adapter.empty()) {
+            planner::FineTuning tuning;
+            tuning.nf4 = options.load_in_4bit;
+            try {
+                tuning.lora = options.lora ? *options.lora : nn::read_adapter_config(options.init_adapter);
+            } catch (const EngineError& error) {
+                throw train_gpt::flag_error("--init-adapter", error);
+            }
+            std::string report;
+            try {
+                report = planner::model_state_report(options.model, precision_dtype(shape.precision), config.optimizer,
+                                                     shards, tuning);
+            } catch (const EngineError& error) {
+                throw train_gpt::flag_error(options.lora ? "--lora-target-modules" : "--init-adapter", error);
+            }
+            if (launch.rank == 0) std::cout << report;
+            return 0;
+        }
         if (launch.rank == 0)
             std::cout << planner::plan_report(options.model, shape.per_device_train_batch_size, options.seq_len,
                                               shape.checkpointing, precision_dtype(shape.precision), config.optimizer,
-                                              shape.zero_stage == 1 ? launch.world_size : 1,
-                                              shape.gradient_accumulation_steps, shape.offload_optimizer,
+                                              shards, shape.gradient_accumulation_steps, shape.offload_optimizer,
                                               shape.offload_gradients, shape.offload_parameters,
                                               shape.loss_chunk_tokens, shape.mlp_tile_tokens);
         return 0;

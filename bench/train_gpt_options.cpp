@@ -259,7 +259,8 @@ memory:
   --offload[=true|false]         checkpointed segments' inputs in pinned host memory; needs --gradient-checkpointing
   --prefetch[=true|false]        with --offload: copy the next segment back ahead of its recompute (CUDA copy stream)
   --skip-nonfinite[=true|false]  skip (and count) a step whose loss or grad norm is NaN/Inf; default: stop with an error
-  --plan                         print the predicted memory per category for these flags and exit
+  --plan                         print the predicted memory per category for these flags and exit (with LoRA: the
+                                 model state only, exact; the step's activations are not modelled yet)
   --max-memory SIZE|auto         plan for a memory budget: bytes or a number with KiB, MiB, GiB (3.5MiB, 16GiB);
                                  auto: the device's free memory (CPU: MemAvailable) minus 10%. The planner picks
                                  micro-batch, accumulation, checkpointing and offload (and precision with
@@ -484,8 +485,9 @@ Options parse_options(const std::vector<std::string>& arguments) {
                 "needs --lora-r N or --init-adapter DIR");
     if (lora_given || !options.init_adapter.empty()) {
         require(options.save.empty(), "--save", "writes the whole model; with LoRA use --save-adapter DIR or --merge DIR");
-        require(!given.contains("--max-memory") && !options.plan, given.contains("--max-memory") ? "--max-memory" : "--plan",
-                "the memory model does not know LoRA's frozen weights yet (issue 28); leave it out");
+        require(!given.contains("--max-memory"), "--max-memory",
+                "the step's activations under LoRA are not modelled yet (issue 28; --plan prints the model state); "
+                "leave it out");
     }
     require(options.save_every == 0 || !options.out.empty(), "--save-every", "needs --out DIR");
     require(!options.save_dtype || !options.save.empty(), "--save-dtype", "needs --save FILE|DIR");

@@ -39,6 +39,12 @@ Tensor base_weight(const AdaptableLinear& layer) {
 
 } // namespace
 
+bool lora_target_matches(const LoraConfig& config, const std::string& layer_name) {
+    for (const std::string& target : config.target_modules)
+        if (target == all_linear ? !is_head(layer_name) : name_matches(layer_name, target)) return true;
+    return false;
+}
+
 std::optional<std::string> LoraConfig::problem() const {
     if (r < 1) return "r " + std::to_string(r) + " must be at least 1";
     if (!std::isfinite(lora_alpha) || lora_alpha <= 0.0) {

@@ -51,6 +51,10 @@ public:
 // (apply LoRA before set_compute_dtype and before building a trainer).
 std::vector<std::string> apply_lora(Module& model, const LoraConfig& config, const ParameterOptions& options = {});
 
+// Whether `config` gives the linear layer named `layer_name` (dotted, as named_modules() spells it) an adapter:
+// apply_lora's rule (PEFT's), without the model. The LM head never matches "all-linear".
+bool lora_target_matches(const LoraConfig& config, const std::string& layer_name);
+
 // The adapted layers of `model`, by name, in model order (empty when none).
 std::vector<std::pair<std::string, AdaptableLinear*>> adapted_layers(Module& model);
 

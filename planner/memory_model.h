@@ -4,10 +4,12 @@
 
 #include <array>
 #include <cstddef>
+#include <optional>
 #include <string>
 
 #include "checkpoint/checkpoint.h"
 #include "engine/memory.h"
+#include "nn/lora.h"
 #include "nn/model_config.h"
 #include "planner/step_shape.h"
 
@@ -16,6 +18,46 @@ namespace engine::planner {
 // Which optimizer's state to count (planner/step_shape.h): AdamW keeps two moments per parameter, SGD with
 // momentum one, none none.
 using engine::OptimizerKind;
+
+// What of the model trains (docs/MEMORY.md, "LoRA and QLoRA"). Without `lora`, every parameter (a full fine-tune).
+// With it, nn::apply_lora's model: every parameter of the base frozen (no gradient buffer, no optimizer state, no
+// working copy: stored in the step's dtype, so 2 bytes under bf16) and an adapter lora_A (r,in), lora_B (out,r) on
+// each linear layer the targets name, which trains as any parameter (f32 master with a bf16 working copy under
+// bf16, an f32 gradient, the optimizer's state). nf4 (QLoRA, with lora): every linear weight but the head's held in
+// NF4 (nn::quantize_nf4: codes, scales and their scales, in `parameters`), the adapters in f32.
+struct FineTuning {
+    std::optional<nn::LoraConfig> lora;
+    bool nf4 = false;
+};
+
+// The model state a run holds for its whole length, by category, on the device when nothing is offloaded: what
+// the trainer's model and optimizer hold before the first step (Module and optimizer allocations, to the byte).
+struct ModelState {
+    size_t parameters = 0;      // all of the below but the gradients and the optimizer state
+    size_t gradients = 0;       // f32 (compute dtype) buffers of the trainable parameters
+    size_t optimizer_state = 0; // of the trainable parameters (ZeRO-1: one rank's part)
+    size_t trainable = 0;       // trainable elements (a full fine-tune's count GPT-2's padded rows)
+    size_t master_parameters = 0; // the trainable parameters' masters (compute dtype)
+    size_t working_copies = 0;    // their bf16 copies under bf16
+    size_t frozen_parameters = 0; // LoRA's frozen base: dense in the step's dtype, or NF4 codes and scales
+    size_t constant_buffers = 0;  // Llama's RoPE tables
+    size_t total() const { return parameters + gradients + optimizer_state; }
+};
+
+// The model state of `config` trained as `tuning` says, in `dtype` (bf16: mixed precision), with `optimizer`'s
+// state over `optimizer_shards` ranks (ZeRO-1; its flat buffers are the step's workspace, not counted here). Exact
+// to the byte on the CPU for full, LoRA and QLoRA runs of GPT-2 and Llama; predict_memory's categories for a full
+// fine-tune. Throws EngineError, naming it, for a LoRA config apply_lora would refuse on this model (a bad field, a
+// target that matches no linear layer, a rank above a layer's).
+// The step's activations and workspace under LoRA are not modelled yet (issue 28 item 6): predict_memory, --plan and
+// the planner describe full fine-tunes only.
+ModelState predict_model_state(const nn::ModelConfig& config, DType dtype, OptimizerKind optimizer = OptimizerKind::adamw,
+                               int optimizer_shards = 1, const FineTuning& tuning = {});
+
+// For `train_gpt --plan` with LoRA: the model state by category next to a full fine-tune's, and what is not
+// predicted yet (the step's activations and workspace).
+std::string model_state_report(const nn::ModelConfig& config, DType dtype, OptimizerKind optimizer, int optimizer_shards,
+                               const FineTuning& tuning);
 
 struct MemoryPrediction {
     // Peak bytes of each category over one step, indexed by engine/memory.h's MemoryCategory (the one list of

@@ -46,6 +46,15 @@ grep -q "^chosen: " "$work/plan.txt" && grep -q "why it lost" "$work/plan.txt" &
 "$train_gpt" --max-memory auto --global-batch-size 16 --plan >"$work/auto.txt" 2>&1 && grep -q "free minus a 10% margin" "$work/auto.txt" ||
   fail "--max-memory auto: $(cat "$work/auto.txt")"
 
+# --plan with LoRA (and QLoRA): the model state, exact (tests/test_model_state.cpp), beside a full fine-tune's; no
+# step peak; and --max-memory, which needs the step, still refused.
+"$train_gpt" --model llama-tiny --lora-r 8 --lora-target-modules all-linear --load-in-4bit --precision bf16 --plan \
+  >"$work/lora_plan.txt" 2>&1 || fail "--plan with LoRA exited $?: $(cat "$work/lora_plan.txt")"
+grep -q "NF4" "$work/lora_plan.txt" && grep -q "^  total " "$work/lora_plan.txt" &&
+  grep -q "not predicted yet" "$work/lora_plan.txt" && ! grep -q "^  step peak" "$work/lora_plan.txt" ||
+  fail "--plan with LoRA: $(cat "$work/lora_plan.txt")"
+expect_usage --max-memory --model llama-tiny --lora-r 8 --max-memory 64MiB
+
 # A feasible budget trains: each step's measured peak equals the predicted one and fits. 2.5 MiB admits only
 # micro-batches of 1 for the tiny model at a global batch of 16.
 budget=2621440
