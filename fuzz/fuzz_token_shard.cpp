@@ -1,4 +1,4 @@
-// libFuzzer target: the llm.c token-shard reader and the token loader that validates ids against a
+// libFuzzer target: the llm.c token-shard reader (uint16 and uint32 layouts) and the token loader that validates ids against a
 // vocabulary (nn/io/token_data.h). EngineError is the expected answer to bad bytes; anything else is a
 // finding.
 #include <cstdint>

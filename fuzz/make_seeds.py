@@ -43,6 +43,12 @@ def token_shard(tokens):
     return header + b"".join(struct.pack("<H", token) for token in tokens)
 
 
+def wide_token_shard(tokens):
+    """llm.c's Llama-3 layout: magic 20240801, version 7, uint32 ids."""
+    header = struct.pack("<iii", 20240801, 7, len(tokens)) + bytes(1024 - 12)
+    return header + b"".join(struct.pack("<I", token) for token in tokens)
+
+
 def write(target, name, content):
     directory = root / target
     directory.mkdir(parents=True, exist_ok=True)
@@ -62,4 +68,5 @@ write("safetensors", "seed-bf16-f64", safetensors(
     [("a", "BF16", [2], struct.pack("<HH", 0x3F80, 0xC000)), ("b", "F64", [], struct.pack("<d", 1.5))]))
 write("token_shard", "seed-shard", token_shard([50256, 15496, 11, 995, 0]))
 write("token_shard", "seed-empty-shard", token_shard([]))
+write("token_shard", "seed-wide-shard", wide_token_shard([128000, 65536, 11, 0, 50256]))
 write("token_shard", "seed-bytes", b"the cat sees the dog.\n")

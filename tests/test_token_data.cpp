@@ -1,4 +1,4 @@
-// Token data: llm.c shards (round trip and every rejection), byte files, vocabulary validation, the
+// Token data: llm.c shards, uint16 and uint32 (round trips and every rejection), byte files, vocabulary validation, the
 // built-in corpus, padded batches, and the loader's seeded shuffle and exact resume.
 #include <gtest/gtest.h>
 
@@ -82,6 +82,66 @@ TEST(TokenData, ShardWithBadMagicVersionOrSizeIsRejected) {
     expect_error([&] { nn::read_token_shard(bad); }, {bad, "header"});
 
     expect_error([&] { nn::write_token_shard(bad, {1, 65536}); }, {"index 1", "uint16"});
+    std::remove(path.c_str());
+    std::remove(bad.c_str());
+}
+
+// llm.c's Llama-3 layout: magic 20240801, version 7, uint32 ids. Ids at and past 65536 (and up to INT32_MAX) come back
+// as written, byte for byte as llm.c's write_datafile lays them out (little-endian after the 1024-byte header).
+TEST(TokenData, WideShardRoundTripHoldsIdsPast65535) {
+    const std::string path = temp_path("wide.bin");
+    std::vector<int32_t> tokens = {0, 1, 65535, 65536, 65537, 128000, 128255, 2147483647};
+    std::mt19937_64 generator(7);
+    for (int index = 0; index < 1000; ++index) tokens.push_back(static_cast<int32_t>(generator() % 128256));
+    nn::write_token_shard(path, tokens, nn::TokenIdWidth::u32);
+    const std::vector<char> bytes = file_bytes(path);
+    ASSERT_EQ(bytes.size(), 1024 + 4 * tokens.size());
+    std::vector<char> header(12);
+    put_int32(header, 0, 20240801);
+    put_int32(header, 4, 7);
+    put_int32(header, 8, static_cast<int32_t>(tokens.size()));
+    EXPECT_TRUE(std::equal(header.begin(), header.end(), bytes.begin()));
+    std::vector<char> id(4);
+    put_int32(id, 0, 65537);
+    EXPECT_TRUE(std::equal(id.begin(), id.end(), bytes.begin() + 1024 + 4 * 4)); // tokens[4]
+    EXPECT_EQ(nn::token_shard_width(path), nn::TokenIdWidth::u32);
+    EXPECT_EQ(nn::read_token_shard(path), tokens);
+    tokens.erase(tokens.begin() + 7); // INT32_MAX is past any vocabulary
+    nn::write_token_shard(path, tokens, nn::TokenIdWidth::u32);
+    EXPECT_EQ(nn::load_tokens(path, 128256), tokens);
+    // Token index 5 (128000) sits at byte 1024 + 4·5.
+    expect_error([&] { nn::load_tokens(path, 128000); }, {path, "token id 128000", "token index 5", "byte offset 1044"});
+    std::remove(path.c_str());
+}
+
+TEST(TokenData, WideShardWithBadVersionSizeOrIdIsRejected) {
+    const std::string path = temp_path("wide_good.bin"), bad = temp_path("wide_bad.bin");
+    nn::write_token_shard(path, {70000, 2, 3, 4}, nn::TokenIdWidth::u32);
+    const std::vector<char> good = file_bytes(path);
+
+    std::vector<char> bytes = good;
+    put_int32(bytes, 4, 1); // the uint16 layout's version under the uint32 magic
+    write_bytes(bad, bytes);
+    expect_error([&] { nn::read_token_shard(bad); }, {bad, "version 1 for magic 20240801", "expected 7"});
+
+    bytes = good;
+    put_int32(bytes, 0, 20240520); // a uint16 header over uint32 ids: the size gives it away
+    put_int32(bytes, 4, 1);
+    write_bytes(bad, bytes);
+    expect_error([&] { nn::read_token_shard(bad); }, {bad, "4 tokens (uint16)", "1032 bytes", "1040 bytes"});
+
+    bytes = good;
+    bytes.resize(bytes.size() - 2); // half an id short
+    write_bytes(bad, bytes);
+    expect_error([&] { nn::read_token_shard(bad); }, {bad, "4 tokens (uint32)", "1040 bytes", "1038 bytes"});
+
+    bytes = good;
+    put_int32(bytes, 1024 + 4, -1); // id 4294967295
+    write_bytes(bad, bytes);
+    expect_error([&] { nn::read_token_shard(bad); }, {bad, "4294967295", "token index 1", "byte offset 1028"});
+    expect_error([&] { nn::load_tokens(bad, 100000); }, {bad, "4294967295"});
+
+    expect_error([&] { nn::write_token_shard(bad, {1, -3}, nn::TokenIdWidth::u32); }, {"index 1", "negative"});
     std::remove(path.c_str());
     std::remove(bad.c_str());
 }

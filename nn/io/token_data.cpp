@@ -52,6 +52,20 @@ std::vector<int32_t> read_byte_tokens(const std::string& path) {
     return std::vector<int32_t>(bytes.begin(), bytes.end());
 }
 
+int64_t token_id_bytes(TokenIdWidth width) { return width == TokenIdWidth::u16 ? 2 : 4; }
+
+std::optional<TokenIdWidth> token_shard_width(const std::string& path) {
+    int64_t size = 0;
+    std::ifstream file = io_detail::open_for_reading(path, &size);
+    if (size < 4) return std::nullopt;
+    std::array<unsigned char, 4> start{};
+    io_detail::read_exactly(file, path, 0, start.data(), 4, "the first bytes");
+    const int32_t magic = read_int32_le(start.data());
+    if (magic == token_shard_magic) return TokenIdWidth::u16;
+    if (magic == wide_token_shard_magic) return TokenIdWidth::u32;
+    return std::nullopt;
+}
+
 std::vector<int32_t> read_token_shard(const std::string& path) {
     int64_t size = 0;
     std::ifstream file = io_detail::open_for_reading(path, &size);
@@ -62,37 +76,61 @@ std::vector<int32_t> read_token_shard(const std::string& path) {
     const int32_t magic = read_int32_le(&header[0]);
     const int32_t version = read_int32_le(&header[4]);
     const int32_t count = read_int32_le(&header[8]);
-    ENGINE_CHECK(magic == token_shard_magic,
-                 "token shard '" << path << "': bad magic " << magic << " (expected " << token_shard_magic << ")");
-    ENGINE_CHECK(version == token_shard_version, "token shard '" << path << "': unsupported version " << version
-                                                                  << " (expected " << token_shard_version << ")");
+    ENGINE_CHECK(magic == token_shard_magic || magic == wide_token_shard_magic,
+                 "token shard '" << path << "': bad magic " << magic << " (expected " << token_shard_magic
+                                 << " for uint16 ids or " << wide_token_shard_magic << " for uint32 ids)");
+    const TokenIdWidth width = magic == token_shard_magic ? TokenIdWidth::u16 : TokenIdWidth::u32;
+    const int32_t expected_version = width == TokenIdWidth::u16 ? token_shard_version : wide_token_shard_version;
+    ENGINE_CHECK(version == expected_version, "token shard '" << path << "': unsupported version " << version
+                                                              << " for magic " << magic << " (expected "
+                                                              << expected_version << ")");
     ENGINE_CHECK(count >= 0, "token shard '" << path << "': negative token count " << count);
-    const int64_t expected = token_shard_header_bytes + 2 * static_cast<int64_t>(count);
-    ENGINE_CHECK(size == expected, "token shard '" << path << "': header says " << count << " tokens, so "
+    const int64_t id_bytes = token_id_bytes(width);
+    const int64_t expected = token_shard_header_bytes + id_bytes * static_cast<int64_t>(count);
+    ENGINE_CHECK(size == expected, "token shard '" << path << "': header says " << count << " tokens ("
+                                                   << (width == TokenIdWidth::u16 ? "uint16" : "uint32") << "), so "
                                                    << expected << " bytes, but the file has " << size << " bytes");
-    std::vector<unsigned char> payload(static_cast<size_t>(2 * static_cast<int64_t>(count)));
-    if (count > 0) io_detail::read_exactly(file, path, token_shard_header_bytes, payload.data(), 2 * int64_t{count}, "tokens");
+    std::vector<unsigned char> payload(static_cast<size_t>(id_bytes * static_cast<int64_t>(count)));
+    if (count > 0)
+        io_detail::read_exactly(file, path, token_shard_header_bytes, payload.data(), id_bytes * int64_t{count}, "tokens");
     std::vector<int32_t> tokens(static_cast<size_t>(count));
-    for (size_t index = 0; index < tokens.size(); ++index)
-        tokens[index] = static_cast<int32_t>(payload[2 * index] | payload[2 * index + 1] << 8);
+    for (size_t index = 0; index < tokens.size(); ++index) {
+        if (width == TokenIdWidth::u16) {
+            tokens[index] = static_cast<int32_t>(payload[2 * index] | payload[2 * index + 1] << 8);
+            continue;
+        }
+        const int32_t id = read_int32_le(&payload[4 * index]);
+        // An id is an int32 everywhere past the reader: one past INT32_MAX is a corrupt file, not a token.
+        ENGINE_CHECK(id >= 0, "token shard '" << path << "': uint32 token " << static_cast<uint32_t>(id) << " at token index "
+                                              << index << " (byte offset " << token_shard_header_bytes + 4 * int64_t(index)
+                                              << ") exceeds 2147483647");
+        tokens[index] = id;
+    }
     return tokens;
 }
 
-void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens) {
+void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens, TokenIdWidth width) {
     ENGINE_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
                  "write_token_shard '" << path << "': " << tokens.size() << " tokens do not fit the int32 count");
+    const bool narrow = width == TokenIdWidth::u16;
     for (size_t index = 0; index < tokens.size(); ++index)
-        ENGINE_CHECK(tokens[index] >= 0 && tokens[index] <= 0xFFFF, "write_token_shard '"
-                         << path << "': token " << tokens[index] << " at index " << index << " does not fit uint16");
+        ENGINE_CHECK(tokens[index] >= 0 && (!narrow || tokens[index] <= 0xFFFF),
+                     "write_token_shard '" << path << "': token " << tokens[index] << " at index " << index
+                                           << (narrow ? " does not fit uint16 (write uint32 ids for a vocabulary past 65536)"
+                                                      : " is negative"));
     std::string bytes;
-    bytes.reserve(static_cast<size_t>(token_shard_header_bytes) + 2 * tokens.size());
-    append_int32_le(bytes, token_shard_magic);
-    append_int32_le(bytes, token_shard_version);
+    bytes.reserve(static_cast<size_t>(token_shard_header_bytes) + static_cast<size_t>(token_id_bytes(width)) * tokens.size());
+    append_int32_le(bytes, narrow ? token_shard_magic : wide_token_shard_magic);
+    append_int32_le(bytes, narrow ? token_shard_version : wide_token_shard_version);
     append_int32_le(bytes, static_cast<int32_t>(tokens.size()));
     bytes.resize(static_cast<size_t>(token_shard_header_bytes), '\0');
     for (int32_t token : tokens) {
-        bytes.push_back(static_cast<char>(token & 0xFF));
-        bytes.push_back(static_cast<char>((token >> 8) & 0xFF));
+        if (narrow) {
+            bytes.push_back(static_cast<char>(token & 0xFF));
+            bytes.push_back(static_cast<char>((token >> 8) & 0xFF));
+        } else {
+            append_int32_le(bytes, token);
+        }
     }
     io::write_file_atomically(path, [&](const io::ByteSink& sink) { sink(bytes.data(), bytes.size()); });
 }
@@ -109,15 +147,9 @@ void validate_tokens(const std::vector<int32_t>& tokens, int vocab_size, const s
 }
 
 std::vector<int32_t> load_tokens(const std::string& path, int vocab_size) {
-    int64_t size = 0;
-    std::array<unsigned char, 4> start{};
-    {
-        std::ifstream file = io_detail::open_for_reading(path, &size);
-        if (size >= 4) io_detail::read_exactly(file, path, 0, start.data(), 4, "the first bytes");
-    }
-    if (size >= 4 && read_int32_le(start.data()) == token_shard_magic) {
+    if (const std::optional<TokenIdWidth> width = token_shard_width(path)) {
         std::vector<int32_t> tokens = read_token_shard(path);
-        validate_tokens(tokens, vocab_size, "token shard '" + path + "'", token_shard_header_bytes, 2);
+        validate_tokens(tokens, vocab_size, "token shard '" + path + "'", token_shard_header_bytes, token_id_bytes(*width));
         return tokens;
     }
     std::vector<int32_t> tokens = read_byte_tokens(path);

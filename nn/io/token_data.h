@@ -17,16 +17,26 @@ namespace engine::nn {
 // Every byte of the file is one token id in [0,256).
 std::vector<int32_t> read_byte_tokens(const std::string& path);
 
-// llm.c shard: int32[256] header {magic, version, token count, 0...}, then `count` uint16 tokens.
-inline constexpr int32_t token_shard_magic = 20240520;
+// llm.c shards: an int32[256] header {magic, version, token count, 0...}, then `count` ids. Two layouts, as llm.c's
+// data scripts write them (docs/FORMATS.md): GPT-2's, uint16 ids (magic 20240520, version 1), and Llama-3's, uint32
+// ids for vocabularies past 65536 (magic 20240801, version 7).
+enum class TokenIdWidth { u16, u32 };
+inline constexpr int32_t token_shard_magic = 20240520; // uint16 ids
 inline constexpr int32_t token_shard_version = 1;
+inline constexpr int32_t wide_token_shard_magic = 20240801; // uint32 ids
+inline constexpr int32_t wide_token_shard_version = 7;
 inline constexpr int64_t token_shard_header_bytes = 256 * 4;
-// Throws EngineError naming the file on a bad magic, a bad version or a size other than 1024 + 2·count.
+int64_t token_id_bytes(TokenIdWidth width); // 2 or 4
+// The width a shard's first four bytes announce (its magic), or nullopt when they are no shard magic.
+std::optional<TokenIdWidth> token_shard_width(const std::string& path);
+// Throws EngineError naming the file on a bad magic, a version that is not its magic's, a negative count, a size
+// other than 1024 + width·count, or a uint32 id past INT32_MAX.
 std::vector<int32_t> read_token_shard(const std::string& path);
-// Writes atomically (temporary file + rename). Every token must fit in uint16.
-void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens);
+// Writes atomically (temporary file + rename). Every token must fit the width (uint16: below 65536).
+void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens,
+                       TokenIdWidth width = TokenIdWidth::u16);
 
-// A shard when the file starts with the shard magic (then strictly validated), else byte-level tokens.
+// A shard when the file starts with either shard magic (then strictly validated), else byte-level tokens.
 // Validates every id against vocab_size, naming the file, the token index and its byte offset.
 std::vector<int32_t> load_tokens(const std::string& path, int vocab_size);
 

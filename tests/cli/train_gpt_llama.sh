@@ -62,6 +62,35 @@ check "--data-layout padded splits at the directory's eos_token_id" $? "$(grep d
   >"$work/sharded.out" 2>&1
 check "--init reads a sharded directory" $? "$(tail -3 "$work/sharded.out")"
 
+# 2b. A vocabulary past 65536 (Llama-3's is 128256): llm.c's uint32 shard (magic 20240801, version 7), ids drawn
+# across the whole vocabulary so that most are at or above 65536; the run trains and the loss falls on a repeated
+# stretch; an id past the vocabulary is refused naming --data, the file and the offset.
+"$python" - "$work/wide.bin" "$work/wide_bad.bin" <<'PY'
+import random, struct, sys
+random.seed(6)
+ids = [random.randrange(70000) for _ in range(64)] * 64
+assert sum(i >= 65536 for i in ids) > 0
+for path, stream in ((sys.argv[1], ids), (sys.argv[2], ids[:100] + [70000] + ids[100:200])):
+    with open(path, "wb") as file:
+        file.write(struct.pack("<256i", *([20240801, 7, len(stream)] + [0] * 253)))
+        file.write(struct.pack(f"<{len(stream)}I", *stream))
+PY
+"$train_gpt" --model llama-tiny --vocab-size 70000 --data "$work/wide.bin" --seq-len 64 --per-device-train-batch-size 2 \
+  --max-steps 12 --learning-rate 3e-3 --log "$work/wide.jsonl" >"$work/wide.out" 2>&1
+check "a vocabulary of 70000 trains from a uint32 shard" $? "$(tail -3 "$work/wide.out")"
+"$python" - "$work/wide.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(line) for line in open(sys.argv[1])]
+assert len(lines) == 12, f"{len(lines)} lines"
+print(f"vocabulary 70000 from uint32 ids: loss {lines[0]['loss']:.4f} -> {lines[-1]['loss']:.4f}")
+assert lines[-1]["loss"] < lines[0]["loss"] - 0.5, "the loss did not fall on the repeated stretch"
+PY
+check "its loss falls" $? "see above"
+"$train_gpt" --model llama-tiny --vocab-size 70000 --data "$work/wide_bad.bin" --seq-len 16 --max-steps 1 \
+  >"$work/wide_bad.out" 2>"$work/wide_bad.err"
+[ $? -eq 2 ] && grep -q -- "--data" "$work/wide_bad.err" && grep -q "token id 70000 at token index 100 (byte offset 1424)" "$work/wide_bad.err"
+check "an id past the vocabulary in a uint32 shard names --data and its offset" $? "$(cat "$work/wide_bad.err")"
+
 # 3. Save at step 3 and resume to 6 with checkpointing and offload: the straight run's losses bitwise.
 # (a constant schedule: a cosine one would end at each half's own --max-steps)
 common=(--model llama-tiny --lr-scheduler-type constant --gradient-checkpointing --every-n-layers 2 --offload)
