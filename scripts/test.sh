@@ -14,8 +14,8 @@ cmake --build "$build_dir" -j "$(nproc)"
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" --timeout 900 | tee "$build_dir/ctest.log"
 # The transformers round trips skip (exit 77) where their Python packages are missing; install_deps.sh
 # installs them, so a skip here is an oracle that never ran: a failure.
-if grep -E "(hf_roundtrip|hf_llama_roundtrip) .*Skipped" "$build_dir/ctest.log"; then
-  echo "test.sh: a transformers round trip was skipped; install_deps.sh should have installed its packages" >&2
+if grep -E "(hf_roundtrip|hf_llama_roundtrip|peft_roundtrip|prepare_data) .*Skipped" "$build_dir/ctest.log"; then
+  echo "test.sh: a transformers, PEFT or tokenizers round trip was skipped; install_deps.sh should have installed its packages" >&2
   exit 1
 fi
 # Then the stages after the main suite, each of which a quick local run can leave out:
