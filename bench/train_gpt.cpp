@@ -27,6 +27,7 @@
 #include "optim/trainer.h"
 #include "optim/training_state.h"
 #include "train_gpt_options.h"
+#include "train_gpt_outputs.h"
 #include "engine/cuda/runtime.h"
 
 namespace {
@@ -429,6 +430,7 @@ int run(const Options& flags) {
     // LoRA: the base weights first (--init holds no adapter), then the adapters, before any working copy or
     // placement, which then treat them as the layers' own parameters.
     const bool lora = options.lora || !options.init_adapter.empty();
+    std::ostringstream setup; // what the set-up reports, printed once the outputs are checked
     std::optional<nn::LoraConfig> lora_config = options.lora;
     if (lora) {
         load_init();
@@ -445,7 +447,7 @@ int run(const Options& flags) {
                                         error);
         }
         if (lead)
-            std::cout << "LoRA: r " << lora_config->r << ", alpha " << lora_config->lora_alpha << ", dropout "
+            setup << "LoRA: r " << lora_config->r << ", alpha " << lora_config->lora_alpha << ", dropout "
                       << lora_config->lora_dropout << ", " << nn::adapted_layers(model).size() << " layers adapted; "
                       << model.trainable_parameter_count() << " of " << model.parameter_count()
                       << " parameters train\n";
@@ -453,7 +455,7 @@ int run(const Options& flags) {
     if (options.load_in_4bit) {
         const std::vector<std::string> quantized = nn::quantize_nf4(model);
         if (lead)
-            std::cout << "NF4: " << quantized.size() << " linear layers in 4 bits (" << model.buffer_bytes()
+            setup << "NF4: " << quantized.size() << " linear layers in 4 bits (" << model.buffer_bytes()
                       << " B of codes and scales); " << model.parameter_count() << " parameters stay dense\n";
         if (!offload && options.resolved_device != Device::cpu) model.to(options.resolved_device);
     }
@@ -501,6 +503,22 @@ int run(const Options& flags) {
         model.refresh_working_copies();
     }
 
+    if (lead) {
+        // Every output proven writable, with room for what it will hold, before the first step: a run must not train
+        // and then fail to write its result (docs/RELIABILITY.md, "Outputs").
+        train_gpt::OutputSizes sizes;
+        const size_t parameters = model.parameter_count(), trainable = model.trainable_parameter_count();
+        const size_t save_element = dtype_size(options.save_dtype.value_or(DType::f32));
+        sizes.model = parameters * save_element;
+        sizes.adapter = trainable * sizeof(float);
+        sizes.merged = (parameters - trainable) * save_element;
+        for (const Tensor& parameter : model.parameters()) sizes.state += parameter.nbytes();
+        sizes.state += memory_stats(Device::cpu).current(MemoryCategory::optimizer_state);
+        if (options.resolved_device != Device::cpu)
+            sizes.state += memory_stats(options.resolved_device).current(MemoryCategory::optimizer_state);
+        train_gpt::check_outputs(options, sizes);
+        std::cout << setup.str();
+    }
     std::ofstream log;
     if (lead && !options.log.empty()) {
         // A resumed run continues its log rather than erasing the steps before the saved state.

@@ -96,6 +96,27 @@ expect --merge --merge "$work/lora_merged"
 # QLoRA: a 4-bit base trains nothing without adapters.
 expect --load-in-4bit --load-in-4bit
 expect --load-in-4bit --model llama-tiny --load-in-4bit --save-adapter "$work/qlora_adapter"
+# Outputs proven writable before the first step (docs/RELIABILITY.md, "Outputs"): a folder no file can be
+# created in, for each output flag; nothing trains, nothing is written.
+expect --save --save /proc/x.safetensors
+expect --save --save /proc/model_dir
+expect --out --out /proc/state --save-every 1
+expect --log --log /proc/log.jsonl
+expect --save-adapter --lora-r 4 --save-adapter /proc/adapter
+expect --merge --lora-r 4 --merge /proc/merged
+# ... and a file system without room for what they will hold: a 64 KiB tmpfs in a mount namespace of our own.
+total=$((total + 1))
+unshare -rm bash -c 'mkdir -p "$1/tiny" && mount -t tmpfs -o size=64k tmpfs "$1/tiny" &&
+  "$2" --out "$1/tiny/state" --save-every 1 --max-steps 3 --log "$1/tiny/log.jsonl" >"$1/stdout" 2>"$1/stderr";
+  echo $? >"$1/rc"; ls -A "$1/tiny" >"$1/left"' _ "$work" "$train_gpt"
+if [ "$(cat "$work/rc" 2>/dev/null)" = 2 ] && [ "$(wc -l <"$work/stderr")" -eq 1 ] &&
+   grep -q -- "--out: .* has 64.00 KiB free, but 3 training states (--out) need at least" "$work/stderr" &&
+   [ ! -s "$work/stdout" ] && [ ! -s "$work/left" ]; then
+  echo "ok: no room for --out -> $(cat "$work/stderr")"
+else
+  echo "FAIL: no room for --out -> exit $(cat "$work/rc" 2>/dev/null), left $(cat "$work/left" 2>/dev/null): $(cat "$work/stderr" 2>/dev/null)"
+  failures=$((failures + 1))
+fi
 # A data file whose token ids exceed the vocabulary is refused naming the file and the offset.
 "$train_gpt" --data "$work/high_byte.txt" --vocab-size 128 >"$work/stdout" 2>"$work/stderr"
 rc=$?

@@ -1,0 +1,123 @@
+// train_gpt's output checks before the first step (bench/train_gpt_outputs.h).
+#include "train_gpt_outputs.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "planner/planner.h"
+
+namespace train_gpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Where an output's files will be created: a file's folder, a directory itself; when that does not exist yet, the
+// nearest folder above it that does, in which the save creates the rest (--out makes every missing level).
+fs::path landing_directory(const std::string& path, bool is_directory) {
+    const fs::path target = fs::absolute(fs::path(path)).lexically_normal();
+    fs::path directory = is_directory ? target : target.parent_path();
+    if (!directory.has_filename()) directory = directory.parent_path(); // "out/" is the directory out
+    std::error_code error;
+    while (!fs::is_directory(directory, error) && directory.has_parent_path() && directory.parent_path() != directory)
+        directory = directory.parent_path();
+    return directory;
+}
+
+// A file created, written, synced and removed in `directory`: what the save will do there.
+void probe(const std::string& flag, const fs::path& directory) {
+    std::string name = (directory / ".train_gpt-probe-XXXXXX").string();
+    const int descriptor = mkstemp(name.data());
+    if (descriptor < 0)
+        throw UsageError(flag, "cannot create a file in '" + directory.string() + "' (" + std::strerror(errno) +
+                                   "): the output would fail after training");
+    const char byte = 0;
+    const bool written = ::write(descriptor, &byte, 1) == 1 && ::fsync(descriptor) == 0;
+    const int saved_errno = errno;
+    ::close(descriptor);
+    ::unlink(name.c_str());
+    if (!written)
+        throw UsageError(flag, "cannot write a file in '" + directory.string() + "' (" + std::strerror(saved_errno) +
+                                   "): the output would fail after training");
+}
+
+// How many state files (state-*.bin) a directory holds already.
+int existing_states(const std::string& directory) {
+    int count = 0;
+    std::error_code error;
+    if (!fs::is_directory(directory, error)) return 0;
+    for (const fs::directory_entry& entry : fs::directory_iterator(directory, error)) {
+        const std::string name = entry.path().filename().string();
+        count += name.starts_with("state-") && name.ends_with(".bin");
+    }
+    return count;
+}
+
+struct Need {
+    std::string flag;
+    fs::path directory;
+    size_t bytes = 0;
+    std::string what;
+};
+
+} // namespace
+
+void check_outputs(const Options& options, const OutputSizes& sizes) {
+    std::vector<Need> needs;
+    if (!options.save.empty())
+        needs.push_back({"--save", landing_directory(options.save, saves_directory(options.save)), sizes.model, "the weights"});
+    if (!options.save_adapter.empty())
+        needs.push_back({"--save-adapter", landing_directory(options.save_adapter, true), sizes.adapter, "the adapter"});
+    if (!options.merge.empty())
+        needs.push_back({"--merge", landing_directory(options.merge, true), sizes.merged, "the merged weights"});
+    if (!options.out.empty()) {
+        // The rotation (engine/io/state_directory.h) writes each new state before it removes the one before the
+        // previous: up to three states at once, of which the directory may hold some already.
+        const int64_t steps = options.trainer.max_steps;
+        const int64_t saves = options.save_every > 0 ? (steps + options.save_every - 1) / options.save_every : 1;
+        const int held = std::min(existing_states(options.out), 2);
+        const size_t states = static_cast<size_t>(std::min<int64_t>(saves, 3 - held));
+        needs.push_back({"--out", landing_directory(options.out, true), states * sizes.state,
+                         std::to_string(states) + " training state" + (states == 1 ? "" : "s")});
+    }
+    if (!options.log.empty()) needs.push_back({"--log", landing_directory(options.log, false), 0, "the log"});
+    // Every output writable where it will go; then each file system's room for all the outputs on it together.
+    std::map<dev_t, std::vector<const Need*>> by_device;
+    for (const Need& need : needs) {
+        probe(need.flag, need.directory);
+        struct stat status {};
+        if (::stat(need.directory.c_str(), &status) == 0) by_device[status.st_dev].push_back(&need);
+    }
+    for (const auto& [device, group] : by_device) {
+        struct statvfs space {};
+        if (::statvfs(group.front()->directory.c_str(), &space) != 0) continue; // no figure: the probe passed
+        const size_t free_bytes = static_cast<size_t>(space.f_bavail) * static_cast<size_t>(space.f_frsize);
+        size_t total = 0;
+        std::string listing;
+        int listed = 0;
+        for (const Need* need : group) listed += need->bytes > 0;
+        for (const Need* need : group) {
+            total += need->bytes;
+            if (need->bytes == 0) continue;
+            listing += (listing.empty() ? "" : " + ") + need->what + " (" + need->flag +
+                       (listed > 1 ? ", " + engine::planner::format_bytes(need->bytes) : std::string()) + ")";
+        }
+        if (total > free_bytes)
+            throw UsageError(group.front()->flag, "'" + group.front()->directory.string() + "' has " +
+                                                      engine::planner::format_bytes(free_bytes) + " free, but " + listing +
+                                                      " need at least " + engine::planner::format_bytes(total) +
+                                                      (listed > 1 ? " together" : "") +
+                                                      ": the output would fail after training");
+    }
+}
+
+} // namespace train_gpt

@@ -1,0 +1,27 @@
+// train_gpt's outputs (--save, --save-adapter, --merge, --out, --log) proven writable, and with room on their file
+// systems for what they will hold, before the first step (issue 30 item 2): a run must not train for hours and then
+// fail to write its result.
+#pragma once
+
+#include <cstddef>
+
+#include "train_gpt_options.h"
+
+namespace train_gpt {
+
+// What each output will hold, in bytes (0: the output is not asked for). The estimates are lower bounds: the
+// tensors' bytes without the files' headers.
+struct OutputSizes {
+    size_t model = 0;   // --save: the weights in the save dtype
+    size_t adapter = 0; // --save-adapter: the adapters in f32
+    size_t merged = 0;  // --merge: the merged weights in the save dtype
+    size_t state = 0;   // --out: one training state (weights and optimizer state)
+};
+
+// For every output asked for: a temporary file is created and removed where the output will go (its directory, or
+// the folder the save will create it in), and each file system must have room for the outputs on it together
+// (--out: as many states as the rotation will hold at once beyond those in the directory, at most three). Throws
+// UsageError naming the flag, the directory and the figures.
+void check_outputs(const Options& options, const OutputSizes& sizes);
+
+} // namespace train_gpt
