@@ -61,8 +61,11 @@ Options parse_options(const std::vector<std::string>& arguments) {
     Options options;
     const std::map<std::string, train_gpt::FlagSetter> valued = {
         {"--checkpoint", [&](auto& f, auto& v) {
-             train_gpt::require(nn::is_pretrained_directory(v) || std::filesystem::is_regular_file(v), f,
-                                "no such file, or directory with a config.json, '" + v + "'");
+             const std::string kind = train_gpt::path_kind(v);
+             train_gpt::require(nn::is_pretrained_directory(v) || kind == "a regular file", f,
+                                kind == "no such file" ? "no such file, or directory with a config.json, '" + v + "'"
+                                : kind == "a directory" ? "'" + v + "' is a directory without a config.json"
+                                                        : "'" + v + "' is " + kind + ", not a weights file or a model directory");
              options.checkpoint = v; }},
         {"--n-head", [&](auto& f, auto& v) { options.n_head = train_gpt::parse_int(f, v); train_gpt::require(options.n_head > 0, f, "must be positive"); }},
         {"--prompt", [&](auto&, auto& v) { options.prompt = v; }},

@@ -58,9 +58,28 @@ void require(bool condition, const std::string& flag, const std::string& reason)
     if (!condition) throw UsageError(flag, reason);
 }
 
+std::string path_kind(const std::string& path) {
+    namespace fs = std::filesystem;
+    std::error_code error;
+    const fs::file_status status = fs::status(path, error);
+    switch (status.type()) {
+    case fs::file_type::not_found: return "no such file";
+    case fs::file_type::regular: return "a regular file";
+    case fs::file_type::directory: return "a directory";
+    case fs::file_type::character: return "a character device";
+    case fs::file_type::block: return "a block device";
+    case fs::file_type::fifo: return "a named pipe";
+    case fs::file_type::socket: return "a socket";
+    default: return error ? "unreadable (" + error.message() + ")" : "not a regular file";
+    }
+}
+
 void require_file(const std::string& flag, const std::string& path) {
     std::error_code error;
-    require(std::filesystem::is_regular_file(path, error), flag, "no such file '" + path + "'");
+    if (std::filesystem::is_regular_file(path, error)) return;
+    const std::string kind = path_kind(path);
+    throw UsageError(flag, kind == "no such file" ? "no such file '" + path + "'"
+                                                  : "'" + path + "' is " + kind + ", not a regular file");
 }
 
 namespace {
@@ -366,8 +385,10 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--data", [&](auto& f, auto& v) { require_file(f, v); options.data = v; }},
         {"--init", [&](auto& f, auto& v) {
              std::error_code error;
-             require(std::filesystem::is_regular_file(v, error) || std::filesystem::is_directory(v, error), f,
-                     "no such file or directory '" + v + "'");
+             const std::string kind = path_kind(v);
+             require(kind == "a regular file" || kind == "a directory", f,
+                     kind == "no such file" ? "no such file or directory '" + v + "'"
+                                            : "'" + v + "' is " + kind + ", not a weights file or a model directory");
              options.init = v; }},
         {"--save", [&](auto& f, auto& v) {
              // Checked now, not after training: a path that cannot become what --save writes would lose the run.

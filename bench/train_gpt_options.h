@@ -41,6 +41,9 @@ int parse_int(const std::string& flag, const std::string& text);
 double parse_number(const std::string& flag, const std::string& text); // finite
 bool parse_bool(const std::string& flag, const std::string& text);
 void require(bool condition, const std::string& flag, const std::string& reason);
+// What `path` is, in words: "no such file", "a regular file", "a directory", "a character device", ...
+std::string path_kind(const std::string& path);
+// A regular file, or one UsageError naming the flag and what the path is instead (missing, a directory, a device).
 void require_file(const std::string& flag, const std::string& path);
 
 using FlagSetter = std::function<void(const std::string& flag, const std::string& value)>;

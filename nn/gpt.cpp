@@ -1,7 +1,10 @@
 // GPT-2 forward and its named configurations.
 #include "nn/gpt.h"
 
+#include <algorithm>
 #include <sstream>
+
+#include "nn/config_limits.h"
 
 namespace engine::nn {
 namespace {
@@ -47,6 +50,18 @@ std::optional<ConfigProblem> GPTConfig::problem() const {
         return ConfigProblem{"n_head", std::to_string(n_head) + " heads do not divide the width " + std::to_string(n_embd)};
     if (!(dropout >= 0.0f && dropout < 1.0f))
         return ConfigProblem{"dropout", "must be in [0,1), got " + std::to_string(dropout)};
+    // Sizes no machine could hold or the kernels could not index (nn/config_limits.h), refused before any plan.
+    const int64_t width = n_embd, layers = n_layer;
+    const int64_t padded = (int64_t{vocab_size} + vocab_padding_multiple - 1) / vocab_padding_multiple * vocab_padding_multiple;
+    const int64_t parameters = padded * width + int64_t{max_seq_len} * width +
+                               layers * (12 * width * width + 13 * width) + 2 * width;
+    for (const auto& found :
+         {over_limit("n_layer", layers, max_layers, "layers"), over_limit("n_embd", width, max_dimension, "channels"),
+          over_limit("max_seq_len", max_seq_len, max_dimension, "positions"),
+          over_limit("vocab_size", vocab_size, max_vocabulary, "tokens"),
+          matrix_over_limit("n_embd", std::max(padded, 4 * width), width, padded >= 4 * width ? "wte" : "the MLP's c_fc"),
+          parameters_over_limit("n_layer", parameters)})
+        if (found) return found;
     return std::nullopt;
 }
 

@@ -96,6 +96,16 @@ expect --merge --merge "$work/lora_merged"
 # QLoRA: a 4-bit base trains nothing without adapters.
 expect --load-in-4bit --load-in-4bit
 expect --load-in-4bit --model llama-tiny --load-in-4bit --save-adapter "$work/qlora_adapter"
+# Sizes no machine could hold or the kernels could not index (nn/config_limits.h): refused at once, naming the flag;
+# paths that exist but are not regular files named as what they are.
+expect --n-layer --n-layer 100000000 --plan
+expect --n-embd --n-embd 30000 --n-head 1 --plan
+expect --vocab-size --vocab-size 2147483647 --plan
+expect --intermediate-size --model llama-tiny --n-embd 4096 --intermediate-size 1000000 --plan
+expect --n-layer --n-layer 1024 --n-embd 16384 --n-head 64 --plan
+expect "--data: '/dev/null' is a character device" --data /dev/null
+expect "--data: '$work' is a directory" --data "$work"
+expect "--init: '/dev/null' is a character device" --init /dev/null
 # Outputs proven writable before the first step (docs/RELIABILITY.md, "Outputs"): a folder no file can be
 # created in, for each output flag; nothing trains, nothing is written.
 expect --save --save /proc/x.safetensors
