@@ -479,11 +479,6 @@ int run(const Options& flags) {
         // The model state's tier is part of the run: a state saved with the optimizer on the host resumes so.
         const nlohmann::json saved = nlohmann::json::parse(resumed.config_json, nullptr, false);
         const bool saved_offload = saved.is_object() && saved.value("offload_optimizer", false);
-        const bool saved_4bit = saved.is_object() && saved.value("load_in_4bit", false);
-        if (saved_4bit != options.load_in_4bit)
-            throw train_gpt::UsageError("--resume", resumed.path + " was saved " +
-                                                        (saved_4bit ? "with" : "without") +
-                                                        " --load-in-4bit; this run has it " + (options.load_in_4bit ? "on" : "off"));
         if (saved_offload != config.shape.offload_optimizer)
             throw train_gpt::UsageError("--resume", resumed.path + " was saved with --offload-optimizer " +
                                                         (saved_offload ? "cpu" : "none") + "; this run has " +
@@ -503,21 +498,35 @@ int run(const Options& flags) {
         model.refresh_working_copies();
     }
 
-    if (lead) {
+    {
         // Every output proven writable, with room for what it will hold, before the first step: a run must not train
-        // and then fail to write its result (docs/RELIABILITY.md, "Outputs").
-        train_gpt::OutputSizes sizes;
-        const size_t parameters = model.parameter_count(), trainable = model.trainable_parameter_count();
-        const size_t save_element = dtype_size(options.save_dtype.value_or(DType::f32));
-        sizes.model = parameters * save_element;
-        sizes.adapter = trainable * sizeof(float);
-        sizes.merged = (parameters - trainable) * save_element;
-        for (const Tensor& parameter : model.parameters()) sizes.state += parameter.nbytes();
-        sizes.state += memory_stats(Device::cpu).current(MemoryCategory::optimizer_state);
-        if (options.resolved_device != Device::cpu)
-            sizes.state += memory_stats(options.resolved_device).current(MemoryCategory::optimizer_state);
-        train_gpt::check_outputs(options, sizes);
-        std::cout << setup.str();
+        // and then fail to write its result (docs/RELIABILITY.md, "Outputs"). Rank 0 writes them and checks; every
+        // rank learns the answer, so none waits in a collective for a rank that stopped.
+        std::optional<train_gpt::UsageError> refused;
+        if (lead) {
+            train_gpt::OutputSizes sizes;
+            const size_t parameters = model.parameter_count(), trainable = model.trainable_parameter_count();
+            size_t quantized = 0; // NF4 layers' weights, dense again in a merge
+            for (const auto& [name, layer] : nn::nf4_layers(model)) quantized += static_cast<size_t>(layer->nf4_weight()->numel());
+            const size_t save_element = dtype_size(options.save_dtype.value_or(DType::f32));
+            sizes.model = parameters * save_element;
+            sizes.adapter = trainable * sizeof(float);
+            sizes.merged = (parameters - trainable + quantized) * save_element;
+            for (const Tensor& parameter : model.parameters()) sizes.state += parameter.nbytes();
+            sizes.state += model.buffer_bytes();
+            sizes.state += memory_stats(Device::cpu).current(MemoryCategory::optimizer_state);
+            if (options.resolved_device != Device::cpu)
+                sizes.state += memory_stats(options.resolved_device).current(MemoryCategory::optimizer_state);
+            try {
+                train_gpt::check_outputs(options, sizes);
+            } catch (const train_gpt::UsageError& error) {
+                refused = error;
+            }
+        }
+        const bool failed = world_size > 1 ? communicator->all_reduce_count(refused ? 1 : 0) > 0 : refused.has_value();
+        if (refused) throw *refused;
+        if (failed) throw train_gpt::UsageError("--out", "rank 0's outputs failed their check before the first step");
+        if (lead) std::cout << setup.str();
     }
     std::ofstream log;
     if (lead && !options.log.empty()) {

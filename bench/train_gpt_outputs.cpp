@@ -22,14 +22,20 @@ namespace {
 namespace fs = std::filesystem;
 
 // Where an output's files will be created: a file's folder, a directory itself; when that does not exist yet, the
-// nearest folder above it that does, in which the save creates the rest (--out makes every missing level).
-fs::path landing_directory(const std::string& path, bool is_directory) {
+// nearest folder above it that does, in which the save creates the rest (--out makes every missing level). A level
+// that exists but is no directory (a file where --out's folder would be) is refused: no save could go there.
+fs::path landing_directory(const std::string& flag, const std::string& path, bool is_directory) {
     const fs::path target = fs::absolute(fs::path(path)).lexically_normal();
     fs::path directory = is_directory ? target : target.parent_path();
     if (!directory.has_filename()) directory = directory.parent_path(); // "out/" is the directory out
     std::error_code error;
-    while (!fs::is_directory(directory, error) && directory.has_parent_path() && directory.parent_path() != directory)
+    while (!fs::is_directory(directory, error)) {
+        if (fs::exists(fs::symlink_status(directory, error)))
+            throw UsageError(flag, "'" + directory.string() + "' is " + path_kind(directory.string()) +
+                                       ", not a directory: the output could not be written there");
+        if (!directory.has_parent_path() || directory.parent_path() == directory) break;
         directory = directory.parent_path();
+    }
     return directory;
 }
 
@@ -74,11 +80,11 @@ struct Need {
 void check_outputs(const Options& options, const OutputSizes& sizes) {
     std::vector<Need> needs;
     if (!options.save.empty())
-        needs.push_back({"--save", landing_directory(options.save, saves_directory(options.save)), sizes.model, "the weights"});
+        needs.push_back({"--save", landing_directory("--save", options.save, saves_directory(options.save)), sizes.model, "the weights"});
     if (!options.save_adapter.empty())
-        needs.push_back({"--save-adapter", landing_directory(options.save_adapter, true), sizes.adapter, "the adapter"});
+        needs.push_back({"--save-adapter", landing_directory("--save-adapter", options.save_adapter, true), sizes.adapter, "the adapter"});
     if (!options.merge.empty())
-        needs.push_back({"--merge", landing_directory(options.merge, true), sizes.merged, "the merged weights"});
+        needs.push_back({"--merge", landing_directory("--merge", options.merge, true), sizes.merged, "the merged weights"});
     if (!options.out.empty()) {
         // The rotation (engine/io/state_directory.h) writes each new state before it removes the one before the
         // previous: up to three states at once, of which the directory may hold some already.
@@ -86,10 +92,10 @@ void check_outputs(const Options& options, const OutputSizes& sizes) {
         const int64_t saves = options.save_every > 0 ? (steps + options.save_every - 1) / options.save_every : 1;
         const int held = std::min(existing_states(options.out), 2);
         const size_t states = static_cast<size_t>(std::min<int64_t>(saves, 3 - held));
-        needs.push_back({"--out", landing_directory(options.out, true), states * sizes.state,
+        needs.push_back({"--out", landing_directory("--out", options.out, true), states * sizes.state,
                          std::to_string(states) + " training state" + (states == 1 ? "" : "s")});
     }
-    if (!options.log.empty()) needs.push_back({"--log", landing_directory(options.log, false), 0, "the log"});
+    if (!options.log.empty()) needs.push_back({"--log", landing_directory("--log", options.log, false), 0, "the log"});
     // Every output writable where it will go; then each file system's room for all the outputs on it together.
     std::map<dev_t, std::vector<const Need*>> by_device;
     for (const Need& need : needs) {

@@ -12,8 +12,10 @@ namespace engine::nn {
 
 // The deepest published transformers have under 200 layers; the planner's search and the step walk visit every one.
 inline constexpr int64_t max_layers = 1024;
-// Widths (hidden, intermediate, head count) and positions: a (T,C) row and its index fit 32 bits many times over.
+// Widths (hidden, intermediate): a (T,C) row and its index fit 32 bits many times over.
 inline constexpr int64_t max_dimension = int64_t(1) << 20;
+// Positions: long-context checkpoints reach 2^22 (4M); the RoPE tables at 2^23 are 4 GiB for a head of 128.
+inline constexpr int64_t max_positions = int64_t(1) << 23;
 inline constexpr int64_t max_vocabulary = int64_t(1) << 24;
 // One weight matrix: BLAS and cuBLAS take int dimensions, and the kernels index a matrix's elements in 32 bits.
 inline constexpr int64_t max_matrix_elements = (int64_t(1) << 31) - 1;

@@ -50,16 +50,20 @@ std::optional<ConfigProblem> GPTConfig::problem() const {
         return ConfigProblem{"n_head", std::to_string(n_head) + " heads do not divide the width " + std::to_string(n_embd)};
     if (!(dropout >= 0.0f && dropout < 1.0f))
         return ConfigProblem{"dropout", "must be in [0,1), got " + std::to_string(dropout)};
-    // Sizes no machine could hold or the kernels could not index (nn/config_limits.h), refused before any plan.
-    const int64_t width = n_embd, layers = n_layer;
-    const int64_t padded = (int64_t{vocab_size} + vocab_padding_multiple - 1) / vocab_padding_multiple * vocab_padding_multiple;
-    const int64_t parameters = padded * width + int64_t{max_seq_len} * width +
-                               layers * (12 * width * width + 13 * width) + 2 * width;
+    // Sizes no machine could hold or the kernels could not index (nn/config_limits.h), refused before any plan: each
+    // field first, so that the products below cannot overflow.
     for (const auto& found :
-         {over_limit("n_layer", layers, max_layers, "layers"), over_limit("n_embd", width, max_dimension, "channels"),
-          over_limit("max_seq_len", max_seq_len, max_dimension, "positions"),
-          over_limit("vocab_size", vocab_size, max_vocabulary, "tokens"),
-          matrix_over_limit("n_embd", std::max(padded, 4 * width), width, padded >= 4 * width ? "wte" : "the MLP's c_fc"),
+         {over_limit("n_layer", n_layer, max_layers, "layers"), over_limit("n_embd", n_embd, max_dimension, "channels"),
+          over_limit("max_seq_len", max_seq_len, max_positions, "positions"),
+          over_limit("vocab_size", vocab_size, max_vocabulary, "tokens")})
+        if (found) return found;
+    const int64_t width = n_embd, layers = n_layer, positions = max_seq_len;
+    const int64_t padded = (int64_t{vocab_size} + vocab_padding_multiple - 1) / vocab_padding_multiple * vocab_padding_multiple;
+    const int64_t parameters = padded * width + positions * width + layers * (12 * width * width + 13 * width) + 2 * width;
+    const int64_t rows = std::max({padded, 4 * width, positions});
+    for (const auto& found :
+         {matrix_over_limit(rows == padded ? "vocab_size" : rows == positions ? "max_seq_len" : "n_embd", rows, width,
+                            rows == padded ? "wte" : rows == positions ? "wpe" : "the MLP's c_fc"),
           parameters_over_limit("n_layer", parameters)})
         if (found) return found;
     return std::nullopt;

@@ -77,21 +77,27 @@ std::optional<ConfigProblem> LlamaConfig::problem() const {
     if (!(std::isfinite(rope_theta) && rope_theta > 0.0)) return ConfigProblem{"rope_theta", "must be finite and > 0"};
     if (!(std::isfinite(initializer_range) && initializer_range >= 0.0))
         return ConfigProblem{"initializer_range", "must be finite and >= 0"};
-    // Sizes no machine could hold or the kernels could not index (nn/config_limits.h), refused before any plan.
+    // Sizes no machine could hold or the kernels could not index (nn/config_limits.h), refused before any plan: each
+    // field first, so that the products below cannot overflow.
+    for (const auto& found :
+         {over_limit("num_hidden_layers", num_hidden_layers, max_layers, "layers"),
+          over_limit("hidden_size", hidden_size, max_dimension, "channels"),
+          over_limit("intermediate_size", intermediate_size, max_dimension, "channels"),
+          over_limit("max_position_embeddings", max_position_embeddings, max_positions, "positions"),
+          over_limit("vocab_size", vocab_size, max_vocabulary, "tokens")})
+        if (found) return found;
     const int64_t width = hidden_size, intermediate = intermediate_size, layers = num_hidden_layers;
+    const int64_t vocabulary = vocab_size;
     const int64_t key_value = int64_t{num_key_value_heads} * head_dim();
-    const int64_t parameters = (tie_word_embeddings ? 1 : 2) * int64_t{vocab_size} * width +
+    const int64_t parameters = (tie_word_embeddings ? 1 : 2) * vocabulary * width +
                                layers * (2 * width * width + 2 * key_value * width + 3 * intermediate * width + 2 * width) +
                                width;
+    // The largest matrix has `width` columns and the most rows: the embedding, an MLP projection or q_proj/o_proj.
+    const int64_t rows = std::max({vocabulary, intermediate, width});
     for (const auto& found :
-         {over_limit("num_hidden_layers", layers, max_layers, "layers"),
-          over_limit("hidden_size", width, max_dimension, "channels"),
-          over_limit("intermediate_size", intermediate, max_dimension, "channels"),
-          over_limit("max_position_embeddings", max_position_embeddings, max_dimension, "positions"),
-          over_limit("vocab_size", vocab_size, max_vocabulary, "tokens"),
-          matrix_over_limit(vocab_size >= intermediate ? "vocab_size" : "intermediate_size",
-                            std::max({int64_t{vocab_size}, intermediate, width}), width,
-                            vocab_size >= intermediate ? "embed_tokens" : "an MLP projection"),
+         {matrix_over_limit(rows == vocabulary ? "vocab_size" : rows == intermediate ? "intermediate_size" : "hidden_size",
+                            rows, width, rows == vocabulary ? "embed_tokens" : rows == intermediate ? "an MLP projection"
+                                                                                                     : "q_proj"),
           parameters_over_limit("num_hidden_layers", parameters)})
         if (found) return found;
     return std::nullopt;

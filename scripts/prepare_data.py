@@ -118,7 +118,9 @@ def documents_of(path, tokenizer):
     if path.suffix != ".jsonl":
         yield str(path), content
         return
-    for number, line in enumerate(content.splitlines(), start=1):
+    # Lines end at "\n" only: str.splitlines would also split at U+2028, U+2029 and U+0085, which JSON strings may hold.
+    for number, line in enumerate(content.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         where = f"{path}:{number}"
@@ -151,23 +153,33 @@ def progress(total):
         return Plain()
 
 
-def write_shard(path, ids, vocab_size):
-    """llm.c's shard: uint16 ids (magic 20240520, version 1) or uint32 ones (20240801, version 7), atomically."""
+def stage_shard(path, ids, vocab_size):
+    """llm.c's shard: uint16 ids (magic 20240520, version 1) or uint32 ones (20240801, version 7), written and synced
+    to a temporary file beside `path`, whose name it returns; commit() renames it into place."""
     wide = vocab_size > 65536
     header = struct.pack("<256i", *([20240801 if wide else 20240520, 7 if wide else 1, len(ids)] + [0] * 253))
     path = pathlib.Path(path)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.absolute().parent)
+    except OSError as error:
+        fail(f"{path}: cannot write there: {error.strerror}")
     try:
         with os.fdopen(descriptor, "wb") as file:
             file.write(header)
             file.write(struct.pack(f"<{len(ids)}{'I' if wide else 'H'}", *ids))
             file.flush()
             os.fsync(file.fileno())
+    except OSError as error:
+        os.unlink(temporary)
+        fail(f"{path}: cannot write it: {error.strerror}")
+    return temporary
+
+
+def commit(staged):
+    """Every staged shard renamed into place, once all of them were written: a failure before leaves every output
+    as it was."""
+    for temporary, path in staged:
         os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
 
 
 def main(arguments):
@@ -206,9 +218,18 @@ def main(arguments):
     bar.close()
     if not train_ids:
         fail("every document went to --validation: lower --validation-fraction")
-    write_shard(options.output, train_ids, tokenizer.vocab_size)
-    if options.validation:
-        write_shard(options.validation, validation_ids, tokenizer.vocab_size)
+    if options.validation and not validation_ids:
+        fail(f"no document went to --validation ({len(documents)} documents at a fraction of {fraction}): raise "
+             "--validation-fraction or give more documents")
+    staged = [(stage_shard(options.output, train_ids, tokenizer.vocab_size), options.output)]
+    try:
+        if options.validation:
+            staged.append((stage_shard(options.validation, validation_ids, tokenizer.vocab_size), options.validation))
+    except InputError:
+        for temporary, _ in staged:
+            os.unlink(temporary)
+        raise
+    commit(staged)
     width = "uint32" if tokenizer.vocab_size > 65536 else "uint16"
     held = sum(1 for index in range(len(documents)) if int((index + 1) * fraction) > int(index * fraction))
     print(f"prepare_data: {len(documents) - held} documents, {len(train_ids)} tokens ({width} ids, end of text "

@@ -3,7 +3,7 @@
 // The CUDA twins are declared in kernels/cuda/nf4_kernels.h. docs/FORMATS.md ("NF4 weights") describes the layout;
 // tests/test_nf4.cpp checks these bit for bit against bitsandbytes (tests/golden/make_nf4_golden.py).
 // Why this layout: a weight of n elements costs n/2 bytes of codes, one byte of scale per 64 of them and four
-// bytes per 16384 (0.508 bytes an element, 3.9x less than bf16); dequantising is one table lookup and two f32
+// bytes per 16384 (0.516 bytes an element, 3.9x less than bf16); dequantising is one table lookup and two f32
 // products an element, so a layer's weight is rebuilt on the fly, for its forward, recompute and backward.
 #pragma once
 

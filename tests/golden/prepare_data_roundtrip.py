@@ -83,11 +83,12 @@ model = work / "model"
 tokenizer, end_of_text = make_model(model, 320)
 (work / "a.txt").write_text(CORPUS[1] + "\n" + CORPUS[2], encoding="utf-8")
 chat = [{"role": "user", "content": "Hi — café?"}, {"role": "assistant", "content": "Oui, café."}]
+# The last line holds a raw U+2028 inside its string, as json.dumps(ensure_ascii=False) writes it: one line of JSON.
 lines = [json.dumps({"text": CORPUS[0]}), json.dumps({"text": CORPUS[3]}), "",
-         json.dumps({"messages": chat}), json.dumps({"text": "short"})]
-(work / "b.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+         json.dumps({"messages": chat}), json.dumps({"text": "short\u2028line"}, ensure_ascii=False)]
+(work / "b.jsonl").write_text("\r\n".join(lines) + "\n", encoding="utf-8")
 documents = [CORPUS[1] + "\n" + CORPUS[2], CORPUS[0], CORPUS[3], "<|user|>Hi — café?\n<|assistant|>Oui, café.\n",
-             "short"]
+             "short\u2028line"]
 code, out, err = run("--model", str(model), "--output", str(work / "train.bin"), "--validation",
                      str(work / "valid.bin"), "--validation-fraction", "0.25", str(work / "a.txt"), str(work / "b.jsonl"))
 print(out, err[-400:])
@@ -137,6 +138,11 @@ for arguments, expected in [
         (["--model", str(small), str(work / "a.txt")], "the tokenizer has 300 ids but config.json's vocab_size is 100"),
         (["--model", str(no_tokenizer), str(work / "a.txt")], "no tokenizer.json"),
         (["--model", str(model), "--validation-fraction", "0.5", str(work / "a.txt")], "go together"),
+        (["--model", str(model), "--validation", str(work / "v.bin"), "--validation-fraction", "0.25", str(work / "a.txt")],
+         "no document went to --validation (1 documents at a fraction of 0.25)"),
+        # The training shard is staged, then the validation one cannot be: neither lands, no temporary stays.
+        (["--model", str(model), "--validation", "/proc/valid.bin", "--validation-fraction", "0.25",
+          str(work / "a.txt"), str(work / "b.jsonl")], "/proc/valid.bin: cannot write there"),
         (["--model", str(model), "--bogus", str(work / "a.txt")], "unrecognized arguments: --bogus")]:
     code, out, err = run("--output", str(work / "kept.bin"), *arguments)
     check(code == 2 and len(err.strip().splitlines()) == 1 and expected in err and out == ""
