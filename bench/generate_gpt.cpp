@@ -1,8 +1,11 @@
-// generate_gpt: samples from a GPT-2 checkpoint that train_gpt --save wrote (a Hugging Face model directory, or
-// a safetensors file with Hugging Face names), with a key/value cache: the prompt runs once, then each new token
-// costs one position. A directory's config.json gives the model's shape; a bare file gives it from its tensors
-// (wte (V,C), wpe (max_T,C), the h.N blocks) except the head count, which safetensors does not store. With the byte vocabulary (V = 256, train_gpt's built-in corpus) the prompt and the output are text;
-// otherwise comma-separated token ids. Bad flags: one "generate_gpt: error: --flag: reason" line, exit 2.
+// generate_gpt: samples from a checkpoint train_gpt --save wrote or a Hugging Face model directory: GPT-2 with a
+// key/value cache (the prompt runs once, then each new token costs one position), a Llama-family directory without
+// one (each new token runs the sequence so far; the head only over the newest position). A directory's config.json
+// gives the model's shape; a bare GPT-2 safetensors file gives it from its tensors (wte (V,C), wpe (max_T,C), the
+// h.N blocks) except the head count, which safetensors does not store. A directory with a tokenizer.json encodes
+// the prompt and decodes the output with it (nn::Tokenizer, the ids tokenizers gives); else the byte vocabulary
+// (V = 256, train_gpt's built-in corpus) is text and any other is comma-separated ids. Bad flags: one
+// "generate_gpt: error: --flag: reason" line, exit 2.
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -19,6 +22,7 @@
 #include "nn/generation.h"
 #include "nn/io/pretrained.h"
 #include "nn/io/safetensors.h"
+#include "nn/io/tokenizer.h"
 #include "train_gpt_options.h"
 #include "engine/cuda/runtime.h"
 
@@ -36,17 +40,20 @@ struct Options {
     std::optional<int> max_new_tokens; // unset: 100, or fewer to fill the model's max length
     nn::SamplingOptions sampling{1.0, 0, 42};
     std::string device = "auto";
+    bool ids = false; // with a tokenizer: print ids, not text
     bool help = false;
 };
 
 std::string usage() {
     return R"(usage: generate_gpt --checkpoint DIR [flags]   or   generate_gpt --checkpoint FILE.safetensors --n-head N [flags]
 
-  --checkpoint DIR|FILE a GPT-2 model directory (train_gpt --save DIR, or transformers' own: config.json gives
-                        every size), or a safetensors file train_gpt --save wrote (sizes read from its tensors)
+  --checkpoint DIR|FILE a model directory, GPT-2 or Llama (train_gpt --save DIR, or transformers' own: config.json
+                        gives every size; its tokenizer.json, if any, turns text into ids and back), or a GPT-2
+                        safetensors file train_gpt --save wrote (sizes read from its tensors)
   --n-head N            with a FILE only: attention heads (safetensors does not store them; tiny and small: 4)
-  --prompt TEXT         text for the byte vocabulary (V = 256), else comma-separated token ids
-                        (default: a newline, or token 50256 / 0)
+  --prompt TEXT         text, with the directory's tokenizer or the byte vocabulary (V = 256); else comma-separated
+                        token ids (default: a newline, or token 50256 / 0)
+  --ids                 with a tokenizer: print the ids, comma-separated, instead of the text
   --max-new-tokens N    tokens to sample; prompt + N must fit the model's max length (default 100, or fewer
                         to fill that length)
   --temperature X       0: greedy argmax; else softmax(logits / X) (default 1)
@@ -75,7 +82,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--seed", [&](auto& f, auto& v) { const int64_t seed = train_gpt::parse_integer(f, v); train_gpt::require(seed >= 0, f, "must be >= 0"); options.sampling.seed = static_cast<uint64_t>(seed); }},
         {"--device", [&](auto& f, auto& v) { train_gpt::require(v == "auto" || v == "cpu" || v == "cuda", f, "'" + v + "' is not auto, cpu or cuda"); options.device = v; }},
     };
-    train_gpt::apply_flags(arguments, valued, {{"--help", &options.help}});
+    train_gpt::apply_flags(arguments, valued, {{"--help", &options.help}, {"--ids", &options.ids}});
     if (options.help) return options;
     train_gpt::require(!options.checkpoint.empty(), "--checkpoint", "is required (a directory or file train_gpt --save wrote)");
     // A model directory's config.json has the head count; a bare safetensors file does not.
@@ -151,50 +158,71 @@ Device resolve_device(const std::string& device) {
     return device != "cpu" && available ? Device::cuda : Device::cpu;
 }
 
-// A train_gpt --save directory (or transformers' own GPT-2 directory): its config.json is the model.
-nn::GPTConfig directory_config(const std::string& directory) {
-    nn::ModelConfig config;
+// A train_gpt --save directory or a Hugging Face one: its config.json is the model.
+nn::ModelConfig directory_config(const std::string& directory) {
     try {
-        config = nn::read_pretrained_config(directory);
+        return nn::read_pretrained_config(directory);
     } catch (const EngineError& error) {
         throw train_gpt::flag_error("--checkpoint", error);
     }
-    train_gpt::require(config.is_gpt(), "--checkpoint",
-                       "'" + directory + "' holds a " + config.architecture() + " model; generate_gpt samples GPT-2 only");
-    return config.gpt();
 }
 
 int run(const Options& options) {
     const bool directory = nn::is_pretrained_directory(options.checkpoint);
-    const nn::GPTConfig config = directory ? directory_config(options.checkpoint) : infer_config(options.checkpoint, options.n_head);
-    const std::vector<int32_t> prompt = parse_prompt(options.prompt, config.vocab_size);
-    const int room = config.max_seq_len - static_cast<int>(prompt.size()); // positions left after the prompt
+    const nn::ModelConfig config = directory ? directory_config(options.checkpoint)
+                                             : nn::ModelConfig(infer_config(options.checkpoint, options.n_head));
+    const int vocabulary = config.vocab_size(), max_length = config.max_seq_len();
+    std::optional<nn::Tokenizer> tokenizer;
+    if (directory && std::filesystem::is_regular_file(std::filesystem::path(options.checkpoint) / "tokenizer.json")) {
+        try {
+            tokenizer = nn::Tokenizer::from_directory(options.checkpoint);
+        } catch (const EngineError& error) {
+            throw train_gpt::flag_error("--checkpoint", error);
+        }
+        train_gpt::require(tokenizer->vocab_size() <= vocabulary, "--checkpoint",
+                           "its tokenizer.json has " + std::to_string(tokenizer->vocab_size()) +
+                               " ids but the model's vocabulary is " + std::to_string(vocabulary));
+    }
+    train_gpt::require(tokenizer || !options.ids, "--ids", "needs a directory with a tokenizer.json");
+    std::vector<int32_t> prompt;
+    if (tokenizer) {
+        try {
+            prompt = tokenizer->encode(options.prompt.value_or("\n"));
+        } catch (const EngineError& error) {
+            throw train_gpt::flag_error("--prompt", error);
+        }
+        train_gpt::require(!prompt.empty(), "--prompt", "is empty; it needs at least one token");
+    } else {
+        prompt = parse_prompt(options.prompt, vocabulary);
+    }
+    const int room = max_length - static_cast<int>(prompt.size()); // positions left after the prompt
     train_gpt::require(room > 0 || options.prompt.has_value(), "--checkpoint", "the model has a single position");
     train_gpt::require(room > 0, "--prompt",
                        std::to_string(prompt.size()) + " tokens leave no room in the model's max length " +
-                           std::to_string(config.max_seq_len));
+                           std::to_string(max_length));
     const int max_new_tokens = options.max_new_tokens.value_or(std::min(100, room));
     train_gpt::require(max_new_tokens <= room, "--max-new-tokens",
                        std::to_string(max_new_tokens) + " after a prompt of " + std::to_string(prompt.size()) +
-                           " tokens exceeds the model's max length " + std::to_string(config.max_seq_len));
-    train_gpt::require(options.sampling.top_k <= config.vocab_size, "--top-k",
-                       std::to_string(options.sampling.top_k) + " exceeds the vocabulary " +
-                           std::to_string(config.vocab_size));
+                           " tokens exceeds the model's max length " + std::to_string(max_length));
+    train_gpt::require(options.sampling.top_k <= vocabulary, "--top-k",
+                       std::to_string(options.sampling.top_k) + " exceeds the vocabulary " + std::to_string(vocabulary));
     const Device device = resolve_device(options.device);
 
-    nn::GPT model(config, 0, device, DType::f32);
+    const std::unique_ptr<nn::CausalLM> model = config.build(0, device, DType::f32);
     try {
-        if (directory) nn::load_pretrained_into(model, options.checkpoint);
-        else nn::load_safetensors_into(model, options.checkpoint);
+        if (directory) nn::load_pretrained_into(*model, options.checkpoint);
+        else nn::load_safetensors_into(*model, options.checkpoint);
     } catch (const EngineError& error) {
         throw train_gpt::flag_error("--checkpoint", error);
     }
-    model.train(false);
+    model->train(false);
     const auto start = std::chrono::steady_clock::now();
-    const std::vector<int32_t> sequence = nn::generate(model, prompt, max_new_tokens, options.sampling);
+    const std::vector<int32_t> sequence = nn::generate(*model, prompt, max_new_tokens, options.sampling);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-    if (config.vocab_size == byte_vocabulary) {
+    if (tokenizer && !options.ids) {
+        std::cout << tokenizer->decode(sequence) << "\n";
+    } else if (!tokenizer && vocabulary == byte_vocabulary) {
         const std::string text(sequence.begin(), sequence.end());
         std::cout << text << "\n";
     } else {

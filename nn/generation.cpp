@@ -7,6 +7,7 @@
 
 #include "engine/autograd.h"
 #include "engine/ops/decode.h"
+#include "engine/ops/layout.h"
 
 namespace engine::nn {
 
@@ -91,19 +92,49 @@ int sample_token(const std::vector<double>& logits, const SamplingOptions& optio
     return candidates[static_cast<size_t>(std::min<std::ptrdiff_t>(chosen - cumulative.begin(), count - 1))];
 }
 
-std::vector<int32_t> generate(const GPT& model, const std::vector<int32_t>& prompt, int max_new_tokens,
-                              const SamplingOptions& options) {
-    const GPTConfig& config = model.config();
+namespace {
+
+// The checks every generate makes before anything runs, each naming what is wrong.
+void check_request(const CausalLM& model, const std::vector<int32_t>& prompt, int max_new_tokens,
+                   const SamplingOptions& options) {
     ENGINE_CHECK(!prompt.empty(), "generate: the prompt is empty; it needs at least one token");
     for (size_t index = 0; index < prompt.size(); ++index)
-        ENGINE_CHECK(prompt[index] >= 0 && prompt[index] < config.vocab_size,
+        ENGINE_CHECK(prompt[index] >= 0 && prompt[index] < model.vocab_size(),
                      "generate: prompt token " << prompt[index] << " at index " << index
-                                               << " is outside the vocabulary [0," << config.vocab_size << ")");
+                                               << " is outside the vocabulary [0," << model.vocab_size() << ")");
     ENGINE_CHECK(max_new_tokens >= 0, "generate: max_new_tokens " << max_new_tokens << " must be >= 0");
-    ENGINE_CHECK(static_cast<int64_t>(prompt.size()) + max_new_tokens <= config.max_seq_len,
+    ENGINE_CHECK(static_cast<int64_t>(prompt.size()) + max_new_tokens <= model.max_seq_len(),
                  "generate: the prompt's " << prompt.size() << " tokens plus max_new_tokens " << max_new_tokens
-                                           << " exceed the model's max_seq_len " << config.max_seq_len);
-    validate(options, config.vocab_size);
+                                           << " exceed the model's max_seq_len " << model.max_seq_len());
+    validate(options, model.vocab_size());
+}
+
+} // namespace
+
+std::vector<int32_t> generate(const CausalLM& model, const std::vector<int32_t>& prompt, int max_new_tokens,
+                              const SamplingOptions& options) {
+    if (const auto* gpt = dynamic_cast<const GPT*>(&model)) return generate(*gpt, prompt, max_new_tokens, options);
+    check_request(model, prompt, max_new_tokens, options);
+    NoGradGuard no_grad;
+    std::vector<int32_t> sequence = prompt;
+    std::mt19937_64 generator(options.seed);
+    const Tensor head = model.head_weight(); // (Vp,C)
+    for (int produced = 0; produced < max_new_tokens; ++produced) {
+        const int64_t length = static_cast<int64_t>(sequence.size());
+        const Device device = head.device();
+        const Tensor hidden = model.forward_hidden(Tensor::from_vector<int32_t>(sequence, {1, length}, device)); // (1,T,C)
+        const Tensor newest = slice(hidden, 1, length - 1, length);                                         // (1,1,C)
+        const Tensor logits = matmul(newest, head, /*transpose_b=*/true);                                     // (1,1,Vp)
+        std::vector<double> row = cast(logits.to(Device::cpu), DType::f64).to_vector<double>();
+        row.resize(static_cast<size_t>(model.vocab_size())); // the padding columns are no tokens
+        sequence.push_back(sample_token(row, options, generator));
+    }
+    return sequence;
+}
+
+std::vector<int32_t> generate(const GPT& model, const std::vector<int32_t>& prompt, int max_new_tokens,
+                              const SamplingOptions& options) {
+    check_request(model, prompt, max_new_tokens, options);
 
     std::vector<int32_t> sequence = prompt;
     if (max_new_tokens == 0) return sequence;

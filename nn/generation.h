@@ -55,5 +55,10 @@ int sample_token(const std::vector<double>& logits, const SamplingOptions& optio
 // anything runs.
 std::vector<int32_t> generate(const GPT& model, const std::vector<int32_t>& prompt, int max_new_tokens,
                               const SamplingOptions& options);
+// The same for any causal LM: a GPT through its key/value cache (above); another (Llama) without one, each new token
+// running forward_hidden over the whole sequence so far and the head over its newest position only (the (1,T,V)
+// logits are never made). Quadratic in the length: for the short samples of a fine-tuned model's check.
+std::vector<int32_t> generate(const CausalLM& model, const std::vector<int32_t>& prompt, int max_new_tokens,
+                              const SamplingOptions& options);
 
 } // namespace engine::nn

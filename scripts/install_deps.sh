@@ -3,7 +3,7 @@
 # oracles its tests compare with (Debian's torch 1.13, and jinja2 for chat templates; pip's transformers 4.36.2,
 # tokenizers, peft 0.7.1): idempotent and quiet. Needs root (apt-get) on Debian.
 set -euo pipefail
-packages=(cmake ninja-build g++ libopenblas-dev libhwy-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
+packages=(cmake ninja-build g++ pkg-config libpcre2-dev libopenblas-dev libhwy-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
           libboost-context-dev libopenmpi-dev openmpi-bin python3-matplotlib
           python3-torch python3-pip python3-psutil python3-yaml python3-jinja2)
 missing=()

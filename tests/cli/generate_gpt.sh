@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # ctest generate_gpt: sampling from a checkpoint train_gpt --save wrote. It exits 0 and prints the prompt and
 # its continuation; a seed gives the same text twice; greedy and --top-k 1 agree; bad flags give one stderr
-# line naming the flag, exit 2 and nothing on stdout. usage: generate_gpt.sh TRAIN_GPT GENERATE_GPT WORK_DIR
+# line naming the flag, exit 2 and nothing on stdout; a Llama directory with a tokenizer.json samples text.
+# usage: generate_gpt.sh TRAIN_GPT GENERATE_GPT WORK_DIR DATA_DIR
 set -u
 train_gpt=$1
 generate_gpt=$2
 work=$3
+data=$4
 rm -rf "$work" && mkdir -p "$work"
 failures=0
 total=0
@@ -93,8 +95,32 @@ check "generate_gpt --checkpoint DIR exits 0" $? "$(cat "$work/dir.err")"
 cmp -s "$work/a.out" "$work/dir.out"
 check "the directory samples what the file does" $? "$(cat "$work/a.out") vs $(cat "$work/dir.out")"
 expect --n-head --checkpoint "$work/tiny_dir" --n-head 4
-"$train_gpt" --model llama-tiny --max-steps 1 --save "$work/llama_dir" >/dev/null 2>&1
-expect --checkpoint --checkpoint "$work/llama_dir"
+
+# A Llama directory with a tokenizer.json (a byte-level BPE of 555 ids, tests/data/tokenizers): the prompt is text,
+# encoded as tokenizers encodes it (its ids are the golden file's), and the output decoded; a seed reproduces it.
+"$train_gpt" --model llama-tiny --vocab-size 600 --max-steps 2 --save "$work/llama_dir" >/dev/null 2>&1
+check "train_gpt --save a Llama DIR" $? ""
+cp "$data/tokenizers/llama3_style/tokenizer.json" "$work/llama_dir/"
+"$generate_gpt" --checkpoint "$work/llama_dir" --prompt "Hello world" --max-new-tokens 8 --seed 3 >"$work/llama.out" 2>"$work/llama.err"
+check "generate_gpt samples a Llama directory" $? "$(cat "$work/llama.err")"
+head -c 11 "$work/llama.out" | grep -q "^Hello world"
+check "its text starts with the prompt" $? "$(cat "$work/llama.out")"
+"$generate_gpt" --checkpoint "$work/llama_dir" --prompt "Hello world" --max-new-tokens 8 --seed 3 >"$work/llama2.out" 2>/dev/null
+cmp -s "$work/llama.out" "$work/llama2.out"
+check "the same seed gives the same Llama text" $? "$(cat "$work/llama.out") vs $(cat "$work/llama2.out")"
+"$generate_gpt" --checkpoint "$work/llama_dir" --prompt "Hello world" --max-new-tokens 8 --seed 3 --ids >"$work/ids.out" 2>/dev/null
+/usr/bin/python3 - "$data/tokenizers/cases.json" "$work/ids.out" <<'PY'
+import json, sys
+expected = dict((text, ids) for text, ids in json.load(open(sys.argv[1], encoding="utf-8"))["llama3_style"])["Hello world"]
+printed = [int(i) for i in open(sys.argv[2]).read().strip().split(",")]
+assert printed[:len(expected)] == expected and len(printed) == len(expected) + 8, (printed, expected)
+PY
+check "--ids: the prompt's ids are tokenizers' own, then 8 more" $? "$(cat "$work/ids.out")"
+expect --prompt --checkpoint "$work/llama_dir" --prompt "$(printf 'caf\xe9')"
+expect --ids --checkpoint "$work/tiny_dir" --ids
+cp "$data/tokenizers/llama3_style/tokenizer.json" "$work/tiny_dir/"
+printf '{ not json' >"$work/tiny_dir/tokenizer.json"
+expect --checkpoint --checkpoint "$work/tiny_dir"
 
 echo "$((total - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]
