@@ -186,6 +186,12 @@ int run(const Options& options) {
     train_gpt::require(tokenizer || !options.ids, "--ids", "needs a directory with a tokenizer.json");
     std::vector<int32_t> prompt;
     if (tokenizer) {
+        // A text longer than the model's length times the longest token makes too many ids anyway: refused before
+        // the encoding spends time on it.
+        const size_t limit = static_cast<size_t>(max_length) * tokenizer->longest_token_bytes();
+        train_gpt::require(options.prompt.value_or("").size() <= limit, "--prompt",
+                           std::to_string(options.prompt->size()) + " bytes make more tokens than the model's max length " +
+                               std::to_string(max_length));
         try {
             prompt = tokenizer->encode(options.prompt.value_or("\n"));
         } catch (const EngineError& error) {

@@ -39,7 +39,7 @@ TEST(Tokenizer, IdsAreTokenizersOwnAndDecodeBackToTheText) {
             ++checked;
             total_ids += ids.size();
         }
-        EXPECT_EQ(checked, 23u) << name;
+        EXPECT_EQ(checked, 24u) << name;
         EXPECT_EQ(tokenizer.token_id("<|end|>"), 0) << name;
         // Added special tokens can be left out of the text.
         EXPECT_EQ(tokenizer.decode(tokenizer.encode("a<|end|>b"), true), "ab") << name;

@@ -259,16 +259,30 @@ void Tokenizer::State::bpe(const std::string& piece, std::vector<int32_t>& ids) 
             return;
         }
     }
+    // Each round finds the lowest-ranked pair and merges every occurrence of it, left to right without overlap: the
+    // order tokenizers' per-position queue gives (a merge makes pairs of other ranks only, since ranks are unique),
+    // in as many rounds as distinct merges apply rather than one per merge, so a long piece (a run of one
+    // character) costs rounds of O(length), not O(length²).
     while (symbols.size() > 1) {
         int best_rank = std::numeric_limits<int>::max();
-        size_t best = 0;
+        std::string best_left, best_right;
         for (size_t index = 0; index + 1 < symbols.size(); ++index) {
             const auto found = merge_ranks.find(symbols[index] + " " + symbols[index + 1]);
-            if (found != merge_ranks.end() && found->second < best_rank) best_rank = found->second, best = index;
+            if (found != merge_ranks.end() && found->second < best_rank)
+                best_rank = found->second, best_left = symbols[index], best_right = symbols[index + 1];
         }
         if (best_rank == std::numeric_limits<int>::max()) break;
-        symbols[best] += symbols[best + 1];
-        symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+        std::vector<std::string> merged;
+        merged.reserve(symbols.size());
+        for (size_t index = 0; index < symbols.size(); ++index) {
+            if (index + 1 < symbols.size() && symbols[index] == best_left && symbols[index + 1] == best_right) {
+                merged.push_back(symbols[index] + symbols[index + 1]);
+                ++index;
+            } else {
+                merged.push_back(std::move(symbols[index]));
+            }
+        }
+        symbols = std::move(merged);
     }
     for (const std::string& symbol : symbols) {
         const auto found = vocabulary.find(symbol);
@@ -336,6 +350,26 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
 }
 
 int Tokenizer::vocab_size() const { return static_cast<int>(state_->tokens.size()); }
+
+size_t Tokenizer::longest_token_bytes() const {
+    size_t longest = 1;
+    for (size_t id = 0; id < state_->tokens.size(); ++id) {
+        if (state_->tokens[id].empty()) continue;
+        // A byte-level token's characters stand for one byte each; an added token for its own bytes.
+        const bool added = std::any_of(state_->added.begin(), state_->added.end(),
+                                       [&](const auto& entry) { return entry.second == static_cast<int32_t>(id); });
+        size_t bytes = 0;
+        if (added) bytes = state_->tokens[id].size();
+        else
+            for (size_t at = 0; at < state_->tokens[id].size();) {
+                uint32_t point = 0;
+                at += std::max<size_t>(utf8_length(state_->tokens[id], at, &point), 1);
+                ++bytes;
+            }
+        longest = std::max(longest, bytes);
+    }
+    return longest;
+}
 
 int Tokenizer::token_id(const std::string& content) const {
     for (const auto& [token, id] : state_->added)

@@ -36,6 +36,8 @@ public:
     int vocab_size() const;
     // An added token's id, or -1.
     int token_id(const std::string& content) const;
+    // The most bytes one id stands for: a text longer than n times this makes more than n ids.
+    size_t longest_token_bytes() const;
 
 private:
     struct State;

@@ -42,6 +42,7 @@ CASES = [
     " ",
     "\n\n",
     "x" * 200,
+    " " * 20000 + "end",  # one long piece of merged spaces: the merge rounds must not be quadratic in its length
 ]
 
 
