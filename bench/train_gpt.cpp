@@ -15,8 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "planner/memory_model.h"
-#include "planner/planner.h"
 #include "engine/distributed/communicator.h"
 #include "engine/profiling.h"
 #include "nn/io/peft.h"
@@ -28,6 +26,7 @@
 #include "optim/training_state.h"
 #include "train_gpt_options.h"
 #include "train_gpt_outputs.h"
+#include "train_gpt_plan.h"
 #include "engine/cuda/runtime.h"
 
 namespace {
@@ -279,118 +278,13 @@ std::string run_config_json(const Options& options) {
         .dump();
 }
 
-// --max-host-memory, or the host's available memory minus 10%.
-size_t host_budget(const Options& options) {
-    if (options.max_host_memory) return *options.max_host_memory;
-    try {
-        return planner::automatic_budget(Device::cpu).budget();
-    } catch (const EngineError& error) {
-        throw train_gpt::flag_error("--max-host-memory", error);
-    }
-}
-
-// --offload-optimizer cpu without the planner: the model state must fit the host before anything is built.
-void check_host_budget(const Options& options) {
-    const StepShape& shape = options.trainer.shape;
-    if (!shape.offload_optimizer) return;
-    const distributed::LaunchEnvironment launch = distributed::launch_environment();
-    const planner::MemoryPrediction predicted = planner::predict_memory(
-        options.model, shape.per_device_train_batch_size, options.seq_len, shape.checkpointing,
-        precision_dtype(shape.precision), options.trainer.optimizer, shape.zero_stage == 1 ? launch.world_size : 1,
-        shape.gradient_accumulation_steps, true, shape.offload_gradients, shape.offload_parameters,
-        shape.loss_chunk_tokens, shape.mlp_tile_tokens);
-    const size_t budget = host_budget(options);
-    if (predicted.host_peak_bytes > budget)
-        throw train_gpt::UsageError(
-            "--max-host-memory", "the offloaded model state needs " + planner::format_bytes(predicted.host_peak_bytes) +
-                                     " (" + std::to_string(predicted.host_peak_bytes) + " B) of host memory; the budget is " +
-                                     planner::format_bytes(budget) + " (" + std::to_string(budget) + " B)");
-}
-
-// --max-memory: the planner's choice written into the trainer's flags, before anything is allocated. Prints
-// the chosen plan and the alternatives (rank 0); no plan fits: a UsageError naming the smallest peak.
-Options apply_memory_plan(const Options& options) {
-    Options planned = options;
-    optim::TrainerConfig& config = planned.trainer;
-    const distributed::LaunchEnvironment launch = distributed::launch_environment();
-    const int ranks = choose_backend(options) == distributed::Backend::none ? 1 : launch.world_size;
-    planner::PlannerOptions search;
-    search.device = options.resolved_device;
-    search.seq_len = options.seq_len;
-    search.optimizer = config.optimizer;
-    search.precisions = options.precision_auto ? std::vector<Precision>{Precision::fp32, Precision::bf16}
-                                               : std::vector<Precision>{config.shape.precision};
-    search.ranks = ranks;
-    search.host_budget = options.resolved_device == Device::cpu ? SIZE_MAX : host_budget(options);
-    search.loss_chunk_tokens = options.loss_chunk_tokens;
-    search.mlp_tile_tokens = options.mlp_tile_tokens;
-    const int global_batch =
-        options.global_batch_size > 0
-            ? options.global_batch_size
-            : config.shape.per_device_train_batch_size * config.shape.gradient_accumulation_steps * ranks;
-    if (global_batch % ranks != 0)
-        throw train_gpt::UsageError("--global-batch-size", std::to_string(global_batch) + " does not split over " +
-                                                               std::to_string(ranks) + " ranks");
-    size_t budget = options.max_memory.value_or(0);
-    std::string budget_source = "--max-memory";
-    if (options.max_memory_auto) {
-        planner::AutoBudget automatic;
-        try {
-            automatic = planner::automatic_budget(options.resolved_device);
-        } catch (const EngineError& error) {
-            throw train_gpt::flag_error("--max-memory", error);
-        }
-        budget = automatic.budget();
-        budget_source = "--max-memory auto: " + planner::format_bytes(automatic.free_bytes) + " free minus a 10% margin of " +
-                        planner::format_bytes(automatic.margin_bytes);
-    }
-    const planner::PlanSearch result = planner::search_plans(options.model, budget, global_batch, search);
-    if (!result.chosen) throw train_gpt::UsageError("--max-memory", result.no_fit_message());
-    config.shape = result.plans[*result.chosen].shape;
-    if (launch.rank == 0)
-        std::cout << "budget " << planner::format_bytes(budget) << " (" << budget_source << ")"
-                  << (options.resolved_device == Device::cpu ? ""
-                                                             : ", host budget " + planner::format_bytes(search.host_budget))
-                  << "\n"
-                  << planner::plan_table(result, options.model);
-    return planned;
-}
-
 int run(const Options& flags) {
-    const Options options = flags.max_memory || flags.max_memory_auto ? apply_memory_plan(flags) : flags;
+    const int planned_ranks = choose_backend(flags) == distributed::Backend::none ? 1 : distributed::launch_environment().world_size;
+    const Options options =
+        flags.max_memory || flags.max_memory_auto ? train_gpt::apply_memory_plan(flags, planned_ranks) : flags;
     const optim::TrainerConfig& config = options.trainer;
-    if (!options.plan) check_host_budget(options);
-    if (options.plan) {
-        // Per rank: ZeRO-1 over the launcher's ranks (mpirun -np N train_gpt --plan --zero-stage 1), printed once.
-        const distributed::LaunchEnvironment launch = distributed::launch_environment();
-        const StepShape& shape = config.shape;
-        const int shards = shape.zero_stage == 1 ? launch.world_size : 1;
-        if (options.lora || !options.init_adapter.empty()) {
-            planner::FineTuning tuning;
-            tuning.nf4 = options.load_in_4bit;
-            try {
-                tuning.lora = options.lora ? *options.lora : nn::read_adapter_config(options.init_adapter);
-            } catch (const EngineError& error) {
-                throw train_gpt::flag_error("--init-adapter", error);
-            }
-            std::string report;
-            try {
-                report = planner::model_state_report(options.model, precision_dtype(shape.precision), config.optimizer,
-                                                     shards, tuning);
-            } catch (const EngineError& error) {
-                throw train_gpt::flag_error(options.lora ? "--lora-target-modules" : "--init-adapter", error);
-            }
-            if (launch.rank == 0) std::cout << report;
-            return 0;
-        }
-        if (launch.rank == 0)
-            std::cout << planner::plan_report(options.model, shape.per_device_train_batch_size, options.seq_len,
-                                              shape.checkpointing, precision_dtype(shape.precision), config.optimizer,
-                                              shards, shape.gradient_accumulation_steps, shape.offload_optimizer,
-                                              shape.offload_gradients, shape.offload_parameters,
-                                              shape.loss_chunk_tokens, shape.mlp_tile_tokens);
-        return 0;
-    }
+    if (!options.plan) train_gpt::check_host_budget(options);
+    if (options.plan) return train_gpt::print_plan(options);
 
     // First, so that an NCCL rank binds its GPU before anything touches the device.
     const std::unique_ptr<distributed::Communicator> communicator = distributed::make_communicator(choose_backend(options));
@@ -504,19 +398,7 @@ int run(const Options& flags) {
         // rank learns the answer, so none waits in a collective for a rank that stopped.
         std::optional<train_gpt::UsageError> refused;
         if (lead) {
-            train_gpt::OutputSizes sizes;
-            const size_t parameters = model.parameter_count(), trainable = model.trainable_parameter_count();
-            size_t quantized = 0; // NF4 layers' weights, dense again in a merge
-            for (const auto& [name, layer] : nn::nf4_layers(model)) quantized += static_cast<size_t>(layer->nf4_weight()->numel());
-            const size_t save_element = dtype_size(options.save_dtype.value_or(DType::f32));
-            sizes.model = parameters * save_element;
-            sizes.adapter = trainable * sizeof(float);
-            sizes.merged = (parameters - trainable + quantized) * save_element;
-            for (const Tensor& parameter : model.parameters()) sizes.state += parameter.nbytes();
-            sizes.state += model.buffer_bytes();
-            sizes.state += memory_stats(Device::cpu).current(MemoryCategory::optimizer_state);
-            if (options.resolved_device != Device::cpu)
-                sizes.state += memory_stats(options.resolved_device).current(MemoryCategory::optimizer_state);
+            const train_gpt::OutputSizes sizes = train_gpt::output_sizes(options, model);
             try {
                 train_gpt::check_outputs(options, sizes);
             } catch (const train_gpt::UsageError& error) {

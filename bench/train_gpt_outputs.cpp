@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/memory.h"
+#include "nn/qlora.h"
 #include "planner/planner.h"
 
 namespace train_gpt {
@@ -76,6 +78,24 @@ struct Need {
 };
 
 } // namespace
+
+OutputSizes output_sizes(const Options& options, engine::nn::CausalLM& model) {
+    using namespace engine;
+    OutputSizes sizes;
+    const size_t parameters = model.parameter_count(), trainable = model.trainable_parameter_count();
+    size_t quantized = 0; // NF4 layers' weights, dense again in a merge
+    for (const auto& [name, layer] : nn::nf4_layers(model)) quantized += static_cast<size_t>(layer->nf4_weight()->numel());
+    const size_t save_element = dtype_size(options.save_dtype.value_or(DType::f32));
+    sizes.model = parameters * save_element;
+    sizes.adapter = trainable * sizeof(float);
+    sizes.merged = (parameters - trainable + quantized) * save_element;
+    for (const Tensor& parameter : model.parameters()) sizes.state += parameter.nbytes();
+    sizes.state += model.buffer_bytes();
+    sizes.state += memory_stats(Device::cpu).current(MemoryCategory::optimizer_state);
+    if (options.resolved_device != Device::cpu)
+        sizes.state += memory_stats(options.resolved_device).current(MemoryCategory::optimizer_state);
+    return sizes;
+}
 
 void check_outputs(const Options& options, const OutputSizes& sizes) {
     std::vector<Need> needs;

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 
+#include "nn/causal_lm.h"
 #include "train_gpt_options.h"
 
 namespace train_gpt {
@@ -17,6 +18,9 @@ struct OutputSizes {
     size_t merged = 0;  // --merge: the merged weights in the save dtype
     size_t state = 0;   // --out: one training state (weights and optimizer state)
 };
+
+// What `model` (built, adapted, quantised, with its optimizer's state allocated) will write through each output.
+OutputSizes output_sizes(const Options& options, engine::nn::CausalLM& model);
 
 // For every output asked for: a temporary file is created and removed where the output will go (its directory, or
 // the folder the save will create it in), and each file system must have room for the outputs on it together

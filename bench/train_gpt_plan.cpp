@@ -1,0 +1,131 @@
+// train_gpt's planning (bench/train_gpt_plan.h): --max-memory's search written into the flags, --plan's report, and
+// the host budget of an offloaded model state, each before anything is allocated.
+#include "train_gpt_plan.h"
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "engine/distributed/communicator.h"
+#include "nn/io/peft.h"
+#include "planner/memory_model.h"
+#include "planner/planner.h"
+
+namespace train_gpt {
+
+using namespace engine;
+
+namespace {
+
+// --max-host-memory, or the host's available memory minus 10%.
+size_t host_budget(const Options& options) {
+    if (options.max_host_memory) return *options.max_host_memory;
+    try {
+        return planner::automatic_budget(Device::cpu).budget();
+    } catch (const EngineError& error) {
+        throw flag_error("--max-host-memory", error);
+    }
+}
+
+} // namespace
+
+// --offload-optimizer cpu without the planner: the model state must fit the host before anything is built.
+void check_host_budget(const Options& options) {
+    const StepShape& shape = options.trainer.shape;
+    if (!shape.offload_optimizer) return;
+    const distributed::LaunchEnvironment launch = distributed::launch_environment();
+    const planner::MemoryPrediction predicted = planner::predict_memory(
+        options.model, shape.per_device_train_batch_size, options.seq_len, shape.checkpointing,
+        precision_dtype(shape.precision), options.trainer.optimizer, shape.zero_stage == 1 ? launch.world_size : 1,
+        shape.gradient_accumulation_steps, true, shape.offload_gradients, shape.offload_parameters,
+        shape.loss_chunk_tokens, shape.mlp_tile_tokens);
+    const size_t budget = host_budget(options);
+    if (predicted.host_peak_bytes > budget)
+        throw UsageError(
+            "--max-host-memory", "the offloaded model state needs " + planner::format_bytes(predicted.host_peak_bytes) +
+                                     " (" + std::to_string(predicted.host_peak_bytes) + " B) of host memory; the budget is " +
+                                     planner::format_bytes(budget) + " (" + std::to_string(budget) + " B)");
+}
+
+// --max-memory: the planner's choice written into the trainer's flags, before anything is allocated. Prints
+// the chosen plan and the alternatives (rank 0); no plan fits: a UsageError naming the smallest peak.
+Options apply_memory_plan(const Options& options, int ranks) {
+    Options planned = options;
+    optim::TrainerConfig& config = planned.trainer;
+    const distributed::LaunchEnvironment launch = distributed::launch_environment();
+    planner::PlannerOptions search;
+    search.device = options.resolved_device;
+    search.seq_len = options.seq_len;
+    search.optimizer = config.optimizer;
+    search.precisions = options.precision_auto ? std::vector<Precision>{Precision::fp32, Precision::bf16}
+                                               : std::vector<Precision>{config.shape.precision};
+    search.ranks = ranks;
+    search.host_budget = options.resolved_device == Device::cpu ? SIZE_MAX : host_budget(options);
+    search.loss_chunk_tokens = options.loss_chunk_tokens;
+    search.mlp_tile_tokens = options.mlp_tile_tokens;
+    const int global_batch =
+        options.global_batch_size > 0
+            ? options.global_batch_size
+            : config.shape.per_device_train_batch_size * config.shape.gradient_accumulation_steps * ranks;
+    if (global_batch % ranks != 0)
+        throw UsageError("--global-batch-size", std::to_string(global_batch) + " does not split over " +
+                                                               std::to_string(ranks) + " ranks");
+    size_t budget = options.max_memory.value_or(0);
+    std::string budget_source = "--max-memory";
+    if (options.max_memory_auto) {
+        planner::AutoBudget automatic;
+        try {
+            automatic = planner::automatic_budget(options.resolved_device);
+        } catch (const EngineError& error) {
+            throw flag_error("--max-memory", error);
+        }
+        budget = automatic.budget();
+        budget_source = "--max-memory auto: " + planner::format_bytes(automatic.free_bytes) + " free minus a 10% margin of " +
+                        planner::format_bytes(automatic.margin_bytes);
+    }
+    const planner::PlanSearch result = planner::search_plans(options.model, budget, global_batch, search);
+    if (!result.chosen) throw UsageError("--max-memory", result.no_fit_message());
+    config.shape = result.plans[*result.chosen].shape;
+    if (launch.rank == 0)
+        std::cout << "budget " << planner::format_bytes(budget) << " (" << budget_source << ")"
+                  << (options.resolved_device == Device::cpu ? ""
+                                                             : ", host budget " + planner::format_bytes(search.host_budget))
+                  << "\n"
+                  << planner::plan_table(result, options.model);
+    return planned;
+}
+
+// --plan: the predicted memory per category for these flags (with LoRA, the model state), printed by rank 0.
+int print_plan(const Options& options) {
+    // Per rank: ZeRO-1 over the launcher's ranks (mpirun -np N train_gpt --plan --zero-stage 1), printed once.
+    const distributed::LaunchEnvironment launch = distributed::launch_environment();
+    const StepShape& shape = options.trainer.shape;
+    const int shards = shape.zero_stage == 1 ? launch.world_size : 1;
+    if (options.lora || !options.init_adapter.empty()) {
+        planner::FineTuning tuning;
+        tuning.nf4 = options.load_in_4bit;
+        try {
+            tuning.lora = options.lora ? *options.lora : nn::read_adapter_config(options.init_adapter);
+        } catch (const EngineError& error) {
+            throw flag_error("--init-adapter", error);
+        }
+        std::string report;
+        try {
+            report = planner::model_state_report(options.model, precision_dtype(shape.precision), options.trainer.optimizer,
+                                                 shards, tuning);
+        } catch (const EngineError& error) {
+            throw flag_error(options.lora ? "--lora-target-modules" : "--init-adapter", error);
+        }
+        if (launch.rank == 0) std::cout << report;
+        return 0;
+    }
+    if (launch.rank == 0)
+        std::cout << planner::plan_report(options.model, shape.per_device_train_batch_size, options.seq_len,
+                                          shape.checkpointing, precision_dtype(shape.precision), options.trainer.optimizer,
+                                          shards, shape.gradient_accumulation_steps, shape.offload_optimizer,
+                                          shape.offload_gradients, shape.offload_parameters,
+                                          shape.loss_chunk_tokens, shape.mlp_tile_tokens);
+    return 0;
+}
+
+} // namespace train_gpt

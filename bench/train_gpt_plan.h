@@ -1,0 +1,19 @@
+// train_gpt's planning before anything is built: --max-memory (the planner's choice written into the flags), --plan
+// (the report, and exit) and the host budget an offloaded model state must fit.
+#pragma once
+
+#include "train_gpt_options.h"
+
+namespace train_gpt {
+
+// --max-memory: the planner's choice over `ranks` data-parallel ranks written into the trainer's flags. Prints the
+// chosen plan and the alternatives (rank 0); no plan fits: a UsageError naming the smallest peak.
+Options apply_memory_plan(const Options& options, int ranks);
+// --offload-optimizer cpu without the planner: the model state must fit the host budget (--max-host-memory, or the
+// available memory minus 10%), or a UsageError naming both.
+void check_host_budget(const Options& options);
+// --plan: prints the predicted memory per category for these flags (with LoRA, the exact model state beside a full
+// fine-tune's) on rank 0; returns the exit code.
+int print_plan(const Options& options);
+
+} // namespace train_gpt
