@@ -106,35 +106,21 @@ void run_step(benchmark::State& state, const nn::ModelConfig& config, const Opti
                    ", " + std::to_string(trainable) + " of " + std::to_string(total) + " parameters train");
 }
 
-using bench::flag_value;
-
 int positive(const char* name, const char* text) { return bench::positive_flag("bench_fine_tune", name, text); }
 
 } // namespace
 
 int main(int argc, char** argv) {
     Options options;
-    std::vector<char*> remaining{argv[0]};
-    for (int index = 1; index < argc; ++index) {
-        const char* argument = argv[index];
-        if (const char* text = flag_value(argument, "--models")) {
-            options.models = bench::model_list(text);
-        } else if (const char* text = flag_value(argument, "--seq")) {
-            options.seq = positive("--seq", text);
-        } else if (const char* text = flag_value(argument, "--batch")) {
-            options.batch = positive("--batch", text);
-        } else if (const char* text = flag_value(argument, "--rank")) {
-            options.rank = positive("--rank", text);
-        } else if (const char* text = flag_value(argument, "--device")) {
-            options.device = bench::device_flag("bench_fine_tune", text);
-        } else {
-            remaining.push_back(argv[index]);
-        }
-    }
+    std::vector<char*> remaining = bench::split_flags(argc, argv, {
+        {"--models", [&](const char* text) { options.models = bench::model_list(text); }},
+        {"--seq", [&](const char* text) { options.seq = positive("--seq", text); }},
+        {"--batch", [&](const char* text) { options.batch = positive("--batch", text); }},
+        {"--rank", [&](const char* text) { options.rank = positive("--rank", text); }},
+        {"--device", [&](const char* text) { options.device = bench::device_flag("bench_fine_tune", text); }},
+    });
     const std::vector<nn::ModelConfig> configs = bench::named_models("bench_fine_tune", options.models, options.seq);
-    int remaining_count = static_cast<int>(remaining.size());
-    benchmark::Initialize(&remaining_count, remaining.data());
-    if (benchmark::ReportUnrecognizedArguments(remaining_count, remaining.data())) return 2;
+    if (!bench::start_benchmark(remaining)) return 2;
     for (size_t index = 0; index < configs.size(); ++index) {
         const nn::ModelConfig& config = configs[index];
         for (const Tuning tuning : {Tuning::full, Tuning::lora, Tuning::qlora}) {

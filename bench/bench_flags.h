@@ -1,9 +1,15 @@
 // The --name=value flags the benchmark programs take before handing the rest to Google Benchmark.
 #pragma once
 
+#include <benchmark/benchmark.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
 
 namespace bench {
 
@@ -23,6 +29,31 @@ inline int positive_flag(const char* program, const char* name, const char* text
         std::exit(2);
     }
     return static_cast<int>(parsed);
+}
+
+// Splits argv: each `--name=value` whose name `setters` holds goes to its setter (which exits 2 on a bad value);
+// argv[0] and every other argument are returned, for Google Benchmark.
+inline std::vector<char*> split_flags(int argc, char** argv,
+                                      const std::map<std::string, std::function<void(const char*)>>& setters) {
+    std::vector<char*> remaining{argv[0]};
+    for (int index = 1; index < argc; ++index) {
+        bool taken = false;
+        for (const auto& [name, set] : setters)
+            if (const char* text = flag_value(argv[index], name.c_str())) {
+                set(text);
+                taken = true;
+                break;
+            }
+        if (!taken) remaining.push_back(argv[index]);
+    }
+    return remaining;
+}
+
+// Google Benchmark over the arguments split_flags left: false (exit 2) when one of them is not its flag either.
+inline bool start_benchmark(std::vector<char*>& remaining) {
+    int count = static_cast<int>(remaining.size());
+    benchmark::Initialize(&count, remaining.data());
+    return !benchmark::ReportUnrecognizedArguments(count, remaining.data());
 }
 
 } // namespace bench

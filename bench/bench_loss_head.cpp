@@ -93,37 +93,22 @@ void run_step(benchmark::State& state, const nn::ModelConfig& config, const Opti
                    (tile == 0 ? std::string("off") : std::to_string(tile)));
 }
 
-using bench::flag_value;
-
 int positive(const char* name, const char* text) { return bench::positive_flag("bench_loss_head", name, text); }
 
 } // namespace
 
 int main(int argc, char** argv) {
     Options options;
-    std::vector<char*> remaining{argv[0]};
-    for (int index = 1; index < argc; ++index) {
-        const char* argument = argv[index];
-        if (const char* text = flag_value(argument, "--models")) {
-            options.models = bench::model_list(text);
-        } else if (const char* text = flag_value(argument, "--seq")) {
-            options.seq = positive("--seq", text);
-        } else if (const char* text = flag_value(argument, "--batch")) {
-            options.batch = positive("--batch", text);
-        } else if (const char* text = flag_value(argument, "--small-chunk")) {
-            options.small_chunk = positive("--small-chunk", text);
-        } else if (const char* text = flag_value(argument, "--small-tile")) {
-            options.small_tile = positive("--small-tile", text);
-        } else if (const char* text = flag_value(argument, "--device")) {
-            options.device = bench::device_flag("bench_loss_head", text);
-        } else {
-            remaining.push_back(argv[index]);
-        }
-    }
+    std::vector<char*> remaining = bench::split_flags(argc, argv, {
+        {"--models", [&](const char* text) { options.models = bench::model_list(text); }},
+        {"--seq", [&](const char* text) { options.seq = positive("--seq", text); }},
+        {"--batch", [&](const char* text) { options.batch = positive("--batch", text); }},
+        {"--small-chunk", [&](const char* text) { options.small_chunk = positive("--small-chunk", text); }},
+        {"--small-tile", [&](const char* text) { options.small_tile = positive("--small-tile", text); }},
+        {"--device", [&](const char* text) { options.device = bench::device_flag("bench_loss_head", text); }},
+    });
     const std::vector<nn::ModelConfig> configs = bench::named_models("bench_loss_head", options.models, options.seq);
-    int remaining_count = static_cast<int>(remaining.size());
-    benchmark::Initialize(&remaining_count, remaining.data());
-    if (benchmark::ReportUnrecognizedArguments(remaining_count, remaining.data())) return 2;
+    if (!bench::start_benchmark(remaining)) return 2;
     for (size_t index = 0; index < configs.size(); ++index) {
         const nn::ModelConfig& config = configs[index];
         const int automatic = planner::automatic_loss_chunk(config, options.batch, options.seq, DType::f32);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench/bench_flags.h"
+#include "bench/bench_models.h"
 #include "nn/gpt.h"
 #include "optim/trainer.h"
 #include "engine/cuda/runtime.h"
@@ -151,45 +152,27 @@ void run_train_step(benchmark::State& state, const TrainShape& shape, std::share
                    std::to_string(shape.accum));
 }
 
-using bench::flag_value;
-
-bool take_int(const char* argument, const char* name, int* value) {
-    const char* text = flag_value(argument, name);
-    if (text == nullptr) return false;
-    *value = bench::positive_flag("bench_train_step", name, text);
-    return true;
-}
-
 } // namespace
 
 int main(int argc, char** argv) {
     Options options;
-    std::vector<char*> remaining{argv[0]};
-    for (int index = 1; index < argc; ++index) {
-        const char* argument = argv[index];
-        if (take_int(argument, "--layers", &options.layers) || take_int(argument, "--width", &options.width) ||
-            take_int(argument, "--heads", &options.heads) || take_int(argument, "--seq", &options.seq) ||
-            take_int(argument, "--batch", &options.batch) || take_int(argument, "--accum", &options.accum) ||
-            take_int(argument, "--vocab", &options.vocab))
-            continue;
-        if (const char* text = flag_value(argument, "--device")) {
-            options.device = text;
-            if (options.device != "cpu" && options.device != "cuda") {
-                std::fprintf(stderr, "bench_train_step: --device must be cpu or cuda, got '%s'\n", text);
-                return 2;
-            }
-            continue;
-        }
-        if (const char* text = flag_value(argument, "--tf32")) {
-            if (std::strcmp(text, "0") != 0 && std::strcmp(text, "1") != 0) {
-                std::fprintf(stderr, "bench_train_step: --tf32 must be 0 or 1, got '%s'\n", text);
-                return 2;
-            }
-            options.tf32 = text[0] - '0';
-            continue;
-        }
-        remaining.push_back(argv[index]);
-    }
+    const auto size = [](const char* name, int* value) {
+        return std::pair<const std::string, std::function<void(const char*)>>(
+            name, [name, value](const char* text) { *value = bench::positive_flag("bench_train_step", name, text); });
+    };
+    std::vector<char*> remaining = bench::split_flags(argc, argv, {
+        size("--layers", &options.layers), size("--width", &options.width), size("--heads", &options.heads),
+        size("--seq", &options.seq), size("--batch", &options.batch), size("--accum", &options.accum),
+        size("--vocab", &options.vocab),
+        {"--device", [&](const char* text) { options.device = bench::device_flag("bench_train_step", text) == Device::cuda ? "cuda" : "cpu"; }},
+        {"--tf32", [&](const char* text) {
+             if (std::strcmp(text, "0") != 0 && std::strcmp(text, "1") != 0) {
+                 std::fprintf(stderr, "bench_train_step: --tf32 must be 0 or 1, got '%s'\n", text);
+                 std::exit(2);
+             }
+             options.tf32 = text[0] - '0';
+         }},
+    });
     // An explicit --device=cuda without a device still registers, so the run reports the skip.
     const bool use_cuda = options.device == "cuda" || (options.device.empty() && cuda_available());
     const Device device = use_cuda ? Device::cuda : Device::cpu;
@@ -200,9 +183,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench_train_step: %s\n", error.what());
         return 2;
     }
-    int remaining_count = static_cast<int>(remaining.size());
-    benchmark::Initialize(&remaining_count, remaining.data());
-    if (benchmark::ReportUnrecognizedArguments(remaining_count, remaining.data())) return 2;
+    if (!bench::start_benchmark(remaining)) return 2;
 
     std::vector<bool> math_modes{false};
     if (device == Device::cuda && options.tf32 < 0) math_modes = {false, true};
