@@ -86,7 +86,8 @@ void BM_embedding_forward(benchmark::State& state) {
     const std::vector<float> token_table = values(int64_t(V) * C), position_table = values(int64_t(T) * C, 2);
     const std::vector<int32_t> token_ids = indices(tokens, V);
     for (auto _ : state) {
-        cpu::embedding_forward(out.data(), token_ids.data(), token_table.data(), position_table.data(), B, T, C);
+        cpu::embedding_forward(out.data(), token_ids.data(), token_table.data(), position_table.data(), nullptr, B, T,
+                               C);
         benchmark::ClobberMemory();
     }
     report_bytes(state, f * 3.0 * tokens * C + index_bytes * tokens);
@@ -98,7 +99,8 @@ void BM_embedding_backward(benchmark::State& state) {
     const std::vector<float> dout = values(tokens * C);
     const std::vector<int32_t> token_ids = indices(tokens, V);
     for (auto _ : state) {
-        cpu::embedding_backward(dtoken_table.data(), dposition_table.data(), dout.data(), token_ids.data(), B, T, C);
+        cpu::embedding_backward(dtoken_table.data(), dposition_table.data(), dout.data(), token_ids.data(), nullptr, B,
+                                T, C);
         benchmark::ClobberMemory();
     }
     // dout read; one token-table row and one position row updated (+=) per token.
@@ -254,7 +256,8 @@ void BM_attention_forward(benchmark::State& state) {
     std::vector<float> out(s.tokens() * s.C), logsumexp(int64_t(s.B) * s.NH * s.T);
     const std::vector<float> qkv = values(s.tokens() * 3 * s.C);
     for (auto _ : state) {
-        cpu::attention_forward(out.data(), logsumexp.data(), qkv.data(), s.B, s.T, s.C, s.NH, s.NH); // multi-head
+        cpu::attention_forward(out.data(), logsumexp.data(), qkv.data(), nullptr, s.B, s.T, s.C, s.NH,
+                               s.NH); // multi-head
         benchmark::ClobberMemory();
     }
     report_flops(state, s.forward_flops());
@@ -265,10 +268,10 @@ void BM_attention_backward(benchmark::State& state) {
     const AttentionShape s = attention_shape(state);
     std::vector<float> dqkv(s.tokens() * 3 * s.C), out(s.tokens() * s.C), logsumexp(int64_t(s.B) * s.NH * s.T);
     const std::vector<float> dout = values(s.tokens() * s.C, 2), qkv = values(s.tokens() * 3 * s.C);
-    cpu::attention_forward(out.data(), logsumexp.data(), qkv.data(), s.B, s.T, s.C, s.NH, s.NH); // multi-head
+    cpu::attention_forward(out.data(), logsumexp.data(), qkv.data(), nullptr, s.B, s.T, s.C, s.NH, s.NH); // multi-head
     for (auto _ : state) {
-        cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), logsumexp.data(), s.B, s.T, s.C,
-                                s.NH, s.NH);
+        cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), logsumexp.data(), nullptr, s.B, s.T,
+                                s.C, s.NH, s.NH);
         benchmark::ClobberMemory();
     }
     // Recomputed QK^T, dout·V, then dq, dk and dv: 5 triangle products (the FLOPs the work needs, whatever the

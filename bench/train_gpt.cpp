@@ -60,6 +60,10 @@ nn::DataLoaderOptions loader_options(const Options& options, const distributed::
     loader.seed = options.trainer.seed;
     loader.drop_last = true;
     loader.device = options.resolved_device;
+    loader.max_tokens = options.max_tokens_per_micro_batch;
+    if (loader.max_tokens > 0 && loader.world_size > 1)
+        throw train_gpt::UsageError("--max-tokens-per-micro-batch",
+                                    "works on one rank; this run has " + std::to_string(loader.world_size));
     return loader;
 }
 
@@ -424,14 +428,20 @@ int run(const Options& flags) {
                                     ? ""
                                     : "; wte stored as " + std::to_string(padded_vocabulary) + " rows, the padding zero";
     if (lead) {
-        std::cout << "model: " << options.model.to_string() << " (" << model.parameter_count() << " parameters" << padding << ")"
-                  << (options.init.empty() ? "" : ", from " + options.init) << "\n"
+        std::cout << "model: " << options.model.to_string() << " (" << model.parameter_count() << " parameters"
+                  << padding << ")" << (options.init.empty() ? "" : ", from " + options.init) << "\n"
                   << "data: " << (options.data.empty() ? "built-in corpus" : options.data) << ", "
                   << loader->window_count()
-                  << (options.data_layout == nn::DataLayout::padded ? " documents padded to " : " windows of ")
+                  << (options.data_layout == nn::DataLayout::padded             ? " documents padded to "
+                      : options.data_layout == nn::DataLayout::packed_documents ? " rows of documents packed into "
+                                                                                : " windows of ")
                   << options.seq_len << " tokens"
-                  << (options.data_layout == nn::DataLayout::padded
+                  << (options.data_layout != nn::DataLayout::packed
                           ? " (end of text " + std::to_string(options.eot_token) + ")"
+                          : std::string())
+                  << (options.max_tokens_per_micro_batch > 0
+                          ? ", at most " + std::to_string(options.max_tokens_per_micro_batch) +
+                                " tokens a micro-batch (rows cut to the longest)"
                           : std::string())
                   << "\n";
         if (validation)

@@ -217,10 +217,17 @@ model:
   --save-dtype fp32|bf16         the dtype --save writes (default fp32; bf16 rounds to nearest even)
 data:
   --data FILE                    llm.c token shard or any file as bytes (default: built-in corpus)
-  --data-layout packed|padded    packed: windows of --seq-len tokens (default); padded: one document per
-                                 sequence, split at --eot-token, truncated or padded (labels -100)
-  --eot-token N                  end of text for padded (default: --init DIR's eos_token_id; else 50256 if the
-                                 vocabulary has it, else 10, '\n')
+  --data-layout packed|padded|packed-documents
+                                 packed: windows of --seq-len tokens (default); padded: one document per
+                                 sequence, split at --eot-token, truncated or padded (labels -100);
+                                 packed-documents: those documents packed back to back into each sequence,
+                                 positions restarting and attention kept inside each document
+  --max-tokens-per-micro-batch N a token budget per micro-batch: rows are taken while rows x the longest
+                                 stays within N (and within --per-device-train-batch-size), cut to the
+                                 longest (padded: its longest document; packed-documents: its fullest row);
+                                 at least --seq-len; --plan plans for the worst micro-batch; one rank
+  --eot-token N                  end of text for padded and packed-documents (default: --init DIR's
+                                 eos_token_id; else 50256 if the vocabulary has it, else 10, '\n')
 data parallelism (mpirun -np N train_gpt ...; docs/DISTRIBUTED.md):
   --communicator auto|none|mpi|nccl   auto: nccl on CUDA, mpi on the CPU when launched with several ranks
   --check-replicas[=true|false]  after every step, check every rank holds bitwise the same weights and moments
@@ -363,6 +370,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         // TrainerConfig's fields: a flag only parses its value; TrainerConfig::problem() is the one check of the
         // values, after every flag (check_trainer_config names the flag).
         {"--per-device-train-batch-size", [&](auto& f, auto& v) { shape.per_device_train_batch_size = parse_int(f, v); }},
+        {"--max-tokens-per-micro-batch", [&](auto& f, auto& v) { options.max_tokens_per_micro_batch = parse_int(f, v); }},
         {"--gradient-accumulation-steps", [&](auto& f, auto& v) { shape.gradient_accumulation_steps = parse_int(f, v); }},
         {"--learning-rate", [&](auto& f, auto& v) { trainer.learning_rate = parse_number(f, v); }},
         {"--weight-decay", [&](auto& f, auto& v) { trainer.weight_decay = parse_number(f, v); }},
@@ -555,6 +563,13 @@ Options parse_options(const std::vector<std::string>& arguments) {
             std::to_string(options.seq_len) + " exceeds the model's max sequence length " +
                 std::to_string(model.max_seq_len()));
     const bool planned = options.max_memory || options.max_memory_auto;
+    if (given.contains("--max-tokens-per-micro-batch")) {
+        require(options.max_tokens_per_micro_batch >= options.seq_len, "--max-tokens-per-micro-batch",
+                std::to_string(options.max_tokens_per_micro_batch) + " is below one sequence of --seq-len " +
+                    std::to_string(options.seq_len) + " tokens");
+        require(!planned, "--max-tokens-per-micro-batch",
+                "the planner chooses the micro-batch under --max-memory; give one or the other");
+    }
     require(planned || options.global_batch_size == 0, "--global-batch-size", "needs --max-memory (it is the planner's)");
     require(planned || !options.precision_auto, "--precision", "auto needs --max-memory (the planner chooses it)");
     for (const char* chosen : {"--per-device-train-batch-size", "--gradient-accumulation-steps", "--gradient-checkpointing",

@@ -61,6 +61,7 @@ struct Options {
     std::string data;      // empty: the built-in corpus
     engine::nn::DataLayout data_layout = engine::nn::DataLayout::packed;
     int eot_token = -1;    // padded layout's end of text; -1: 50256 when the vocabulary has it, else '\n' (bytes)
+    int max_tokens_per_micro_batch = 0; // a token budget per micro-batch (DataLoaderOptions::max_tokens); 0: none
     // Data parallelism (docs/DISTRIBUTED.md): auto is nccl on CUDA and mpi on the CPU when a launcher (mpirun)
     // started several ranks, else none.
     std::string communicator = "auto";

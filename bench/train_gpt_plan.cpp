@@ -34,11 +34,14 @@ void check_host_budget(const Options& options) {
     const StepShape& shape = options.trainer.shape;
     if (!shape.offload_optimizer) return;
     const distributed::LaunchEnvironment launch = distributed::launch_environment();
+    // A token budget: the worst micro-batch it allows.
+    const auto [rows, length] =
+        nn::largest_batch_shape(shape.per_device_train_batch_size, options.seq_len, options.max_tokens_per_micro_batch);
     const planner::MemoryPrediction predicted = planner::predict_memory(
-        options.model, shape.per_device_train_batch_size, options.seq_len, shape.checkpointing,
-        precision_dtype(shape.precision), options.trainer.optimizer, shape.zero_stage == 1 ? launch.world_size : 1,
-        shape.gradient_accumulation_steps, true, shape.offload_gradients, shape.offload_parameters,
-        shape.loss_chunk_tokens, shape.mlp_tile_tokens);
+        options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision), options.trainer.optimizer,
+        shape.zero_stage == 1 ? launch.world_size : 1, shape.gradient_accumulation_steps, true, shape.offload_gradients,
+        shape.offload_parameters, shape.loss_chunk_tokens, shape.mlp_tile_tokens,
+        options.data_layout == nn::DataLayout::packed_documents);
     const size_t budget = host_budget(options);
     if (predicted.host_peak_bytes > budget)
         throw UsageError(
@@ -63,6 +66,7 @@ Options apply_memory_plan(const Options& options, int ranks) {
     search.host_budget = options.resolved_device == Device::cpu ? SIZE_MAX : host_budget(options);
     search.loss_chunk_tokens = options.loss_chunk_tokens;
     search.mlp_tile_tokens = options.mlp_tile_tokens;
+    search.packed_documents = options.data_layout == nn::DataLayout::packed_documents;
     const int global_batch =
         options.global_batch_size > 0
             ? options.global_batch_size
@@ -119,12 +123,18 @@ int print_plan(const Options& options) {
         if (launch.rank == 0) std::cout << report;
         return 0;
     }
+    // A token budget per micro-batch: the plan is the worst micro-batch's, the most positions it allows.
+    const auto [rows, length] =
+        nn::largest_batch_shape(shape.per_device_train_batch_size, options.seq_len, options.max_tokens_per_micro_batch);
+    if (launch.rank == 0 && options.max_tokens_per_micro_batch > 0)
+        std::cout << "token budget " << options.max_tokens_per_micro_batch
+                  << " per micro-batch: planned for its worst, " << rows << " x " << length << " tokens\n";
     if (launch.rank == 0)
-        std::cout << planner::plan_report(options.model, shape.per_device_train_batch_size, options.seq_len,
-                                          shape.checkpointing, precision_dtype(shape.precision), options.trainer.optimizer,
-                                          shards, shape.gradient_accumulation_steps, shape.offload_optimizer,
-                                          shape.offload_gradients, shape.offload_parameters,
-                                          shape.loss_chunk_tokens, shape.mlp_tile_tokens);
+        std::cout << planner::plan_report(
+            options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision),
+            options.trainer.optimizer, shards, shape.gradient_accumulation_steps, shape.offload_optimizer,
+            shape.offload_gradients, shape.offload_parameters, shape.loss_chunk_tokens, shape.mlp_tile_tokens,
+            options.data_layout == nn::DataLayout::packed_documents);
     return 0;
 }
 

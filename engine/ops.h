@@ -8,8 +8,10 @@ namespace engine {
 
 inline constexpr int default_ignore_index = -100;
 
-// tokens (B,T) i32, token_table (V,C), position_table (max_T,C) -> (B,T,C)
-Tensor embedding(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table);
+// tokens (B,T) i32, token_table (V,C), position_table (max_T,C) -> (B,T,C): token (b,t) adds position row t, or
+// positions[b,t] for packed documents (positions (B,T) i32 as check_document_positions states, else undefined).
+Tensor embedding(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table,
+                 const Tensor& positions = Tensor());
 // tokens (B,T) i32, token_table (V,C) -> (B,T,C): the token rows alone (Llama: positions come from rope), with
 // the same checks and the same deterministic backward.
 Tensor embedding(const Tensor& tokens, const Tensor& token_table);
@@ -26,7 +28,15 @@ Tensor attention(const Tensor& qkv, int num_heads);
 // Grouped-query attention: qkv (B,T,(NH+2*KVH)*D) packs NH query heads, then KVH key heads, then KVH value heads
 // per token; query head h reads kv head h / (NH/KVH) (Hugging Face repeat_kv, never materialised). -> (B,T,NH*D);
 // KVH must divide NH; KVH == NH is attention(qkv, num_heads).
-Tensor attention(const Tensor& qkv, int num_heads, int num_kv_heads);
+// positions (B,T) i32 on qkv's device, or undefined: packed documents, causal within each document only (query t
+// attends keys t - positions[b,t] .. t; check_document_positions states the layout). No (T,T) mask exists.
+Tensor attention(const Tensor& qkv, int num_heads, int num_kv_heads, const Tensor& positions = Tensor());
+// Packed documents: positions (batch, time) i32 on `device`, each row 0 at a document's first token and counting up
+// by one inside it (so row b's first is 0), every value below `limit` (the model's position tables). Throws,
+// naming `op`, for any other shape, dtype, device or content. Reads the values on the host: free for tensors the
+// trainer uploaded (they carry their host copy), one device read otherwise.
+void check_document_positions(const char* op, const Tensor& positions, int64_t batch, int64_t time, Device device,
+                              int64_t limit);
 // Draws its mask from the engine RNG stream (engine/random.h); identity when p == 0 or !training.
 Tensor dropout(const Tensor& input, float p, bool training = true);
 

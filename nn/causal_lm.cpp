@@ -3,12 +3,12 @@
 
 namespace engine::nn {
 
-Tensor CausalLM::forward_padded(const Tensor& tokens) const {
-    return matmul(forward_hidden(tokens), head_weight(), /*transpose_b=*/true); // (B,T,Vp)
+Tensor CausalLM::forward_padded(const Tensor& tokens, const Tensor& positions) const {
+    return matmul(forward_hidden(tokens, positions), head_weight(), /*transpose_b=*/true); // (B,T,Vp)
 }
 
-Tensor CausalLM::forward(const Tensor& tokens) const {
-    const Tensor logits = forward_padded(tokens); // (B,T,Vp)
+Tensor CausalLM::forward(const Tensor& tokens, const Tensor& positions) const {
+    const Tensor logits = forward_padded(tokens, positions); // (B,T,Vp)
     return padded_vocab_size() == vocab_size() ? logits : first_columns(logits, vocab_size());
 }
 
@@ -23,16 +23,18 @@ void CausalLM::set_mlp_tile_tokens(int tokens) {
     mlp_tile_tokens_ = tokens;
 }
 
-Tensor CausalLM::run_decoder(Tensor input) const {
-    if (!policy_.enabled) return run_blocks(input, 0, block_count());
+Tensor CausalLM::run_decoder(Tensor input, const Tensor& positions) const {
+    if (!policy_.enabled) return run_blocks(input, 0, block_count(), positions);
     Tensor x = std::move(input);
     for (const checkpoint::Segment& segment : segments_) {
         if (!segment.checkpointed) {
-            x = run_blocks(x, segment.first_layer, segment.layer_count);
+            x = run_blocks(x, segment.first_layer, segment.layer_count, positions);
             continue;
         }
-        auto blocks = [this, segment](const std::vector<Tensor>& inputs) {
-            return std::vector<Tensor>{run_blocks(inputs[0], segment.first_layer, segment.layer_count)};
+        // The recompute in backward reads the same positions: the closure keeps them (an int tensor the caller
+        // holds anyway, so no memory of its own).
+        auto blocks = [this, segment, positions](const std::vector<Tensor>& inputs) {
+            return std::vector<Tensor>{run_blocks(inputs[0], segment.first_layer, segment.layer_count, positions)};
         };
         checkpoint::SegmentHooks hooks;
         if (segment_hooks_) hooks = segment_hooks_(segment.first_layer, segment.layer_count);
@@ -41,10 +43,13 @@ Tensor CausalLM::run_decoder(Tensor input) const {
     return x;
 }
 
-void CausalLM::check_tokens(const char* model, const Tensor& tokens) const {
+void CausalLM::check_tokens(const char* model, const Tensor& tokens, const Tensor& positions) const {
     ENGINE_CHECK(tokens.dim() == 2, model << "::forward: tokens " << tokens.describe() << " must be (B,T)");
     ENGINE_CHECK(tokens.size(1) <= max_seq_len(), model << "::forward: sequence length " << tokens.size(1)
                                                         << " exceeds the model maximum " << max_seq_len());
+    if (positions.defined())
+        check_document_positions((std::string(model) + "::forward").c_str(), positions, tokens.size(0), tokens.size(1),
+                                 tokens.device(), max_seq_len());
 }
 
 } // namespace engine::nn

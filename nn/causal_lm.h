@@ -14,8 +14,11 @@ namespace engine::nn {
 
 class CausalLM : public Module {
 public:
-    // tokens (B,T) i32 -> the final norm's output (B,T,C): what the LM head reads.
-    virtual Tensor forward_hidden(const Tensor& tokens) const = 0;
+    // tokens (B,T) i32 -> the final norm's output (B,T,C): what the LM head reads. positions (B,T) i32 on the
+    // model's device, or undefined: packed documents (--data-layout packed-documents), each row several documents
+    // back to back, positions restarting at 0 at each (engine::check_document_positions); positions (GPT-2's table,
+    // Llama's rotation) are taken from it and attention stays within each document. Undefined: one sequence a row.
+    virtual Tensor forward_hidden(const Tensor& tokens, const Tensor& positions = Tensor()) const = 0;
     // The LM head's weight (Vp,C) as the forward reads it (the working copy): logits = hidden · head_weight()ᵀ.
     // GPT-2: the token table through its padded rows (tied); Llama: lm_head, or embed_tokens when tied.
     virtual Tensor head_weight() const = 0;
@@ -23,10 +26,10 @@ public:
     // vocab_size() on are padding (zero): pass vocab_size() to the loss (cross_entropy_in_place's vocabulary),
     // which keeps them out of the softmax. The trainer's built-in loss uses this, or with loss chunks the
     // streaming head (linear_cross_entropy over forward_hidden and head_weight) that never holds the logits.
-    Tensor forward_padded(const Tensor& tokens) const;
+    Tensor forward_padded(const Tensor& tokens, const Tensor& positions = Tensor()) const;
     // tokens (B,T) i32 -> logits (B,T,V): the real vocabulary (a copy of the padded logits' first V columns
     // when the model pads it).
-    Tensor forward(const Tensor& tokens) const;
+    Tensor forward(const Tensor& tokens, const Tensor& positions = Tensor()) const;
 
     virtual int vocab_size() const = 0;
     virtual int padded_vocab_size() const { return vocab_size(); }
@@ -34,9 +37,11 @@ public:
     // Hugging Face's model_type: "gpt2", "llama".
     virtual std::string architecture() const = 0;
 
-    // The decoder layers, for the checkpoint policy: block_count() of them, run_blocks chaining [first, first+count).
+    // The decoder layers, for the checkpoint policy: block_count() of them, run_blocks chaining [first, first+count)
+    // (positions: forward_hidden's).
     virtual int block_count() const = 0;
-    virtual Tensor run_blocks(const Tensor& input, int first_block, int count) const = 0;
+    virtual Tensor run_blocks(const Tensor& input, int first_block, int count,
+                              const Tensor& positions = Tensor()) const = 0;
     // Applies a checkpoint policy to the decoder layers (the only checkpointable layers); disabled = plain.
     void set_checkpointing(const checkpoint::CheckpointPolicy& policy) override;
     const checkpoint::CheckpointPolicy& checkpointing() const { return policy_; }
@@ -64,9 +69,10 @@ protected:
     // All decoder layers under the policy: checkpointed segments through checkpoint::checkpoint, the rest plain.
     // Takes its input by value and drops it after the first segment: callers move their handle in, so that an
     // offloaded first segment's input (the embedding output) leaves the device as soon as it is copied out.
-    Tensor run_decoder(Tensor input) const;
-    // Refuses tokens that are not (B,T) or longer than max_seq_len(), naming `model`.
-    void check_tokens(const char* model, const Tensor& tokens) const;
+    Tensor run_decoder(Tensor input, const Tensor& positions = Tensor()) const;
+    // Refuses tokens that are not (B,T) or longer than max_seq_len(), naming `model`, and positions (when defined)
+    // that are not packed documents' for them (engine::check_document_positions).
+    void check_tokens(const char* model, const Tensor& tokens, const Tensor& positions = Tensor()) const;
 
 private:
     checkpoint::CheckpointPolicy policy_;

@@ -90,16 +90,18 @@ GPT::GPT(const GPTConfig& config, uint64_t seed, Device device, DType dtype)
     set_compute_dtype(dtype); // bf16: working copies of the f32 masters; f32, f64: none
 }
 
-Tensor GPT::run_blocks(const Tensor& input, int first_block, int count) const {
+Tensor GPT::run_blocks(const Tensor& input, int first_block, int count, const Tensor& positions) const {
     Tensor x = input;
-    for (int index = first_block; index < first_block + count; ++index) x = h[static_cast<size_t>(index)]->forward(x);
+    for (int index = first_block; index < first_block + count; ++index)
+        x = h[static_cast<size_t>(index)]->forward(x, positions);
     return x;
 }
 
-Tensor GPT::forward_hidden(const Tensor& tokens) const {
-    check_tokens("GPT", tokens);
-    Tensor x = drop.forward(embedding(tokens, wte.working(wte.weight), wpe.working(wpe.weight))); // (B,T,C)
-    return ln_f.forward(run_decoder(std::move(x)));
+Tensor GPT::forward_hidden(const Tensor& tokens, const Tensor& positions) const {
+    check_tokens("GPT", tokens, positions);
+    // (B,T,C); packed documents add wpe's rows at each token's position in its document
+    Tensor x = drop.forward(embedding(tokens, wte.working(wte.weight), wpe.working(wpe.weight), positions));
+    return ln_f.forward(run_decoder(std::move(x), positions));
 }
 
 // (Vp,C): the head is tied to the token embedding through the padded view of its storage and gradient buffer.

@@ -49,7 +49,7 @@ public:
 
     // The final LayerNorm's output (B,T,C); the head's logits (B,T,Vp) (forward_padded) have their columns from V
     // on as padding (0, from the zero rows of wte).
-    Tensor forward_hidden(const Tensor& tokens) const override;
+    Tensor forward_hidden(const Tensor& tokens, const Tensor& positions = Tensor()) const override;
     Tensor head_weight() const override; // (Vp,C): wte through its padded rows
     int vocab_size() const override { return config_.vocab_size; }
     int padded_vocab_size() const override { return config_.padded_vocab_size(); }
@@ -59,7 +59,8 @@ public:
     // The transformer blocks, for the checkpoint policy.
     int block_count() const override { return static_cast<int>(h.size()); }
     Module& block(int index) override { return *h.at(static_cast<size_t>(index)); }
-    Tensor run_blocks(const Tensor& input, int first_block, int block_count) const override;
+    Tensor run_blocks(const Tensor& input, int first_block, int block_count,
+                      const Tensor& positions = Tensor()) const override;
 
     const GPTConfig& config() const { return config_; }
 

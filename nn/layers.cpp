@@ -123,8 +123,8 @@ CausalSelfAttention::CausalSelfAttention(int channels, int heads, int layers, fl
     register_module("resid_dropout", residual_dropout);
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& input) const {
-    return residual_dropout.forward(c_proj.forward(attention(c_attn.forward(input), heads)));
+Tensor CausalSelfAttention::forward(const Tensor& input, const Tensor& positions) const {
+    return residual_dropout.forward(c_proj.forward(attention(c_attn.forward(input), heads, heads, positions)));
 }
 
 MLP::MLP(int channels, int layers, float dropout_probability, const InitOptions& init)
@@ -152,8 +152,8 @@ Block::Block(int channels, int heads, int layers, float dropout_probability, con
     register_module("mlp", mlp);
 }
 
-Tensor Block::forward(const Tensor& input) const {
-    Tensor after_attention = add(input, attn.forward(ln_1.forward(input)));
+Tensor Block::forward(const Tensor& input, const Tensor& positions) const {
+    Tensor after_attention = add(input, attn.forward(ln_1.forward(input), positions));
     return add(after_attention, mlp.forward(ln_2.forward(after_attention)));
 }
 

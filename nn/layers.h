@@ -206,7 +206,9 @@ private:
 class CausalSelfAttention : public Layer {
 public:
     CausalSelfAttention(int channels, int heads, int layers, float dropout_probability, const InitOptions& init);
-    Tensor forward(const Tensor& input) const override; // (B,T,C) -> (B,T,C)
+    Tensor forward(const Tensor& input) const override { return forward(input, Tensor()); } // (B,T,C) -> (B,T,C)
+    // positions (B,T) i32 or undefined: packed documents, attending within each document only (engine::attention).
+    Tensor forward(const Tensor& input, const Tensor& positions) const;
     int heads;
     Linear c_attn, c_proj;
     Dropout residual_dropout;
@@ -228,7 +230,8 @@ public:
 class Block : public Layer {
 public:
     Block(int channels, int heads, int layers, float dropout_probability, const InitOptions& init);
-    Tensor forward(const Tensor& input) const override;
+    Tensor forward(const Tensor& input) const override { return forward(input, Tensor()); }
+    Tensor forward(const Tensor& input, const Tensor& positions) const; // packed documents: CausalSelfAttention's
     LayerNorm ln_1;
     CausalSelfAttention attn;
     LayerNorm ln_2;

@@ -130,14 +130,14 @@ LlamaAttention::LlamaAttention(const LlamaConfig& config, const RopeCache& rope,
     register_module("o_proj", o_proj);
 }
 
-Tensor LlamaAttention::forward(const Tensor& input) const {
+Tensor LlamaAttention::forward(const Tensor& input, const Tensor& positions) const {
     const RopeTables& tables = rope_.tables_for(input);
-    const Tensor query = rope(q_proj.forward(input), tables.cos, tables.sin, head_size); // (B,T,NH·D)
-    const Tensor key = rope(k_proj.forward(input), tables.cos, tables.sin, head_size);   // (B,T,KVH·D)
+    const Tensor query = rope(q_proj.forward(input), tables.cos, tables.sin, head_size, positions); // (B,T,NH·D)
+    const Tensor key = rope(k_proj.forward(input), tables.cos, tables.sin, head_size, positions);   // (B,T,KVH·D)
     // Packed as the attention op reads it: NH query heads, then KVH key heads, then KVH value heads per token.
     // The rotated q and k die here: attention saves the packed copy only.
     const Tensor packed = concat({query, key, v_proj.forward(input)}, 2); // (B,T,(NH+2·KVH)·D)
-    return o_proj.forward(attention(packed, heads, key_value_heads));
+    return o_proj.forward(attention(packed, heads, key_value_heads, positions));
 }
 
 LlamaMLP::LlamaMLP(const LlamaConfig& config, const InitOptions& init)
@@ -163,8 +163,8 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, const RopeCache&
     register_module("mlp", mlp);
 }
 
-Tensor LlamaDecoderLayer::forward(const Tensor& input) const {
-    const Tensor after_attention = add(input, self_attn.forward(input_layernorm.forward(input)));
+Tensor LlamaDecoderLayer::forward(const Tensor& input, const Tensor& positions) const {
+    const Tensor after_attention = add(input, self_attn.forward(input_layernorm.forward(input), positions));
     return add(after_attention, mlp.forward(post_attention_layernorm.forward(after_attention)));
 }
 
@@ -192,17 +192,17 @@ Llama::Llama(const LlamaConfig& config, uint64_t seed, Device device, DType dtyp
     set_compute_dtype(dtype); // bf16: working copies of the f32 masters; f32, f64: none
 }
 
-Tensor Llama::run_blocks(const Tensor& input, int first_block, int count) const {
+Tensor Llama::run_blocks(const Tensor& input, int first_block, int count, const Tensor& positions) const {
     Tensor x = input;
     for (int index = first_block; index < first_block + count; ++index)
-        x = model.layers[static_cast<size_t>(index)]->forward(x);
+        x = model.layers[static_cast<size_t>(index)]->forward(x, positions);
     return x;
 }
 
-Tensor Llama::forward_hidden(const Tensor& tokens) const {
-    check_tokens("Llama", tokens);
+Tensor Llama::forward_hidden(const Tensor& tokens, const Tensor& positions) const {
+    check_tokens("Llama", tokens, positions);
     Tensor x = model.embed_tokens.forward(tokens); // (B,T,C)
-    return model.norm.forward(run_decoder(std::move(x)));
+    return model.norm.forward(run_decoder(std::move(x), positions));
 }
 
 Tensor Llama::head_weight() const { // (V,C)

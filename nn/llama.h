@@ -59,7 +59,10 @@ class LlamaAttention : public Layer {
 public:
     LlamaAttention(const LlamaConfig& config, const RopeCache& rope, const InitOptions& init);
     // (B,T,C) -> (B,T,C): q, k rotated, then causal attention of NH query heads over KVH key/value heads.
-    Tensor forward(const Tensor& input) const override;
+    Tensor forward(const Tensor& input) const override { return forward(input, Tensor()); }
+    // positions (B,T) i32 or undefined: packed documents, rotated by their position in the document and attending
+    // within it only (engine::rope, engine::attention).
+    Tensor forward(const Tensor& input, const Tensor& positions) const;
     int heads, key_value_heads, head_size;
     TorchLinear q_proj, k_proj, v_proj, o_proj;
 
@@ -81,7 +84,8 @@ public:
 class LlamaDecoderLayer : public Layer {
 public:
     LlamaDecoderLayer(const LlamaConfig& config, const RopeCache& rope, const InitOptions& init);
-    Tensor forward(const Tensor& input) const override;
+    Tensor forward(const Tensor& input) const override { return forward(input, Tensor()); }
+    Tensor forward(const Tensor& input, const Tensor& positions) const; // packed documents: LlamaAttention's
     RMSNorm input_layernorm;
     LlamaAttention self_attn;
     RMSNorm post_attention_layernorm;
@@ -108,7 +112,7 @@ public:
     Llama(const LlamaConfig& config, uint64_t seed, Device device = Device::cpu, DType dtype = DType::f32);
 
     // (B,T) -> the final RMSNorm's output (B,T,C); the head (V,C) pads nothing, so forward_padded is (B,T,V).
-    Tensor forward_hidden(const Tensor& tokens) const override;
+    Tensor forward_hidden(const Tensor& tokens, const Tensor& positions = Tensor()) const override;
     Tensor head_weight() const override;
     int vocab_size() const override { return config_.vocab_size; }
     int max_seq_len() const override { return config_.max_position_embeddings; }
@@ -116,7 +120,8 @@ public:
     Device device() const override { return compute_device(); }
     int block_count() const override { return static_cast<int>(model.layers.size()); }
     Module& block(int index) override { return *model.layers.at(static_cast<size_t>(index)); }
-    Tensor run_blocks(const Tensor& input, int first_block, int count) const override;
+    Tensor run_blocks(const Tensor& input, int first_block, int count,
+                      const Tensor& positions = Tensor()) const override;
 
     const LlamaConfig& config() const { return config_; }
 

@@ -62,6 +62,10 @@ void Trainer::validate_batch(const nn::Batch& batch, size_t index) const {
                          where << ": label " << label << " is neither -100 nor in the vocabulary [0,"
                                << model_.vocab_size() << ")");
     }
+    // Packed documents: checked here, before any forward, as the ids are.
+    if (batch.positions.defined())
+        check_document_positions(where.c_str(), batch.positions, rows, time, batch.positions.device(),
+                                 model_.max_seq_len());
 }
 
 LossSum Trainer::micro_batch_loss(const nn::Batch& batch, const LossScale& scale) {
@@ -70,11 +74,16 @@ LossSum Trainer::micro_batch_loss(const nn::Batch& batch, const LossScale& scale
     const Device device = model_.device();
     device_inputs_ = Tensor();
     device_targets_ = Tensor();
+    device_positions_ = Tensor();
     device_inputs_ = batch.inputs.to_keeping_host_copy(device, MemoryCategory::activations);
     const Tensor& inputs = device_inputs_;
+    // Packed documents: the positions go with the ids (their host copy serves the ops' layout checks).
+    if (batch.positions.defined())
+        device_positions_ = batch.positions.to_keeping_host_copy(device, MemoryCategory::activations);
+    const Tensor& positions = device_positions_;
     // The logits die when this returns, before backward, so that the loss node's backward frees them (B·T·V
     // bytes: the largest activation of a language model step).
-    if (loss_function_) return loss_function_(model_.forward(inputs), batch); // the real (B,T,V)
+    if (loss_function_) return loss_function_(model_.forward(inputs, positions), batch); // the real (B,T,V)
     device_targets_ = shift_targets(batch).to_keeping_host_copy(device, MemoryCategory::activations);
     const Tensor& targets = device_targets_;
     // The fused classifier: the logits' storage becomes their gradient, written now with the factor the
@@ -82,11 +91,11 @@ LossSum Trainer::micro_batch_loss(const nn::Batch& batch, const LossScale& scale
     // rescale pass runs. The logits are the padded (B,T,Vp) ones; the loss sees only the first V columns.
     if (const int chunk = config().shape.loss_chunk_tokens; chunk > 0) {
         // The streaming LM head: the same loss and gradients a chunk of tokens at a time, never the logits.
-        return {linear_cross_entropy(model_.forward_hidden(inputs), model_.head_weight(), targets, Reduction::sum,
-                                     chunk, scale.factor, default_ignore_index, model_.vocab_size()),
+        return {linear_cross_entropy(model_.forward_hidden(inputs, positions), model_.head_weight(), targets,
+                                     Reduction::sum, chunk, scale.factor, default_ignore_index, model_.vocab_size()),
                 scale.items};
     }
-    const Tensor logits = model_.forward_padded(inputs);
+    const Tensor logits = model_.forward_padded(inputs, positions);
     return {cross_entropy_in_place(logits, targets, Reduction::sum, scale.factor, default_ignore_index,
                                    model_.vocab_size()),
             scale.items};
@@ -114,17 +123,18 @@ namespace {
 struct ReleaseOnExit {
     Tensor& inputs;
     Tensor& targets;
-    ~ReleaseOnExit() { inputs = targets = Tensor(); }
+    Tensor& positions;
+    ~ReleaseOnExit() { inputs = targets = positions = Tensor(); }
 };
 } // namespace
 
 Accumulation Trainer::accumulate_gradients(const std::vector<nn::Batch>& batches) {
-    const ReleaseOnExit release{device_inputs_, device_targets_};
+    const ReleaseOnExit release{device_inputs_, device_targets_, device_positions_};
     return accumulate(micro_batches_of(batches));
 }
 
 ModuleTrainer::Evaluation Trainer::evaluate(const std::vector<nn::Batch>& batches) {
-    const ReleaseOnExit release{device_inputs_, device_targets_};
+    const ReleaseOnExit release{device_inputs_, device_targets_, device_positions_};
     return ModuleTrainer::evaluate(micro_batches_of(batches));
 }
 

@@ -58,7 +58,7 @@ private:
     TargetCounting counting_ = TargetCounting::causal_shifted;
     // The current micro-batch's device inputs and targets, held until its backward has run and released
     // before the next one uploads: the lifetime planner/memory_model.h's joint peak accounts for.
-    Tensor device_inputs_, device_targets_;
+    Tensor device_inputs_, device_targets_, device_positions_; // positions: packed documents only
 };
 
 } // namespace engine::optim

@@ -294,7 +294,7 @@ ParameterTerms parameter_terms(const nn::ModelConfig& config, DType dtype) {
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                                 DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
                                 bool offload_optimizer, GradientOffload gradients_where, bool offload_parameters,
-                                int loss_chunk_tokens, int mlp_tile_tokens) {
+                                int loss_chunk_tokens, int mlp_tile_tokens, bool packed_documents) {
     config.validate();
     ENGINE_CHECK(!offload_parameters || (offload_optimizer && policy.enabled),
                  "predict_memory: offload_parameters needs offload_optimizer and gradient checkpointing");
@@ -411,11 +411,13 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     // its inputs' and targets' device copies and the token sums the earlier ones reported (kept for the
     // step's loss). On the CPU backend the offloaded inputs stay in the same account: the unified walk counts
     // each pinned copy where the device copy stood.
+    // Packed documents add the positions to both: three (B,T) i32 tensors a micro-batch.
     const size_t ids = rows * sizeof(int32_t);
     const size_t steps = static_cast<size_t>(accumulation_steps);
+    const size_t per_batch = packed_documents ? 3 : 2;
     const size_t before_forward = persistent_parameters + persistent_gradients +
-                                  prediction.of(MemoryCategory::optimizer_state) + device_zero_buffers + steps * 2 * ids +
-                                  2 * ids + (steps - 1) * terms.scalar;
+                                  prediction.of(MemoryCategory::optimizer_state) + device_zero_buffers +
+                                  steps * per_batch * ids + per_batch * ids + (steps - 1) * terms.scalar;
     prediction.peak_bytes = before_forward + walk.joint;
     prediction.peak_moment = walk.joint_moment;
     prediction.unified_peak_bytes =
@@ -450,14 +452,14 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
 std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                         DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
                         bool offload_optimizer, GradientOffload gradients, bool offload_parameters,
-                        int loss_chunk_tokens, int mlp_tile_tokens) {
-    const MemoryPrediction planned =
-        predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps,
-                       offload_optimizer, gradients, offload_parameters, loss_chunk_tokens, mlp_tile_tokens);
+                        int loss_chunk_tokens, int mlp_tile_tokens, bool packed_documents) {
+    const MemoryPrediction planned = predict_memory(
+        config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps, offload_optimizer,
+        gradients, offload_parameters, loss_chunk_tokens, mlp_tile_tokens, packed_documents);
     // Streamed gradients need checkpointed segments: the plain comparison keeps the window.
     const MemoryPrediction plain = predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer,
                                                   optimizer_shards, 1, offload_optimizer, GradientOffload::window,
-                                                  false, loss_chunk_tokens, mlp_tile_tokens);
+                                                  false, loss_chunk_tokens, mlp_tile_tokens, packed_documents);
     const int layers = config.layers();
     std::ostringstream text;
     text << "model: " << config.to_string() << "\n";

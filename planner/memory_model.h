@@ -126,13 +126,15 @@ struct MemoryPrediction {
 // window's gradients are summed then; offload_parameters: the checkpointed layers' working copies parked on the
 // host too, fetched one segment at a time (StepShape); loss_chunk_tokens > 0: the streaming LM head
 // (linear_cross_entropy over chunks of that many of the B·T tokens) in place of the whole logits; mlp_tile_tokens
-// > 0: every decoder layer's MLP tiled over that many of them (checkpoint::tiled_rows).
+// > 0: every decoder layer's MLP tiled over that many of them (checkpoint::tiled_rows); packed_documents: each
+// micro-batch carries its (B,T) i32 positions beside its ids and labels (nn::Batch::positions), on the host for the
+// step and on the device for its forward and backward (they change no activation: the ops keep them by reference).
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                 const checkpoint::CheckpointPolicy& policy, DType dtype = DType::f32,
                                 OptimizerKind optimizer = OptimizerKind::adamw, int optimizer_shards = 1,
                                 int accumulation_steps = 1, bool offload_optimizer = false,
                                 GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
-                                int loss_chunk_tokens = 0, int mlp_tile_tokens = 0);
+                                int loss_chunk_tokens = 0, int mlp_tile_tokens = 0, bool packed_documents = false);
 
 // The streaming LM head's chunk when nothing asks for another (train_gpt's --loss-chunk-tokens auto): the head's
 // transient (its d(hidden), one chunk's logits, the per-token losses) at most automatic_loss_chunk_bytes. Every
@@ -160,11 +162,12 @@ size_t parameter_count(const nn::ModelConfig& config, int vocabulary_rows);
 
 // A human-readable plan for `train_gpt --plan`: the segment layout, the recompute cost and the predicted
 // peak per category, next to the same prediction without checkpointing.
-std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const checkpoint::CheckpointPolicy& policy,
-                        DType dtype = DType::f32, OptimizerKind optimizer = OptimizerKind::adamw,
-                        int optimizer_shards = 1, int accumulation_steps = 1, bool offload_optimizer = false,
+std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len,
+                        const checkpoint::CheckpointPolicy& policy, DType dtype = DType::f32,
+                        OptimizerKind optimizer = OptimizerKind::adamw, int optimizer_shards = 1,
+                        int accumulation_steps = 1, bool offload_optimizer = false,
                         GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
-                        int loss_chunk_tokens = 0, int mlp_tile_tokens = 0);
+                        int loss_chunk_tokens = 0, int mlp_tile_tokens = 0, bool packed_documents = false);
 
 // One decoder layer's parameters (what streamed gradients hold per layer), and the largest of them.
 size_t layer_parameter_count(const nn::ModelConfig& config);

@@ -143,9 +143,10 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                                                            loss_chunk, mlp_tile};
                                     plan.ranks = options.ranks;
                                     const int steps = plan.shape.gradient_accumulation_steps;
-                                    plan.memory = predict_memory(config, micro_batch, seq_len, policy, dtype,
-                                                                 options.optimizer, shards, steps, offload_optimizer,
-                                                                 gradients, offload_parameters, loss_chunk, mlp_tile);
+                                    plan.memory =
+                                        predict_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer,
+                                                       shards, steps, offload_optimizer, gradients, offload_parameters,
+                                                       loss_chunk, mlp_tile, options.packed_documents);
                                     plan.cost = predict_cost(config, micro_batch, steps, seq_len, policy, dtype,
                                                              options.optimizer, shards, ceilings, offload_optimizer,
                                                              gradients, offload_parameters, loss_chunk, mlp_tile);

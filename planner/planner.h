@@ -24,6 +24,7 @@ struct PlannerOptions {
     // --precision auto asks for both.
     std::vector<Precision> precisions = {Precision::fp32};
     int ranks = 1;               // data-parallel ranks; the global batch is split over them
+    bool packed_documents = false; // micro-batches carry positions (predict_memory's packed_documents)
     bool allow_zero = true;      // with ranks > 1, also search ZeRO stage 1
     bool allow_offload = true;
     // Off a CUDA device, also search optimizer offload (the model state in host memory), which costs the

@@ -89,16 +89,16 @@ void check(const Shape& s) {
     const std::vector<float> dqkv_start = uniform(size_t(tokens * s.row()), 3, 0.01); // dqkv is +=
 
     std::vector<float> out(size_t(tokens * s.C)), logsumexp(size_t(s.B) * s.NH * s.T), dqkv = dqkv_start;
-    cpu::attention_forward<float>(out.data(), logsumexp.data(), qkv.data(), s.B, s.T, s.C, s.NH, s.KVH);
-    cpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), out.data(), logsumexp.data(), s.B, s.T, s.C,
-                                   s.NH, s.KVH);
+    cpu::attention_forward<float>(out.data(), logsumexp.data(), qkv.data(), nullptr, s.B, s.T, s.C, s.NH, s.KVH);
+    cpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), out.data(), logsumexp.data(), nullptr, s.B,
+                                   s.T, s.C, s.NH, s.KVH);
 
     // The specification on the same (exactly widened) inputs.
     const std::vector<double> qkv64(qkv.begin(), qkv.end()), dout64(dout.begin(), dout.end());
     std::vector<double> out64(out.size()), logsumexp64(logsumexp.size()), dqkv64(dqkv_start.begin(), dqkv_start.end());
-    cpu::attention_forward<double>(out64.data(), logsumexp64.data(), qkv64.data(), s.B, s.T, s.C, s.NH, s.KVH);
-    cpu::attention_backward<double>(dqkv64.data(), dout64.data(), qkv64.data(), out64.data(), logsumexp64.data(), s.B,
-                                    s.T, s.C, s.NH, s.KVH);
+    cpu::attention_forward<double>(out64.data(), logsumexp64.data(), qkv64.data(), nullptr, s.B, s.T, s.C, s.NH, s.KVH);
+    cpu::attention_backward<double>(dqkv64.data(), dout64.data(), qkv64.data(), out64.data(), logsumexp64.data(),
+                                    nullptr, s.B, s.T, s.C, s.NH, s.KVH);
 
     const double score = max_scaled_score(qkv64, s);
     const struct {

@@ -100,10 +100,10 @@ TEST(Bf16Attention, ForwardWithinTheRoundingOfP) {
         const int KVH = attention_shape.kv_heads(), hs = C / NH;
         const Inputs qkv = random_inputs(generator, size_t(B) * T * attention_shape.qkv_width(), 2.0f);
         std::vector<float> out_reference(size_t(B) * T * C), lse_reference(size_t(B) * NH * T);
-        cpu::attention_forward(out_reference.data(), lse_reference.data(), qkv.f32.data(), B, T, C, NH, KVH);
+        cpu::attention_forward(out_reference.data(), lse_reference.data(), qkv.f32.data(), nullptr, B, T, C, NH, KVH);
         std::vector<bfloat16> out(size_t(B) * T * C);
         std::vector<float> lse(size_t(B) * NH * T);
-        cpu::attention_forward(out.data(), lse.data(), qkv.bf16.data(), B, T, C, NH, KVH);
+        cpu::attention_forward(out.data(), lse.data(), qkv.bf16.data(), nullptr, B, T, C, NH, KVH);
         const std::vector<double> weighted = test::attention_bounds(qkv.f32, {}, {}, {}, attention_shape).forward;
         const double f32_slack = (hs + T + 8) * std::ldexp(1.0, -24);
         double worst = 0.0; // the largest error as a fraction of its bound, printed for the record
@@ -144,13 +144,14 @@ TEST(Bf16Attention, BackwardWithinTheRoundingOfPAndDs) {
         const Inputs dout = random_inputs(generator, size_t(B) * T * C);
         std::vector<bfloat16> out(size_t(B) * T * C);
         std::vector<float> lse(size_t(B) * NH * T), out_wide(out.size());
-        cpu::attention_forward(out.data(), lse.data(), qkv.bf16.data(), B, T, C, NH, KVH);
+        cpu::attention_forward(out.data(), lse.data(), qkv.bf16.data(), nullptr, B, T, C, NH, KVH);
         for (size_t i = 0; i < out.size(); ++i) out_wide[i] = to_float(out[i]);
         std::vector<float> dqkv_reference(qkv.f32.size(), 0.0f);
-        cpu::attention_backward(dqkv_reference.data(), dout.f32.data(), qkv.f32.data(), out_wide.data(), lse.data(), B, T,
-                                C, NH, KVH);
+        cpu::attention_backward(dqkv_reference.data(), dout.f32.data(), qkv.f32.data(), out_wide.data(), lse.data(),
+                                nullptr, B, T, C, NH, KVH);
         std::vector<bfloat16> dqkv(qkv.bf16.size(), bfloat16{0});
-        cpu::attention_backward(dqkv.data(), dout.bf16.data(), qkv.bf16.data(), out.data(), lse.data(), B, T, C, NH, KVH);
+        cpu::attention_backward(dqkv.data(), dout.bf16.data(), qkv.bf16.data(), out.data(), lse.data(), nullptr, B, T,
+                                C, NH, KVH);
 
         const std::vector<double> weighted =
             test::attention_bounds(qkv.f32, dout.f32, out_wide, lse, attention_shape).backward; // (B,T,qkv width)

@@ -230,8 +230,10 @@ TEST_F(Bf16LayerOps, EmbeddingMatchesF32) {
     const auto token_table = random_bf16(size_t(V) * C), position_table = random_bf16(size_t(max_T) * C);
     std::vector<float> out32(size_t(B) * T * C);
     std::vector<bfloat16> out16(out32.size());
-    cpu::embedding_forward(out32.data(), tokens.data(), token_table.exact.data(), position_table.exact.data(), B, T, C);
-    cpu::embedding_forward(out16.data(), tokens.data(), token_table.bits.data(), position_table.bits.data(), B, T, C);
+    cpu::embedding_forward(out32.data(), tokens.data(), token_table.exact.data(), position_table.exact.data(), nullptr,
+                           B, T, C);
+    cpu::embedding_forward(out16.data(), tokens.data(), token_table.bits.data(), position_table.bits.data(), nullptr, B,
+                           T, C);
     EXPECT_TRUE(within_bf16_ulps(out16, out32, 0.5, "embedding out"));
 
     const auto dout_unrounded = random_floats(out32.size());
@@ -239,10 +241,10 @@ TEST_F(Bf16LayerOps, EmbeddingMatchesF32) {
     std::vector<float> dtoken32(size_t(V) * C), dposition32(size_t(max_T) * C), dtoken16 = dtoken32,
                                                 dposition16 = dposition32, dtoken_rounded = dtoken32,
                                                 dposition_rounded = dposition32;
-    cpu::embedding_backward(dtoken32.data(), dposition32.data(), to_f32(dout).data(), tokens.data(), B, T, C);
-    cpu::embedding_backward(dtoken_rounded.data(), dposition_rounded.data(), dout_unrounded.data(), tokens.data(), B,
-                            T, C);
-    cpu::embedding_backward(dtoken16.data(), dposition16.data(), dout.data(), tokens.data(), B, T, C);
+    cpu::embedding_backward(dtoken32.data(), dposition32.data(), to_f32(dout).data(), tokens.data(), nullptr, B, T, C);
+    cpu::embedding_backward(dtoken_rounded.data(), dposition_rounded.data(), dout_unrounded.data(), tokens.data(),
+                            nullptr, B, T, C);
+    cpu::embedding_backward(dtoken16.data(), dposition16.data(), dout.data(), tokens.data(), nullptr, B, T, C);
     EXPECT_EQ(dtoken16, dtoken32);
     EXPECT_EQ(dposition16, dposition32);
     // Rounded dout (a_n = 1): a token row sums at most B*T rows, a position row B.

@@ -6,11 +6,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 
 #include "gradcheck.h"
 #include "llama_step.h"
 #include "optim/trainer.h"
 #include "planner/planner.h"
+#include "tests/packed_documents.h"
 #include "token_stream.h"
 
 namespace engine::testing {
@@ -272,6 +274,97 @@ TEST(MemoryModelLlama, TrainerStepPeakIsExactToTheByte) {
                  {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer_state})
                 EXPECT_EQ(memory.current(category), predicted.of(category))
                     << context << ": " << memory_category_name(category);
+        }
+    }
+}
+
+// Packed documents (nn::Batch::positions): the step's peak is exact with the positions counted beside the ids and
+// labels, plain and checkpointed with offload, f32 and bf16, with accumulation.
+TEST(MemoryModelLlama, PackedDocumentsStepPeakIsExactToTheByte) {
+    const nn::LlamaConfig config = test::small_llama_config(false);
+    constexpr int length = 24;
+    for (const auto& [policy, bf16, accumulation] : {std::tuple{CheckpointPolicy{false, 1, 1, false}, false, 1},
+                                                     std::tuple{CheckpointPolicy{true, 1, 1, true}, true, 2},
+                                                     std::tuple{CheckpointPolicy{true, 2, 1, false}, false, 3}}) {
+        current_tape().clear();
+        const size_t before = memory_stats(Device::cpu).current_bytes;
+        nn::Llama model(config, 11, Device::cpu, DType::f32);
+        optim::TrainerConfig trainer_config;
+        trainer_config.shape.per_device_train_batch_size = 3;
+        trainer_config.shape.gradient_accumulation_steps = accumulation;
+        trainer_config.shape.checkpointing = policy;
+        trainer_config.learning_rate = 1e-2;
+        trainer_config.max_steps = 2;
+        trainer_config.shape.precision = bf16 ? Precision::bf16 : Precision::fp32;
+        optim::Trainer trainer(model, trainer_config);
+        const test::Rows rows = test::packed_test_rows(config.vocab_size);
+        const nn::BatchSource source = [&]() -> std::optional<nn::Batch> {
+            return nn::make_packed_document_batch(rows, length);
+        };
+        const DType dtype = bf16 ? DType::bf16 : DType::f32;
+        const planner::MemoryPrediction predicted =
+            planner::predict_memory(config, 3, length, policy, dtype, planner::OptimizerKind::adamw, 1, accumulation,
+                                    false, GradientOffload::window, false, 0, 0, true);
+        for (int step = 0; step < 2; ++step) {
+            const optim::StepResult result = *trainer.train_step(source);
+            EXPECT_TRUE(std::isfinite(result.loss));
+            EXPECT_EQ(result.memory.peak_bytes - before, predicted.unified_peak_bytes)
+                << describe(config, 3, length, dtype, policy) << ", accumulation " << accumulation << ", step " << step;
+        }
+    }
+}
+
+// A token budget per micro-batch (issue 29 item 5): the plan is the worst micro-batch's (nn::largest_batch_shape),
+// met to the byte when every micro-batch has that shape, and never passed when they are smaller.
+TEST(MemoryModelLlama, TokenBudgetIsPlannedForTheWorstMicroBatch) {
+    const nn::LlamaConfig config = test::small_llama_config(false);
+    constexpr int rows_cap = 4, length = 24, budget = 48;
+    const auto [worst_rows, worst_length] = nn::largest_batch_shape(rows_cap, length, budget);
+    ASSERT_EQ(worst_rows * worst_length, 48);
+    const planner::MemoryPrediction predicted =
+        planner::predict_memory(config, worst_rows, worst_length, CheckpointPolicy{true, 1, 1, false}, DType::f32,
+                                planner::OptimizerKind::adamw, 1, 2);
+    // Documents (end of text 0) of the given lengths.
+    auto documents = [](const std::vector<int>& lengths) {
+        std::vector<int32_t> tokens;
+        for (int document_length : lengths) {
+            for (int index = 0; index + 1 < document_length; ++index) tokens.push_back(1 + index % 90);
+            tokens.push_back(0);
+        }
+        return tokens;
+    };
+    for (const bool all_worst : {true, false}) {
+        // Every document at least T long: each micro-batch is 2 x 24, the worst. Else lengths of 3..30.
+        std::vector<int> lengths;
+        for (int index = 0; index < 64; ++index) lengths.push_back(all_worst ? 30 : 3 + (index * 7) % 28);
+        current_tape().clear();
+        const size_t before = memory_stats(Device::cpu).current_bytes;
+        nn::Llama model(config, 11, Device::cpu, DType::f32);
+        optim::TrainerConfig trainer_config;
+        trainer_config.shape.per_device_train_batch_size = rows_cap;
+        trainer_config.shape.gradient_accumulation_steps = 2;
+        trainer_config.shape.checkpointing = CheckpointPolicy{true, 1, 1, false};
+        trainer_config.learning_rate = 1e-2;
+        trainer_config.max_steps = 3;
+        optim::Trainer trainer(model, trainer_config);
+        nn::DataLoaderOptions options;
+        options.batch_size = rows_cap;
+        options.sequence_length = length;
+        options.layout = nn::DataLayout::padded;
+        options.end_of_text = 0;
+        options.max_tokens = budget;
+        nn::DataLoader loader(documents(lengths), options);
+        const nn::BatchSource source = loader.source();
+        for (int step = 0; step < 3; ++step) {
+            const optim::StepResult result = *trainer.train_step(source);
+            const size_t peak = result.memory.peak_bytes - before;
+            if (all_worst)
+                EXPECT_EQ(peak, predicted.unified_peak_bytes) << "step " << step;
+            else
+                EXPECT_LE(peak, predicted.unified_peak_bytes) << "step " << step;
+            std::printf("  token budget %d, %s: step %d peak %zu B, planned %zu B\n", budget,
+                        all_worst ? "every micro-batch the worst" : "documents of 3..30 tokens", step, peak,
+                        predicted.unified_peak_bytes);
         }
     }
 }

@@ -123,8 +123,8 @@ void run_row_and_pointwise_kernels(Outputs& outputs, const std::string& type) {
         const auto inp = random_values<S>(count, 12), dout = random_values<S>(count, 13);
         const auto cos = random_values<C_>(size_t(T) * D / 2, 14, -1, 1), sin = random_values<C_>(size_t(T) * D / 2, 15, -1, 1);
         std::vector<S> out(count), dx = random_values<S>(count, 16);
-        k::rope_forward(out.data(), inp.data(), cos.data(), sin.data(), B, T, H, D);
-        k::rope_backward(dx.data(), dout.data(), cos.data(), sin.data(), B, T, H, D);
+        k::rope_forward(out.data(), inp.data(), cos.data(), sin.data(), nullptr, B, T, H, D);
+        k::rope_backward(dx.data(), dout.data(), cos.data(), sin.data(), nullptr, B, T, H, D);
         keep(outputs, type + " rope out", out), keep(outputs, type + " rope dinp", dx);
     }
     { // cross-entropy over (N, V) logits with a few ignored targets
@@ -171,13 +171,14 @@ void run_row_and_pointwise_kernels(Outputs& outputs, const std::string& type) {
         const auto dout = random_values<S>(size_t(B) * T * C, 28);
         std::vector<S> out(size_t(B) * T * C);
         std::vector<C_> dtoken(size_t(V) * C, C_(0.5)), dposition(size_t(T) * C, C_(-0.5));
-        k::embedding_forward(out.data(), tokens.data(), token_table.data(), position_table.data(), B, T, C);
+        k::embedding_forward(out.data(), tokens.data(), token_table.data(), position_table.data(), nullptr, B, T, C);
         keep(outputs, type + " embedding out", out);
-        k::embedding_forward(out.data(), tokens.data(), token_table.data(), static_cast<const S*>(nullptr), B, T, C);
+        k::embedding_forward(out.data(), tokens.data(), token_table.data(), static_cast<const S*>(nullptr), nullptr, B,
+                             T, C);
         keep(outputs, type + " embedding out (tokens only)", out);
-        k::embedding_backward(dtoken.data(), dposition.data(), dout.data(), tokens.data(), B, T, C);
+        k::embedding_backward(dtoken.data(), dposition.data(), dout.data(), tokens.data(), nullptr, B, T, C);
         keep(outputs, type + " embedding dtoken", dtoken), keep(outputs, type + " embedding dposition", dposition);
-        k::embedding_backward(dtoken.data(), static_cast<C_*>(nullptr), dout.data(), tokens.data(), B, T, C);
+        k::embedding_backward(dtoken.data(), static_cast<C_*>(nullptr), dout.data(), tokens.data(), nullptr, B, T, C);
         keep(outputs, type + " embedding dtoken (tokens only)", dtoken);
     }
     for (const int KVH : {heads, kv_heads}) { // attention, multi-head and grouped-query
@@ -186,8 +187,9 @@ void run_row_and_pointwise_kernels(Outputs& outputs, const std::string& type) {
         const auto qkv = random_values<S>(size_t(B) * T * row, 29), dout = random_values<S>(size_t(B) * T * C, 30);
         std::vector<S> out(size_t(B) * T * C), dqkv = random_values<S>(size_t(B) * T * row, 31);
         std::vector<C_> logsumexp(size_t(B) * NH * T);
-        k::attention_forward(out.data(), logsumexp.data(), qkv.data(), B, T, C, NH, KVH);
-        k::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), logsumexp.data(), B, T, C, NH, KVH);
+        k::attention_forward(out.data(), logsumexp.data(), qkv.data(), nullptr, B, T, C, NH, KVH);
+        k::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), logsumexp.data(), nullptr, B, T, C, NH,
+                              KVH);
         const std::string name = type + " attention kv heads " + std::to_string(KVH);
         keep(outputs, name + " out", out), keep(outputs, name + " logsumexp", logsumexp);
         keep(outputs, name + " dqkv", dqkv);

@@ -178,7 +178,8 @@ void BM_embedding_forward(benchmark::State& state) {
     DeviceArray<float> out(tokens * C), token_table(int64_t(V) * C), position_table(int64_t(T) * C);
     DeviceArray<int32_t> token_ids(tokens);
     run_timed(state, f * 3.0 * tokens * C, 0, [&](cudaStream_t stream) {
-        gpu::embedding_forward(out.get(), token_ids.get(), token_table.get(), position_table.get(), B, T, C, stream);
+        gpu::embedding_forward(out.get(), token_ids.get(), token_table.get(), position_table.get(), nullptr, B, T, C,
+                               stream);
     });
 }
 BENCHMARK(BM_embedding_forward)->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -196,7 +197,7 @@ void BM_embedding_backward(benchmark::State& state) {
                           cudaMemcpyHostToDevice));
     run_timed(state, f * 3.0 * tokens * C, 0, [&](cudaStream_t stream) {
         gpu::embedding_backward(dtoken_table.get(), dposition_table.get(), dout.get(), device_groups.get(),
-                                groups.distinct, B, T, C, stream);
+                                groups.distinct, nullptr, 0, B, T, C, stream);
     });
 }
 BENCHMARK(BM_embedding_backward)->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -207,16 +208,30 @@ BENCHMARK(BM_embedding_backward)->UseManualTime()->Unit(benchmark::kMicrosecond)
 constexpr double attention_forward_flops = 2.0 * 2.0 * B * NH * (double(T) * (T + 1) / 2) * (C / NH);
 constexpr double attention_backward_flops = 2.5 * attention_forward_flops;
 
+// positions: null (one causal document per row), or packed documents of `document_length` tokens.
 struct AttentionBuffers {
     DeviceArray<float> out{tokens * C}, qkv{tokens * 3 * C}, dqkv{tokens * 3 * C}, dout{tokens * C};
     DeviceArray<float> logsumexp{int64_t(B) * NH * T}, row_dot_workspace{int64_t(B) * NH * T}; // (B,NH,T)
+    DeviceArray<int32_t> document_positions{tokens};                                           // (B,T)
+    const int32_t* positions = nullptr;
+
+    AttentionBuffers() = default;
+    explicit AttentionBuffers(int document_length) {
+        std::vector<int32_t> host(static_cast<size_t>(tokens));
+        for (int64_t token = 0; token < tokens; ++token) host[token] = int32_t(token % T % document_length);
+        CUDA_CHECK(cudaStreamSynchronize(engine::cuda::compute_stream())); // its zeroing runs on the compute stream
+        CUDA_CHECK(
+            cudaMemcpy(document_positions.get(), host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+        positions = document_positions.get();
+    }
 
     void forward(bool tf32, cudaStream_t stream) {
-        gpu::attention_forward(out.get(), logsumexp.get(), qkv.get(), B, T, C, NH, NH, tf32, stream); // multi-head
+        // multi-head
+        gpu::attention_forward(out.get(), logsumexp.get(), qkv.get(), positions, B, T, C, NH, NH, tf32, stream);
     }
     void backward(bool tf32, cudaStream_t stream) {
-        gpu::attention_backward(dqkv.get(), row_dot_workspace.get(), dout.get(), qkv.get(), out.get(),
-                                logsumexp.get(), B, T, C, NH, NH, tf32, stream);
+        gpu::attention_backward(dqkv.get(), row_dot_workspace.get(), dout.get(), qkv.get(), out.get(), logsumexp.get(),
+                                positions, B, T, C, NH, NH, tf32, stream);
     }
 };
 
@@ -251,6 +266,23 @@ void BM_attention_forward_backward(benchmark::State& state) {
     state.SetLabel(tf32 ? "tf32" : "fp32");
 }
 BENCHMARK(BM_attention_forward_backward)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// The same step over packed documents of T/4 tokens (positions restart every 256): a quarter of the causal
+// work, counted as such, so the rate shows what the skipped tiles save (ideally the same FLOP/s as above).
+void BM_attention_documents_forward_backward(benchmark::State& state) {
+    if (!prepare(state)) return;
+    const bool tf32 = state.range(0) != 0;
+    constexpr int document_length = T / 4;
+    constexpr double document_share = double(document_length + 1) / (T + 1); // of the causal pairs
+    AttentionBuffers buffers(document_length);
+    run_timed(state, 0, (attention_forward_flops + attention_backward_flops) * document_share,
+              [&](cudaStream_t stream) {
+                  buffers.forward(tf32, stream);
+                  buffers.backward(tf32, stream);
+              });
+    state.SetLabel(tf32 ? "tf32, documents of 256" : "fp32, documents of 256");
+}
+BENCHMARK(BM_attention_documents_forward_backward)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_cross_entropy_forward(benchmark::State& state) {
     if (!prepare(state)) return;

@@ -1,5 +1,7 @@
 // embedding: token table plus learned position table (GPT), or the token table alone (Llama), with token-range
 // checks before any write.
+#include <optional>
+
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
 #include "engine/ops.h"
@@ -15,8 +17,10 @@ T* data_or_null(const Tensor& tensor) {
 }
 
 // Both forms: position_table undefined is the plain lookup, whose kernels get null position pointers (no add in
-// forward, no position gradient in backward); a defined one takes exactly GPT's path.
-Tensor embedding_lookup(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table) {
+// forward, no position gradient in backward); a defined one takes exactly GPT's path, with position rows t or, for
+// packed documents, positions[b,t].
+Tensor embedding_lookup(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table,
+                        const Tensor& positions) {
     constexpr const char* op = "embedding";
     const bool with_positions = position_table.defined();
     ENGINE_CHECK(tokens.dtype() == DType::i32 && tokens.dim() == 2,
@@ -43,6 +47,9 @@ Tensor embedding_lookup(const Tensor& tokens, const Tensor& token_table, const T
         ENGINE_CHECK(time <= position_table.size(0), op << ": sequence length " << time
                                                         << " exceeds the position table "
                                                         << shape_string(position_table.shape()));
+    if (positions.defined())
+        check_document_positions(op, positions, batch, time, tokens.device(), position_table.size(0));
+    const int32_t* position_rows = positions.defined() ? positions.data<int32_t>() : nullptr; // (B,T) or null
     const std::vector<int32_t> host_tokens = tokens.to_vector<int32_t>();
     for (size_t index = 0; index < host_tokens.size(); ++index)
         ENGINE_CHECK(host_tokens[index] >= 0 && host_tokens[index] < vocabulary,
@@ -53,12 +60,12 @@ Tensor embedding_lookup(const Tensor& tokens, const Tensor& token_table, const T
     if (out.device() == Device::cpu) {
         dispatch_cpu(op, out.dtype(), [&]<typename T>() {
             kernels::cpu::embedding_forward<T>(out.data<T>(), tokens.data<int32_t>(), token_table.data<T>(),
-                                               data_or_null<T>(position_table), batch, time, channels);
+                                               data_or_null<T>(position_table), position_rows, batch, time, channels);
         });
     } else {
         ENGINE_DISPATCH_CUDA(op, out.dtype(), [&]<typename T>() {
             kernels::cuda::embedding_forward(out.data<T>(), tokens.data<int32_t>(), token_table.data<T>(),
-                                             data_or_null<T>(position_table), batch, time, channels,
+                                             data_or_null<T>(position_table), position_rows, batch, time, channels,
                                              cuda::compute_stream());
         });
     }
@@ -68,7 +75,9 @@ Tensor embedding_lookup(const Tensor& tokens, const Tensor& token_table, const T
     std::vector<const Tensor*> inputs = {&token_table};
     if (with_positions) inputs.push_back(&position_table);
     record_node(op, inputs, {&out},
-                [=, saved_tokens = tokens, output_id = out.id()](BackwardContext& context) {
+                [=, saved_tokens = tokens, saved_positions = positions,
+                 output_id = out.id()](BackwardContext& context) {
+                    const int32_t* rows = saved_positions.defined() ? saved_positions.data<int32_t>() : nullptr;
                     Tensor dout = context.output_grad(output_id);
                     // Parameter gradients: in compute_dtype (f32 for bf16 tables), so micro-batches add up
                     // unrounded. The kernel writes every table there is; one that needs no gradient gets scratch.
@@ -83,10 +92,9 @@ Tensor embedding_lookup(const Tensor& tokens, const Tensor& token_table, const T
                                                   MemoryCategory::workspace);
                     if (dout.device() == Device::cpu) {
                         dispatch_cpu(op, dout.dtype(), [&]<typename T>() {
-                            kernels::cpu::embedding_backward<T>(dtoken.data<Compute<T>>(),
-                                                                data_or_null<Compute<T>>(dposition),
-                                                                dout.data<T>(), saved_tokens.data<int32_t>(), batch,
-                                                                time, channels);
+                            kernels::cpu::embedding_backward<T>(
+                                dtoken.data<Compute<T>>(), data_or_null<Compute<T>>(dposition), dout.data<T>(),
+                                saved_tokens.data<int32_t>(), rows, batch, time, channels);
                         });
                     } else {
                         // The kernel wants the positions grouped by token. Built here, in backward, its one
@@ -100,9 +108,22 @@ Tensor embedding_lookup(const Tensor& tokens, const Tensor& token_table, const T
                             const cuda::Scratch<int32_t> device_groups(groups.packed.size(), cuda::compute_stream());
                             cuda::copy(device_groups.get(), Device::cuda, groups.packed.data(), Device::cpu,
                                        groups.packed.size() * sizeof(int32_t));
-                            kernels::cuda::embedding_backward(dtoken.data<float>(), data_or_null<float>(dposition),
-                                                              dout.data<T>(), device_groups.get(), groups.distinct,
-                                                              batch, time, channels, cuda::compute_stream());
+                            // Packed documents: the position rows grouped the same way (one more small upload).
+                            kernels::cuda::TokenGroups position_groups;
+                            std::optional<cuda::Scratch<int32_t>> device_position_groups;
+                            if (rows != nullptr) {
+                                const std::vector<int32_t> host_positions = saved_positions.to_vector<int32_t>();
+                                position_groups =
+                                    kernels::cuda::group_positions_by_token(host_positions.data(), batch * time);
+                                device_position_groups.emplace(position_groups.packed.size(), cuda::compute_stream());
+                                cuda::copy(device_position_groups->get(), Device::cuda, position_groups.packed.data(),
+                                           Device::cpu, position_groups.packed.size() * sizeof(int32_t));
+                            }
+                            kernels::cuda::embedding_backward(
+                                dtoken.data<float>(), data_or_null<float>(dposition), dout.data<T>(),
+                                device_groups.get(), groups.distinct,
+                                device_position_groups ? device_position_groups->get() : nullptr,
+                                position_groups.distinct, batch, time, channels, cuda::compute_stream());
                         });
                     }
                 });
@@ -111,14 +132,15 @@ Tensor embedding_lookup(const Tensor& tokens, const Tensor& token_table, const T
 
 } // namespace
 
-Tensor embedding(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table) {
+Tensor embedding(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table,
+                 const Tensor& positions) {
     ENGINE_CHECK(position_table.defined(), "embedding: the position table is undefined; call embedding(tokens, "
                                            "token_table) for the lookup without positions");
-    return embedding_lookup(tokens, token_table, position_table);
+    return embedding_lookup(tokens, token_table, position_table, positions);
 }
 
 Tensor embedding(const Tensor& tokens, const Tensor& token_table) {
-    return embedding_lookup(tokens, token_table, Tensor());
+    return embedding_lookup(tokens, token_table, Tensor(), Tensor());
 }
 
 } // namespace engine

@@ -40,12 +40,13 @@ Tensor embedding_at(const Tensor& tokens, const Tensor& token_table, const Tenso
     if (out.device() == Device::cpu) {
         dispatch_cpu(op, out.dtype(), [&]<typename T>() {
             kernels::cpu::embedding_forward<T>(out.data<T>(), tokens.data<int32_t>(), token_table.data<T>(),
-                                               position_table.data<T>() + position_offset, batch, time, channels);
+                                               position_table.data<T>() + position_offset, nullptr, batch, time,
+                                               channels);
         });
     } else {
         ENGINE_DISPATCH_CUDA(op, out.dtype(), [&]<typename T>() {
             kernels::cuda::embedding_forward(out.data<T>(), tokens.data<int32_t>(), token_table.data<T>(),
-                                             position_table.data<T>() + position_offset, batch, time, channels,
+                                             position_table.data<T>() + position_offset, nullptr, batch, time, channels,
                                              cuda::compute_stream());
         });
     }

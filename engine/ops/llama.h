@@ -25,13 +25,14 @@ struct RopeTables {
 RopeTables rope_tables(int positions, int head_size, double theta, DType dtype, Device device);
 
 // x (B,T,H*D) with D = head_size (even); cos and sin (P, D/2) in compute_dtype(x.dtype()) on x's device, P >= T;
-// position t uses row t. Per head, Hugging Face's rotate-half layout: for i in [0, D/2)
+// position t uses row t, or row positions[b,t] for packed documents (positions (B,T) i32 on x's device, as
+// check_document_positions in engine/ops.h states; undefined otherwise). Per head, Hugging Face's rotate-half layout: for i in [0, D/2)
 //   out[i] = x[i]*cos[t,i] - x[i+D/2]*sin[t,i];  out[i+D/2] = x[i+D/2]*cos[t,i] + x[i]*sin[t,i]
 // computed in compute_dtype and rounded once on store. (transformers' bf16 model rounds cos/sin to bf16 and each
 // product and sum to bf16; this keeps f32 until the store, so the two differ by about one bf16 ulp.)
 // f32, f64 (CPU) and bf16. Saves only the tables; backward applies the inverse rotation to dout. The tables are
 // constants and never receive a gradient, even if they require one.
-Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int head_size);
+Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int head_size, const Tensor& positions = Tensor());
 
 // silu(gate) * up elementwise (Llama's MLP: down(swiglu(gate_proj(x), up_proj(x)))), shapes and dtypes equal,
 // f32, f64 (CPU) and bf16. One pass instead of silu then mul. Saves gate and up.

@@ -83,7 +83,7 @@ RopeTables rope_tables(int positions, int head_size, double theta, DType dtype, 
             Tensor::from_vector<float>(sin, shape, device, MemoryCategory::parameters)};
 }
 
-Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int head_size) {
+Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int head_size, const Tensor& positions) {
     constexpr const char* op = "rope";
     ENGINE_CHECK(x.dim() == 3, op << ": x " << x.describe() << " must be (B,T,heads*head_size)");
     ENGINE_CHECK(is_floating(x.dtype()), op << ": x " << x.describe() << " must be f32, f64 or bf16");
@@ -99,6 +99,8 @@ Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int head_size
                                               << " exceeds the tables' " << cos.size(0) << " positions "
                                               << shape_string(cos.shape()));
     leading_rows(op, x); // B*T and the width fit the kernels' int dimensions
+    if (positions.defined()) check_document_positions(op, positions, x.size(0), x.size(1), x.device(), cos.size(0));
+    const int32_t* position_rows = positions.defined() ? positions.data<int32_t>() : nullptr; // (B,T) or null
     const int batch = static_cast<int>(x.size(0)), time = static_cast<int>(x.size(1));
     const int heads = static_cast<int>(x.size(2) / head_size);
 
@@ -106,33 +108,34 @@ Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int head_size
     if (x.device() == Device::cpu) {
         dispatch_cpu(op, x.dtype(), [&]<typename T>() {
             kernels::cpu::rope_forward<T>(out.data<T>(), x.data<T>(), cos.data<Compute<T>>(), sin.data<Compute<T>>(),
-                                          batch, time, heads, head_size);
+                                          position_rows, batch, time, heads, head_size);
         });
     } else {
         ENGINE_DISPATCH_CUDA(op, x.dtype(), [&]<typename T>() {
-            kernels::cuda::rope_forward(out.data<T>(), x.data<T>(), cos.data<float>(), sin.data<float>(), batch, time,
-                                        heads, head_size, cuda::compute_stream());
+            kernels::cuda::rope_forward(out.data<T>(), x.data<T>(), cos.data<float>(), sin.data<float>(), position_rows,
+                                        batch, time, heads, head_size, cuda::compute_stream());
         });
     }
 
     // The rotation is linear in x, so backward needs only the tables (constants: they get no gradient).
     GradTarget x_target(x);
     record_node(op, {&x}, {&out},
-                [=, saved_cos = cos.detach(), saved_sin = sin.detach(),
+                [=, saved_cos = cos.detach(), saved_sin = sin.detach(), saved_positions = positions,
                  output_id = out.id()](BackwardContext& context) {
                     Tensor dx = context.input_grad(x_target);
                     if (!dx.defined()) return;
                     Tensor dout = context.output_grad(output_id);
+                    const int32_t* rows = saved_positions.defined() ? saved_positions.data<int32_t>() : nullptr;
                     if (dout.device() == Device::cpu) {
                         dispatch_cpu(op, dout.dtype(), [&]<typename T>() {
-                            kernels::cpu::rope_backward<T>(dx.data<T>(), dout.data<T>(),
-                                                           saved_cos.data<Compute<T>>(), saved_sin.data<Compute<T>>(),
-                                                           batch, time, heads, head_size);
+                            kernels::cpu::rope_backward<T>(dx.data<T>(), dout.data<T>(), saved_cos.data<Compute<T>>(),
+                                                           saved_sin.data<Compute<T>>(), rows, batch, time, heads,
+                                                           head_size);
                         });
                     } else {
                         ENGINE_DISPATCH_CUDA(op, dout.dtype(), [&]<typename T>() {
                             kernels::cuda::rope_backward(dx.data<T>(), dout.data<T>(), saved_cos.data<float>(),
-                                                         saved_sin.data<float>(), batch, time, heads, head_size,
+                                                         saved_sin.data<float>(), rows, batch, time, heads, head_size,
                                                          cuda::compute_stream());
                         });
                     }

@@ -1,7 +1,8 @@
 // The bf16 causal grouped-query attention backward, attention_backward<bfloat16>: the reference for the CUDA twin
 // kernels/cuda/attention_bf16_backward.cu. f32 arithmetic, P and dS rounded to bf16 before their products (as the
 // tensor-core kernel's operands), gradients summed in f32 (dK and dV of a kv head over all its query heads) and
-// added into dqkv with one rounding each.
+// added into dqkv with one rounding each. With positions (packed documents) a row's keys start at its document's
+// first token.
 #include "kernels/cpu/attention_heads.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
@@ -17,9 +18,9 @@ namespace {
 // Query head h of one batch in the bf16 backward: its dQ (T, head_size) f32 sum, zeroed here and added into dqkv
 // with one rounding; its share of dK and dV added into the kv head's f32 sums, which the caller rounds.
 void attention_head_backward_bf16(bfloat16* batch_dqkv, const bfloat16* dout, const bfloat16* batch_qkv,
-                                  const bfloat16* out, const float* logsumexp, int b, int h, int T,
-                                  const PackedQkv& packed, std::vector<float>& dquery, std::vector<float>& dkey,
-                                  std::vector<float>& dvalue) {
+                                  const bfloat16* out, const float* logsumexp, const int32_t* row_positions, int b,
+                                  int h, int T, const PackedQkv& packed, std::vector<float>& dquery,
+                                  std::vector<float>& dkey, std::vector<float>& dvalue) {
     const int head_size = packed.head_size, C = packed.C;
     const int64_t qkv_row = packed.row(), head_offset = packed.query(h);
     const int64_t key_offset = packed.key(h), value_offset = packed.value(h);
@@ -33,7 +34,7 @@ void attention_head_backward_bf16(bfloat16* batch_dqkv, const bfloat16* dout, co
         const float row_logsumexp = logsumexp[(static_cast<int64_t>(b) * packed.NH + h) * T + t];
         float row_delta = 0.0f; // D_t = dout_t . out_t
         for (int d = 0; d < head_size; ++d) row_delta += to_float(dout[out_offset + d]) * to_float(out[out_offset + d]);
-        for (int t2 = 0; t2 <= t; ++t2) {
+        for (int t2 = document_start(row_positions, t); t2 <= t; ++t2) {
             float dot = 0.0f, dprobability = 0.0f;
             for (int d = 0; d < head_size; ++d) {
                 dot += q(t, d) * k(t2, d);
@@ -69,7 +70,7 @@ void add_rounded(bfloat16* batch_dqkv, const std::vector<float>& sums, int64_t o
 } // namespace
 
 void attention_backward_bf16(bfloat16* dqkv, const bfloat16* dout, const bfloat16* qkv, const bfloat16* out,
-                             const float* logsumexp, int B, int T, int C, int NH, int KVH) {
+                             const float* logsumexp, const int32_t* positions, int B, int T, int C, int NH, int KVH) {
     const PackedQkv packed{C, NH, KVH, C / NH};
     const int head_size = C / NH, group = NH / KVH;
     const int64_t qkv_row = packed.row();
@@ -85,8 +86,8 @@ void attention_backward_bf16(bfloat16* dqkv, const bfloat16* dout, const bfloat1
             std::fill(dkey.begin(), dkey.end(), 0.0f);
             std::fill(dvalue.begin(), dvalue.end(), 0.0f);
             for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
-                attention_head_backward_bf16(batch_dqkv, dout, qkv + int64_t(b) * T * qkv_row, out, logsumexp, b,
-                                             h, T, packed, dquery, dkey, dvalue);
+                attention_head_backward_bf16(batch_dqkv, dout, qkv + int64_t(b) * T * qkv_row, out, logsumexp,
+                                             batch_positions(positions, b, T), b, h, T, packed, dquery, dkey, dvalue);
             }
             const int first_head = kv_head * group;
             add_rounded(batch_dqkv, dkey, packed.key(first_head), T, head_size, qkv_row);

@@ -1,7 +1,8 @@
 // The bf16 causal grouped-query attention forward, attention_forward<bfloat16>: the reference for the CUDA twin
 // kernels/cuda/attention_bf16_forward.cu. It follows that kernel's online softmax step by step (key tiles of
 // attention_bf16_key_tile, P rounded to bf16 before P·V, f32 statistics), so that its rounding points are the
-// GPU's and only the order of f32 sums differs.
+// GPU's and only the order of f32 sums differs. With positions (packed documents) a row's keys start at its
+// document's first token; the tiles stay aligned from key 0 and a tile without any of the row's keys is skipped.
 #include "kernels/cpu/attention_heads.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
@@ -18,7 +19,7 @@ namespace {
 // One (batch, query head h, query t) row: scores in f32, per key tile the running maximum, the probabilities
 // exp(x - max) rounded to bf16 for the product with V (as FlashAttention's bf16 P), the running sum of the
 // unrounded ones (f32 statistics), and the output scaled by 1/sum and rounded once.
-void attention_row_bf16(bfloat16* out_head, float* logsumexp, const bfloat16* batch_qkv, int t, int h,
+void attention_row_bf16(bfloat16* out_head, float* logsumexp, const bfloat16* batch_qkv, int t, int h, int start,
                         const PackedQkv& packed, std::vector<float>& accumulator, std::vector<float>& scores) {
     const int head_size = packed.head_size;
     const int64_t qkv_row = packed.row();
@@ -27,8 +28,11 @@ void attention_row_bf16(bfloat16* out_head, float* logsumexp, const bfloat16* ba
     const bfloat16* query = batch_qkv + t * qkv_row + packed.query(h);
     float running_max = -std::numeric_limits<float>::infinity(), running_sum = 0.0f;
     std::fill(accumulator.begin(), accumulator.end(), 0.0f);
-    for (int first_key = 0; first_key <= t; first_key += attention_bf16_key_tile) {
-        const int last_key = std::min(t, first_key + attention_bf16_key_tile - 1); // causal: keys <= t
+    // Keys start..t (causal within the document), in the tiles that hold them.
+    for (int tile_key = start / attention_bf16_key_tile * attention_bf16_key_tile; tile_key <= t;
+         tile_key += attention_bf16_key_tile) {
+        const int first_key = std::max(tile_key, start);
+        const int last_key = std::min(t, tile_key + attention_bf16_key_tile - 1);
         float tile_max = -std::numeric_limits<float>::infinity();
         for (int t2 = first_key; t2 <= last_key; ++t2) {
             const bfloat16* key = batch_qkv + t2 * qkv_row + key_offset;
@@ -58,8 +62,8 @@ void attention_row_bf16(bfloat16* out_head, float* logsumexp, const bfloat16* ba
 
 } // namespace
 
-void attention_forward_bf16(bfloat16* out, float* logsumexp, const bfloat16* qkv, int B, int T, int C, int NH,
-                            int KVH) {
+void attention_forward_bf16(bfloat16* out, float* logsumexp, const bfloat16* qkv, const int32_t* positions, int B,
+                            int T, int C, int NH, int KVH) {
     const PackedQkv packed{C, NH, KVH, C / NH};
     const int head_size = packed.head_size;
     const int64_t qkv_row = packed.row();
@@ -68,10 +72,11 @@ void attention_forward_bf16(bfloat16* out, float* logsumexp, const bfloat16* qkv
         for (int64_t block = first; block < end; ++block) {
             const int b = int(block / NH), h = int(block % NH);
             const bfloat16* batch_qkv = qkv + static_cast<int64_t>(b) * T * qkv_row;
+            const int32_t* row_positions = batch_positions(positions, b, T);
             for (int t = 0; t < T; ++t) {
                 attention_row_bf16(out + (static_cast<int64_t>(b) * T + t) * C + int64_t(h) * head_size,
-                                   logsumexp + (static_cast<int64_t>(b) * NH + h) * T + t, batch_qkv, t, h, packed,
-                                   accumulator, scores);
+                                   logsumexp + (static_cast<int64_t>(b) * NH + h) * T + t, batch_qkv, t, h,
+                                   document_start(row_positions, t), packed, accumulator, scores);
             }
         }
     });

@@ -27,10 +27,17 @@ inline int64_t attention_blocks_per_chunk(int T, int head_size, int query_heads_
     return items_per_chunk(int64_t(T) * (T + 1) / 2 * head_size * query_heads_per_block, cheap_elements_per_chunk);
 }
 
+// The first key query t may attend: its document's first token (cpu_kernels.h), 0 without positions. `row_positions`
+// is the batch's (T) row of positions, or null.
+inline int document_start(const int32_t* row_positions, int t) { return row_positions ? t - row_positions[t] : 0; }
+inline const int32_t* batch_positions(const int32_t* positions, int b, int T) {
+    return positions ? positions + int64_t(b) * T : nullptr;
+}
+
 // attention_forward<bfloat16> and attention_backward<bfloat16> (cpu_kernels.h has their contract).
-void attention_forward_bf16(bfloat16* out, float* logsumexp, const bfloat16* qkv, int B, int T, int C, int NH,
-                            int KVH);
+void attention_forward_bf16(bfloat16* out, float* logsumexp, const bfloat16* qkv, const int32_t* positions, int B,
+                            int T, int C, int NH, int KVH);
 void attention_backward_bf16(bfloat16* dqkv, const bfloat16* dout, const bfloat16* qkv, const bfloat16* out,
-                             const float* logsumexp, int B, int T, int C, int NH, int KVH);
+                             const float* logsumexp, const int32_t* positions, int B, int T, int C, int NH, int KVH);
 
 } // namespace engine::kernels::cpu

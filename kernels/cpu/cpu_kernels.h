@@ -33,20 +33,24 @@
 namespace engine::kernels::cpu {
 
 // ---- embedding: token table plus learned position table ----
-// out[b,t,:] = token_table[tokens[b,t],:] + position_table[t,:]; a null position_table (Llama) gives the token
-// rows alone, and then dposition_table must be null too.
+// out[b,t,:] = token_table[tokens[b,t],:] + position_table[p,:], p = t, or positions[b,t] for packed documents
+// (null otherwise); a null position_table (Llama) gives the token rows alone, and then dposition_table must be
+// null too.
 template <typename Scalar>
 void embedding_forward(Scalar* out,                  // (B,T,C)
-                       const int32_t* tokens,   // (B,T), each in [0,V)
+                       const int32_t* tokens,        // (B,T), each in [0,V)
                        const Scalar* token_table,    // (V,C)
                        const Scalar* position_table, // (max_T,C), max_T >= T
+                       const int32_t* positions,     // (B,T) or null
                        int B, int T, int C);
 // The table gradients are Compute<Scalar> (parameter gradients: f32 for bf16 tables); dout is Scalar.
 template <typename Scalar>
 void embedding_backward(Compute<Scalar>* dtoken_table,    // (V,C) +=
                         Compute<Scalar>* dposition_table, // (max_T,C) +=
                         const Scalar* dout,               // (B,T,C)
-                        const int32_t* tokens, int B, int T, int C);
+                        const int32_t* tokens,            // (B,T)
+                        const int32_t* positions,         // (B,T) or null
+                        int B, int T, int C);
 
 // ---- gemm through BLAS, row-major ----
 // c(m,n) = alpha * op(a)(m,k) * op(b)(k,n) + beta * c(m,n); op(x) = x or x^T.
@@ -120,11 +124,17 @@ void residual_backward(Scalar* da, Scalar* db, // (N) += dout, either may be nul
 // attention_bf16_key_tile (the CUDA bf16 kernel's) and rounds exp(score - running max) to bf16 before P·V; the
 // backward rounds P and dS = scale·P·(dP - D) to bf16 before their products, sums the gradients in f32 and adds
 // each into dqkv with one rounding.
+// Packed documents (positions not null): query t of batch b attends keys start..t only, start = t - positions[b,t],
+// the first token of its document; positions (B,T) restart at 0 at each document and count up by one inside it
+// (the op checks this: engine/ops/attention.cpp), so start never decreases along t. Null: one document per row.
+// bf16 key tiles stay aligned at multiples of attention_bf16_key_tile from key 0; a tile holding none of a row's
+// keys is skipped for that row.
 inline constexpr int attention_bf16_key_tile = 64;
 template <typename Scalar>
 void attention_forward(Scalar* out,                // (B,T,C)
                        Compute<Scalar>* logsumexp, // (B,NH,T)
                        const Scalar* qkv,          // (B,T,C+2*KVH*C/NH)
+                       const int32_t* positions,   // (B,T) or null
                        int B, int T, int C, int NH, int KVH);
 template <typename Scalar>
 void attention_backward(Scalar* dqkv,                     // (B,T,C+2*KVH*C/NH) +=
@@ -132,6 +142,7 @@ void attention_backward(Scalar* dqkv,                     // (B,T,C+2*KVH*C/NH) 
                         const Scalar* qkv,                // (B,T,C+2*KVH*C/NH)
                         const Scalar* out,                // (B,T,C)
                         const Compute<Scalar>* logsumexp, // (B,NH,T)
+                        const int32_t* positions,         // (B,T) or null
                         int B, int T, int C, int NH, int KVH);
 
 // ---- dropout with a counter-based RNG (kernels/common/philox.h) ----

@@ -16,22 +16,25 @@ namespace engine::kernels::cpu {
 
 // ---- rope: rotary position embedding, Hugging Face's rotate-half layout ----
 // x is (B,T,H*D), head h of position t occupying columns [h*D, (h+1)*D); D = head_size is even and half = D/2.
-// For i in [0, half), with c = cos[t,i] and s = sin[t,i] (row t of a (P, half) table, P >= T):
+// For i in [0, half), with c = cos[p,i] and s = sin[p,i] (row p of a (P, half) table: p = t, or positions[b,t] for
+// packed documents, each below P):
 //   out[i] = x[i]*c - x[i+half]*s;  out[i+half] = x[i+half]*c + x[i]*s
 // computed in Compute<Scalar> (tables too) and rounded once on store.
 template <typename Scalar>
-void rope_forward(Scalar* out,                 // (B,T,H*D)
-                  const Scalar* inp,           // (B,T,H*D)
-                  const Compute<Scalar>* cos,  // (P,D/2), rows [0,T) read
-                  const Compute<Scalar>* sin,  // (P,D/2)
+void rope_forward(Scalar* out,                // (B,T,H*D)
+                  const Scalar* inp,          // (B,T,H*D)
+                  const Compute<Scalar>* cos, // (P,D/2), rows [0,T) read, or the positions'
+                  const Compute<Scalar>* sin, // (P,D/2)
+                  const int32_t* positions,   // (B,T) or null
                   int B, int T, int H, int D);
 // The inverse rotation (the transpose of the forward's orthogonal 2x2 blocks):
 //   dinp[i] += dout[i]*c + dout[i+half]*s;  dinp[i+half] += dout[i+half]*c - dout[i]*s
 template <typename Scalar>
-void rope_backward(Scalar* dinp,                // (B,T,H*D) +=
-                   const Scalar* dout,          // (B,T,H*D)
-                   const Compute<Scalar>* cos,  // (P,D/2)
-                   const Compute<Scalar>* sin,  // (P,D/2)
+void rope_backward(Scalar* dinp,               // (B,T,H*D) +=
+                   const Scalar* dout,         // (B,T,H*D)
+                   const Compute<Scalar>* cos, // (P,D/2)
+                   const Compute<Scalar>* sin, // (P,D/2)
+                   const int32_t* positions,   // (B,T) or null
                    int B, int T, int H, int D);
 
 // ---- swiglu: out = silu(gate) * up, elementwise (Llama's MLP activation) ----

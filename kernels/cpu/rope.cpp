@@ -9,15 +9,17 @@ namespace engine::kernels::cpu {
 // OFF), under which GCC does not contract across operations (-ffp-contract=off); a compiler that did would
 // break the bitwise CPU/CUDA tests, which is how it would be noticed.
 template <typename S>
-void rope_forward(S* out, const S* inp, const Compute<S>* cos, const Compute<S>* sin, int B, int T, int H, int D) {
+void rope_forward(S* out, const S* inp, const Compute<S>* cos, const Compute<S>* sin, const int32_t* positions, int B,
+                  int T, int H, int D) {
     using C = Compute<S>;
     const int half = D / 2;
     // Positions (b, t) are independent: chunks of them on threads.
     parallel_for(int64_t(B) * T, items_per_chunk(int64_t(H) * D, cheap_elements_per_chunk), [&](int64_t first, int64_t end) {
         for (int64_t position = first; position < end; ++position) {
             const int64_t b = position / T, t = position % T;
-            const C* c = cos + static_cast<int64_t>(t) * half; // (D/2) row t
-            const C* s = sin + static_cast<int64_t>(t) * half;
+            const int64_t row = positions ? positions[position] : t; // the token's table row
+            const C* c = cos + row * half;                           // (D/2)
+            const C* s = sin + row * half;
             for (int h = 0; h < H; ++h) {
                 const int64_t head = ((b * T + t) * H + h) * D;
                 const S* x = inp + head; // (D)
@@ -33,15 +35,16 @@ void rope_forward(S* out, const S* inp, const Compute<S>* cos, const Compute<S>*
 }
 
 template <typename S>
-void rope_backward(S* dinp, const S* dout, const Compute<S>* cos, const Compute<S>* sin, int B, int T, int H,
-                   int D) {
+void rope_backward(S* dinp, const S* dout, const Compute<S>* cos, const Compute<S>* sin, const int32_t* positions,
+                   int B, int T, int H, int D) {
     using C = Compute<S>;
     const int half = D / 2;
     parallel_for(int64_t(B) * T, items_per_chunk(int64_t(H) * D, cheap_elements_per_chunk), [&](int64_t first, int64_t end) {
         for (int64_t position = first; position < end; ++position) {
             const int64_t b = position / T, t = position % T;
-            const C* c = cos + static_cast<int64_t>(t) * half;
-            const C* s = sin + static_cast<int64_t>(t) * half;
+            const int64_t row = positions ? positions[position] : t;
+            const C* c = cos + row * half;
+            const C* s = sin + row * half;
             for (int h = 0; h < H; ++h) {
                 const int64_t head = ((b * T + t) * H + h) * D;
                 const S* dy = dout + head; // (D)
@@ -59,9 +62,11 @@ void rope_backward(S* dinp, const S* dout, const Compute<S>* cos, const Compute<
     });
 }
 
-#define ENGINE_INSTANTIATE_ROPE(S)                                                                           \
-    template void rope_forward<S>(S*, const S*, const Compute<S>*, const Compute<S>*, int, int, int, int);   \
-    template void rope_backward<S>(S*, const S*, const Compute<S>*, const Compute<S>*, int, int, int, int);
+#define ENGINE_INSTANTIATE_ROPE(S)                                                                                     \
+    template void rope_forward<S>(S*, const S*, const Compute<S>*, const Compute<S>*, const int32_t*, int, int, int,   \
+                                  int);                                                                                \
+    template void rope_backward<S>(S*, const S*, const Compute<S>*, const Compute<S>*, const int32_t*, int, int, int,  \
+                                   int);
 ENGINE_INSTANTIATE_ROPE(float)
 ENGINE_INSTANTIATE_ROPE(double)
 ENGINE_INSTANTIATE_ROPE(bfloat16)

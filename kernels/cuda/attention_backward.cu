@@ -3,7 +3,9 @@
 // tile, kv head) accumulates dK and dV over the query heads of its group (grouped-query attention), in
 // ascending order, and for each over the query tiles at and after the diagonal; then one block per (query
 // tile, query head) accumulates dQ over the key tiles up to the diagonal. Both recompute P from q, k and the
-// logsumexp. Repeated K/V never exist: every block reads its kv head in place.
+// logsumexp. Repeated K/V never exist: every block reads its kv head in place. With packed documents each P
+// is masked to the query's document; the key/value pass stops at the first query step that starts its document
+// after the block's keys, and the query pass starts at the key tile holding its first row's document start.
 #include <algorithm>
 #include <cmath>
 
@@ -29,7 +31,8 @@ inline constexpr int backward_warps = 4;
 inline constexpr int backward_rows = backward_warps * fragment_width;
 
 // Key/value pass: [key, value tiles: when not held] [query, dout steps] [per warp: P^T and dS^T stripes]
-// [logsumexp, D of the step] [position table]. Held keys and values are staged through the warp's stripes.
+// [logsumexp, D of the step] [position table, then the step's document starts]. Held keys and values are staged
+// through the warp's stripes.
 struct KeyValueLayout {
     int head_stride, score_stride, rows;
     bool separate_operands;
@@ -47,7 +50,8 @@ struct KeyValueLayout {
 };
 
 // Query pass: [query tile] [dout tile: when not held] [key, value tiles] [per warp: dS stripe]
-// [logsumexp, D] [position table]. Held queries and douts are staged in turn through the query tile.
+// [logsumexp, D] [position table, then the rows' document starts]. Held queries and douts are staged in turn
+// through the query tile.
 struct QueryLayout {
     int head_stride, key_rows, score_stride, rows;
     bool separate_operands;
@@ -64,6 +68,10 @@ struct QueryLayout {
                                 2 * size_t(rows) + position_table_floats);
     }
 };
+
+// Both passes read the position table into registers once (load_positions); its space then holds the document
+// starts of the rows in hand, so packed documents cost no shared memory.
+static_assert(key_pass_query_rows <= position_table_floats && backward_rows <= position_table_floats);
 
 // The buffers every backward kernel reads, and where this block's head starts in each.
 struct HeadViews {
@@ -87,15 +95,16 @@ __device__ HeadViews head_views(const float* dout, const float* qkv, const float
                      row_dot + statistics};
 }
 
-// P = exp(scale * S - logsumexp) (zero above the diagonal and for queries at or past T) over `score`, and
-// dS = scale * P * (dP - D) over `dprobability`, in registers: `positions` names each element's place.
-// key_pass: rows are keys and columns queries (S^T); else rows are queries. first_row / first_column: the
-// sequence positions of element (0, 0) of fragment 0; statistics are indexed by query within the step.
+// P = exp(scale * S - logsumexp) (zero outside the query's keys, its document's start up to itself, and for
+// queries at or past T) over `score`, and dS = scale * P * (dP - D) over `dprobability`, in registers:
+// `positions` names each element's place. key_pass: rows are keys and columns queries (S^T); else rows are
+// queries. first_row / first_column: the sequence positions of element (0, 0) of fragment 0; statistics and
+// document starts are indexed by query within the step.
 template <int count>
 __device__ void probabilities_and_score_gradients(Accumulator (&score)[count], Accumulator (&dprobability)[count],
                                                   const ElementPositions& positions, bool key_pass, int first_row,
                                                   int first_column, int T, float scale, const float* row_logsumexp,
-                                                  const float* row_dot) {
+                                                  const float* row_dot, const int* query_start) {
     ATTENTION_UNROLL
     for (int f = 0; f < count; ++f) {
         for (int i = 0; i < score[f].num_elements; ++i) {
@@ -104,9 +113,8 @@ __device__ void probabilities_and_score_gradients(Accumulator (&score)[count], A
             const int key_index = key_pass ? first_row + row : first_column + column;
             const int query_local = key_pass ? column : row;
             const int query_index = key_pass ? first_column + column : first_row + row;
-            const float probability = query_index < T && key_index <= query_index
-                                          ? expf(score[f].x[i] * scale - row_logsumexp[query_local])
-                                          : 0.0f;
+            const bool visible = query_index < T && key_index <= query_index && key_index >= query_start[query_local];
+            const float probability = visible ? expf(score[f].x[i] * scale - row_logsumexp[query_local]) : 0.0f;
             score[f].x[i] = probability;
             dprobability[f].x[i] = scale * probability * (dprobability[f].x[i] - row_dot[query_local]);
         }
@@ -129,8 +137,9 @@ __device__ void hold_rows(RowOperand (&held)[count], int fragments, float* strip
 // each warp owns 16 keys of one kv head.
 template <int max_width, bool tf32>
 __global__ void attention_backward_key_value_kernel(float* dqkv, const float* dout, const float* qkv,
-                                                    const float* logsumexp, const float* row_dot, int T, int C, int NH,
-                                                    int KVH, bool vectorized) {
+                                                    const float* logsumexp, const float* row_dot,
+                                                    const int32_t* document_positions, int T, int C, int NH, int KVH,
+                                                    bool vectorized) {
     constexpr bool hold = holds_operands(max_width, tf32);
     constexpr int max_head_fragments = max_width / fragment_width, max_depth_steps = max_width / fragment_depth;
     constexpr int query_fragments = key_pass_query_rows / fragment_width;
@@ -157,6 +166,7 @@ __global__ void attention_backward_key_value_kernel(float* dqkv, const float* do
     float* row_logsumexp = cursor.take(key_pass_query_rows);              // (query rows)
     float* row_dot_step = cursor.take(key_pass_query_rows);               // (query rows)
     float* position_table = cursor.take(position_table_floats);
+    int* step_start = reinterpret_cast<int*>(position_table); // (query rows), once the table is in registers
     float* probability_stripe = stripes + 2 * warp * layout.stripe_floats();
     float* dscore_stripe = probability_stripe + layout.stripe_floats();
     // Where the warp's keys and values live: held ones are staged in the stripes (16 x head_stride fits in
@@ -165,6 +175,8 @@ __global__ void attention_backward_key_value_kernel(float* dqkv, const float* do
     float* value_stripe = hold ? probability_stripe : value + warp * fragment_width * stride;
 
     const int qkv_row = packed.row();
+    const int32_t* row_positions = batch_positions(document_positions, batch, T);
+    const int last_key = min(first_key + layout.rows, T) - 1, warp_last_key = warp_first_key + fragment_width - 1;
     fill_position_table(position_table);
     RowOperand held_key[hold ? max_depth_steps : 1], held_value[hold ? max_depth_steps : 1];
     if constexpr (hold) {
@@ -198,18 +210,27 @@ __global__ void attention_backward_key_value_kernel(float* dqkv, const float* do
         for (int member = 0; member < packed.group; ++member) {
             const HeadViews views =
                 head_views(dout, qkv, logsumexp, row_dot, batch, first_head + member, T, NH, packed);
-            // Key blocks start at multiples of the query step, so the first step starts on the diagonal.
-            for (int first_query = first_key; first_query < T; first_query += key_pass_query_rows) {
-                __syncthreads(); // every warp has finished reading the previous step's query and dout
+            // Key blocks start at multiples of the query step, so the first step starts on the diagonal. Starts
+            // never decrease: once a step's first query starts its document after the block's keys, so do all
+            // later ones, and the block is done.
+            for (int first_query = first_key; first_query < T && document_start(row_positions, first_query) <= last_key;
+                 first_query += key_pass_query_rows) {
+                __syncthreads(); // every warp has finished reading the previous step (and holds the position table)
                 load_tile(whole_block(), query, stride, views.queries, qkv_row, first_query, key_pass_query_rows, T,
                           head_size, padded_head, vectorized);
                 load_tile(whole_block(), dout_step, stride, views.dout, C, first_query, key_pass_query_rows, T,
                           head_size, padded_head, vectorized);
                 load_row_statistics(row_logsumexp, row_dot_step, views.logsumexp, views.row_dot, first_query,
                                     key_pass_query_rows, T);
+                load_document_starts(step_start, row_positions, first_query, key_pass_query_rows, T);
                 __syncthreads();
-                // Causal: a warp whose keys all follow this step's queries, or lie past T, has nothing to add.
-                if (warp_first_key >= T || warp_first_key > first_query + key_pass_query_rows - 1) continue;
+                // A warp none of whose keys any query of this step sees (causal: the keys follow the queries, or
+                // lie past T; or the queries' documents start after them) has nothing to add.
+                const int last_query = min(first_query + key_pass_query_rows, T) - 1;
+                if (!sees_any_key(first_query, last_query, warp_first_key, warp_last_key,
+                                  [&](int query_index) { return step_start[query_index - first_query]; })) {
+                    continue;
+                }
 
                 Accumulator score[query_fragments], dprobability[query_fragments]; // S^T = K Q^T, dP^T = V dout^T
                 zero_accumulators(score);
@@ -219,7 +240,7 @@ __global__ void attention_backward_key_value_kernel(float* dqkv, const float* do
                 add_transposed_product<tf32, hold, max_depth_steps>(dprobability, held_value, value_stripe, dout_step,
                                                                     depth_steps, stride);
                 probabilities_and_score_gradients(score, dprobability, positions, true, warp_first_key, first_query, T,
-                                                  scale, row_logsumexp, row_dot_step);
+                                                  scale, row_logsumexp, row_dot_step, step_start);
                 store_accumulators(probability_stripe, layout.score_stride, score, query_fragments);
                 store_accumulators(dscore_stripe, layout.score_stride, dprobability, query_fragments);
                 __syncwarp();
@@ -254,8 +275,9 @@ __global__ void attention_backward_key_value_kernel(float* dqkv, const float* do
 // dQ_i += scale * sum_{j<=i} dS_ij k_j; each warp owns 16 queries.
 template <int max_width, bool tf32>
 __global__ void attention_backward_query_kernel(float* dqkv, const float* dout, const float* qkv,
-                                                const float* logsumexp, const float* row_dot, int T, int C, int NH,
-                                                int KVH, bool vectorized) {
+                                                const float* logsumexp, const float* row_dot,
+                                                const int32_t* document_positions, int T, int C, int NH, int KVH,
+                                                bool vectorized) {
     constexpr bool hold = holds_operands(max_width, tf32);
     constexpr int max_head_fragments = max_width / fragment_width, max_depth_steps = max_width / fragment_depth;
     constexpr int key_rows = query_pass_key_rows, key_fragments = key_rows / fragment_width;
@@ -280,12 +302,14 @@ __global__ void attention_backward_query_kernel(float* dqkv, const float* dout, 
     float* row_logsumexp = cursor.take(layout.rows);                      // (rows)
     float* row_dot_tile = cursor.take(layout.rows);                       // (rows)
     float* position_table = cursor.take(position_table_floats);
+    int* row_start = reinterpret_cast<int*>(position_table); // (rows), once the table is in registers
     float* dscore_stripe = dscores + warp * fragment_width * layout.score_stride;
     // The warp's queries and douts, and later its dQ; held douts are staged where the queries were.
     float* query_stripe = query + warp * fragment_width * stride;
     float* dout_stripe = hold ? query_stripe : dout_tile + warp * fragment_width * stride;
     const float* warp_logsumexp = row_logsumexp + warp * fragment_width;
     const float* warp_row_dot = row_dot_tile + warp * fragment_width;
+    const int* warp_row_start = row_start + warp * fragment_width;
 
     const int qkv_row = packed.row();
     fill_position_table(position_table);
@@ -304,19 +328,30 @@ __global__ void attention_backward_query_kernel(float* dqkv, const float* dout, 
     }
     __syncthreads(); // the position table and the row statistics are complete
     const ElementPositions positions = load_positions(position_table);
+    __syncthreads(); // every warp holds the table: its space takes the document starts
+    const int32_t* row_positions = batch_positions(document_positions, batch, T);
+    load_document_starts(row_start, row_positions, first_query, layout.rows, T);
     Accumulator dquery[max_head_fragments];
     zero_accumulators(dquery);
 
+    // Key tiles from the one holding the block's first document start (the earliest of its rows') up to the
+    // diagonal.
     const int last_query = min(first_query + layout.rows, T) - 1;
-    for (int first_key = 0; first_key <= last_query; first_key += key_rows) {
-        __syncthreads(); // every warp has finished reading the previous key and value tiles
+    const int warp_last_query = min(warp_first_query + fragment_width, T) - 1;
+    const int first_tile = tile_holding(document_start(row_positions, first_query), key_rows);
+    for (int first_key = first_tile; first_key <= last_query; first_key += key_rows) {
+        __syncthreads(); // every warp has finished reading the previous key and value tiles (the starts are written)
         load_tile(whole_block(), key, stride, views.keys, qkv_row, first_key, key_rows, T, head_size, padded_head,
                   vectorized);
         load_tile(whole_block(), value, stride, views.values, qkv_row, first_key, key_rows, T, head_size, padded_head,
                   vectorized);
         __syncthreads();
-        // Causal: a warp whose queries all precede this tile, or lie past T, has nothing to add.
-        if (warp_first_query >= T || warp_first_query + fragment_width - 1 < first_key) continue;
+        // A warp none of whose queries below T sees a key of this tile (all precede it, or start their documents
+        // after it) has nothing to add.
+        if (!sees_any_key(warp_first_query, warp_last_query, first_key, first_key + key_rows - 1,
+                          [&](int query_index) { return row_start[query_index - first_query]; })) {
+            continue;
+        }
 
         Accumulator score[key_fragments], dprobability[key_fragments]; // S = Q K^T, dP = dout V^T
         zero_accumulators(score);
@@ -324,8 +359,8 @@ __global__ void attention_backward_query_kernel(float* dqkv, const float* dout, 
         add_transposed_product<tf32, hold, max_depth_steps>(score, held_query, query_stripe, key, depth_steps, stride);
         add_transposed_product<tf32, hold, max_depth_steps>(dprobability, held_dout, dout_stripe, value, depth_steps,
                                                             stride);
-        probabilities_and_score_gradients(score, dprobability, positions, false, warp_first_query, first_key, T,
-                                          scale, warp_logsumexp, warp_row_dot);
+        probabilities_and_score_gradients(score, dprobability, positions, false, warp_first_query, first_key, T, scale,
+                                          warp_logsumexp, warp_row_dot, warp_row_start);
         store_accumulators(dscore_stripe, layout.score_stride, dprobability, key_fragments);
         __syncwarp();
         add_stripe_product<tf32>(dquery, head_fragments, dscore_stripe, layout.score_stride, key_rows / fragment_depth,
@@ -343,7 +378,8 @@ __global__ void attention_backward_query_kernel(float* dqkv, const float* dout, 
 
 template <bool tf32>
 void launch_backward(float* dqkv, float* row_dot_workspace, const float* dout, const float* qkv, const float* out,
-                     const float* logsumexp, int B, int T, int C, int NH, int KVH, cudaStream_t stream) {
+                     const float* logsumexp, const int32_t* positions, int B, int T, int C, int NH, int KVH,
+                     cudaStream_t stream) {
     const int head_size = C / NH;
     const bool vectorized = float4_aligned(C, NH, {dqkv, dout, qkv});
     ENGINE_LAUNCH(attention_row_dot_kernel<float>, ceil_div(int64_t(B) * NH * T, row_dot_warps), row_dot_warps * warp_size,
@@ -360,9 +396,9 @@ void launch_backward(float* dqkv, float* row_dot_workspace, const float* dout, c
         const dim3 key_value_grid((T + key_value.rows - 1) / key_value.rows, KVH, B); // one kv head per block
         const dim3 query_grid((T + query.rows - 1) / query.rows, NH, B);
         ENGINE_LAUNCH(key_value_kernel, key_value_grid, threads, key_value.bytes(), stream, dqkv, dout, qkv, logsumexp,
-                      row_dot_workspace, T, C, NH, KVH, vectorized);
+                      row_dot_workspace, positions, T, C, NH, KVH, vectorized);
         ENGINE_LAUNCH(query_kernel, query_grid, threads, query.bytes(), stream, dqkv, dout, qkv, logsumexp,
-                      row_dot_workspace, T, C, NH, KVH, vectorized);
+                      row_dot_workspace, positions, T, C, NH, KVH, vectorized);
     });
 }
 } // namespace
@@ -379,12 +415,15 @@ size_t attention_backward_shared_bytes(int head_size) {
 }
 
 void attention_backward(float* dqkv, float* row_dot_workspace, const float* dout, const float* qkv, const float* out,
-                        const float* logsumexp, int B, int T, int C, int NH, int KVH, bool tf32,
-                        cudaStream_t stream) {
+                        const float* logsumexp, const int32_t* positions, int B, int T, int C, int NH, int KVH,
+                        bool tf32, cudaStream_t stream) {
     attention_tiles::check_shape(C, NH, KVH);
     if (int64_t(B) * NH * T == 0) return;
-    if (tf32) launch_backward<true>(dqkv, row_dot_workspace, dout, qkv, out, logsumexp, B, T, C, NH, KVH, stream);
-    else launch_backward<false>(dqkv, row_dot_workspace, dout, qkv, out, logsumexp, B, T, C, NH, KVH, stream);
+    if (tf32) {
+        launch_backward<true>(dqkv, row_dot_workspace, dout, qkv, out, logsumexp, positions, B, T, C, NH, KVH, stream);
+    } else {
+        launch_backward<false>(dqkv, row_dot_workspace, dout, qkv, out, logsumexp, positions, B, T, C, NH, KVH, stream);
+    }
 }
 
 } // namespace engine::kernels::cuda

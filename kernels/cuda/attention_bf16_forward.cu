@@ -1,7 +1,8 @@
 // Causal attention forward in bf16 on tensor cores (wmma 16x16x16 bf16, f32 accumulators), FlashAttention-2
 // style: the twin of kernels/cpu/attention_bf16_forward.cpp, with the same rounding points (key tiles
 // of attention_bf16_key_tile, P = exp(score - running max) rounded to bf16 before P·V, the output rounded once,
-// the logsumexp in f32).
+// the logsumexp in f32). Packed documents as there too: the tiles stay aligned at key 0, a row's keys in a tile are
+// those of its document up to itself, and a tile holding none leaves the row exactly as it was.
 #include <cmath>
 
 #include "kernels/cuda/attention_bf16_tiles.cuh"
@@ -29,9 +30,9 @@ struct ForwardBf16Layout {
 // One block per (64-query tile, query head, batch); each warp owns 16 query rows and their output accumulators.
 // Query head h reads the keys and values of kv head h / (NH / KVH) in place (grouped-query attention).
 template <int max_width>
-__global__ void __launch_bounds__(bf16_warps * warp_size)
-attention_forward_bf16_kernel(bfloat16* out, float* logsumexp, const bfloat16* qkv, int T, int C, int NH, int KVH,
-                              bool vectorized) {
+__global__ void __launch_bounds__(bf16_warps* warp_size)
+    attention_forward_bf16_kernel(bfloat16* out, float* logsumexp, const bfloat16* qkv,
+                                  const int32_t* document_positions, int T, int C, int NH, int KVH, bool vectorized) {
     constexpr int max_head_fragments = max_width / fragment_width, key_fragments = forward_key_tile / fragment_width;
     const int head_size = C / NH, padded_head = padded_head_size(head_size);
     const int head_fragments = padded_head / fragment_width, depth_steps = padded_head / bf16_depth;
@@ -70,19 +71,28 @@ attention_forward_bf16_kernel(bfloat16* out, float* logsumexp, const bfloat16* q
     Accumulator16 output[max_head_fragments]; // (16, padded_head), unnormalised
     zero16(output);
 
-    // Softmax: lanes 2r and 2r + 1 own row r of the warp's stripe, each every other key.
+    // Softmax: lanes 2r and 2r + 1 own row r of the warp's stripe, each every other key, and hold its document's
+    // first key.
     const int softmax_row = lane / 2, half = lane % 2, softmax_query = warp_first_query + softmax_row;
+    const int32_t* row_positions = batch_positions(document_positions, batch, T);
+    const int row_start = softmax_query < T ? document_start(row_positions, softmax_query) : 0;
     float running_max = -INFINITY, running_sum = 0.0f;
+    // From the tile holding the block's first (earliest) document start; the CPU's tiles, aligned at key 0.
     const int last_query = min(first_query + bf16_rows, T) - 1;
-    for (int first_key = 0; first_key <= last_query; first_key += forward_key_tile) {
+    const int first_tile = tile_holding(document_start(row_positions, first_query), forward_key_tile);
+    for (int first_key = first_tile; first_key <= last_query; first_key += forward_key_tile) {
         __syncthreads(); // every warp has finished with the previous tiles
         load_bf16_tile(whole_block(), key, stride, keys, qkv_row, first_key, forward_key_tile, T, head_size,
                        padded_head, vectorized);
         load_bf16_tile(whole_block(), value, stride, values, qkv_row, first_key, forward_key_tile, T, head_size,
                        padded_head, vectorized);
         __syncthreads();
-        // Causal: a warp whose rows all precede this tile, or lie past T, has nothing to add.
-        if (warp_first_query >= T || warp_first_query + fragment_width - 1 < first_key) continue;
+        // A warp none of whose rows below T sees a key here (all precede the tile, or start their documents
+        // after it) has nothing to add, as the CPU skips the tile for such rows.
+        const int last_key = first_key + forward_key_tile - 1;
+        if (!__any_sync(full_warp_mask, softmax_query < T && softmax_query >= first_key && row_start <= last_key)) {
+            continue;
+        }
 
         for (int f = 0; f < key_fragments; ++f) { // S = Q K^T, (16, key tile)
             Accumulator16 score;
@@ -94,10 +104,13 @@ attention_forward_bf16_kernel(bfloat16* out, float* logsumexp, const bfloat16* q
 
         const float* score_row = score_stripe + softmax_row * layout.score_stride;
         bfloat16* probability_row = probability_stripe + softmax_row * layout.probability_stride;
-        const int visible = min(forward_key_tile, softmax_query - first_key + 1); // keys <= query
-        // P rounded to bf16 for the tensor cores; the running sum keeps the f32 values.
-        const float correction = online_softmax_step(score_row, probability_row, visible, forward_key_tile, half, scale,
-                                                     running_max, running_sum);
+        // The row's keys, its document's start up to itself; a row with none here gets P = 0 and a correction of
+        // exactly 1 (the CPU skips the tile for it). P rounded to bf16 for the tensor cores; the running sum keeps
+        // the f32 values.
+        const int first_visible = max(0, row_start - first_key);
+        const int end_visible = min(forward_key_tile, softmax_query - first_key + 1);
+        const float correction = online_softmax_step(score_row, probability_row, first_visible, end_visible,
+                                                     forward_key_tile, half, scale, running_max, running_sum);
         if (half == 0) warp_factor[softmax_row] = correction;
         __syncwarp();
         scale_rows16(output, head_fragments, element_rows, warp_factor);
@@ -117,8 +130,8 @@ attention_forward_bf16_kernel(bfloat16* out, float* logsumexp, const bfloat16* q
 
 } // namespace
 
-void attention_forward(bfloat16* out, float* logsumexp, const bfloat16* qkv, int B, int T, int C, int NH, int KVH,
-                       bool /*tf32: f32 only*/, cudaStream_t stream) {
+void attention_forward(bfloat16* out, float* logsumexp, const bfloat16* qkv, const int32_t* positions, int B, int T,
+                       int C, int NH, int KVH, bool /*tf32: f32 only*/, cudaStream_t stream) {
     attention_tiles::check_shape(C, NH, KVH);
     if (int64_t(B) * NH * T == 0) return;
     const int head_size = C / NH;
@@ -128,8 +141,8 @@ void attention_forward(bfloat16* out, float* logsumexp, const bfloat16* qkv, int
         auto* kernel = attention_forward_bf16_kernel<max_width>;
         allow_shared_bytes(kernel, shared_bytes);
         const dim3 grid((T + bf16_rows - 1) / bf16_rows, NH, B);
-        ENGINE_LAUNCH(kernel, grid, bf16_warps * warp_size, shared_bytes, stream, out, logsumexp, qkv, T, C, NH, KVH,
-                      vectorized);
+        ENGINE_LAUNCH(kernel, grid, bf16_warps * warp_size, shared_bytes, stream, out, logsumexp, qkv, positions, T, C,
+                      NH, KVH, vectorized);
     });
 }
 

@@ -1,7 +1,9 @@
 // Causal attention forward on tensor cores, FlashAttention-2 style (twin of kernels/cpu/attention_forward.cpp):
 // one block per (query tile, query head, batch) streams the key/value tiles of its kv head (grouped-query
 // attention: query head h reads kv head h / (NH / KVH) in place) through shared memory with an online
-// softmax, so no T x T matrix exists anywhere; it saves the per-row logsumexp for the backward.
+// softmax, so no T x T matrix exists anywhere; it saves the per-row logsumexp for the backward. With packed
+// documents a block streams only the tiles from the one holding its first row's document start (FlashAttention's
+// varlen idea inside a row) and masks each row's keys to its own document.
 #include <cmath>
 
 #include "kernels/cuda/attention_tiles.cuh"
@@ -48,8 +50,8 @@ __host__ __device__ constexpr int forward_blocks_per_sm(int max_width, bool tf32
 // max_width: the compiled maximum padded head size (64, 128, 256); the run-time one is C / NH padded.
 template <int max_width, bool tf32>
 __global__ void __launch_bounds__(forward_warps(max_width) * warp_size, forward_blocks_per_sm(max_width, tf32))
-attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, int C, int NH, int KVH,
-                         bool vectorized) {
+    attention_forward_kernel(float* out, float* logsumexp, const float* qkv, const int32_t* document_positions, int T,
+                             int C, int NH, int KVH, bool vectorized) {
     constexpr bool hold_query = holds_query(max_width, tf32);
     constexpr int max_head_fragments = max_width / fragment_width, max_depth_steps = max_width / fragment_depth;
     constexpr int key_rows = forward_key_rows(max_width), key_fragments = key_rows / fragment_width;
@@ -96,22 +98,29 @@ attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, 
     zero_accumulators(output);
 
     // Softmax: lanes 2r and 2r + 1 own row r of the warp's stripe, each every other key (2-way bank conflicts
-    // at most), and keep its running max and sum in registers.
+    // at most), and keep its running max and sum, and its document's first key, in registers.
     const int softmax_row = lane / 2, half = lane % 2, softmax_query = warp_first_query + softmax_row;
+    const int32_t* row_positions = batch_positions(document_positions, batch, T);
+    const int row_start = softmax_query < T ? document_start(row_positions, softmax_query) : 0;
     float running_max = -INFINITY, running_sum = 0.0f;
 
-    // Key tiles up to the diagonal; the last query row of the tile (or of the sequence) decides.
+    // Key tiles from the one holding the block's first document start (the earliest of its rows': starts never
+    // decrease) up to the diagonal, where the last query row of the tile (or of the sequence) decides.
     const int last_query = min(first_query + layout.rows, T) - 1;
-    for (int first_key = 0; first_key <= last_query; first_key += key_rows) {
+    const int first_tile = tile_holding(document_start(row_positions, first_query), key_rows);
+    for (int first_key = first_tile; first_key <= last_query; first_key += key_rows) {
         __syncthreads(); // every warp has finished with the previous tiles (or its query staged in them)
         load_tile(whole_block(), key, stride, keys, qkv_row, first_key, key_rows, T, head_size, padded_head,
                   vectorized);
         load_tile(whole_block(), value, stride, values, qkv_row, first_key, key_rows, T, head_size, padded_head,
                   vectorized);
         __syncthreads();
-        // A warp whose rows all precede this tile (causal) or lie past T has nothing to add; no block barrier
-        // follows before the next iteration's, so it may skip.
-        if (warp_first_query >= T || warp_first_query + fragment_width - 1 < first_key) continue;
+        // A warp none of whose rows below T sees a key here (all rows precede the tile, or start their documents
+        // after it) has nothing to add; no block barrier follows before the next iteration's, so it may skip.
+        const int last_key = first_key + key_rows - 1;
+        if (!__any_sync(full_warp_mask, softmax_query < T && softmax_query >= first_key && row_start <= last_key)) {
+            continue;
+        }
 
         // S = Q K^T, (16, key_rows), one 16-key fragment at a time: the fewest live score registers, which is
         // what lets two blocks' worth of registers fit at head size 64 without spills.
@@ -127,11 +136,12 @@ attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, 
         __syncwarp();
 
         float* score_row = score_stripe + softmax_row * layout.score_stride;
-        // Causal: keys <= query. A row before this tile has none here but had key 0 in the first tile, so
-        // running_max is finite by now and the correction is never exp(-inf + inf). P overwrites S in place.
-        const int visible = min(key_rows, softmax_query - first_key + 1);
-        const float correction = online_softmax_step(score_row, score_row, visible, key_rows, half, scale, running_max,
-                                                     running_sum);
+        // The row's keys: from its document's start to itself. A row with none here gets P = 0 and a correction
+        // of exactly 1, so this tile leaves it as it was. P overwrites S in place.
+        const int first_visible = max(0, row_start - first_key);
+        const int end_visible = min(key_rows, softmax_query - first_key + 1);
+        const float correction = online_softmax_step(score_row, score_row, first_visible, end_visible, key_rows, half,
+                                                     scale, running_max, running_sum);
         if (half == 0) warp_factor[softmax_row] = correction;
         __syncwarp();
         scale_rows(output, head_fragments, positions, warp_factor);
@@ -159,8 +169,8 @@ attention_forward_kernel(float* out, float* logsumexp, const float* qkv, int T, 
 }
 
 template <bool tf32>
-void launch_forward(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH, int KVH,
-                    cudaStream_t stream) {
+void launch_forward(float* out, float* logsumexp, const float* qkv, const int32_t* positions, int B, int T, int C,
+                    int NH, int KVH, cudaStream_t stream) {
     const int head_size = C / NH;
     const bool vectorized = float4_aligned(C, NH, {out, qkv});
     dispatch_head_size(head_size, [&]<int max_width>() {
@@ -170,7 +180,7 @@ void launch_forward(float* out, float* logsumexp, const float* qkv, int B, int T
         allow_shared_bytes(forward_kernel, shared_bytes);
         const dim3 grid((T + layout.rows - 1) / layout.rows, NH, B);
         ENGINE_LAUNCH(forward_kernel, grid, forward_warps(max_width) * warp_size, shared_bytes, stream, out, logsumexp,
-                      qkv, T, C, NH, KVH, vectorized);
+                      qkv, positions, T, C, NH, KVH, vectorized);
     });
 }
 } // namespace
@@ -182,12 +192,14 @@ size_t attention_forward_shared_bytes(int head_size) {
     return tf32_bytes > fp32_bytes ? tf32_bytes : fp32_bytes;
 }
 
-void attention_forward(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH, int KVH,
-                       bool tf32, cudaStream_t stream) {
+void attention_forward(float* out, float* logsumexp, const float* qkv, const int32_t* positions, int B, int T, int C,
+                       int NH, int KVH, bool tf32, cudaStream_t stream) {
     attention_tiles::check_shape(C, NH, KVH);
     if (int64_t(B) * NH * T == 0) return;
-    if (tf32) launch_forward<true>(out, logsumexp, qkv, B, T, C, NH, KVH, stream);
-    else launch_forward<false>(out, logsumexp, qkv, B, T, C, NH, KVH, stream);
+    if (tf32)
+        launch_forward<true>(out, logsumexp, qkv, positions, B, T, C, NH, KVH, stream);
+    else
+        launch_forward<false>(out, logsumexp, qkv, positions, B, T, C, NH, KVH, stream);
 }
 
 } // namespace engine::kernels::cuda

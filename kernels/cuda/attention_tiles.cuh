@@ -279,28 +279,63 @@ __device__ void zero_accumulators(Accumulator (&accumulators)[count]) {
 }
 
 // One online-softmax step over a row of raw scores (FlashAttention-2's): lanes 2r and 2r + 1 share row r, each
-// every other column. The tile maximum of the first `visible` scaled scores (the causal keys) raises the
-// running maximum; the probabilities exp(scale·score - max) of every column (0 past `visible`) are stored into
-// probability_row through narrow<P> (f32: in place over the scores, by the lane that read them; bf16: rounded for
-// the tensor cores), while the running sum adds them unrounded. Returns the factor that rescales the row's
-// earlier output (0 on the first tile: exp(-inf)).
+// every other column. The tile maximum of the visible scaled scores, columns first_visible..end_visible - 1 (the
+// row's keys: its document's, up to the row itself), raises the running maximum; the probabilities exp(scale·score
+// - max) of every column (0 outside the visible ones) are stored into probability_row through narrow<P> (f32: in
+// place over the scores, by the lane that read them; bf16: rounded for the tensor cores), while the running sum
+// adds them unrounded. Returns the factor that rescales the row's earlier output: 0 on the row's first tile with
+// a visible key (exp(-inf)), and exactly 1 when the maximum stays, in particular on a tile without a visible key,
+// which so leaves the row's statistics and output untouched even while its maximum is still -inf (where
+// exp(-inf + inf) would be NaN).
 template <typename P>
-__device__ float online_softmax_step(const float* score_row, P* probability_row, int visible, int columns, int half,
-                                     float scale, float& running_max, float& running_sum) {
+__device__ float online_softmax_step(const float* score_row, P* probability_row, int first_visible, int end_visible,
+                                     int columns, int half, float scale, float& running_max, float& running_sum) {
     float tile_max = -INFINITY;
-    for (int column = half; column < visible; column += 2) tile_max = fmaxf(tile_max, score_row[column] * scale);
+    for (int column = first_visible + ((first_visible ^ half) & 1); column < end_visible; column += 2) {
+        tile_max = fmaxf(tile_max, score_row[column] * scale);
+    }
     const float new_max = fmaxf(running_max, fmaxf(tile_max, __shfl_xor_sync(full_warp_mask, tile_max, 1)));
     float sum = 0.0f;
     for (int column = half; column < columns; column += 2) {
-        const float probability = column < visible ? expf(score_row[column] * scale - new_max) : 0.0f;
+        const bool visible = column >= first_visible && column < end_visible;
+        const float probability = visible ? expf(score_row[column] * scale - new_max) : 0.0f;
         probability_row[column] = narrow<P>(probability);
         sum += probability;
     }
     sum += __shfl_xor_sync(full_warp_mask, sum, 1);
-    const float correction = expf(running_max - new_max);
+    const float correction = running_max == new_max ? 1.0f : expf(running_max - new_max);
     running_sum = running_sum * correction + sum;
     running_max = new_max;
     return correction;
+}
+
+// Packed documents (cuda_kernels.h): query `row` of a batch sees keys document_start(row)..row, its document's
+// first token up to itself; null positions are one document per batch row (start 0). Positions restart at 0 and
+// count up by one (the op checks it on the host), so starts never decrease along the rows: a block finds its
+// first useful key tile from its first row, and a key tile's queries end once one starts past the tile.
+__host__ __device__ inline const int32_t* batch_positions(const int32_t* positions, int batch, int T) {
+    return positions == nullptr ? nullptr : positions + int64_t(batch) * T;
+}
+__device__ inline int document_start(const int32_t* row_positions, int row) {
+    return row_positions == nullptr ? 0 : row - row_positions[row];
+}
+// starts[r] = the document start of row first_row + r, r < rows, read once per block or step; rows at or past T
+// hold 0 (their P is zero whatever it is).
+__device__ inline void load_document_starts(int* starts, const int32_t* row_positions, int first_row, int rows, int T) {
+    for (int row = threadIdx.x; row < rows; row += blockDim.x) {
+        starts[row] = first_row + row < T ? document_start(row_positions, first_row + row) : 0;
+    }
+}
+// The first key of the tile, `tile_keys` keys long and aligned at key 0, that holds `key`: a block whose first
+// row starts at `key` begins its key tiles there, every earlier tile being masked for all of its rows.
+__device__ inline int tile_holding(int key, int tile_keys) { return key / tile_keys * tile_keys; }
+// Whether any query of first_query..last_query (last_query below T) sees a key of first_key..last_key, its
+// start (start_of(query)) at most last_key and itself at least first_key: starts never decrease, so the query
+// max(first_query, first_key) decides. Uniform across a warp when its arguments are.
+template <typename StartOf>
+__device__ bool sees_any_key(int first_query, int last_query, int first_key, int last_key, StartOf&& start_of) {
+    const int query = max(first_query, first_key);
+    return query <= last_query && start_of(query) <= last_key;
 }
 
 // D_i = rowsum(dout_i * out_i) per (batch, head, row), one warp per row of (B,NH,T): the softmax Jacobian's

@@ -30,10 +30,12 @@
 namespace engine::kernels::cuda {
 
 // ---- embedding (position_table and dposition_table null: the token lookup alone, Llama) ----
+// positions (B,T) or null: packed documents, token (b,t) adding position row positions[b,t] in place of t.
 void embedding_forward(float* out, const int32_t* tokens, const float* token_table, const float* position_table,
-                       int B, int T, int C, cudaStream_t stream);
+                       const int32_t* positions, int B, int T, int C, cudaStream_t stream);
 void embedding_forward(bfloat16* out, const int32_t* tokens, const bfloat16* token_table,
-                       const bfloat16* position_table, int B, int T, int C, cudaStream_t stream);
+                       const bfloat16* position_table, const int32_t* positions, int B, int T, int C,
+                       cudaStream_t stream);
 // The positions of a batch grouped by token, built on the host (a counting sort, O(B*T + largest token)):
 // `packed` holds, one after the other, the positions (count) ordered by token and ascending within a token,
 // the distinct tokens (distinct) ascending, and where each token's positions start (distinct + 1, the last
@@ -47,10 +49,14 @@ TokenGroups group_positions_by_token(const int32_t* tokens, int count);
 // Deterministic, no float atomics: one warp per (distinct token, 128 channels) adds that token's dout rows in
 // ascending position order, the CPU loop's order, so dtoken_table is bitwise the CPU twin's; the position
 // table sums over the batch in order per (t, channel). token_groups: TokenGroups::packed on the device.
-void embedding_backward(float* dtoken_table, float* dposition_table, const float* dout,
-                        const int32_t* token_groups, int distinct, int B, int T, int C, cudaStream_t stream);
-void embedding_backward(float* dtoken_table, float* dposition_table, const bfloat16* dout,
-                        const int32_t* token_groups, int distinct, int B, int T, int C, cudaStream_t stream);
+// position_groups: for packed documents, group_positions_by_token of the (B,T) positions on the device (their
+// position_distinct values), summed as the token table's; null: rows t.
+void embedding_backward(float* dtoken_table, float* dposition_table, const float* dout, const int32_t* token_groups,
+                        int distinct, const int32_t* position_groups, int position_distinct, int B, int T, int C,
+                        cudaStream_t stream);
+void embedding_backward(float* dtoken_table, float* dposition_table, const bfloat16* dout, const int32_t* token_groups,
+                        int distinct, const int32_t* position_groups, int position_distinct, int B, int T, int C,
+                        cudaStream_t stream);
 
 // ---- gemm (cuBLAS on `handle`, which it binds to `stream`; TF32 tensor cores when `tf32`) ----
 void gemm(float* c, const float* a, const float* b, int m, int n, int k, bool transpose_a, bool transpose_b,
@@ -116,26 +122,35 @@ void residual_backward(bfloat16* da, bfloat16* db, const bfloat16* dout, int64_t
 // ---- attention: causal, grouped-query, head size C/NH at most attention_max_head_size ----
 // qkv (B,T,C+2*KVH*C/NH) packs NH query heads, KVH key heads, KVH value heads (cpu_kernels.h); KVH divides NH,
 // KVH == NH is multi-head attention. out, dout (B,T,C); logsumexp (B,NH,T).
+// positions (B,T) int32 device memory, or null: packed documents without cross-attention. Query t of batch b
+// attends exactly keys start..t, start = t - positions[b*T + t], its document's first token; null is plain
+// causal attention (start 0, one document per row). The caller guarantees what the op checks on the host
+// (engine/ops/attention.cpp): positions[b*T] == 0 and positions[b*T+t] is 0 or positions[b*T+t-1] + 1, so
+// starts never decrease along t and every query sees at least itself. The kernels skip the key tiles no row of a
+// block sees.
 // Tensor cores (wmma m16n16k8): TF32 products when `tf32`, else 3xTF32 (each operand split into two TF32
 // parts), as accurate as fp32. Deterministic (dK/dV of a kv head summed over its query heads in ascending
 // order by the block that owns the key tile, no atomics); shared memory per block from the *_shared_bytes
 // functions.
 inline constexpr int attention_max_head_size = 256;
-void attention_forward(float* out, float* logsumexp, const float* qkv, int B, int T, int C, int NH, int KVH,
-                       bool tf32, cudaStream_t stream);
+void attention_forward(float* out, float* logsumexp, const float* qkv, const int32_t* positions /* (B,T) or null */,
+                       int B, int T, int C, int NH, int KVH, bool tf32, cudaStream_t stream);
 // row_dot_workspace: B*NH*T floats of device memory for D_i = rowsum(dout * out), overwritten; it must stay
 // untouched until the launched kernels have run.
-void attention_backward(float* dqkv, float* row_dot_workspace /* (B,NH,T) */, const float* dout,
-                        const float* qkv, const float* out, const float* logsumexp, int B, int T, int C, int NH,
-                        int KVH, bool tf32, cudaStream_t stream);
+void attention_backward(float* dqkv, float* row_dot_workspace /* (B,NH,T) */, const float* dout, const float* qkv,
+                        const float* out, const float* logsumexp, const int32_t* positions /* (B,T) or null */, int B,
+                        int T, int C, int NH, int KVH, bool tf32, cudaStream_t stream);
 // bf16 (kernels/cuda/attention_bf16_*.cu): bf16 wmma 16x16x16 with f32 accumulators, the CPU bf16 reference's
-// rounding points (P rounded to bf16 before P·V, key tiles of cpu::attention_bf16_key_tile; P and dS rounded
-// before the backward's products); out and dqkv bf16, logsumexp and row_dot_workspace f32. `tf32` is ignored.
-void attention_forward(bfloat16* out, float* logsumexp, const bfloat16* qkv, int B, int T, int C, int NH, int KVH,
-                       bool tf32, cudaStream_t stream);
+// rounding points (P rounded to bf16 before P·V, key tiles of cpu::attention_bf16_key_tile, aligned at key 0 with
+// or without documents; P and dS rounded before the backward's products); out and dqkv bf16, logsumexp and
+// row_dot_workspace f32. `tf32` is ignored.
+void attention_forward(bfloat16* out, float* logsumexp, const bfloat16* qkv,
+                       const int32_t* positions /* (B,T) or null */, int B, int T, int C, int NH, int KVH, bool tf32,
+                       cudaStream_t stream);
 void attention_backward(bfloat16* dqkv, float* row_dot_workspace /* (B,NH,T) */, const bfloat16* dout,
-                        const bfloat16* qkv, const bfloat16* out, const float* logsumexp, int B, int T, int C, int NH,
-                        int KVH, bool tf32, cudaStream_t stream);
+                        const bfloat16* qkv, const bfloat16* out, const float* logsumexp,
+                        const int32_t* positions /* (B,T) or null */, int B, int T, int C, int NH, int KVH, bool tf32,
+                        cudaStream_t stream);
 size_t attention_forward_shared_bytes(int head_size);
 size_t attention_backward_shared_bytes(int head_size); // the larger of its two tiled kernels
 

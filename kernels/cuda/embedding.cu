@@ -1,7 +1,8 @@
 // Token plus position embedding, forward and deterministic backward (CUDA twin of kernels/cpu/embedding.cpp);
 // without a position table (null: Llama) the forward is the token lookup alone and backward skips dposition.
 // The token-table gradient is parallel over (distinct token, channel tile), from positions the host grouped by
-// token (group_positions_by_token); the position-table gradient over (t, channel). Tables, out and dout are
+// token (group_positions_by_token); the position-table gradient over (t, channel), or for packed documents (rows
+// positions[b,t]) as the token table's, from the positions grouped by position. Tables, out and dout are
 // float or bf16 storage (T); the table gradients are float, accumulated without rounding to bf16.
 #include <algorithm>
 
@@ -46,13 +47,14 @@ TokenGroups group_positions_by_token(const int32_t* tokens, int count) {
 // lookup (false, a copy of the token's row) existed.
 template <typename S, bool with_positions>
 static __global__ void embedding_forward_kernel(S* out, const int32_t* tokens, const S* token_table,
-                                                const S* position_table, int T, int C, int64_t count) {
+                                                const S* position_table, const int32_t* positions, int T, int C,
+                                                int64_t count) {
     for (int64_t index = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; index < count;
          index += int64_t(gridDim.x) * blockDim.x) {
         const int64_t position = index / C; // b*T + t
         const int channel = static_cast<int>(index % C);
         if constexpr (with_positions) {
-            const int t = static_cast<int>(position % T);
+            const int t = positions ? positions[position] : static_cast<int>(position % T);
             out[index] = narrow<S>(widen(token_table[int64_t(tokens[position]) * C + channel]) +
                                    widen(position_table[int64_t(t) * C + channel]));
         } else {
@@ -111,30 +113,31 @@ static __global__ void embedding_backward_position_kernel(float* dposition_table
 
 template <typename S>
 static void launch_embedding_forward(S* out, const int32_t* tokens, const S* token_table, const S* position_table,
-                                     int B, int T, int C, cudaStream_t stream) {
+                                     const int32_t* positions, int B, int T, int C, cudaStream_t stream) {
     const int64_t count = int64_t(B) * T * C;
     if (count == 0) return;
     if (position_table != nullptr)
         ENGINE_LAUNCH((embedding_forward_kernel<S, true>), elementwise_grid(count, block_size), block_size, 0, stream,
-                      out, tokens, token_table, position_table, T, C, count);
+                      out, tokens, token_table, position_table, positions, T, C, count);
     else
         ENGINE_LAUNCH((embedding_forward_kernel<S, false>), elementwise_grid(count, block_size), block_size, 0, stream,
-                      out, tokens, token_table, position_table, T, C, count);
+                      out, tokens, token_table, position_table, nullptr, T, C, count);
 }
 
 void embedding_forward(float* out, const int32_t* tokens, const float* token_table, const float* position_table,
-                       int B, int T, int C, cudaStream_t stream) {
-    launch_embedding_forward(out, tokens, token_table, position_table, B, T, C, stream);
+                       const int32_t* positions, int B, int T, int C, cudaStream_t stream) {
+    launch_embedding_forward(out, tokens, token_table, position_table, positions, B, T, C, stream);
 }
 void embedding_forward(bfloat16* out, const int32_t* tokens, const bfloat16* token_table,
-                       const bfloat16* position_table, int B, int T, int C, cudaStream_t stream) {
-    launch_embedding_forward(out, tokens, token_table, position_table, B, T, C, stream);
+                       const bfloat16* position_table, const int32_t* positions, int B, int T, int C,
+                       cudaStream_t stream) {
+    launch_embedding_forward(out, tokens, token_table, position_table, positions, B, T, C, stream);
 }
 
 template <typename S>
 static void launch_embedding_backward(float* dtoken_table, float* dposition_table, const S* dout,
-                                      const int32_t* token_groups, int distinct, int B, int T, int C,
-                                      cudaStream_t stream) {
+                                      const int32_t* token_groups, int distinct, const int32_t* position_groups,
+                                      int position_distinct, int B, int T, int C, cudaStream_t stream) {
     if (int64_t(B) * T * C == 0) return;
     const bool vectorized = C % vector_width == 0 && vector_aligned(dtoken_table, dposition_table, dout);
     const dim3 token_grid(distinct, ceil_div(C, token_tile_channels));
@@ -145,17 +148,31 @@ static void launch_embedding_backward(float* dtoken_table, float* dposition_tabl
         ENGINE_LAUNCH((embedding_backward_token_kernel<S, 1>), token_grid, token_block_size, 0, stream, dtoken_table,
                       dout, token_groups, B * T, distinct, C);
     if (dposition_table == nullptr) return; // no position table
+    if (position_groups != nullptr) {       // packed documents: rows by position, as the tokens' by token
+        const dim3 position_grid(position_distinct, ceil_div(C, token_tile_channels));
+        if (vectorized)
+            ENGINE_LAUNCH((embedding_backward_token_kernel<S, vector_width>), position_grid, token_block_size, 0,
+                          stream, dposition_table, dout, position_groups, B * T, position_distinct, C);
+        else
+            ENGINE_LAUNCH((embedding_backward_token_kernel<S, 1>), position_grid, token_block_size, 0, stream,
+                          dposition_table, dout, position_groups, B * T, position_distinct, C);
+        return;
+    }
     ENGINE_LAUNCH_PACKED_TYPED(embedding_backward_position_kernel, S, vectorized, int64_t(T) * C, block_size, stream,
                                dposition_table, dout, B, int64_t(T) * C);
 }
 
 void embedding_backward(float* dtoken_table, float* dposition_table, const float* dout, const int32_t* token_groups,
-                        int distinct, int B, int T, int C, cudaStream_t stream) {
-    launch_embedding_backward(dtoken_table, dposition_table, dout, token_groups, distinct, B, T, C, stream);
+                        int distinct, const int32_t* position_groups, int position_distinct, int B, int T, int C,
+                        cudaStream_t stream) {
+    launch_embedding_backward(dtoken_table, dposition_table, dout, token_groups, distinct, position_groups,
+                              position_distinct, B, T, C, stream);
 }
-void embedding_backward(float* dtoken_table, float* dposition_table, const bfloat16* dout,
-                        const int32_t* token_groups, int distinct, int B, int T, int C, cudaStream_t stream) {
-    launch_embedding_backward(dtoken_table, dposition_table, dout, token_groups, distinct, B, T, C, stream);
+void embedding_backward(float* dtoken_table, float* dposition_table, const bfloat16* dout, const int32_t* token_groups,
+                        int distinct, const int32_t* position_groups, int position_distinct, int B, int T, int C,
+                        cudaStream_t stream) {
+    launch_embedding_backward(dtoken_table, dposition_table, dout, token_groups, distinct, position_groups,
+                              position_distinct, B, T, C, stream);
 }
 
 } // namespace engine::kernels::cuda

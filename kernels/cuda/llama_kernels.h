@@ -14,15 +14,16 @@
 
 namespace engine::kernels::cuda {
 
-// ---- rope: x (B,T,H*D), tables (P,D/2) float, P >= T; packs when D/2 % 4 == 0 ----
-void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int B, int T, int H, int D,
-                  cudaStream_t stream);
-void rope_forward(bfloat16* out, const bfloat16* inp, const float* cos, const float* sin, int B, int T, int H, int D,
-                  cudaStream_t stream);
-void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int B, int T, int H, int D,
-                   cudaStream_t stream);
-void rope_backward(bfloat16* dinp, const bfloat16* dout, const float* cos, const float* sin, int B, int T, int H,
-                   int D, cudaStream_t stream);
+// ---- rope: x (B,T,H*D), tables (P,D/2) float, P >= T; packs when D/2 % 4 == 0; positions (B,T) or null: the
+// table row of token (b, t), else t ----
+void rope_forward(float* out, const float* inp, const float* cos, const float* sin, const int32_t* positions, int B,
+                  int T, int H, int D, cudaStream_t stream);
+void rope_forward(bfloat16* out, const bfloat16* inp, const float* cos, const float* sin, const int32_t* positions,
+                  int B, int T, int H, int D, cudaStream_t stream);
+void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, const int32_t* positions, int B,
+                   int T, int H, int D, cudaStream_t stream);
+void rope_backward(bfloat16* dinp, const bfloat16* dout, const float* cos, const float* sin, const int32_t* positions,
+                   int B, int T, int H, int D, cudaStream_t stream);
 
 // ---- swiglu: out = silu(gate) * up; dgate or dup may be null ----
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t N, cudaStream_t stream);

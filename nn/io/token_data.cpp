@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "engine/io/atomic_file.h"
+#include "engine/ops.h"
 #include "nn/io/files.h"
 
 namespace engine::nn {
@@ -240,10 +241,52 @@ Batch make_padded_batch(const std::vector<std::vector<int32_t>>& sequences, int 
 DataLayout parse_data_layout(const std::string& name) {
     if (name == "packed") return DataLayout::packed;
     if (name == "padded") return DataLayout::padded;
-    ENGINE_FAIL("data layout: unknown layout '" << name << "' (known: packed, padded)");
+    if (name == "packed-documents") return DataLayout::packed_documents;
+    ENGINE_FAIL("data layout: unknown layout '" << name << "' (known: packed, padded, packed-documents)");
 }
 
-const char* data_layout_name(DataLayout layout) { return layout == DataLayout::padded ? "padded" : "packed"; }
+const char* data_layout_name(DataLayout layout) {
+    switch (layout) {
+    case DataLayout::padded:
+        return "padded";
+    case DataLayout::packed_documents:
+        return "packed-documents";
+    case DataLayout::packed:
+        break;
+    }
+    return "packed";
+}
+
+Batch make_packed_document_batch(const std::vector<std::vector<std::vector<int32_t>>>& rows, int sequence_length,
+                                 int32_t pad_token, Device device) {
+    constexpr const char* op = "make_packed_document_batch";
+    ENGINE_CHECK(!rows.empty(), op << ": no rows");
+    ENGINE_CHECK(sequence_length > 0, op << ": sequence length " << sequence_length << " must be positive");
+    const auto T = static_cast<size_t>(sequence_length);
+    std::vector<int32_t> inputs(rows.size() * T, pad_token), labels(rows.size() * T, default_ignore_index),
+        positions(rows.size() * T, 0);
+    for (size_t row = 0; row < rows.size(); ++row) {
+        size_t t = 0;
+        for (const std::vector<int32_t>& document : rows[row]) {
+            ENGINE_CHECK(!document.empty(), op << ": row " << row << " holds an empty document");
+            ENGINE_CHECK(t + document.size() <= T, op << ": row " << row << " holds more than " << T << " tokens");
+            for (size_t index = 0; index < document.size(); ++index, ++t) {
+                inputs[row * T + t] = document[index];
+                // A document's first token is no target: the position before it ends another document.
+                labels[row * T + t] = index == 0 ? default_ignore_index : document[index];
+                positions[row * T + t] = static_cast<int32_t>(index);
+            }
+        }
+        ENGINE_CHECK(t > 0, op << ": row " << row << " holds no document");
+        for (int32_t position = 0; t < T; ++t) positions[row * T + t] = position++; // the padding: one more document
+    }
+    const Shape shape = {static_cast<int64_t>(rows.size()), static_cast<int64_t>(T)};
+    Batch batch;
+    batch.inputs = Tensor::from_vector(inputs, shape, device);
+    batch.labels = Tensor::from_vector(labels, shape, device);
+    batch.positions = Tensor::from_vector(positions, shape, device);
+    return batch;
+}
 
 std::string LoaderCursor::to_json() const {
     return nlohmann::json{{"seed", seed}, {"epoch", epoch}, {"position", position}, {"rank", rank}, {"world_size", world_size}}
@@ -281,10 +324,17 @@ DataLoader::DataLoader(std::vector<int32_t> tokens, const DataLoaderOptions& opt
                  "DataLoader: rank " << options.rank << " is not in a world of " << options.world_size);
     ENGINE_CHECK(options.world_size == 1 || options.drop_last,
                  "DataLoader: " << options.world_size << " ranks need drop_last, so that every rank gets a full part");
+    ENGINE_CHECK(options.max_tokens == 0 || options.max_tokens >= options.sequence_length,
+                 "DataLoader: a token budget of " << options.max_tokens << " per micro-batch is below one row of "
+                                                  << options.sequence_length << " tokens (sequence_length)");
+    ENGINE_CHECK(options.max_tokens >= 0, "DataLoader: max_tokens " << options.max_tokens << " is negative");
+    ENGINE_CHECK(options.max_tokens == 0 || options.world_size == 1,
+                 "DataLoader: a token budget per micro-batch works on one rank; "
+                     << options.world_size << " ranks would each need their own budgeted batch of the global one");
     ENGINE_CHECK(options.layout == DataLayout::packed || options.min_valid_length == 0,
                  "DataLoader: min_valid_length applies to the packed layout; padded documents have their own lengths");
     if (options.vocab_size > 0) validate_tokens(tokens_, options.vocab_size, "DataLoader tokens");
-    if (options.layout == DataLayout::padded) {
+    if (options.layout != DataLayout::packed) {
         int64_t first = 0;
         const auto count = static_cast<int64_t>(tokens_.size());
         for (int64_t index = 0; index < count; ++index) {
@@ -294,21 +344,87 @@ DataLoader::DataLoader(std::vector<int32_t> tokens, const DataLoaderOptions& opt
         }
         if (first < count) documents_.emplace_back(first, count - first); // text after the last end-of-text
         window_count_ = static_cast<int64_t>(documents_.size());
+        if (options.layout == DataLayout::packed_documents) {
+            // Greedy in file order: a row takes documents (each truncated to T) while they fit.
+            int64_t row_tokens = 0;
+            for (int64_t document = 0; document < window_count_; ++document) {
+                const int64_t length =
+                    std::min<int64_t>(documents_[static_cast<size_t>(document)].second, options.sequence_length);
+                if (packs_.empty() || row_tokens + length > options.sequence_length) {
+                    packs_.emplace_back(document, 0);
+                    row_tokens = 0;
+                }
+                ++packs_.back().second;
+                row_tokens += length;
+            }
+            window_count_ = static_cast<int64_t>(packs_.size());
+        }
     } else {
         window_count_ = static_cast<int64_t>(tokens_.size()) / options.sequence_length;
     }
-    ENGINE_CHECK(batches_per_epoch() > 0, "DataLoader: " << tokens_.size() << " tokens make " << window_count_
-                                                         << (options.layout == DataLayout::padded ? " documents (end of text "
-                                                                 + std::to_string(options.end_of_text) + ")" : " windows of "
-                                                                 + std::to_string(options.sequence_length))
-                                                         << ", too few for one batch of " << options.batch_size << " on each of "
-                                                         << options.world_size << " ranks");
+    ENGINE_CHECK(
+        batches_per_epoch() > 0,
+        "DataLoader: " << tokens_.size() << " tokens make " << window_count_
+                       << (options.layout == DataLayout::padded
+                               ? " documents (end of text " + std::to_string(options.end_of_text) + ")"
+                           : options.layout == DataLayout::packed_documents
+                               ? " rows of packed documents (end of text " + std::to_string(options.end_of_text) + ")"
+                               : " windows of " + std::to_string(options.sequence_length))
+                       << ", too few for one batch of " << options.batch_size << " on each of " << options.world_size
+                       << " ranks");
     cursor_.seed = options.seed;
     cursor_.rank = options.rank;
     cursor_.world_size = options.world_size;
 }
 
+int64_t DataLoader::row_tokens(int64_t epoch, int64_t window) const {
+    const int64_t T = options_.sequence_length;
+    if (options_.layout == DataLayout::padded) return std::min(documents_[static_cast<size_t>(window)].second, T);
+    if (options_.layout == DataLayout::packed_documents) {
+        const auto [first, count] = packs_[static_cast<size_t>(window)];
+        int64_t tokens = 0;
+        for (int64_t document = first; document < first + count; ++document)
+            tokens += std::min(documents_[static_cast<size_t>(document)].second, T);
+        return tokens;
+    }
+    (void)epoch; // packed windows are all T wide, their padding (min_valid_length) included
+    return T;
+}
+
+int64_t DataLoader::budget_rows(const std::vector<int64_t>& order, int64_t epoch, int64_t position) const {
+    int64_t rows = 0, longest = 0;
+    const auto count = static_cast<int64_t>(order.size());
+    while (position + rows < count && rows < options_.batch_size) {
+        const int64_t length = std::max(longest, row_tokens(epoch, order[static_cast<size_t>(position + rows)]));
+        if ((rows + 1) * length > options_.max_tokens) break;
+        longest = length;
+        ++rows;
+    }
+    return rows; // >= 1 when a window is left: max_tokens >= T >= any row
+}
+
+std::pair<int, int> largest_batch_shape(int batch_size, int sequence_length, int max_tokens) {
+    if (max_tokens <= 0) return {batch_size, sequence_length};
+    std::pair<int, int> best = {1, std::min(sequence_length, max_tokens)};
+    for (int rows = 2; rows <= batch_size; ++rows) {
+        const int length = std::min(sequence_length, max_tokens / rows);
+        if (length >= 1 && int64_t(rows) * length > int64_t(best.first) * best.second) best = {rows, length};
+    }
+    return best;
+}
+
+std::pair<int, int> DataLoader::largest_batch_shape() const {
+    return nn::largest_batch_shape(options_.batch_size, options_.sequence_length, options_.max_tokens);
+}
+
 int64_t DataLoader::batches_per_epoch() const {
+    if (options_.max_tokens > 0) {
+        const std::vector<int64_t> order = epoch_order(cursor_.seed, cursor_.epoch);
+        int64_t batches = 0;
+        for (int64_t position = 0; position < window_count_; ++batches)
+            position += budget_rows(order, cursor_.epoch, position);
+        return batches;
+    }
     const int64_t B = int64_t{options_.batch_size} * options_.world_size;
     return options_.drop_last ? window_count_ / B : (window_count_ + B - 1) / B;
 }
@@ -334,34 +450,56 @@ std::optional<Batch> DataLoader::next() {
     const int64_t B = int64_t{options_.batch_size} * options_.world_size; // the global batch
     while (true) {
         if (options_.max_epochs > 0 && cursor_.epoch >= options_.max_epochs) return std::nullopt;
-        const int64_t rows = std::min(B, window_count_ - cursor_.position);
-        if (rows <= 0 || (options_.drop_last && rows < B)) {
-            ++cursor_.epoch;
-            cursor_.position = 0;
-            continue;
-        }
         if (order_epoch_ != cursor_.epoch || order_seed_ != cursor_.seed) {
             order_ = epoch_order(cursor_.seed, cursor_.epoch);
             order_epoch_ = cursor_.epoch;
             order_seed_ = cursor_.seed;
         }
-        const int T = options_.sequence_length;
+        const int64_t rows = options_.max_tokens > 0 ? budget_rows(order_, cursor_.epoch, cursor_.position)
+                                                     : std::min(B, window_count_ - cursor_.position);
+        if (rows <= 0 || (options_.max_tokens == 0 && options_.drop_last && rows < B)) {
+            ++cursor_.epoch;
+            cursor_.position = 0;
+            continue;
+        }
+        int T = options_.sequence_length;
+        if (options_.max_tokens > 0) { // cut to the batch's longest row
+            int64_t longest = 1;
+            for (int64_t row = 0; row < rows; ++row)
+                longest =
+                    std::max(longest, row_tokens(cursor_.epoch, order_[static_cast<size_t>(cursor_.position + row)]));
+            if (options_.layout != DataLayout::packed) T = static_cast<int>(longest);
+        }
         std::vector<std::vector<int32_t>> sequences;
+        std::vector<std::vector<std::vector<int32_t>>> packed_rows; // packed_documents
         // This rank's rows of the global batch (all of it in one process; drop_last keeps every part full).
         const int64_t first_row = int64_t{options_.rank} * options_.batch_size;
         const int64_t end_row = options_.world_size == 1 ? rows : first_row + options_.batch_size;
         for (int64_t row = first_row; row < end_row; ++row) {
             const int64_t window = order_[static_cast<size_t>(cursor_.position + row)];
+            if (options_.layout == DataLayout::packed_documents) {
+                const auto [first_document, count] = packs_[static_cast<size_t>(window)];
+                std::vector<std::vector<int32_t>>& row_documents = packed_rows.emplace_back();
+                for (int64_t document = first_document; document < first_document + count; ++document) {
+                    const auto [start, length] = documents_[static_cast<size_t>(document)];
+                    const auto first = tokens_.begin() + static_cast<std::ptrdiff_t>(start);
+                    row_documents.emplace_back(first, first + std::min<int64_t>(length, options_.sequence_length));
+                }
+                continue;
+            }
             if (options_.layout == DataLayout::padded) {
                 const auto [start, length] = documents_[static_cast<size_t>(window)];
                 const auto first = tokens_.begin() + static_cast<std::ptrdiff_t>(start);
-                sequences.emplace_back(first, first + std::min<int64_t>(length, T)); // longer documents are truncated
+                // longer documents are truncated
+                sequences.emplace_back(first, first + std::min<int64_t>(length, options_.sequence_length));
                 continue;
             }
             const auto first = tokens_.begin() + static_cast<std::ptrdiff_t>(window * T);
             sequences.emplace_back(first, first + valid_length(cursor_.epoch, window));
         }
         cursor_.position += rows;
+        if (options_.layout == DataLayout::packed_documents)
+            return make_packed_document_batch(packed_rows, T, 0, options_.device);
         return make_padded_batch(sequences, T, 0, options_.device);
     }
 }

@@ -58,6 +58,13 @@ std::vector<int32_t> builtin_corpus(size_t token_count, uint64_t seed = 0);
 Batch make_padded_batch(const std::vector<std::vector<int32_t>>& sequences, int sequence_length,
                         int32_t pad_token = 0, Device device = Device::cpu);
 
+// Rows of whole documents packed back to back (DataLayout::packed_documents): inputs hold the tokens and pad_token
+// after the last document, labels the tokens with -100 at each document's first token (it is no target: the
+// position before it is another document's last) and at the padding, positions each token's place in its
+// document (the padding counts as one more document). Every row holds 1..T tokens.
+Batch make_packed_document_batch(const std::vector<std::vector<std::vector<int32_t>>>& rows, int sequence_length,
+                                 int32_t pad_token = 0, Device device = Device::cpu);
+
 // Platform-stable uniform draw in [0, bound) by rejection; std::uniform_int_distribution is not specified
 // bit-for-bit by the standard, so shuffles built on it would differ between standard libraries.
 uint64_t uniform_below(std::mt19937_64& generator, uint64_t bound);
@@ -65,10 +72,18 @@ uint64_t uniform_below(std::mt19937_64& generator, uint64_t bound);
 // How the token stream becomes sequences. packed: consecutive windows of T tokens, every position a target.
 // padded: documents split at an end-of-text token (kept as the document's last token), each truncated or
 // padded to T with labels -100 at the padding, as Hugging Face's collators do: token counts then differ
-// between sequences, micro-batches and ranks.
-enum class DataLayout { packed, padded };
-DataLayout parse_data_layout(const std::string& name); // "packed" | "padded"
+// between sequences, micro-batches and ranks. packed_documents: the same documents (each truncated to T), packed in
+// file order into rows of at most T tokens (a document that does not fit starts the next row; the rest is
+// padding) and the rows shuffled; positions restart and attention stays inside each document (Batch::positions),
+// as Hugging Face's DataCollatorWithFlattening with varlen attention does.
+enum class DataLayout { packed, padded, packed_documents };
+DataLayout parse_data_layout(const std::string& name); // "packed" | "padded" | "packed-documents"
 const char* data_layout_name(DataLayout layout);
+
+// The worst micro-batch a token budget allows (what the planner plans for): the (rows, length) with the most
+// positions rows x length among rows <= batch_size, length <= sequence_length, rows x length <= max_tokens, the
+// fewest rows on a tie; max_tokens 0 (no budget): (batch_size, sequence_length).
+std::pair<int, int> largest_batch_shape(int batch_size, int sequence_length, int max_tokens);
 
 struct DataLoaderOptions {
     int batch_size = 4;      // B
@@ -84,6 +99,13 @@ struct DataLoaderOptions {
     Device device = Device::cpu;
     DataLayout layout = DataLayout::packed;
     int32_t end_of_text = 50256; // padded: the token that ends a document (GPT-2's <|endoftext|>)
+    // A token budget per micro-batch (train_gpt's --max-tokens-per-micro-batch), 0: none. A batch takes rows in the
+    // epoch's order while rows x its longest row stays within it (and rows within batch_size), and is cut to that
+    // longest row (padded: its longest document; packed_documents: its fullest row; packed: T), so a batch's
+    // positions, and with them its memory, are bounded by tokens, not rows (fairseq's --max-tokens; Hugging Face's
+    // padding to the longest in the batch). At least sequence_length, so that any row fits. Every row of an epoch
+    // is used (the last batch takes what is left: drop_last does not apply). One rank only.
+    int max_tokens = 0;
     // Data parallelism: each global batch holds world_size·batch_size windows and this rank takes rows
     // rank·batch_size .. rank·batch_size+batch_size-1 of it, so the ranks' parts are disjoint and together
     // are the batch one process with batch world_size·batch_size reads. Needs drop_last when world_size > 1.
@@ -120,17 +142,26 @@ public:
     void restore(const LoaderCursor& cursor);
 
     int64_t window_count() const { return window_count_; }
-    int64_t batches_per_epoch() const; // global batches, each world_size·batch_size windows
+    // Global batches, each world_size·batch_size windows; with a token budget, those the current epoch's order makes.
+    int64_t batches_per_epoch() const;
+    // The worst batch it can yield (largest_batch_shape of its options).
+    std::pair<int, int> largest_batch_shape() const;
     const DataLoaderOptions& options() const { return options_; }
     // The window order of one epoch (a permutation of 0..window_count-1), for inspection and tests.
     std::vector<int64_t> epoch_order(uint64_t seed, int64_t epoch) const;
 
 private:
     int valid_length(int64_t epoch, int64_t window) const;
+    // The window's tokens in a row: its document (cut to T), its packed documents, or its valid length.
+    int64_t row_tokens(int64_t epoch, int64_t window) const;
+    // With a token budget: how many windows of `order` from `position` the next batch takes.
+    int64_t budget_rows(const std::vector<int64_t>& order, int64_t epoch, int64_t position) const;
 
     std::vector<int32_t> tokens_;
     // padded: each document's (first token, length); window w is document w
     std::vector<std::pair<int64_t, int64_t>> documents_;
+    // packed_documents: window w is documents first .. first + count - 1 (first, count)
+    std::vector<std::pair<int64_t, int64_t>> packs_;
     DataLoaderOptions options_;
     int64_t window_count_ = 0;
     LoaderCursor cursor_;

@@ -58,6 +58,35 @@ check "the saved directory is a valid --init" $? "$(tail -3 "$work/reinit.out")"
   --per-device-train-batch-size 2 >"$work/padded.out" 2>&1
 grep -q "(end of text 2)" "$work/padded.out"
 check "--data-layout padded splits at the directory's eos_token_id" $? "$(grep data: "$work/padded.out")"
+"$train_gpt" --init "$data/hf_llama_tiny" --data "$work/train.bin" --data-layout packed-documents --max-steps 3 \
+  --seq-len 16 --per-device-train-batch-size 2 --gradient-checkpointing --log "$work/documents.jsonl" \
+  >"$work/documents.out" 2>&1
+check "--data-layout packed-documents trains" $? "$(tail -3 "$work/documents.out")"
+grep -q "rows of documents packed into 16 tokens (end of text 2)" "$work/documents.out"
+check "--data-layout packed-documents packs the documents split at eos_token_id" $? "$(grep data: "$work/documents.out")"
+test "$(wc -l <"$work/documents.jsonl")" -eq 3
+check "--data-layout packed-documents logs every step" $? "$(cat "$work/documents.jsonl")"
+"$train_gpt" --init "$data/hf_llama_tiny" --data-layout packed-documents --seq-len 16 --plan >"$work/documents_plan.out" 2>&1
+check "--plan with --data-layout packed-documents" $? "$(tail -3 "$work/documents_plan.out")"
+"$train_gpt" --model llama-tiny --data-layout packed-document --max-steps 1 >"$work/bad_layout.out" 2>&1
+test $? -eq 2 && grep -q "packed, padded, packed-documents" "$work/bad_layout.out"
+check "an unknown --data-layout names the three" $? "$(cat "$work/bad_layout.out")"
+"$train_gpt" --init "$data/hf_llama_tiny" --data "$work/train.bin" --data-layout padded --max-tokens-per-micro-batch 40 \
+  --max-steps 2 --seq-len 16 --per-device-train-batch-size 4 >"$work/budget.out" 2>&1
+check "--max-tokens-per-micro-batch trains" $? "$(tail -3 "$work/budget.out")"
+grep -q "at most 40 tokens a micro-batch" "$work/budget.out"
+check "--max-tokens-per-micro-batch is named on the data line" $? "$(grep data: "$work/budget.out")"
+"$train_gpt" --init "$data/hf_llama_tiny" --max-tokens-per-micro-batch 40 --seq-len 16 --per-device-train-batch-size 4 \
+  --plan >"$work/budget_plan.out" 2>&1
+grep -q "token budget 40 per micro-batch: planned for its worst, 4 x 10 tokens" "$work/budget_plan.out" &&
+  grep -q "micro-batch 4 x 10 tokens" "$work/budget_plan.out"
+check "--plan with a token budget plans its worst micro-batch" $? "$(head -3 "$work/budget_plan.out")"
+"$train_gpt" --model llama-tiny --max-tokens-per-micro-batch 8 --seq-len 16 --max-steps 1 >"$work/budget_bad.out" 2>&1
+test $? -eq 2 && grep -q "error: --max-tokens-per-micro-batch: 8 is below one sequence of --seq-len 16" "$work/budget_bad.out"
+check "a token budget below one sequence is refused" $? "$(cat "$work/budget_bad.out")"
+"$train_gpt" --model llama-tiny --max-tokens-per-micro-batch 64 --max-memory 1GiB --max-steps 1 >"$work/budget_planned.out" 2>&1
+test $? -eq 2 && grep -q "error: --max-tokens-per-micro-batch: the planner chooses" "$work/budget_planned.out"
+check "a token budget with --max-memory is refused" $? "$(cat "$work/budget_planned.out")"
 "$train_gpt" --init "$data/hf_llama_tiny_sharded" --data "$work/train.bin" --max-steps 1 --seq-len 16 --per-device-train-batch-size 2 \
   >"$work/sharded.out" 2>&1
 check "--init reads a sharded directory" $? "$(tail -3 "$work/sharded.out")"

@@ -3,6 +3,7 @@
 // fused cross-entropy; then the ops on the device against the ops on the CPU. Bounds derived next to each test.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <string>
 
@@ -102,36 +103,106 @@ struct Bf16AttentionResults {
     std::vector<float> logsumexp;
 };
 
-void check_attention(Bf16KernelTest& test, AttentionShape shape) {
+// Packed documents: the lengths of each batch row's documents, in order, summing to T; none: plain causal.
+using Documents = std::vector<std::vector<int>>;
+
+// (b, first token, length) of every document; without documents, each batch row is one.
+struct DocumentSpan {
+    int batch, first, length;
+};
+std::vector<DocumentSpan> document_spans(const Documents& documents, AttentionShape shape) {
+    std::vector<DocumentSpan> spans;
+    for (int b = 0; b < shape.B; ++b) {
+        if (documents.empty()) {
+            spans.push_back({b, 0, shape.T});
+            continue;
+        }
+        int first = 0;
+        for (const int length : documents[size_t(b)]) {
+            spans.push_back({b, first, length});
+            first += length;
+        }
+        EXPECT_EQ(first, shape.T) << "the documents of row " << b << " must sum to T";
+    }
+    return spans;
+}
+
+// The (B,T) positions of `documents` (0, 1, ... inside each document), or empty for none.
+std::vector<int32_t> document_positions(const Documents& documents, AttentionShape shape) {
+    if (documents.empty()) return {};
+    std::vector<int32_t> positions(size_t(shape.B) * shape.T);
+    for (const DocumentSpan& span : document_spans(documents, shape)) {
+        for (int position = 0; position < span.length; ++position)
+            positions[size_t(span.batch) * shape.T + span.first + position] = position;
+    }
+    return positions;
+}
+
+// attention_bounds per document: a document is a causal sequence of its own (no query outside it sees its keys,
+// none inside sees others'), so its bounds are those of its tokens cut out as a batch of one.
+AttentionBounds document_bounds(const std::vector<float>& qkv, const std::vector<float>& dout,
+                                const std::vector<float>& out, const std::vector<float>& logsumexp,
+                                AttentionShape shape, const Documents& documents) {
+    if (documents.empty()) return attention_bounds(qkv, dout, out, logsumexp, shape);
+    const size_t width = size_t(shape.qkv_width()), C = size_t(shape.C), T = size_t(shape.T);
+    const size_t NH = size_t(shape.NH);
+    AttentionBounds bounds{std::vector<double>(size_t(shape.B) * T * C),
+                           std::vector<double>(size_t(shape.B) * T * width)};
+    for (const DocumentSpan& span : document_spans(documents, shape)) {
+        const size_t first_token = size_t(span.batch) * T + span.first, length = size_t(span.length);
+        const auto rows = [&](const std::vector<float>& values, size_t row_width) {
+            return std::vector<float>(values.begin() + first_token * row_width,
+                                      values.begin() + (first_token + length) * row_width);
+        };
+        std::vector<float> document_logsumexp;
+        for (size_t h = 0; h < NH; ++h) {
+            const auto head = logsumexp.begin() + (size_t(span.batch) * NH + h) * T + span.first;
+            document_logsumexp.insert(document_logsumexp.end(), head, head + length);
+        }
+        const AttentionBounds part = attention_bounds(rows(qkv, width), rows(dout, C), rows(out, C), document_logsumexp,
+                                                      AttentionShape{1, span.length, shape.C, shape.NH, shape.KVH});
+        std::copy(part.forward.begin(), part.forward.end(), bounds.forward.begin() + first_token * C);
+        std::copy(part.backward.begin(), part.backward.end(), bounds.backward.begin() + first_token * width);
+    }
+    return bounds;
+}
+
+void check_attention(Bf16KernelTest& test, AttentionShape shape, const Documents& documents = {}) {
     const int B = shape.B, T = shape.T, C = shape.C, NH = shape.NH, KVH = shape.kv_heads(), hs = C / NH;
     const size_t tokens = size_t(B) * T;
     const auto qkv = rounded(test.random_floats(tokens * shape.qkv_width(), -2.0f, 2.0f));
     const auto dout = rounded(test.random_floats(tokens * C));
     const auto dqkv_start = rounded(test.random_floats(tokens * shape.qkv_width(), -0.01f, 0.01f));
+    const std::vector<int32_t> positions = document_positions(documents, shape);
+    const int32_t* host_positions = positions.empty() ? nullptr : positions.data();
     Bf16AttentionResults cpu_results{std::vector<bfloat16>(tokens * C), dqkv_start,
                                      std::vector<float>(size_t(B) * NH * T)};
-    cpu::attention_forward(cpu_results.out.data(), cpu_results.logsumexp.data(), qkv.data(), B, T, C, NH, KVH);
+    cpu::attention_forward(cpu_results.out.data(), cpu_results.logsumexp.data(), qkv.data(), host_positions, B, T, C,
+                           NH, KVH);
     cpu::attention_backward(cpu_results.dqkv.data(), dout.data(), qkv.data(), cpu_results.out.data(),
-                            cpu_results.logsumexp.data(), B, T, C, NH, KVH);
+                            cpu_results.logsumexp.data(), host_positions, B, T, C, NH, KVH);
 
     DeviceBuffer<bfloat16> qkv_device(qkv), dout_device(dout), dqkv_device(dqkv_start), out_device(tokens * C);
     DeviceBuffer<float> logsumexp_device(nan_filled(size_t(B) * NH * T)), row_dot(size_t(B) * NH * T);
-    gpu::attention_forward(out_device.get(), logsumexp_device.get(), qkv_device.get(), B, T, C, NH, KVH, false,
-                           test.stream);
+    DeviceBuffer<int32_t> positions_device(positions.empty() ? std::vector<int32_t>(1) : positions);
+    const int32_t* device_positions = positions.empty() ? nullptr : positions_device.get();
+    gpu::attention_forward(out_device.get(), logsumexp_device.get(), qkv_device.get(), device_positions, B, T, C, NH,
+                           KVH, false, test.stream);
     // The backward reads the CPU's out and logsumexp, so that it is compared on the same inputs as the CPU's.
     DeviceBuffer<bfloat16> cpu_out(cpu_results.out);
     DeviceBuffer<float> cpu_logsumexp(cpu_results.logsumexp);
     gpu::attention_backward(dqkv_device.get(), row_dot.get(), dout_device.get(), qkv_device.get(), cpu_out.get(),
-                            cpu_logsumexp.get(), B, T, C, NH, KVH, false, test.stream);
+                            cpu_logsumexp.get(), device_positions, B, T, C, NH, KVH, false, test.stream);
     const auto out = out_device.to_host();
     const auto logsumexp = logsumexp_device.to_host();
     const auto dqkv = dqkv_device.to_host();
 
     const AttentionBounds bounds =
-        attention_bounds(widened(qkv), widened(dout), widened(cpu_results.out), cpu_results.logsumexp, shape);
+        document_bounds(widened(qkv), widened(dout), widened(cpu_results.out), cpu_results.logsumexp, shape, documents);
     const double f32_slack = (hs + T + 8) * std::ldexp(1.0, -24);
     const std::string where = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " hs=" + std::to_string(hs) +
-                              " NH=" + std::to_string(NH) + " KVH=" + std::to_string(KVH);
+                              " NH=" + std::to_string(NH) + " KVH=" + std::to_string(KVH) +
+                              (documents.empty() ? "" : " documents");
     UlpRecord out_record, dqkv_record;
     for (size_t i = 0; i < out.size(); ++i) {
         const double reference = to_float(cpu_results.out[i]), error = std::fabs(to_float(out[i]) - reference);
@@ -175,6 +246,58 @@ TEST_F(Bf16KernelTest, GroupedQueryAttentionMatchesTheCpuBf16) {
                                        AttentionShape{1, 20, 512, 2, 1}, AttentionShape{1, 17, 144, 6, 2}}) {
         check_attention(*this, shape);
     }
+}
+
+// Packed documents (positions): the forward's key tiles stay the CPU's (64 keys from key 0), a row skips those
+// without its keys and masks the rest to its document, so under emulation out stays within 1 ulp as above; the
+// bounds are each document's own. Documents end on tile edges (64, 128) and inside tiles, one token long
+// (first row, and after a tile edge), and span query blocks; T = 150 and 90 are no multiple of 32 or 64. In the
+// second shape the block of rows 64.. starts at key tile 0 (row 64's document starts at 31) while rows 70.. see
+// none of it: their running maximum is still -inf there. Head sizes 64, 16, 24 (scalar loads), 160 and 256 (two
+// dK/dV column passes).
+TEST_F(Bf16KernelTest, AttentionWithDocumentsMatchesTheCpuBf16) {
+    check_attention(*this, AttentionShape{2, 150, 64, 1}, Documents{{1, 63, 2, 84}, {64, 64, 22}});
+    check_attention(*this, AttentionShape{1, 100, 32, 2}, Documents{{30, 1, 39, 30}});
+    check_attention(*this, AttentionShape{2, 90, 48, 2}, Documents{{90}, {45, 1, 44}});
+    check_attention(*this, AttentionShape{1, 80, 160, 1}, Documents{{20, 60}});
+    check_attention(*this, AttentionShape{1, 70, 256, 1}, Documents{{5, 65}});
+}
+
+// Grouped-query attention with documents: dK and dV of a kv head summed over its group's queries of the key's
+// document only. Head sizes 64 (G = 2 and 3) and 256 (G = 2).
+TEST_F(Bf16KernelTest, GroupedQueryAttentionWithDocumentsMatchesTheCpuBf16) {
+    check_attention(*this, AttentionShape{2, 100, 256, 4, 2}, Documents{{1, 99}, {50, 50}});
+    check_attention(*this, AttentionShape{1, 90, 384, 6, 2}, Documents{{70, 20}});
+    check_attention(*this, AttentionShape{1, 40, 512, 2, 1}, Documents{{17, 23}});
+}
+
+// One document per row given as positions 0..T-1 is plain causal attention: the bf16 kernels give null
+// positions' bits.
+TEST_F(Bf16KernelTest, OneDocumentPerRowIsCausalBitwise) {
+    const AttentionShape shape{2, 100, 128, 2, 1};
+    const int B = shape.B, T = shape.T, C = shape.C, NH = shape.NH, KVH = shape.kv_heads();
+    const size_t tokens = size_t(B) * T;
+    const auto qkv = rounded(random_floats(tokens * shape.qkv_width(), -2.0f, 2.0f));
+    const auto dout = rounded(random_floats(tokens * C));
+    const auto dqkv_start = rounded(random_floats(tokens * shape.qkv_width(), -0.01f, 0.01f));
+    DeviceBuffer<bfloat16> qkv_device(qkv), dout_device(dout);
+    DeviceBuffer<int32_t> positions(document_positions(Documents(size_t(B), std::vector<int>{T}), shape));
+    const auto run = [&](const int32_t* device_positions) {
+        DeviceBuffer<bfloat16> out(tokens * C), dqkv(dqkv_start);
+        DeviceBuffer<float> logsumexp(nan_filled(size_t(B) * NH * T)), row_dot(size_t(B) * NH * T);
+        gpu::attention_forward(out.get(), logsumexp.get(), qkv_device.get(), device_positions, B, T, C, NH, KVH, false,
+                               stream);
+        gpu::attention_backward(dqkv.get(), row_dot.get(), dout_device.get(), qkv_device.get(), out.get(),
+                                logsumexp.get(), device_positions, B, T, C, NH, KVH, false, stream);
+        return Bf16AttentionResults{out.to_host(), dqkv.to_host(), logsumexp.to_host()};
+    };
+    const Bf16AttentionResults causal = run(nullptr), documents = run(positions.get());
+    const auto same_bits = [](const auto& a, const auto& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+    };
+    EXPECT_TRUE(same_bits(causal.out, documents.out));
+    EXPECT_TRUE(same_bits(causal.logsumexp, documents.logsumexp));
+    EXPECT_TRUE(same_bits(causal.dqkv, documents.dqkv));
 }
 
 // Fused cross-entropy: the CPU computes the row statistics in double, the GPU in f32 (online max and sum): the

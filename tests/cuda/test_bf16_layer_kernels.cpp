@@ -167,21 +167,21 @@ TEST_F(Bf16LayerKernelTest, ColumnsBiasForwardAndEmbeddingAreBitwiseTheCpus) {
         const auto tokens = random_ints(B * T, 0, V - 1);
         const auto token_table = random_bf16(size_t(V) * C), position_table = random_bf16(size_t(T + 1) * C);
         std::vector<bfloat16> emb(size_t(B) * T * C);
-        cpu::embedding_forward(emb.data(), tokens.data(), token_table.data(), position_table.data(), B, T, C);
+        cpu::embedding_forward(emb.data(), tokens.data(), token_table.data(), position_table.data(), nullptr, B, T, C);
         DeviceBuffer<int32_t> tokens_d(tokens);
         DeviceBuffer<bfloat16> token_d(token_table), position_d(position_table), emb_d(emb.size());
-        gpu::embedding_forward(emb_d.get(), tokens_d.get(), token_d.get(), position_d.get(), B, T, C, stream);
+        gpu::embedding_forward(emb_d.get(), tokens_d.get(), token_d.get(), position_d.get(), nullptr, B, T, C, stream);
         EXPECT_TRUE(bitwise_equal(emb_d.to_host(), emb, "embedding out C=" + std::to_string(C)));
 
         const auto dout = random_bf16(emb.size());
         auto dtoken = random_floats(size_t(V) * C), dposition = random_floats(size_t(T + 1) * C);
         DeviceBuffer<float> dtoken_d(dtoken), dposition_d(dposition);
         DeviceBuffer<bfloat16> dout_d(dout);
-        cpu::embedding_backward(dtoken.data(), dposition.data(), dout.data(), tokens.data(), B, T, C);
+        cpu::embedding_backward(dtoken.data(), dposition.data(), dout.data(), tokens.data(), nullptr, B, T, C);
         const gpu::TokenGroups groups = gpu::group_positions_by_token(tokens.data(), B * T);
         DeviceBuffer<int32_t> groups_d(groups.packed);
-        gpu::embedding_backward(dtoken_d.get(), dposition_d.get(), dout_d.get(), groups_d.get(), groups.distinct, B,
-                                T, C, stream);
+        gpu::embedding_backward(dtoken_d.get(), dposition_d.get(), dout_d.get(), groups_d.get(), groups.distinct,
+                                nullptr, 0, B, T, C, stream);
         EXPECT_TRUE(all_close(dtoken_d.to_host(), dtoken, Tolerance{0.0, 0.0}, "dtoken_table"));
         EXPECT_TRUE(all_close(dposition_d.to_host(), dposition, Tolerance{0.0, 0.0}, "dposition_table"));
     }

@@ -127,9 +127,26 @@ struct RopeShape {
 const std::vector<RopeShape> rope_shapes = {
     {2, 5, 3, 8, 7, 0}, {3, 7, 2, 64, 9, 0}, {2, 3, 5, 6, 4, 0}, {2, 5, 3, 8, 7, 1}};
 
+// Packed documents: each batch row restarts its positions at documents of lengths 1 + (b + document) % 4, so rows
+// differ and a position is often not its t.
+std::vector<int32_t> document_positions(int B, int T) {
+    std::vector<int32_t> positions(size_t(B) * T);
+    for (int b = 0; b < B; ++b)
+        for (int t = 0, document = 0, length = 1 + b % 4, position = 0; t < T; ++t) {
+            if (position == length) position = 0, length = 1 + (b + ++document) % 4;
+            positions[size_t(b) * T + t] = position++;
+        }
+    return positions;
+}
+
 template <typename S>
-void check_rope(LlamaKernelTest& test, const RopeShape& shape) {
-    const std::string what = std::string(storage_name<S>()) + " rope " + shape.name();
+void check_rope(LlamaKernelTest& test, const RopeShape& shape, bool documents = false) {
+    const std::string what =
+        std::string(storage_name<S>()) + " rope " + shape.name() + (documents ? " packed documents" : "");
+    const std::vector<int32_t> positions = document_positions(shape.B, shape.T);
+    const int32_t* host_positions = documents ? positions.data() : nullptr;
+    DeviceBuffer<int32_t> positions_d(positions);
+    const int32_t* device_positions = documents ? positions_d.get() : nullptr;
     const size_t count = size_t(shape.B) * shape.T * shape.H * shape.D;
     const int offset = shape.offset;
     const RopeTables tables = rope_tables(shape.P, shape.D, 10000.0, DType::f32, Device::cpu);
@@ -137,15 +154,16 @@ void check_rope(LlamaKernelTest& test, const RopeShape& shape) {
     const auto x = test.random_values<S>(count, -2.0f, 2.0f), dout = test.random_values<S>(count);
     const auto dx_start = test.random_values<S>(count, -0.01f, 0.01f);
     std::vector<S> out(count), dx = dx_start;
-    cpu::rope_forward(out.data(), x.data(), cos.data(), sin.data(), shape.B, shape.T, shape.H, shape.D);
-    cpu::rope_backward(dx.data(), dout.data(), cos.data(), sin.data(), shape.B, shape.T, shape.H, shape.D);
+    cpu::rope_forward(out.data(), x.data(), cos.data(), sin.data(), host_positions, shape.B, shape.T, shape.H, shape.D);
+    cpu::rope_backward(dx.data(), dout.data(), cos.data(), sin.data(), host_positions, shape.B, shape.T, shape.H,
+                       shape.D);
     DeviceBuffer<S> x_d(shifted(x, offset)), dout_d(shifted(dout, offset)), out_d(shifted(poisoned<S>(count), offset));
     DeviceBuffer<S> dx_d(shifted(dx_start, offset));
     DeviceBuffer<float> cos_d(cos), sin_d(sin);
-    gpu::rope_forward(out_d.get() + offset, x_d.get() + offset, cos_d.get(), sin_d.get(), shape.B, shape.T, shape.H,
-                      shape.D, test.stream);
-    gpu::rope_backward(dx_d.get() + offset, dout_d.get() + offset, cos_d.get(), sin_d.get(), shape.B, shape.T,
-                       shape.H, shape.D, test.stream);
+    gpu::rope_forward(out_d.get() + offset, x_d.get() + offset, cos_d.get(), sin_d.get(), device_positions, shape.B,
+                      shape.T, shape.H, shape.D, test.stream);
+    gpu::rope_backward(dx_d.get() + offset, dout_d.get() + offset, cos_d.get(), sin_d.get(), device_positions, shape.B,
+                       shape.T, shape.H, shape.D, test.stream);
     report(all_close(as_doubles(unshifted(out_d.to_host(), offset)), as_doubles(out), exact, what + " out"));
     report(all_close(as_doubles(unshifted(dx_d.to_host(), offset)), as_doubles(dx), exact, what + " dx"));
 }
@@ -154,6 +172,8 @@ TEST_F(LlamaKernelTest, RopeF32AndBf16AreBitwiseTheCpu) {
     for (const RopeShape& shape : rope_shapes) {
         check_rope<float>(*this, shape);
         check_rope<bfloat16>(*this, shape);
+        check_rope<float>(*this, shape, true);
+        check_rope<bfloat16>(*this, shape, true);
     }
 }
 
@@ -241,20 +261,20 @@ void check_plain_embedding(LlamaKernelTest& test, int B, int T, int V, int C) {
     const auto tokens = test.random_ints(size_t(B) * T, 0, V - 1);
     const auto table = test.random_values<S>(size_t(V) * C);
     std::vector<S> out(size_t(B) * T * C);
-    cpu::embedding_forward(out.data(), tokens.data(), table.data(), static_cast<const S*>(nullptr), B, T, C);
+    cpu::embedding_forward(out.data(), tokens.data(), table.data(), static_cast<const S*>(nullptr), nullptr, B, T, C);
     DeviceBuffer<int32_t> tokens_d(tokens);
     DeviceBuffer<S> table_d(table), out_d(poisoned<S>(out.size()));
-    gpu::embedding_forward(out_d.get(), tokens_d.get(), table_d.get(), nullptr, B, T, C, test.stream);
+    gpu::embedding_forward(out_d.get(), tokens_d.get(), table_d.get(), nullptr, nullptr, B, T, C, test.stream);
     report(all_close(as_doubles(out_d.to_host()), as_doubles(out), exact, what + " out"));
 
     const auto dout = test.random_values<S>(out.size());
     auto dtable = test.random_floats(size_t(V) * C, -0.01f, 0.01f);
     DeviceBuffer<float> dtable_d(dtable);
     DeviceBuffer<S> dout_d(dout);
-    cpu::embedding_backward(dtable.data(), static_cast<float*>(nullptr), dout.data(), tokens.data(), B, T, C);
+    cpu::embedding_backward(dtable.data(), static_cast<float*>(nullptr), dout.data(), tokens.data(), nullptr, B, T, C);
     const gpu::TokenGroups groups = gpu::group_positions_by_token(tokens.data(), B * T);
     DeviceBuffer<int32_t> groups_d(groups.packed);
-    gpu::embedding_backward(dtable_d.get(), nullptr, dout_d.get(), groups_d.get(), groups.distinct, B, T, C,
+    gpu::embedding_backward(dtable_d.get(), nullptr, dout_d.get(), groups_d.get(), groups.distinct, nullptr, 0, B, T, C,
                             test.stream);
     report(all_close(dtable_d.to_host(), dtable, exact, what + " dtoken_table"));
 }

@@ -25,11 +25,26 @@ TEST_F(PointwiseKernelTest, EmbeddingForward) {
     const auto tokens = random_ints(B * T, 0, V - 1);
     const auto token_table = random_floats(size_t(V) * C), position_table = random_floats(size_t(T + 3) * C);
     std::vector<float> expected(size_t(B) * T * C);
-    cpu::embedding_forward(expected.data(), tokens.data(), token_table.data(), position_table.data(), B, T, C);
+    cpu::embedding_forward(expected.data(), tokens.data(), token_table.data(), position_table.data(), nullptr, B, T, C);
     DeviceBuffer<int32_t> tokens_device(tokens);
     DeviceBuffer<float> token_device(token_table), position_device(position_table), out(nan_filled(expected.size()));
-    gpu::embedding_forward(out.get(), tokens_device.get(), token_device.get(), position_device.get(), B, T, C, stream);
+    gpu::embedding_forward(out.get(), tokens_device.get(), token_device.get(), position_device.get(), nullptr, B, T, C,
+                           stream);
     EXPECT_TRUE(all_close(out.to_host(), expected, exact, "embedding out"));
+
+    // Packed documents: each row's positions restart every 1 + (b + document) % 6 tokens.
+    std::vector<int32_t> positions(size_t(B) * T);
+    for (int b = 0; b < B; ++b)
+        for (int t = 0, document = 0, length = 1 + b % 6, position = 0; t < T; ++t) {
+            if (position == length) position = 0, length = 1 + (b + ++document) % 6;
+            positions[size_t(b) * T + t] = position++;
+        }
+    cpu::embedding_forward(expected.data(), tokens.data(), token_table.data(), position_table.data(), positions.data(),
+                           B, T, C);
+    DeviceBuffer<int32_t> positions_device(positions);
+    gpu::embedding_forward(out.get(), tokens_device.get(), token_device.get(), position_device.get(),
+                           positions_device.get(), B, T, C, stream);
+    EXPECT_TRUE(all_close(out.to_host(), expected, exact, "embedding out, packed documents"));
 }
 
 // The backward passes (bias, embedding) are in test_reduction_kernels.cpp.

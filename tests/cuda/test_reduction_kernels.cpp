@@ -185,28 +185,43 @@ TEST_F(ReductionKernelTest, EmbeddingBackwardIsBitwiseTheCpuTwin) {
             } else if (std::string(layout) == "random") {
                 tokens = random_ints(count, 0, V - 1);
             }
-            for (const int offset : {0, 1}) {
-                if (offset == 1 && C % 4 != 0) continue;
-                const auto dout = random_floats(size_t(count) * C);
-                const auto token_start = random_floats(size_t(V) * C);
-                const auto position_start = random_floats(size_t(T + 3) * C);
-                auto dtoken = token_start, dposition = position_start;
-                cpu::embedding_backward(dtoken.data(), dposition.data(), dout.data(), tokens.data(), B, T, C);
-                const gpu::TokenGroups groups = gpu::group_positions_by_token(tokens.data(), count);
-                DeviceBuffer<int32_t> groups_device(groups.packed);
-                auto dout_device = placed(dout, offset);
-                const std::string size = describe(layout, B * T, C, offset);
-                for (int run = 0; run < 2; ++run) {
-                    auto dtoken_device = placed(token_start, offset), dposition_device = placed(position_start, offset);
-                    gpu::embedding_backward(dtoken_device.get() + offset, dposition_device.get() + offset,
-                                            dout_device.get() + offset, groups_device.get(), groups.distinct, B, T, C,
-                                            stream);
-                    EXPECT_TRUE(all_close(read_back(dtoken_device, offset), dtoken, exact,
-                                          size + " dtoken_table run " + std::to_string(run)));
-                    EXPECT_TRUE(all_close(read_back(dposition_device, offset), dposition, exact,
-                                          size + " dposition_table run " + std::to_string(run)));
+            // Packed documents (positions restarting every 1 + (b + document) % 5 tokens) sum the position rows by
+            // position, in ascending (b, t) order, as the CPU's loop.
+            std::vector<int32_t> positions(static_cast<size_t>(count));
+            for (int b = 0; b < B; ++b)
+                for (int t = 0, document = 0, length = 1 + b % 5, position = 0; t < T; ++t) {
+                    if (position == length) position = 0, length = 1 + (b + ++document) % 5;
+                    positions[size_t(b) * T + t] = position++;
                 }
-            }
+            const gpu::TokenGroups position_groups = gpu::group_positions_by_token(positions.data(), count);
+            DeviceBuffer<int32_t> position_groups_device(position_groups.packed);
+            for (const int offset : {0, 1})
+                for (const bool documents : {false, true}) {
+                    if (offset == 1 && C % 4 != 0) continue;
+                    const auto dout = random_floats(size_t(count) * C);
+                    const auto token_start = random_floats(size_t(V) * C);
+                    const auto position_start = random_floats(size_t(T + 3) * C);
+                    auto dtoken = token_start, dposition = position_start;
+                    cpu::embedding_backward(dtoken.data(), dposition.data(), dout.data(), tokens.data(),
+                                            documents ? positions.data() : nullptr, B, T, C);
+                    const gpu::TokenGroups groups = gpu::group_positions_by_token(tokens.data(), count);
+                    DeviceBuffer<int32_t> groups_device(groups.packed);
+                    auto dout_device = placed(dout, offset);
+                    const std::string size =
+                        describe(layout, B * T, C, offset) + (documents ? " packed documents" : "");
+                    for (int run = 0; run < 2; ++run) {
+                        auto dtoken_device = placed(token_start, offset),
+                             dposition_device = placed(position_start, offset);
+                        gpu::embedding_backward(dtoken_device.get() + offset, dposition_device.get() + offset,
+                                                dout_device.get() + offset, groups_device.get(), groups.distinct,
+                                                documents ? position_groups_device.get() : nullptr,
+                                                documents ? position_groups.distinct : 0, B, T, C, stream);
+                        EXPECT_TRUE(all_close(read_back(dtoken_device, offset), dtoken, exact,
+                                              size + " dtoken_table run " + std::to_string(run)));
+                        EXPECT_TRUE(all_close(read_back(dposition_device, offset), dposition, exact,
+                                              size + " dposition_table run " + std::to_string(run)));
+                    }
+                }
         }
     }
 }
