@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/distributed/communicator.h"
+#include "engine/memory_timeline.h"
 #include "engine/profiling.h"
 #include "nn/io/peft.h"
 #include "nn/io/pretrained.h"
@@ -472,10 +473,26 @@ int run(const Options& flags) {
     int64_t profiled_steps = 0;
     profiling::set_enabled(false);
     profiling::reset();
+    // --memory-timeline: one step's every allocation and free, written after it (rank 0).
+    const int64_t timeline_step =
+        options.memory_timeline.empty() ? 0 : (options.memory_timeline_step > 0 ? options.memory_timeline_step : first_step);
+    if (timeline_step > 0 && timeline_step < first_step)
+        throw train_gpt::UsageError("--memory-timeline-step", "step " + std::to_string(timeline_step) +
+                                                                  " is before this resumed run's first step " +
+                                                                  std::to_string(first_step));
     for (int64_t step = first_step; step <= config.max_steps; ++step) {
         profiling::set_enabled(profile);
+        if (step == timeline_step) start_memory_timeline();
+        struct StopRecording { // also when the step throws
+            bool on;
+            ~StopRecording() { if (on && memory_timeline_recording()) stop_memory_timeline(); }
+        } stop_recording{step == timeline_step};
         const std::optional<optim::StepResult> result = trainer.train_step(source);
         profiling::set_enabled(false);
+        if (step == timeline_step) {
+            const MemoryTimeline timeline = stop_memory_timeline();
+            if (lead && result) train_gpt::write_memory_timeline(options, timeline, *result, step);
+        }
         if (!result) break; // cannot happen with a cycling loader; kept for finite sources
         if (profile) {
             if (step - first_step < profile_warmup) {

@@ -317,6 +317,9 @@ output:
   --out DIR --save-every K       training state (weights, optimizer, RNG, data cursor, config) every K steps
                                  and at the end; DIR keeps the newest two (docs/RELIABILITY.md)
   --resume DIR                   continue from the newest valid training state in DIR
+  --memory-timeline FILE         record every allocation and free of one step (category, size, op, phase) in
+                                 Chrome's trace format (Perfetto opens it); scripts/plot_memory.py FILE draws it
+  --memory-timeline-step K       which step (default: the run's first)
   --profile[=true|false]         time every CPU kernel per op and phase (forward, backward, grad_norm,
                                  optimizer) over the steps after the first two; print the table and the GEMM
                                  share after training, and log it under "profile" on the last --log line
@@ -414,6 +417,8 @@ Options parse_options(const std::vector<std::string>& arguments) {
                  require(!fs::is_directory(target, error), f, "'" + v + "' is a directory, not a .safetensors file");
              options.save = v; }},
         {"--log", [&](auto& f, auto& v) { require(!v.empty(), f, "needs a file name"); options.log = v; }},
+        {"--memory-timeline", [&](auto& f, auto& v) { require(!v.empty(), f, "needs a file name"); options.memory_timeline = v; }},
+        {"--memory-timeline-step", [&](auto& f, auto& v) { options.memory_timeline_step = parse_integer(f, v); require(options.memory_timeline_step > 0, f, "must be a step, 1 or more"); }},
         {"--out", [&](auto& f, auto& v) { require(!v.empty(), f, "needs a directory"); options.out = v; }},
         {"--save-every", [&](auto& f, auto& v) { options.save_every = parse_integer(f, v); require(options.save_every > 0, f, "must be positive"); }},
         {"--resume", [&](auto& f, auto& v) {
@@ -519,6 +524,10 @@ Options parse_options(const std::vector<std::string>& arguments) {
                 "leave it out");
     }
     require(options.save_every == 0 || !options.out.empty(), "--save-every", "needs --out DIR");
+    require(options.memory_timeline_step == 0 || !options.memory_timeline.empty(), "--memory-timeline-step",
+            "needs --memory-timeline FILE");
+    require(options.memory_timeline_step <= trainer.max_steps, "--memory-timeline-step",
+            std::to_string(options.memory_timeline_step) + " is past --max-steps " + std::to_string(trainer.max_steps));
     require(!options.save_dtype || !options.save.empty(), "--save-dtype", "needs --save FILE|DIR");
     for (const char* eval_flag : {"--eval-steps", "--eval-every"})
         require(!options.eval_data.empty() || !given.contains(eval_flag), eval_flag, "needs --eval-data FILE");

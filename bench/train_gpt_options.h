@@ -69,6 +69,10 @@ struct Options {
     std::string init;      // weights to start from: a Hugging Face model directory (config.json decides the model) or a safetensors file
     std::string save;      // after training: FILE.safetensors, or a Hugging Face model directory (any other path)
     std::string log;       // JSON lines
+    // --memory-timeline FILE: every allocation and free of step --memory-timeline-step (default: the run's first),
+    // in Chrome's trace format (engine/memory_timeline.h); scripts/plot_memory.py draws it.
+    std::string memory_timeline;
+    int64_t memory_timeline_step = 0; // 0: the run's first step
     std::string out;       // training-state directory (optim/training_state.h): every --save-every steps and at the end
     int64_t save_every = 0; // 0: only at the end (when --out is given)
     std::string resume;    // training-state directory to continue from

@@ -10,13 +10,18 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "engine/io/atomic_file.h"
 #include "engine/memory.h"
 #include "nn/qlora.h"
 #include "planner/planner.h"
+#include "train_gpt_plan.h"
 
 namespace train_gpt {
 namespace {
@@ -116,6 +121,9 @@ void check_outputs(const Options& options, const OutputSizes& sizes) {
                          std::to_string(states) + " training state" + (states == 1 ? "" : "s")});
     }
     if (!options.log.empty()) needs.push_back({"--log", landing_directory("--log", options.log, false), 0, "the log"});
+    if (!options.memory_timeline.empty())
+        needs.push_back({"--memory-timeline", landing_directory("--memory-timeline", options.memory_timeline, false), 0,
+                         "the memory timeline"});
     // Every output writable where it will go; then each file system's room for all the outputs on it together.
     std::map<dev_t, std::vector<const Need*>> by_device;
     for (const Need& need : needs) {
@@ -144,6 +152,29 @@ void check_outputs(const Options& options, const OutputSizes& sizes) {
                                                       (listed > 1 ? " together" : "") +
                                                       ": the output would fail after training");
     }
+}
+
+void write_memory_timeline(const Options& options, const engine::MemoryTimeline& timeline,
+                           const engine::optim::StepResult& result, int64_t step) {
+    const std::optional<size_t> predicted = predicted_step_peak(options);
+    const nlohmann::json metadata{
+        {"step", step},
+        {"device", engine::device_name(options.resolved_device)},
+        {"model", options.model.to_string()},
+        {"peak_bytes", result.memory.peak_bytes},
+        {"predicted_peak_bytes", predicted ? nlohmann::json(*predicted) : nlohmann::json(nullptr)},
+        {"shape", options.trainer.shape.summary()},
+    };
+    const std::string text = engine::memory_timeline_json(timeline, metadata.dump());
+    try {
+        engine::io::write_file_atomically(options.memory_timeline, [&](const engine::io::ByteSink& sink) {
+            sink(text.data(), text.size());
+        });
+    } catch (const engine::EngineError& error) {
+        throw flag_error("--memory-timeline", error);
+    }
+    std::cout << "memory timeline of step " << step << ": " << timeline.events.size() << " allocations and frees in "
+              << options.memory_timeline << " (scripts/plot_memory.py draws it)" << std::endl;
 }
 
 } // namespace train_gpt

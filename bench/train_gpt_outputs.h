@@ -5,7 +5,9 @@
 
 #include <cstddef>
 
+#include "engine/memory_timeline.h"
 #include "nn/causal_lm.h"
+#include "optim/module_trainer.h"
 #include "train_gpt_options.h"
 
 namespace train_gpt {
@@ -27,5 +29,10 @@ OutputSizes output_sizes(const Options& options, engine::nn::CausalLM& model);
 // (--out: as many states as the rotation will hold at once beyond those in the directory, at most three). Throws
 // UsageError naming the flag, the directory and the figures.
 void check_outputs(const Options& options, const OutputSizes& sizes);
+
+// --memory-timeline FILE: step `step`'s recording in Chrome's trace format, with the step, the device, its measured
+// joint peak and the plan's prediction (planner::predict_memory, none for LoRA) as metadata; written atomically.
+void write_memory_timeline(const Options& options, const engine::MemoryTimeline& timeline,
+                           const engine::optim::StepResult& result, int64_t step);
 
 } // namespace train_gpt

@@ -99,6 +99,20 @@ Options apply_memory_plan(const Options& options, int ranks) {
     return planned;
 }
 
+std::optional<size_t> predicted_step_peak(const Options& options) {
+    if (options.lora || !options.init_adapter.empty() || options.load_in_4bit) return std::nullopt;
+    const distributed::LaunchEnvironment launch = distributed::launch_environment();
+    const StepShape& shape = options.trainer.shape;
+    const auto [rows, length] = nn::largest_batch_shape(shape.per_device_train_batch_size, options.seq_len,
+                                                        options.max_tokens_per_micro_batch);
+    const planner::MemoryPrediction predicted = planner::predict_memory(
+        options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision), options.trainer.optimizer,
+        shape.zero_stage == 1 ? launch.world_size : 1, shape.gradient_accumulation_steps, shape.offload_optimizer,
+        shape.offload_gradients, shape.offload_parameters, shape.loss_chunk_tokens, shape.mlp_tile_tokens,
+        options.data_layout == nn::DataLayout::packed_documents);
+    return predicted.peak_on(options.resolved_device);
+}
+
 // --plan: the predicted memory per category for these flags (with LoRA, the model state), printed by rank 0.
 int print_plan(const Options& options) {
     // Per rank: ZeRO-1 over the launcher's ranks (mpirun -np N train_gpt --plan --zero-stage 1), printed once.

@@ -2,6 +2,8 @@
 // (the report, and exit) and the host budget an offloaded model state must fit.
 #pragma once
 
+#include <optional>
+
 #include "train_gpt_options.h"
 
 namespace train_gpt {
@@ -15,5 +17,8 @@ void check_host_budget(const Options& options);
 // --plan: prints the predicted memory per category for these flags (with LoRA, the exact model state beside a full
 // fine-tune's) on rank 0; returns the exit code.
 int print_plan(const Options& options);
+// The step's predicted joint peak on the run's device (planner::predict_memory, what --plan prints), for the
+// memory timeline's line; nothing for a LoRA run (its step is not modelled yet).
+std::optional<size_t> predicted_step_peak(const Options& options);
 
 } // namespace train_gpt

@@ -2,6 +2,7 @@
 // compute stream. The CPU helpers also time the kernel for the op profiler (engine/profiling.h) when it is on.
 #pragma once
 
+#include "engine/memory_timeline.h"
 #include "engine/profiling.h"
 #include "engine/tensor.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -39,8 +40,16 @@ void select_cpu(const char* op, DType dtype, Function& function) {
 // `op` (a string literal: the region keeps the pointer). Only the CPU is timed: a CUDA kernel returns at
 // launch, so timing ENGINE_DISPATCH_CUDA would measure launches, not kernels; CUDA time stays in the
 // profiler's unprofiled remainder.
+// A recording memory timeline files the allocations since the last kernel under this op (one relaxed load when
+// off).
+inline void note_dispatch(const char* op) {
+    if (memory_timeline_recording()) [[unlikely]]
+        note_kernel(op);
+}
+
 template <typename Function>
 void dispatch_floating(const char* op, DType dtype, Function&& function) {
+    note_dispatch(op);
     if (profiling::enabled()) [[unlikely]] {
         const profiling::Region region(op);
         select_floating(op, dtype, function);
@@ -51,6 +60,7 @@ void dispatch_floating(const char* op, DType dtype, Function&& function) {
 
 template <typename Function>
 void dispatch_cpu(const char* op, DType dtype, Function&& function) {
+    note_dispatch(op);
     if (profiling::enabled()) [[unlikely]] {
         const profiling::Region region(op);
         select_cpu(op, dtype, function);
@@ -67,6 +77,7 @@ inline void require_cuda_f32(const char* op, DType dtype) {
 // CPU's gradient-check type only).
 template <typename Function>
 void dispatch_cuda(const char* op, DType dtype, Function&& function) {
+    note_dispatch(op);
     switch (dtype) {
     case DType::f32: function.template operator()<float>(); return;
     case DType::bf16: function.template operator()<bfloat16>(); return;

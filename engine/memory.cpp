@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "engine/cuda/runtime.h"
+#include "engine/memory_timeline.h"
 
 namespace engine {
 namespace {
@@ -207,6 +208,8 @@ void* allocate_bytes(Device device, size_t bytes, MemoryCategory category) {
     if (stats.current_bytes > stats.peak_bytes) stats.peak_bytes = stats.current_bytes;
     if (stats.current_by_category[index] > stats.peak_by_category[index])
         stats.peak_by_category[index] = stats.current_by_category[index];
+    if (memory_timeline_recording()) [[unlikely]]
+        record_memory_event(device, category, static_cast<int64_t>(bytes));
     return pointer;
 }
 
@@ -221,6 +224,8 @@ void deallocate_bytes(Device device, void* pointer, size_t bytes, MemoryCategory
     MemoryStats& stats = reg.accounts[device_index(device)].stats;
     stats.current_bytes -= bytes;
     stats.current_by_category[static_cast<int>(category)] -= bytes;
+    if (memory_timeline_recording()) [[unlikely]]
+        record_memory_event(device, category, -static_cast<int64_t>(bytes));
 }
 
 } // namespace engine
