@@ -32,6 +32,10 @@
 
 namespace {
 
+// Whether the steps began: an out-of-memory failure before them was the model's set-up (train_gpt --memory-limit
+// below what the model state holds), not a step's.
+bool steps_started = false;
+
 using namespace engine;
 using train_gpt::Options;
 
@@ -310,6 +314,7 @@ int run(const Options& flags) {
     std::optional<Validation> validation;
     if (!options.eval_data.empty()) validation.emplace(options, *communicator);
     if (options.resolved_device == Device::cuda) engine::cuda::set_tf32_enabled(options.tf32.value_or(true));
+    if (options.memory_limit) engine::set_memory_limit(options.resolved_device, *options.memory_limit);
     // With the optimizer on the host the masters are built there, and only the working copies ever reach the
     // device: the device never holds the f32 masters the plan took off it.
     // A 4-bit base is quantised on the host too, so that the device never holds the dense f32 weights.
@@ -480,6 +485,7 @@ int run(const Options& flags) {
         throw train_gpt::UsageError("--memory-timeline-step", "step " + std::to_string(timeline_step) +
                                                                   " is before this resumed run's first step " +
                                                                   std::to_string(first_step));
+    steps_started = true;
     for (int64_t step = first_step; step <= config.max_steps; ++step) {
         profiling::set_enabled(profile);
         if (step == timeline_step) start_memory_timeline();
@@ -487,7 +493,18 @@ int run(const Options& flags) {
             bool on;
             ~StopRecording() { if (on && memory_timeline_recording()) stop_memory_timeline(); }
         } stop_recording{step == timeline_step};
-        const std::optional<optim::StepResult> result = trainer.train_step(source);
+        // Where the step begins, so that an out-of-memory failure can write the state as it was (train_gpt_outputs.h).
+        const nn::LoaderCursor cursor_before = loader->cursor();
+        const RngState rng_before = rng_state();
+        std::optional<optim::StepResult> result;
+        try {
+            result = trainer.train_step(source);
+        } catch (const OutOfMemoryError&) {
+            profiling::set_enabled(false);
+            train_gpt::report_out_of_memory(options, trainer, *loader, cursor_before, rng_before, step,
+                                            run_config_json(options), world_size);
+            throw;
+        }
         profiling::set_enabled(false);
         if (step == timeline_step) {
             const MemoryTimeline timeline = stop_memory_timeline();
@@ -613,6 +630,16 @@ int main(int argc, char** argv) {
     } catch (const train_gpt::UsageError& error) {
         std::cerr << "train_gpt: error: " << error.what() << "\n";
         return 2;
+    } catch (const OutOfMemoryError& error) {
+        if (!steps_started && (memory_limit(Device::cpu) != SIZE_MAX || memory_limit(Device::cuda) != SIZE_MAX)) {
+            std::cerr << "train_gpt: error: --memory-limit: below what the model, its gradients and its optimizer "
+                         "state hold before the first step: "
+                      << error.what() << "\n";
+            return 2;
+        }
+        std::cerr << "train_gpt: error: " << (steps_started ? "" : "before the first step, building the model: ")
+                  << error.what() << "\n";
+        return 1;
     } catch (const std::exception& error) {
         std::cerr << "train_gpt: error: " << error.what() << "\n";
         return 1;

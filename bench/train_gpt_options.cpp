@@ -293,6 +293,9 @@ memory:
                                  --precision auto, ZeRO stage with several ranks): the least predicted time that
                                  fits. With --plan it prints the plan and exits; no plan fits: exit 2
   --global-batch-size S          with --max-memory: sequences per optimizer step over all ranks (default b x N)
+  --memory-limit SIZE            the device's account refuses allocations past SIZE, as a device of that size
+                                 would (out of memory: the phase, the category and the plan's prediction named,
+                                 and with --out the training state written before the failed step)
   --max-host-memory SIZE|auto    host memory one rank's offloaded model state may take: the planner's host budget,
                                  and checked against --offload-optimizer cpu's prediction before anything is built
                                  (default auto: MemAvailable minus 10%; ranks sharing a host share it: divide it)
@@ -440,6 +443,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--max-memory", [&](auto& f, auto& v) {
              options.max_memory_auto = v == "auto";
              if (!options.max_memory_auto) options.max_memory = as_flag(f, [&] { return engine::planner::parse_memory_size(v); }); }},
+        {"--memory-limit", [&](auto& f, auto& v) { options.memory_limit = as_flag(f, [&] { return engine::planner::parse_memory_size(v); }); }},
         {"--max-host-memory", [&](auto& f, auto& v) {
              if (v != "auto") options.max_host_memory = as_flag(f, [&] { return engine::planner::parse_memory_size(v); }); }},
         {"--global-batch-size", [&](auto& f, auto& v) { options.global_batch_size = parse_int(f, v); require(options.global_batch_size > 0, f, "must be positive"); }},

@@ -97,6 +97,9 @@ struct Options {
     // fits, for --global-batch-size sequences per optimizer step (default: the flags' b x N x ranks).
     std::optional<size_t> max_memory; // bytes
     bool max_memory_auto = false;     // free device memory minus 10%
+    // --memory-limit SIZE: the run's device account refuses allocations past it (engine::set_memory_limit), as a
+    // device of that size would: a smaller GPU's failures reproduced on any machine.
+    std::optional<size_t> memory_limit;
     // --max-host-memory SIZE|auto: the host memory the model state offloaded to it may take (the planner's host
     // budget, and a check of --offload-optimizer cpu before anything is built). Unset: auto, the machine's
     // available memory minus 10%.

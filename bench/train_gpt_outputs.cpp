@@ -8,12 +8,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "engine/memory.h"
 #include "nn/qlora.h"
 #include "planner/planner.h"
+#include "optim/training_state.h"
 #include "train_gpt_plan.h"
 
 namespace train_gpt {
@@ -175,6 +178,60 @@ void write_memory_timeline(const Options& options, const engine::MemoryTimeline&
     }
     std::cout << "memory timeline of step " << step << ": " << timeline.events.size() << " allocations and frees in "
               << options.memory_timeline << " (scripts/plot_memory.py draws it)" << std::endl;
+}
+
+void report_out_of_memory(const Options& options, engine::optim::ModuleTrainer& trainer,
+                          engine::nn::DataLoader& loader, const engine::nn::LoaderCursor& cursor_before,
+                          const engine::RngState& rng_before, int64_t step, const std::string& config_json,
+                          int world_size) {
+    using engine::planner::mebibytes;
+    const engine::OutOfMemoryRecord* record = engine::last_out_of_memory();
+    if (record == nullptr) return;
+    const char* category = engine::memory_category_name(record->category);
+    std::ostringstream text;
+    text << "train_gpt: out of memory in step " << step << ", " << record->phase
+         << (record->after_op.empty() ? std::string() : " after " + record->after_op) << ": "
+         << mebibytes(record->requested) << " more for " << category << " on "
+         << engine::device_name(record->device) << " holding " << mebibytes(record->usage.current_bytes) << " ("
+         << category << " " << mebibytes(record->usage.current(record->category)) << ")";
+    if (record->limit != SIZE_MAX)
+        text << ", past --memory-limit " << mebibytes(record->limit) << " (" << record->limit << " B)";
+    text << ".";
+    if (const std::optional<engine::planner::MemoryPrediction> plan = predicted_step_memory(options)) {
+        const size_t peak = plan->peak_on(options.resolved_device);
+        text << " The plan predicted the step's peak at " << mebibytes(peak) << " (" << peak << " B; " << category
+             << " at most " << mebibytes(plan->of(record->category)) << ")";
+        if (record->limit != SIZE_MAX)
+            text << (peak > record->limit ? ", above the limit: a plan that fits it (--max-memory " +
+                                                std::to_string(record->limit) + "B) would not have run out"
+                                          : ", within the limit: the model missed this moment; please report it");
+        text << ".";
+    }
+    std::cerr << text.str() << std::endl;
+    if (options.out.empty()) {
+        std::cerr << "train_gpt: no --out DIR: the training state was not written" << std::endl;
+        return;
+    }
+    if (record->phase == "optimizer" || world_size > 1) {
+        std::cerr << "train_gpt: the training state was not written: "
+                  << (world_size > 1 ? "the other ranks wait in a collective for this one"
+                                     : "the update itself failed, so the weights may be part-updated")
+                  << "; --resume " << options.out << " continues from the last state saved there" << std::endl;
+        return;
+    }
+    // The trainer zeroed the failed window's gradients; the weights and the optimizer are the last step's. Put the
+    // data and the RNG back where the step began, and lift the limit for the save, which reads to host memory.
+    try {
+        loader.restore(cursor_before);
+        engine::rng_state() = rng_before;
+        engine::set_memory_limit(record->device, SIZE_MAX);
+        const std::string path =
+            engine::optim::save_training_state(options.out, trainer, &loader, config_json, true);
+        std::cerr << "train_gpt: saved the training state before step " << step << " to " << path << "; --resume "
+                  << options.out << " continues from it" << std::endl;
+    } catch (const std::exception& error) {
+        std::cerr << "train_gpt: the training state could not be written: " << error.what() << std::endl;
+    }
 }
 
 } // namespace train_gpt

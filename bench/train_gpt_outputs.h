@@ -6,6 +6,8 @@
 #include <cstddef>
 
 #include "engine/memory_timeline.h"
+#include "engine/random.h"
+#include "nn/io/token_data.h"
 #include "nn/causal_lm.h"
 #include "optim/module_trainer.h"
 #include "train_gpt_options.h"
@@ -29,6 +31,15 @@ OutputSizes output_sizes(const Options& options, engine::nn::CausalLM& model);
 // (--out: as many states as the rotation will hold at once beyond those in the directory, at most three). Throws
 // UsageError naming the flag, the directory and the figures.
 void check_outputs(const Options& options, const OutputSizes& sizes);
+
+// An out-of-memory failure inside step `step` (engine::last_out_of_memory says where): prints what failed beside
+// the plan's prediction for the step and the category, and, with --out on one rank when the update had not begun,
+// writes the training state as it was before the step (the loader's cursor and the RNG put back, the failed
+// window's gradients already zeroed by the trainer), so that --resume continues bitwise.
+void report_out_of_memory(const Options& options, engine::optim::ModuleTrainer& trainer,
+                          engine::nn::DataLoader& loader, const engine::nn::LoaderCursor& cursor_before,
+                          const engine::RngState& rng_before, int64_t step, const std::string& config_json,
+                          int world_size);
 
 // --memory-timeline FILE: step `step`'s recording in Chrome's trace format, with the step, the device, its measured
 // joint peak and the plan's prediction (planner::predict_memory, none for LoRA) as metadata; written atomically.

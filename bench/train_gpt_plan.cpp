@@ -100,6 +100,12 @@ Options apply_memory_plan(const Options& options, int ranks) {
 }
 
 std::optional<size_t> predicted_step_peak(const Options& options) {
+    const std::optional<planner::MemoryPrediction> predicted = predicted_step_memory(options);
+    if (!predicted) return std::nullopt;
+    return predicted->peak_on(options.resolved_device);
+}
+
+std::optional<planner::MemoryPrediction> predicted_step_memory(const Options& options) {
     if (options.lora || !options.init_adapter.empty() || options.load_in_4bit) return std::nullopt;
     const distributed::LaunchEnvironment launch = distributed::launch_environment();
     const StepShape& shape = options.trainer.shape;
@@ -110,7 +116,7 @@ std::optional<size_t> predicted_step_peak(const Options& options) {
         shape.zero_stage == 1 ? launch.world_size : 1, shape.gradient_accumulation_steps, shape.offload_optimizer,
         shape.offload_gradients, shape.offload_parameters, shape.loss_chunk_tokens, shape.mlp_tile_tokens,
         options.data_layout == nn::DataLayout::packed_documents);
-    return predicted.peak_on(options.resolved_device);
+    return predicted;
 }
 
 // --plan: the predicted memory per category for these flags (with LoRA, the model state), printed by rank 0.

@@ -4,6 +4,8 @@
 
 #include <optional>
 
+#include "planner/memory_model.h"
+
 #include "train_gpt_options.h"
 
 namespace train_gpt {
@@ -20,5 +22,6 @@ int print_plan(const Options& options);
 // The step's predicted joint peak on the run's device (planner::predict_memory, what --plan prints), for the
 // memory timeline's line; nothing for a LoRA run (its step is not modelled yet).
 std::optional<size_t> predicted_step_peak(const Options& options);
+std::optional<engine::planner::MemoryPrediction> predicted_step_memory(const Options& options);
 
 } // namespace train_gpt

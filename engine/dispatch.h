@@ -42,7 +42,9 @@ void select_cpu(const char* op, DType dtype, Function& function) {
 // profiler's unprofiled remainder.
 // A recording memory timeline files the allocations since the last kernel under this op (one relaxed load when
 // off).
+// An out-of-memory record names the last kernel dispatched (one store).
 inline void note_dispatch(const char* op) {
+    note_last_kernel(op);
     if (memory_timeline_recording()) [[unlikely]]
         note_kernel(op);
 }

@@ -2,6 +2,9 @@
 // raw allocator (CPU heap, CUDA caching allocator, pinned host pool).
 #include "engine/memory.h"
 
+#include <cstdint>
+#include <optional>
+
 #include <cstdlib>
 #include <limits>
 #include <map>
@@ -12,6 +15,7 @@
 #include "base/error.h"
 #include "engine/cuda/runtime.h"
 #include "engine/memory_timeline.h"
+#include "engine/profiling.h"
 
 namespace engine {
 namespace {
@@ -65,7 +69,11 @@ private:
 struct DeviceAccount {
     MemoryStats stats;
     RawAllocator* allocator = nullptr;
+    size_t limit = SIZE_MAX; // set_memory_limit
 };
+
+thread_local const char* last_kernel = nullptr;
+thread_local std::optional<OutOfMemoryRecord> thread_out_of_memory;
 
 struct Registry {
     std::mutex mutex;
@@ -137,6 +145,22 @@ MemoryStats memory_stats(Device device) {
     return stats;
 }
 
+void set_memory_limit(Device device, size_t bytes) {
+    Registry& reg = registry();
+    std::lock_guard lock(reg.mutex);
+    reg.accounts[device_index(device)].limit = bytes;
+}
+
+size_t memory_limit(Device device) {
+    Registry& reg = registry();
+    std::lock_guard lock(reg.mutex);
+    return reg.accounts[device_index(device)].limit;
+}
+
+const OutOfMemoryRecord* last_out_of_memory() { return thread_out_of_memory ? &*thread_out_of_memory : nullptr; }
+void clear_out_of_memory() { thread_out_of_memory.reset(); }
+void note_last_kernel(const char* op) { last_kernel = op; }
+
 void reset_peak(Device device) {
     Registry& reg = registry();
     std::lock_guard lock(reg.mutex);
@@ -183,19 +207,33 @@ void* allocate_bytes(Device device, size_t bytes, MemoryCategory category) {
     Registry& reg = registry();
     std::unique_lock lock(reg.mutex);
     RawAllocator* allocator = allocator_for(reg, device, category);
+    MemoryStats& stats = reg.accounts[device_index(device)].stats;
+    const size_t limit = reg.accounts[device_index(device)].limit;
+    const bool over_limit = bytes > limit || stats.current_bytes > limit - bytes;
     bool reached_system = false;
-    void* pointer = allocator->allocate(bytes, &reached_system);
-    if (pointer == nullptr) {
+    void* pointer = over_limit ? nullptr : allocator->allocate(bytes, &reached_system);
+    if (pointer == nullptr && !over_limit) {
         allocator->release_cache();
         pointer = allocator->allocate(bytes, &reached_system);
     }
-    MemoryStats& stats = reg.accounts[device_index(device)].stats;
     if (pointer == nullptr) {
+        OutOfMemoryRecord record;
+        record.device = device;
+        record.category = category;
+        record.requested = bytes;
+        record.usage = stats;
+        record.limit = limit;
+        record.phase = profiling::phase_name(profiling::current_phase());
+        record.after_op = last_kernel ? last_kernel : "";
         std::ostringstream text;
-        text << "out of memory on " << device_name(device) << ": requested " << bytes << " B for "
-             << memory_category_name(category) << "; in use: " << stats.to_string()
+        text << "out of memory on " << device_name(device) << " in " << record.phase
+             << (record.after_op.empty() ? std::string() : " (after " + record.after_op + ")") << ": requested "
+             << bytes << " B for " << memory_category_name(category);
+        if (over_limit) text << ", past the account's limit of " << limit << " B (set_memory_limit)";
+        text << "; in use: " << stats.to_string()
              << ". Hint: use a smaller per_device_train_batch_size with more gradient_accumulation_steps, "
                 "turn on gradient_checkpointing, or offload checkpointed inputs to host memory";
+        thread_out_of_memory = std::move(record);
         throw OutOfMemoryError(text.str());
     }
     const int index = static_cast<int>(category);

@@ -66,6 +66,27 @@ void set_pinned_allocator(RawAllocator* allocator);
 
 // Allocate/free with accounting. Throws OutOfMemoryError with the request, usage by category and a hint.
 void* allocate_bytes(Device device, size_t bytes, MemoryCategory category);
+
+// A limit on `device`'s account (train_gpt --memory-limit): an allocation that would take its live bytes past
+// `bytes` fails as out of memory, as on a device of that size. SIZE_MAX (the default): none.
+void set_memory_limit(Device device, size_t bytes);
+size_t memory_limit(Device device);
+
+// What the calling thread's last out-of-memory failure was (the error's message says the same in words): for
+// a caller that reports it against the plan (train_gpt). Reset by clear_out_of_memory().
+struct OutOfMemoryRecord {
+    Device device = Device::cpu;
+    MemoryCategory category = MemoryCategory::activations;
+    size_t requested = 0;
+    MemoryStats usage;     // the account when it failed
+    size_t limit = 0;      // memory_limit(device) then (SIZE_MAX: none)
+    std::string phase;     // profiling::current_phase's name: forward, backward, grad_norm, optimizer
+    std::string after_op;  // the last kernel dispatched on the thread before the failure ("" when none)
+};
+const OutOfMemoryRecord* last_out_of_memory();
+void clear_out_of_memory();
+// The dispatch helpers' note of each kernel, for OutOfMemoryRecord::after_op (one store).
+void note_last_kernel(const char* op);
 void deallocate_bytes(Device device, void* pointer, size_t bytes, MemoryCategory category);
 
 } // namespace engine
