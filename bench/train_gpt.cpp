@@ -268,6 +268,8 @@ std::string run_config_json(const Options& options) {
                           {"seq_len", options.seq_len},
                           {"data", options.data.empty() ? "built-in corpus" : options.data},
                           {"data_layout", nn::data_layout_name(options.data_layout)},
+                          {"eot_token", options.eot_token},
+                          {"max_tokens_per_micro_batch", options.max_tokens_per_micro_batch},
                           {"per_device_train_batch_size", trainer.shape.per_device_train_batch_size},
                           {"gradient_accumulation_steps", trainer.shape.gradient_accumulation_steps},
                           {"learning_rate", trainer.learning_rate},
@@ -427,8 +429,12 @@ int run(const Options& flags) {
         if (!log) throw train_gpt::UsageError("--log", "cannot write '" + options.log + "'");
     }
     const StepShape& shape = config.shape;
-    const int64_t tokens_per_step = int64_t{shape.per_device_train_batch_size} * shape.gradient_accumulation_steps *
-                                    world_size * options.seq_len;
+    // With a token budget, at most: every micro-batch the worst the budget allows.
+    const auto [batch_rows, batch_length] =
+        nn::largest_batch_shape(shape.per_device_train_batch_size, options.seq_len, options.max_tokens_per_micro_batch,
+                                options.data_layout == nn::DataLayout::packed);
+    const int64_t tokens_per_step =
+        int64_t{batch_rows} * shape.gradient_accumulation_steps * world_size * batch_length;
     const int padded_vocabulary = options.model.padded_vocab_size();
     const std::string padding = padded_vocabulary == options.model.vocab_size()
                                     ? ""
@@ -460,7 +466,8 @@ int run(const Options& flags) {
                       : options.resolved_device == Device::cpu ? "" : options.tf32.value_or(true) ? " (tf32)" : " (fp32)")
                   << " | batch " << shape.per_device_train_batch_size << " x " << shape.gradient_accumulation_steps
                   << " micro-batches x " << world_size << " ranks (" << distributed::backend_name(communicator->backend())
-                  << ") = " << tokens_per_step << " token positions per step | "
+                  << ") = " << (options.max_tokens_per_micro_batch > 0 ? "at most " : "") << tokens_per_step
+                  << " token positions per step | "
                   << nn::data_layout_name(options.data_layout) << " data | loss normalization "
                   << config.loss_normalization.name() << " | optimizer " << optimizer_kind_name(config.optimizer)
                   << " | checkpointing " << shape.checkpointing.to_string() << "\n";
@@ -496,6 +503,8 @@ int run(const Options& flags) {
         // Where the step begins, so that an out-of-memory failure can write the state as it was (train_gpt_outputs.h).
         const nn::LoaderCursor cursor_before = loader->cursor();
         const RngState rng_before = rng_state();
+        note_last_kernel(nullptr); // an out-of-memory record names this step's ops only
+        clear_out_of_memory();
         std::optional<optim::StepResult> result;
         try {
             result = trainer.train_step(source);
@@ -558,10 +567,16 @@ int run(const Options& flags) {
         }
         if (!options.out.empty() &&
             ((options.save_every > 0 && step % options.save_every == 0) || step == config.max_steps)) {
-            // Every rank captures (ZeRO-1 gathers the optimizer state); rank 0 writes.
+            // Every rank captures (ZeRO-1 gathers the optimizer state to the host, a kind at a time); rank 0 writes.
+            // What the save added to the device's account at its high-water mark is printed: the save phase's peak
+            // above the model state (0 on a device: the state streams to host memory).
+            const Device device = model.device();
+            const size_t before_save = memory_stats(device).current_bytes;
+            reset_peak(device);
             const std::string path =
                 optim::save_training_state(options.out, trainer, loader.get(), run_config_json(options), lead);
-            if (lead) std::cout << "saved training state " << path << std::endl;
+            const size_t save_rise = memory_stats(device).peak_bytes - before_save;
+            if (lead) std::cout << "saved training state " << path << " (device memory +" << save_rise << " B)" << std::endl;
         }
     }
     if (!lead) return 0;

@@ -201,10 +201,17 @@ void report_out_of_memory(const Options& options, engine::optim::ModuleTrainer& 
         const size_t peak = plan->peak_on(options.resolved_device);
         text << " The plan predicted the step's peak at " << mebibytes(peak) << " (" << peak << " B; " << category
              << " at most " << mebibytes(plan->of(record->category)) << ")";
-        if (record->limit != SIZE_MAX)
-            text << (peak > record->limit ? ", above the limit: a plan that fits it (--max-memory " +
-                                                std::to_string(record->limit) + "B) would not have run out"
-                                          : ", within the limit: the model missed this moment; please report it");
+        // What the step would have held with this allocation: at most the device's room (the limit, or on a device
+        // whatever it could still give). A plan at or above that predicted the failure; one below missed a moment.
+        const size_t wanted = record->usage.current_bytes + record->requested;
+        const size_t room = record->limit != SIZE_MAX ? record->limit : wanted - 1;
+        const std::string remedy = options.max_tokens_per_micro_batch > 0
+                                       ? "a smaller --max-tokens-per-micro-batch"
+                                       : "a plan within it (--max-memory " + std::to_string(room) + "B)";
+        text << (peak > room ? ", above what the device gave (" + mebibytes(room) + "): " + remedy +
+                                   " would not have run out"
+                             : ", within what the device gave: the model missed this moment (" + mebibytes(wanted) +
+                                   " wanted); please report it");
         text << ".";
     }
     std::cerr << text.str() << std::endl;

@@ -36,7 +36,8 @@ void check_host_budget(const Options& options) {
     const distributed::LaunchEnvironment launch = distributed::launch_environment();
     // A token budget: the worst micro-batch it allows.
     const auto [rows, length] =
-        nn::largest_batch_shape(shape.per_device_train_batch_size, options.seq_len, options.max_tokens_per_micro_batch);
+        nn::largest_batch_shape(shape.per_device_train_batch_size, options.seq_len, options.max_tokens_per_micro_batch,
+                                                        options.data_layout == nn::DataLayout::packed);
     const planner::MemoryPrediction predicted = planner::predict_memory(
         options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision), options.trainer.optimizer,
         shape.zero_stage == 1 ? launch.world_size : 1, shape.gradient_accumulation_steps, true, shape.offload_gradients,
@@ -110,7 +111,8 @@ std::optional<planner::MemoryPrediction> predicted_step_memory(const Options& op
     const distributed::LaunchEnvironment launch = distributed::launch_environment();
     const StepShape& shape = options.trainer.shape;
     const auto [rows, length] = nn::largest_batch_shape(shape.per_device_train_batch_size, options.seq_len,
-                                                        options.max_tokens_per_micro_batch);
+                                                        options.max_tokens_per_micro_batch,
+                                                        options.data_layout == nn::DataLayout::packed);
     const planner::MemoryPrediction predicted = planner::predict_memory(
         options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision), options.trainer.optimizer,
         shape.zero_stage == 1 ? launch.world_size : 1, shape.gradient_accumulation_steps, shape.offload_optimizer,
@@ -145,7 +147,8 @@ int print_plan(const Options& options) {
     }
     // A token budget per micro-batch: the plan is the worst micro-batch's, the most positions it allows.
     const auto [rows, length] =
-        nn::largest_batch_shape(shape.per_device_train_batch_size, options.seq_len, options.max_tokens_per_micro_batch);
+        nn::largest_batch_shape(shape.per_device_train_batch_size, options.seq_len, options.max_tokens_per_micro_batch,
+                                                        options.data_layout == nn::DataLayout::packed);
     if (launch.rank == 0 && options.max_tokens_per_micro_batch > 0)
         std::cout << "token budget " << options.max_tokens_per_micro_batch
                   << " per micro-batch: planned for its worst, " << rows << " x " << length << " tokens\n";

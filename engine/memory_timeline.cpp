@@ -19,10 +19,13 @@ struct Recorder {
     std::chrono::steady_clock::time_point start;
 };
 
+// Leaked, as memory.cpp's registry is: tensors may be freed during static teardown, after a static would be gone.
 Recorder& recorder() {
-    static Recorder instance;
-    return instance;
+    static Recorder* instance = new Recorder();
+    return *instance;
 }
+
+void record_event(Recorder& state, Device device, MemoryCategory category, int64_t bytes);
 
 } // namespace
 
@@ -48,10 +51,20 @@ MemoryTimeline stop_memory_timeline() {
     return std::move(state.timeline);
 }
 
-void record_memory_event(Device device, MemoryCategory category, int64_t bytes) {
+void record_memory_event(Device device, MemoryCategory category, int64_t bytes) noexcept {
     Recorder& state = recorder();
     std::lock_guard lock(state.mutex);
     if (!memory_timeline_recording()) return; // stopped between the caller's check and here
+    // Called from frees in destructors: an event that cannot be stored is counted, never thrown.
+    try {
+        record_event(state, device, category, bytes);
+    } catch (...) {
+        ++state.timeline.dropped_events;
+    }
+}
+
+namespace {
+void record_event(Recorder& state, Device device, MemoryCategory category, int64_t bytes) {
     MemoryEvent event;
     event.device = device;
     event.category = category;
@@ -61,6 +74,7 @@ void record_memory_event(Device device, MemoryCategory category, int64_t bytes) 
     event.phase = profiling::current_phase();
     state.timeline.events.push_back(std::move(event));
 }
+} // namespace
 
 void note_kernel(const char* op) {
     Recorder& state = recorder();
@@ -111,6 +125,7 @@ std::string memory_timeline_json(const MemoryTimeline& timeline, const std::stri
     };
     json libengine{{"start", {{"cpu", start(timeline.start_cpu)}, {"cuda", start(timeline.start_cuda)}}},
                    {"events", std::move(events)},
+                   {"dropped_events", timeline.dropped_events},
                    {"metadata", json::parse(metadata)}};
     json document{{"traceEvents", std::move(trace_events)}, {"displayTimeUnit", "ms"}, {"libengine", std::move(libengine)}};
     return document.dump();

@@ -19,7 +19,7 @@ struct MemoryEvent {
     int64_t bytes = 0;           // + allocated, − freed
     int64_t nanoseconds = 0;     // since the recording started
     profiling::Phase phase = profiling::Phase::forward;
-    // The op whose kernel ran next on the recording thread: an op allocates its output, then runs its kernel, so
+    // The op whose kernel was dispatched next (on any thread): an op allocates its output, then runs its kernel, so
     // that is the op the allocation was for (a free is filed under the op that ran after it); "" when no kernel
     // ran after the event before the recording stopped.
     std::string op;
@@ -29,6 +29,8 @@ struct MemoryTimeline {
     std::vector<MemoryEvent> events;
     // What each account held when the recording started, by category (the events are changes from there).
     MemoryStats start_cpu, start_cuda;
+    // Events that could not be stored (no memory for the list): the events then do not add up; 0 in practice.
+    int64_t dropped_events = 0;
 };
 
 namespace detail {
@@ -44,7 +46,7 @@ void start_memory_timeline();
 MemoryTimeline stop_memory_timeline();
 
 // memory.cpp: one allocation (+bytes) or free (−bytes) on `device`'s account.
-void record_memory_event(Device device, MemoryCategory category, int64_t bytes);
+void record_memory_event(Device device, MemoryCategory category, int64_t bytes) noexcept;
 // The dispatch helpers: `op`'s kernel runs now; the events since the previous kernel are filed under it.
 void note_kernel(const char* op);
 

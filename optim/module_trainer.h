@@ -179,9 +179,13 @@ public:
     int64_t skipped_steps() const { return skipped_steps_; }  // windows skipped for non-finite values
     double current_learning_rate() const { return schedule_.at(step()); }
     Optimizer& optimizer() { return *optimizer_; }
-    // The optimizer state as whole tensors named as named_state() unsharded: the live tensors, or under ZeRO-1
-    // gathered from every rank (a collective every rank calls).
-    NamedTensors whole_optimizer_state() { return zero_ ? zero_->gather_state(*optimizer_) : optimizer_->named_state(); }
+    // The optimizer state as whole tensors named as named_state() unsharded, each given to `consume` with its bytes
+    // (valid during the call): the live tensors, or under ZeRO-1 gathered from every rank one kind at a time into
+    // the step's flat buffer, with no gathered copy on the device (a collective every rank calls).
+    void visit_whole_optimizer_state(const ZeroShards::StateConsumer& consume) {
+        if (zero_) return zero_->gather_state(*optimizer_, consume);
+        for (const auto& [name, state] : optimizer_->named_state()) consume(name, state, state.raw_data(), state.device());
+    }
     const LearningRateSchedule& schedule() const { return schedule_; }
     const TrainerConfig& config() const { return config_; }
     nn::Module& module() { return model_; }

@@ -2,6 +2,8 @@
 // named state and step count, the thread's RNG stream and the loader cursor.
 #include "optim/training_state.h"
 
+#include <algorithm>
+
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -56,8 +58,26 @@ io::TrainingState capture_training_state(ModuleTrainer& trainer, const nn::DataL
     state.metadata_json = metadata.dump();
     for (const auto& [name, parameter] : trainer.module().named_parameters())
         state.add_tensor(model_prefix + name, parameter);
-    // Whole tensors, gathered from the ranks under ZeRO-1: the file is the same as an unsharded run's.
-    for (const auto& [name, tensor] : trainer.whole_optimizer_state()) state.add_tensor(optimizer_prefix + name, tensor);
+    // Whole tensors, gathered from the ranks under ZeRO-1 one kind at a time straight to the host: the file is the
+    // same as an unsharded run's (per parameter, every kind), and the device holds no gathered copy.
+    std::vector<io::StateTensor> gathered;
+    trainer.visit_whole_optimizer_state([&](const std::string& name, const Tensor& like, const void* bytes, Device device) {
+        io::StateTensor stored{optimizer_prefix + name, like.dtype(), like.shape(), std::vector<uint8_t>(like.nbytes())};
+        copy_bytes(stored.data.data(), Device::cpu, bytes, device, like.nbytes());
+        gathered.push_back(std::move(stored));
+    });
+    // Kind by kind under ZeRO-1 (exp_avg of every parameter, then exp_avg_sq); the unsharded order interleaves them.
+    std::vector<std::string> prefixes; // the kinds of state, by their names' part before the parameter's
+    for (const io::StateTensor& stored : gathered) {
+        const std::string kind = stored.name.substr(0, stored.name.find('.', optimizer_prefix.size()));
+        if (std::find(prefixes.begin(), prefixes.end(), kind) == prefixes.end()) prefixes.push_back(kind);
+    }
+    const size_t kinds = std::max<size_t>(1, prefixes.size());
+    const size_t per_kind = gathered.size() / kinds;
+    const bool kind_major = trainer.optimizer().sharded() && kinds > 1;
+    for (size_t parameter = 0; parameter < per_kind; ++parameter)
+        for (size_t kind = 0; kind < kinds; ++kind)
+            state.add_tensor(std::move(gathered[kind_major ? kind * per_kind + parameter : parameter * kinds + kind]));
     return state;
 }
 

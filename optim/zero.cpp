@@ -75,7 +75,7 @@ void ZeroShards::all_gather_parameters() {
     });
 }
 
-NamedTensors ZeroShards::gather_state(const Optimizer& optimizer) {
+void ZeroShards::gather_state(const Optimizer& optimizer, const StateConsumer& consume) {
     const Device device = flat_.device();
     // The kinds of state ("exp_avg", "exp_avg_sq"), in order: the name's part before the parameter's.
     std::vector<std::string> kinds;
@@ -85,7 +85,6 @@ NamedTensors ZeroShards::gather_state(const Optimizer& optimizer) {
         if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
     }
     const std::vector<std::string> names = optimizer.parameter_names();
-    std::vector<NamedTensors> gathered(kinds.size());
     for (size_t kind = 0; kind < kinds.size(); ++kind) {
         // This rank's shards of one kind lie in slot order, end to end: exactly its part of the flat layout.
         int64_t filled = 0;
@@ -95,16 +94,11 @@ NamedTensors ZeroShards::gather_state(const Optimizer& optimizer) {
             filled += shard.state.numel();
         }
         communicator_.all_gather(part_, flat_);
+        size_t index = 0;
         for_each_overlap(parameters_, 0, flat_.numel(), [&](const Tensor& parameter, int64_t, int64_t flat, int64_t) {
-            Tensor whole = Tensor::zeros(parameter.shape(), parameter.dtype(), device, MemoryCategory::workspace);
-            copy_bytes(whole.raw_data(), device, at(flat_, flat), device, whole.nbytes());
-            gathered[kind].emplace_back(kinds[kind] + "." + names[gathered[kind].size()], whole);
+            consume(kinds[kind] + "." + names[index++], parameter, at(flat_, flat), device);
         });
     }
-    NamedTensors state; // per parameter, every kind: the unsharded order
-    for (size_t parameter = 0; parameter < names.size(); ++parameter)
-        for (const NamedTensors& kind : gathered) state.push_back(kind[parameter]);
-    return state;
 }
 
 } // namespace engine::optim

@@ -4,6 +4,8 @@
 // update, and one all-gather of the parameters, after which every replica is bitwise the same again.
 #pragma once
 
+#include <functional>
+
 #include <cstdint>
 #include <vector>
 
@@ -26,10 +28,14 @@ public:
     double gradient_sum_of_squares();
     // Every rank's updated part into every rank's parameters.
     void all_gather_parameters();
-    // The optimizer's sharded state gathered from every rank into whole tensors, named and ordered as an
-    // unsharded optimizer's named_state() (one all-gather per kind of state): what a training state saves.
-    // A collective: every rank calls it.
-    NamedTensors gather_state(const Optimizer& optimizer);
+    // The optimizer's sharded state gathered from every rank, one kind at a time (one all-gather each, into the
+    // flat buffer the step uses anyway): `consume` gets each whole tensor's name (as an unsharded optimizer's
+    // named_state() names it), its parameter (shape and dtype) and its bytes in the flat buffer on `device`, valid
+    // during the call. Nothing is allocated: saving under ZeRO-1 holds no gathered copy of the state on the device
+    // (what a training state saves streams to the host). A collective: every rank calls it.
+    using StateConsumer =
+        std::function<void(const std::string& name, const Tensor& parameter, const void* bytes, Device device)>;
+    void gather_state(const Optimizer& optimizer, const StateConsumer& consume);
 
 private:
     std::vector<Tensor> parameters_;

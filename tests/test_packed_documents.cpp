@@ -168,6 +168,7 @@ TEST(TokenBudget, WorstBatchShapeAndRefusals) {
     EXPECT_EQ(nn::largest_batch_shape(8, 64, 100), (std::pair<int, int>{2, 50}));
     EXPECT_EQ(nn::largest_batch_shape(3, 16, 1000), (std::pair<int, int>{3, 16}));
     EXPECT_EQ(nn::largest_batch_shape(3, 16, 0), (std::pair<int, int>{3, 16}));
+    EXPECT_EQ(nn::largest_batch_shape(4, 16, 40, true), (std::pair<int, int>{2, 16})); // packed: rows of T only
     const std::vector<int32_t> tokens = documents_of({3, 4, 5, 6});
     expect_error([&] { nn::DataLoader(tokens, budget_options(nn::DataLayout::padded, 11)); },
                  {"token budget of 11", "below one row of 12"});

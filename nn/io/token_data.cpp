@@ -403,8 +403,9 @@ int64_t DataLoader::budget_rows(const std::vector<int64_t>& order, int64_t epoch
     return rows; // >= 1 when a window is left: max_tokens >= T >= any row
 }
 
-std::pair<int, int> largest_batch_shape(int batch_size, int sequence_length, int max_tokens) {
+std::pair<int, int> largest_batch_shape(int batch_size, int sequence_length, int max_tokens, bool full_rows) {
     if (max_tokens <= 0) return {batch_size, sequence_length};
+    if (full_rows) return {std::max(1, std::min(batch_size, max_tokens / sequence_length)), sequence_length};
     std::pair<int, int> best = {1, std::min(sequence_length, max_tokens)};
     for (int rows = 2; rows <= batch_size; ++rows) {
         const int length = std::min(sequence_length, max_tokens / rows);
@@ -414,7 +415,8 @@ std::pair<int, int> largest_batch_shape(int batch_size, int sequence_length, int
 }
 
 std::pair<int, int> DataLoader::largest_batch_shape() const {
-    return nn::largest_batch_shape(options_.batch_size, options_.sequence_length, options_.max_tokens);
+    return nn::largest_batch_shape(options_.batch_size, options_.sequence_length, options_.max_tokens,
+                                   options_.layout == DataLayout::packed);
 }
 
 int64_t DataLoader::batches_per_epoch() const {

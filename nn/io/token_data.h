@@ -82,8 +82,9 @@ const char* data_layout_name(DataLayout layout);
 
 // The worst micro-batch a token budget allows (what the planner plans for): the (rows, length) with the most
 // positions rows x length among rows <= batch_size, length <= sequence_length, rows x length <= max_tokens, the
-// fewest rows on a tie; max_tokens 0 (no budget): (batch_size, sequence_length).
-std::pair<int, int> largest_batch_shape(int batch_size, int sequence_length, int max_tokens);
+// fewest rows on a tie; with full_rows (DataLayout::packed: every window is T long) length is T and rows
+// min(batch_size, max_tokens / T); max_tokens 0 (no budget): (batch_size, sequence_length).
+std::pair<int, int> largest_batch_shape(int batch_size, int sequence_length, int max_tokens, bool full_rows = false);
 
 struct DataLoaderOptions {
     int batch_size = 4;      // B

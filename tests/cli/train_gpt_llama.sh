@@ -76,7 +76,7 @@ check "an unknown --data-layout names the three" $? "$(cat "$work/bad_layout.out
 check "--max-tokens-per-micro-batch trains" $? "$(tail -3 "$work/budget.out")"
 grep -q "at most 40 tokens a micro-batch" "$work/budget.out"
 check "--max-tokens-per-micro-batch is named on the data line" $? "$(grep data: "$work/budget.out")"
-"$train_gpt" --init "$data/hf_llama_tiny" --max-tokens-per-micro-batch 40 --seq-len 16 --per-device-train-batch-size 4 \
+"$train_gpt" --init "$data/hf_llama_tiny" --data-layout padded --max-tokens-per-micro-batch 40 --seq-len 16 --per-device-train-batch-size 4 \
   --plan >"$work/budget_plan.out" 2>&1
 grep -q "token budget 40 per micro-batch: planned for its worst, 4 x 10 tokens" "$work/budget_plan.out" &&
   grep -q "micro-batch 4 x 10 tokens" "$work/budget_plan.out"

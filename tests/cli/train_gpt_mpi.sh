@@ -170,6 +170,17 @@ status=$?
 [ "$status" -ne 0 ] && grep -q "saved by a run of 2 data-parallel ranks and this run has 1" "$work/wrong_world.out"
 check "a resume with another world size is refused clearly" $? "exit $status: $(tail -2 "$work/wrong_world.out")"
 
+# 4b. Saving under ZeRO-1 gathers the optimizer state to the host a kind at a time, through the step's flat
+#     buffer: the device holds no gathered copy (the save adds 0 B to its account), and the state resumes.
+mpirun2 "$train_gpt" "${common[@]}" --zero-stage 1 --per-device-train-batch-size 2 --max-steps 2 \
+  --out "$work/zero_state" >"$work/zero_save.out" 2>&1
+check "2-rank ZeRO-1 run saving a training state" $? "$(tail -5 "$work/zero_save.out")"
+grep -q "saved training state .* (device memory +0 B)" "$work/zero_save.out"
+check "the ZeRO-1 save holds no gathered copy of the optimizer state on the device" $? "$(grep saved "$work/zero_save.out")"
+mpirun2 "$train_gpt" "${common[@]}" --zero-stage 1 --per-device-train-batch-size 2 --max-steps 3 \
+  --resume "$work/zero_state" >"$work/zero_resume.out" 2>&1
+check "the ZeRO-1 state resumes" $? "$(tail -5 "$work/zero_resume.out")"
+
 # 5. ZeRO stage 1: the same runs with each rank keeping the optimizer state of half the parameters. AdamW
 #    against the unsharded 2-rank run (same sums, so the same weights), SGD against one process; the
 #    optimizer-state peak per rank halves; one reduce-scatter and one all-gather per step.

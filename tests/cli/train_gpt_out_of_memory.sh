@@ -40,7 +40,7 @@ check "a later step peaks above every earlier one (the data's sizes differ)" $? 
 code=$?
 test $code -eq 1
 check "the limited run stops with exit 1" $? "exit $code: $(tail -3 "$work/limited.out")"
-grep -q "train_gpt: out of memory in step $failing_step, \(forward\|backward\).* more for .* past --memory-limit .* The plan predicted the step's peak at .*, above the limit" "$work/limited.out"
+grep -q "train_gpt: out of memory in step $failing_step, \(forward\|backward\).* more for .* past --memory-limit .* The plan predicted the step's peak at .*, above what the device gave" "$work/limited.out"
 check "the failure names the step, the phase, the category and the plan's prediction" $? "$(grep -i memory "$work/limited.out")"
 grep -q "saved the training state before step $failing_step to $work/state/" "$work/limited.out"
 check "the state from before the failed step is written" $? "$(tail -4 "$work/limited.out")"
