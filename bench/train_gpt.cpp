@@ -389,6 +389,15 @@ int run(const Options& flags) {
             throw train_gpt::UsageError("--resume", resumed.path + " was saved with --offload-optimizer " +
                                                         (saved_offload ? "cpu" : "none") + "; this run has " +
                                                         (config.shape.offload_optimizer ? "cpu" : "none"));
+        // The data cursor counts windows, and what a window is (documents, packs, the batches a token budget cuts)
+        // depends on these: a state saved with others would read other data, silently.
+        const nlohmann::json now = nlohmann::json::parse(run_config_json(options));
+        for (const auto& [key, flag] : {std::pair{"data_layout", "--data-layout"}, std::pair{"eot_token", "--eot-token"},
+                                        std::pair{"max_tokens_per_micro_batch", "--max-tokens-per-micro-batch"}})
+            if (saved.is_object() && saved.contains(key) && saved[key] != now[key])
+                throw train_gpt::UsageError("--resume", resumed.path + " was saved with " + flag + " " + saved[key].dump() +
+                                                            " and this run has " + now[key].dump() +
+                                                            "; its data cursor counts that run's windows: resume with the same");
         if (lead) std::cout << "resumed from " << resumed.path << " at step " << resumed.step << "\n";
         if (lead && !resumed.refused_reason.empty()) std::cerr << "train_gpt: warning: " << resumed.refused_reason << "\n";
         // Allowed (e.g. more --max-steps), but the run then no longer equals one uninterrupted run.

@@ -64,6 +64,11 @@ check "and --resume from it gives the free run's losses, bitwise" $? "$(losses "
 test $? -eq 1 && grep -q "no --out DIR: the training state was not written" "$work/nowhere.out"
 check "without --out the failure says the state was not written" $? "$(tail -3 "$work/nowhere.out")"
 
+# The data cursor counts the saved run's windows: a resume with another token budget is refused.
+"$train_gpt" "${run[@]/1024/2048}" --resume "$work/state" >"$work/other_budget.out" 2>&1
+test $? -eq 2 && grep -q "was saved with --max-tokens-per-micro-batch 1024 and this run has 2048" "$work/other_budget.out"
+check "a resume with another token budget is refused" $? "$(tail -2 "$work/other_budget.out")"
+
 # Below the model state itself: refused before training, naming the flag.
 "$train_gpt" "${run[@]}" --memory-limit 1MiB >"$work/tiny.out" 2>&1
 test $? -eq 2 && grep -q "error: --memory-limit: below what the model, its gradients and its optimizer state hold" "$work/tiny.out"
