@@ -286,7 +286,7 @@ memory:
   --prefetch[=true|false]        with --offload: copy the next segment back ahead of its recompute (CUDA copy stream)
   --skip-nonfinite[=true|false]  skip (and count) a step whose loss or grad norm is NaN/Inf; default: stop with an error
   --plan                         print the predicted memory per category for these flags and exit (with LoRA: the
-                                 model state only, exact; the step's activations are not modelled yet)
+                                 model state beside a full fine-tune's, then the step; Llama only so far)
   --max-memory SIZE|auto         plan for a memory budget: bytes or a number with KiB, MiB, GiB (3.5MiB, 16GiB);
                                  auto: the device's free memory (CPU: MemAvailable) minus 10%. The planner picks
                                  micro-batch, accumulation, checkpointing and offload (and precision with
@@ -524,8 +524,8 @@ Options parse_options(const std::vector<std::string>& arguments) {
     if (lora_given || !options.init_adapter.empty()) {
         require(options.save.empty(), "--save", "writes the whole model; with LoRA use --save-adapter DIR or --merge DIR");
         require(!given.contains("--max-memory"), "--max-memory",
-                "the step's activations under LoRA are not modelled yet (issue 28; --plan prints the model state); "
-                "leave it out");
+                "does not search LoRA runs yet; --plan predicts a LoRA run's step to the byte: choose its flags with "
+                "it and leave --max-memory out");
     }
     require(options.save_every == 0 || !options.out.empty(), "--save-every", "needs --out DIR");
     require(options.memory_timeline_step == 0 || !options.memory_timeline.empty(), "--memory-timeline-step",

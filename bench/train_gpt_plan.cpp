@@ -100,6 +100,18 @@ Options apply_memory_plan(const Options& options, int ranks) {
     return planned;
 }
 
+std::optional<planner::FineTuning> fine_tuning(const Options& options) {
+    if (!options.lora && options.init_adapter.empty()) return std::nullopt;
+    planner::FineTuning tuning;
+    tuning.nf4 = options.load_in_4bit;
+    try {
+        tuning.lora = options.lora ? *options.lora : nn::read_adapter_config(options.init_adapter);
+    } catch (const EngineError& error) {
+        throw flag_error("--init-adapter", error);
+    }
+    return tuning;
+}
+
 std::optional<size_t> predicted_step_peak(const Options& options) {
     const std::optional<planner::MemoryPrediction> predicted = predicted_step_memory(options);
     if (!predicted) return std::nullopt;
@@ -107,18 +119,23 @@ std::optional<size_t> predicted_step_peak(const Options& options) {
 }
 
 std::optional<planner::MemoryPrediction> predicted_step_memory(const Options& options) {
-    if (options.lora || !options.init_adapter.empty() || options.load_in_4bit) return std::nullopt;
     const distributed::LaunchEnvironment launch = distributed::launch_environment();
     const StepShape& shape = options.trainer.shape;
     const auto [rows, length] = nn::largest_batch_shape(shape.per_device_train_batch_size, options.seq_len,
                                                         options.max_tokens_per_micro_batch,
                                                         options.data_layout == nn::DataLayout::packed);
-    const planner::MemoryPrediction predicted = planner::predict_memory(
-        options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision), options.trainer.optimizer,
-        shape.zero_stage == 1 ? launch.world_size : 1, shape.gradient_accumulation_steps, shape.offload_optimizer,
-        shape.offload_gradients, shape.offload_parameters, shape.loss_chunk_tokens, shape.mlp_tile_tokens,
-        options.data_layout == nn::DataLayout::packed_documents);
-    return predicted;
+    const std::optional<planner::FineTuning> tuning = fine_tuning(options);
+    try {
+        return planner::predict_memory(
+            options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision),
+            options.trainer.optimizer, shape.zero_stage == 1 ? launch.world_size : 1,
+            shape.gradient_accumulation_steps, shape.offload_optimizer, shape.offload_gradients,
+            shape.offload_parameters, shape.loss_chunk_tokens, shape.mlp_tile_tokens,
+            options.data_layout == nn::DataLayout::packed_documents, tuning.value_or(planner::FineTuning{}));
+    } catch (const EngineError&) {
+        if (tuning) return std::nullopt; // a LoRA run the step replay does not follow yet (--plan says which)
+        throw;
+    }
 }
 
 // --plan: the predicted memory per category for these flags (with LoRA, the model state), printed by rank 0.
@@ -127,23 +144,18 @@ int print_plan(const Options& options) {
     const distributed::LaunchEnvironment launch = distributed::launch_environment();
     const StepShape& shape = options.trainer.shape;
     const int shards = shape.zero_stage == 1 ? launch.world_size : 1;
-    if (options.lora || !options.init_adapter.empty()) {
-        planner::FineTuning tuning;
-        tuning.nf4 = options.load_in_4bit;
-        try {
-            tuning.lora = options.lora ? *options.lora : nn::read_adapter_config(options.init_adapter);
-        } catch (const EngineError& error) {
-            throw flag_error("--init-adapter", error);
-        }
+    const std::optional<planner::FineTuning> tuning = fine_tuning(options);
+    if (tuning) {
+        // The model state beside a full fine-tune's, then the step (the replay's refusal, if it does not follow
+        // these flags yet).
         std::string report;
         try {
             report = planner::model_state_report(options.model, precision_dtype(shape.precision), options.trainer.optimizer,
-                                                 shards, tuning);
+                                                 shards, *tuning);
         } catch (const EngineError& error) {
             throw flag_error(options.lora ? "--lora-target-modules" : "--init-adapter", error);
         }
         if (launch.rank == 0) std::cout << report;
-        return 0;
     }
     // A token budget per micro-batch: the plan is the worst micro-batch's, the most positions it allows.
     const auto [rows, length] =
@@ -152,12 +164,20 @@ int print_plan(const Options& options) {
     if (launch.rank == 0 && options.max_tokens_per_micro_batch > 0)
         std::cout << "token budget " << options.max_tokens_per_micro_batch
                   << " per micro-batch: planned for its worst, " << rows << " x " << length << " tokens\n";
-    if (launch.rank == 0)
-        std::cout << planner::plan_report(
-            options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision),
-            options.trainer.optimizer, shards, shape.gradient_accumulation_steps, shape.offload_optimizer,
-            shape.offload_gradients, shape.offload_parameters, shape.loss_chunk_tokens, shape.mlp_tile_tokens,
-            options.data_layout == nn::DataLayout::packed_documents);
+    std::string report;
+    try {
+        report = planner::plan_report(options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision),
+                                      options.trainer.optimizer, shards, shape.gradient_accumulation_steps,
+                                      shape.offload_optimizer, shape.offload_gradients, shape.offload_parameters,
+                                      shape.loss_chunk_tokens, shape.mlp_tile_tokens,
+                                      options.data_layout == nn::DataLayout::packed_documents,
+                                      tuning.value_or(planner::FineTuning{}));
+    } catch (const EngineError& error) {
+        if (!tuning) throw;
+        report = std::string("the step's activations and workspace: not predicted for these flags (") + error.what() +
+                 ")\n";
+    }
+    if (launch.rank == 0) std::cout << report;
     return 0;
 }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "engine/cuda/runtime.h"
+#include "planner/adapter_step.h"
 #include "planner/step_terms.h"
 
 namespace engine::planner {
@@ -294,7 +295,8 @@ ParameterTerms parameter_terms(const nn::ModelConfig& config, DType dtype) {
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                                 DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
                                 bool offload_optimizer, GradientOffload gradients_where, bool offload_parameters,
-                                int loss_chunk_tokens, int mlp_tile_tokens, bool packed_documents) {
+                                int loss_chunk_tokens, int mlp_tile_tokens, bool packed_documents,
+                                const FineTuning& tuning) {
     config.validate();
     ENGINE_CHECK(!offload_parameters || (offload_optimizer && policy.enabled),
                  "predict_memory: offload_parameters needs offload_optimizer and gradient checkpointing");
@@ -316,6 +318,10 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
                  "predict_memory: loss_chunk_tokens " << loss_chunk_tokens << " must be >= 0 (0: the whole logits)");
     ENGINE_CHECK(mlp_tile_tokens >= 0,
                  "predict_memory: mlp_tile_tokens " << mlp_tile_tokens << " must be >= 0 (0: the whole MLP)");
+    if (tuning.lora)
+        return predict_adapter_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards,
+                                      accumulation_steps, offload_optimizer, offload_parameters, loss_chunk_tokens,
+                                      mlp_tile_tokens, packed_documents, tuning);
     StepTerms terms = config.is_llama() ? llama_step_terms(config.llama(), batch, seq_len, dtype, mlp_tile_tokens)
                                         : gpt_step_terms(config.gpt(), batch, seq_len, dtype, mlp_tile_tokens);
     if (loss_chunk_tokens > 0) {
@@ -452,20 +458,28 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
 std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                         DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
                         bool offload_optimizer, GradientOffload gradients, bool offload_parameters,
-                        int loss_chunk_tokens, int mlp_tile_tokens, bool packed_documents) {
+                        int loss_chunk_tokens, int mlp_tile_tokens, bool packed_documents, const FineTuning& tuning) {
     const MemoryPrediction planned = predict_memory(
         config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps, offload_optimizer,
-        gradients, offload_parameters, loss_chunk_tokens, mlp_tile_tokens, packed_documents);
+        gradients, offload_parameters, loss_chunk_tokens, mlp_tile_tokens, packed_documents, tuning);
     // Streamed gradients need checkpointed segments: the plain comparison keeps the window.
     const MemoryPrediction plain = predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer,
                                                   optimizer_shards, 1, offload_optimizer, GradientOffload::window,
-                                                  false, loss_chunk_tokens, mlp_tile_tokens, packed_documents);
+                                                  false, loss_chunk_tokens, mlp_tile_tokens, packed_documents, tuning);
     const int layers = config.layers();
     std::ostringstream text;
     text << "model: " << config.to_string() << "\n";
     text << "micro-batch " << batch << " x " << seq_len << " tokens, "
          << (dtype == DType::bf16 ? "bf16 mixed precision" : dtype_name(dtype)) << ", optimizer "
          << optimizer_kind_name(optimizer) << "\n";
+    if (tuning.lora) {
+        const ModelState state = predict_model_state(config, dtype, optimizer, optimizer_shards, tuning);
+        const nn::LoraConfig& lora = *tuning.lora;
+        text << "LoRA: r " << lora.r << ", alpha " << lora.lora_alpha << ", dropout " << lora.lora_dropout << " on";
+        for (const std::string& target : lora.target_modules) text << " " << target;
+        text << (tuning.nf4 ? "; the base's linear weights in NF4 (--load-in-4bit)" : "") << "; " << state.trainable
+             << " parameters train beside a frozen base of " << mebibytes(state.frozen_parameters) << "\n";
+    }
     text << "gradient checkpointing: " << policy.to_string() << "\n";
     if (optimizer_shards > 1) {
         const MemoryPrediction whole = predict_memory(config, batch, seq_len, policy, dtype, optimizer);
@@ -516,7 +530,9 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
         text << "parameters: f32 masters " << mebibytes(planned.master_parameters) << " + bf16 working copies "
              << mebibytes(planned.working_copies) << "; gradients accumulate in f32; activations bf16 ("
              << mebibytes(predict_memory(config, batch, seq_len, policy, compute_dtype(dtype), optimizer,
-                                         optimizer_shards).of(MemoryCategory::activations))
+                                         optimizer_shards, 1, false, GradientOffload::window, false, loss_chunk_tokens,
+                                         mlp_tile_tokens, packed_documents, tuning)
+                              .of(MemoryCategory::activations))
              << " in f32)\n";
     if (planned.constant_buffers > 0)
         text << "parameters include the RoPE cos/sin tables (" << config.max_seq_len() << " positions): "
@@ -532,7 +548,7 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
         const size_t chunk = std::min(static_cast<size_t>(loss_chunk_tokens), rows);
         const MemoryPrediction whole =
             predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps,
-                           offload_optimizer, gradients, offload_parameters, 0, mlp_tile_tokens);
+                           offload_optimizer, gradients, offload_parameters, 0, mlp_tile_tokens, packed_documents, tuning);
         text << "loss: streaming head, " << (rows + chunk - 1) / chunk << " chunks of " << chunk << " tokens: one chunk's logits ("
              << chunk << "," << vocabulary << ") = " << mebibytes(chunk * logits_row) << " and d(hidden) "
              << mebibytes(rows * static_cast<size_t>(config.width()) * dtype_size(dtype))

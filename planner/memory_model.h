@@ -134,7 +134,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
                                 OptimizerKind optimizer = OptimizerKind::adamw, int optimizer_shards = 1,
                                 int accumulation_steps = 1, bool offload_optimizer = false,
                                 GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
-                                int loss_chunk_tokens = 0, int mlp_tile_tokens = 0, bool packed_documents = false);
+                                int loss_chunk_tokens = 0, int mlp_tile_tokens = 0, bool packed_documents = false,
+                                const FineTuning& tuning = {});
 
 // The streaming LM head's chunk when nothing asks for another (train_gpt's --loss-chunk-tokens auto): the head's
 // transient (its d(hidden), one chunk's logits, the per-token losses) at most automatic_loss_chunk_bytes. Every
@@ -167,7 +168,8 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len,
                         OptimizerKind optimizer = OptimizerKind::adamw, int optimizer_shards = 1,
                         int accumulation_steps = 1, bool offload_optimizer = false,
                         GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
-                        int loss_chunk_tokens = 0, int mlp_tile_tokens = 0, bool packed_documents = false);
+                        int loss_chunk_tokens = 0, int mlp_tile_tokens = 0, bool packed_documents = false,
+                        const FineTuning& tuning = {});
 
 // One decoder layer's parameters (what streamed gradients hold per layer), and the largest of them.
 size_t layer_parameter_count(const nn::ModelConfig& config);

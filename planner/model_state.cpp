@@ -148,8 +148,6 @@ std::string model_state_report(const nn::ModelConfig& config, DType dtype, Optim
              << (state.working_copies > 0 ? " and bf16 copies " + mebibytes(state.working_copies) : std::string())
              << (state.constant_buffers > 0 ? ", the RoPE tables " + mebibytes(state.constant_buffers) : std::string())
              << "\n";
-    text << "the step's activations and workspace under LoRA are not predicted yet (issue 28): no step peak, and "
-            "--max-memory cannot plan a LoRA run\n";
     return text.str();
 }
 

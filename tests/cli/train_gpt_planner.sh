@@ -46,14 +46,26 @@ grep -q "^chosen: " "$work/plan.txt" && grep -q "why it lost" "$work/plan.txt" &
 "$train_gpt" --max-memory auto --global-batch-size 16 --plan >"$work/auto.txt" 2>&1 && grep -q "free minus a 10% margin" "$work/auto.txt" ||
   fail "--max-memory auto: $(cat "$work/auto.txt")"
 
-# --plan with LoRA (and QLoRA): the model state, exact (tests/test_model_state.cpp), beside a full fine-tune's; no
-# step peak; and --max-memory, which needs the step, still refused.
+# --plan with LoRA (and QLoRA): the model state beside a full fine-tune's, and the step's peak (planner/adapter_step.h),
+# which a LoRA run then measures to the byte; --max-memory does not search LoRA runs yet.
 "$train_gpt" --model llama-tiny --lora-r 8 --lora-target-modules all-linear --load-in-4bit --precision bf16 --plan \
   >"$work/lora_plan.txt" 2>&1 || fail "--plan with LoRA exited $?: $(cat "$work/lora_plan.txt")"
-grep -q "NF4" "$work/lora_plan.txt" && grep -q "^  total " "$work/lora_plan.txt" &&
-  grep -q "not predicted yet" "$work/lora_plan.txt" && ! grep -q "^  step peak" "$work/lora_plan.txt" ||
+grep -q "NF4" "$work/lora_plan.txt" && grep -q "^  total " "$work/lora_plan.txt" && grep -q "^  step peak" "$work/lora_plan.txt" ||
   fail "--plan with LoRA: $(cat "$work/lora_plan.txt")"
+lora_flags="--model llama-tiny --lora-r 8 --lora-target-modules all-linear --load-in-4bit --precision bf16 --gradient-checkpointing --loss-chunk-tokens 100"
+# shellcheck disable=SC2086
+"$train_gpt" $lora_flags --plan >"$work/lora_plan.txt" 2>&1 || fail "--plan with QLoRA exited $?"
+lora_predicted=$(sed -n 's/^  step peak .*as on the CPU: \([0-9]*\) B).*/\1/p' "$work/lora_plan.txt")
+# shellcheck disable=SC2086
+"$train_gpt" $lora_flags --max-steps 2 --log "$work/lora_log.jsonl" >"$work/lora_run.txt" 2>&1 ||
+  fail "the QLoRA run exited $?: $(tail -3 "$work/lora_run.txt")"
+for measured in $(sed -n 's/.*"peak_total_bytes":\([0-9]*\).*/\1/p' "$work/lora_log.jsonl"); do
+  [ "$measured" = "$lora_predicted" ] || fail "QLoRA: measured peak $measured B, --plan predicted $lora_predicted B"
+done
+echo "QLoRA run: --plan predicted $lora_predicted B, measured $(sed -n 's/.*"peak_total_bytes":\([0-9]*\).*/\1/p' "$work/lora_log.jsonl" | tr '\n' ' ')"
 expect_usage --max-memory --model llama-tiny --lora-r 8 --max-memory 64MiB
+"$train_gpt" --model tiny --lora-r 8 --plan >"$work/gpt_lora_plan.txt" 2>&1 &&
+  grep -q "not predicted for these flags" "$work/gpt_lora_plan.txt" || fail "--plan with LoRA on GPT-2: $(cat "$work/gpt_lora_plan.txt")"
 
 # A feasible budget trains: each step's measured peak equals the predicted one and fits. 2.5 MiB admits only
 # micro-batches of 1 for the tiny model at a global batch of 16.

@@ -1,0 +1,276 @@
+// The LoRA and QLoRA step replayed over sized tensors with no data (planner/adapter_step.h). Why a replay and not
+// closed-form terms as for a full fine-tune: a frozen base changes what each op saves (a frozen weight's GEMM keeps
+// no input), the first layers before any adapter record nothing, and every target set moves the high-water marks;
+// the replay follows the code's structure (nn/llama.cpp, nn/lora.cpp, checkpoint/checkpoint.cpp, optim/trainer.cpp),
+// so C++'s temporaries die where the engine's do, and each op (planner/replay.h) allocates, saves and frees what its
+// engine twin does. docs/MEMORY.md, "The LoRA step".
+#include "planner/adapter_step.h"
+
+#include <memory>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "planner/replay.h"
+
+namespace engine::planner {
+namespace {
+
+using namespace replay;
+
+// The model's modules, mirroring nn/ (function for function, so that temporaries live as long as there).
+struct LinearLayer {
+    size_t in = 0, out = 0;
+    bool adapted = false;
+    bool nf4 = false;
+};
+
+class LlamaReplay {
+public:
+    LlamaReplay(Replay& replay, const nn::LlamaConfig& config, size_t rows, const nn::LoraConfig& lora, bool nf4,
+                const checkpoint::CheckpointPolicy& policy)
+        : r(replay), ops(replay, rows), config(config), lora(lora), nf4(nf4), policy(policy) {
+        width = static_cast<size_t>(config.hidden_size);
+        key_value = static_cast<size_t>(config.key_value_width());
+        intermediate = static_cast<size_t>(config.intermediate_size);
+    }
+
+    Replay& r;
+    mutable Ops ops; // the replay changes, the model does not
+    const nn::LlamaConfig& config;
+    const nn::LoraConfig& lora;
+    const bool nf4;
+    const checkpoint::CheckpointPolicy& policy;
+    size_t width = 0, key_value = 0, intermediate = 0;
+
+    LinearLayer layer(int index, const std::string& name, size_t in, size_t out) const {
+        const std::string full = "model.layers." + std::to_string(index) + "." + name;
+        return LinearLayer{in, out, nn::lora_target_matches(lora, full), nf4};
+    }
+
+    // TorchLinear::forward: the base (dense and frozen, or NF4), then with_lora.
+    Sym linear_forward(const LinearLayer& linear, const Sym& input) const {
+        if (linear.nf4) return with_lora(ops.nf4_linear(input, linear.in, linear.out), input, linear);
+        return with_lora(ops.matmul(input, r.parameter(false), linear.out), input, linear);
+    }
+    // AdaptableLinear::with_lora: base_output by value, as there (it lives to the end of the caller's statement).
+    Sym with_lora(Sym base_output, const Sym& input, const LinearLayer& linear) const {
+        if (!linear.adapted) return base_output;
+        return ops.add(base_output, adapter_forward(input, linear), linear.out);
+    }
+    // LoraAdapter::forward: dropout on the input in train mode, lora_A (r,in), lora_B (out,r), the scaling.
+    Sym adapter_forward(const Sym& input, const LinearLayer& linear) const {
+        const Sym dropped = lora.lora_dropout > 0.0 ? ops.dropout(input, linear.in) : input;
+        const size_t rank = static_cast<size_t>(lora.r);
+        return ops.multiply(adapter_linear(adapter_linear(dropped, rank), linear.out), ops.rows * linear.out * r.element);
+    }
+    // lora_A and lora_B: TorchLinears with trainable weights and no adapter of their own.
+    Sym adapter_linear(const Sym& input, size_t out) const { return plain(ops.matmul(input, r.parameter(true), out)); }
+    static Sym plain(Sym base_output) { return base_output; }
+
+    // LlamaAttention::forward.
+    Sym attention_forward(const Sym& input, int index) const {
+        const Sym query = ops.rope(linear_forward(layer(index, "self_attn.q_proj", width, width), input), width);
+        const Sym key = ops.rope(linear_forward(layer(index, "self_attn.k_proj", width, key_value), input), key_value);
+        const Sym packed = ops.concat({query, key, linear_forward(layer(index, "self_attn.v_proj", width, key_value), input)},
+                                      {width, key_value, key_value});
+        return linear_forward(layer(index, "self_attn.o_proj", width, width),
+                              ops.attention(packed, width, static_cast<size_t>(config.num_attention_heads)));
+    }
+    // LlamaMLP::forward (untiled).
+    Sym mlp_forward(const Sym& input, int index) const {
+        return linear_forward(layer(index, "mlp.down_proj", intermediate, width),
+                              ops.swiglu(linear_forward(layer(index, "mlp.gate_proj", width, intermediate), input),
+                                         linear_forward(layer(index, "mlp.up_proj", width, intermediate), input),
+                                         intermediate));
+    }
+    // LlamaDecoderLayer::forward.
+    Sym layer_forward(const Sym& input, int index) const {
+        const Sym after_attention =
+            ops.add(input, attention_forward(ops.rms_norm(input, r.parameter(false), width), index), width);
+        return ops.add(after_attention, mlp_forward(ops.rms_norm(after_attention, r.parameter(false), width), index),
+                       width);
+    }
+    // Llama::run_blocks.
+    Sym run_blocks(const Sym& input, int first, int count) const {
+        Sym x = input;
+        for (int index = first; index < first + count; ++index) {
+            r.at("block " + std::to_string(index + 1));
+            x = layer_forward(x, index);
+        }
+        return x;
+    }
+    // CausalLM::run_decoder (its input by value, as there).
+    Sym run_decoder(Sym input) const {
+        if (!policy.enabled) return run_blocks(input, 0, config.num_hidden_layers);
+        Sym x = std::move(input);
+        for (const checkpoint::Segment& segment : checkpoint::plan_segments(config.num_hidden_layers, policy)) {
+            if (!segment.checkpointed) {
+                x = run_blocks(x, segment.first_layer, segment.layer_count);
+                continue;
+            }
+            x = checkpoint_segment(x, segment);
+        }
+        return x;
+    }
+    // checkpoint::checkpoint over one segment: its forward under no-grad, the input kept (a pinned copy with
+    // offload); in backward the input back on the device, the segment recomputed on a tape of its own and walked.
+    Sym checkpoint_segment(const Sym& input, const checkpoint::Segment& segment) const {
+        Sym output;
+        {
+            const bool previous = r.grad_enabled;
+            r.grad_enabled = false;
+            r.phase = "no-grad forward";
+            output = run_blocks(input, segment.first_layer, segment.layer_count);
+            r.phase = "forward";
+            r.grad_enabled = previous;
+        }
+        const bool offloaded = policy.offload;
+        Sym saved = offloaded ? r.make(input.bytes, Account::pinned_host) : r.detach(input);
+        const bool input_requires_grad = input.requires_grad;
+        const Target input_target(input);
+        output = r.detach(output);
+        const std::string name = segment_name(segment);
+        auto state = std::make_shared<Sym>(saved);
+        const LlamaReplay* self = this;
+        r.record({&input}, {&output}, [=, output_id = output.id](Context& context) {
+            Replay& replay = self->r;
+            replay.ledger.at("recompute of " + name + " in backward");
+            Sym recompute_input = offloaded ? replay.make(state->bytes) : replay.detach(*state);
+            *state = Sym();
+            recompute_input = replay.detach(recompute_input); // as_non_leaf: a fresh identity
+            recompute_input.requires_grad = input_requires_grad;
+            const uint64_t recompute_id = recompute_input.id;
+            Tape local;
+            Sym recomputed;
+            {
+                Tape* previous_tape = replay.tape;
+                const bool previous = replay.grad_enabled;
+                replay.tape = &local;
+                replay.grad_enabled = true;
+                replay.phase = "recompute";
+                recomputed = self->run_blocks(recompute_input, segment.first_layer, segment.layer_count);
+                replay.phase = "forward";
+                replay.tape = previous_tape;
+                replay.grad_enabled = previous;
+            }
+            recompute_input = Sym();
+            Context inner(replay);
+            const Sym gradient = context.output_grad(output_id);
+            if (gradient.defined() && recomputed.requires_grad) inner.seed(recomputed.id, gradient);
+            recomputed = Sym();
+            replay.run_backward(local, inner, " (recomputed)");
+            if (input_requires_grad) {
+                Sym dinput = inner.take(recompute_id);
+                if (dinput.defined()) context.seed(input_target.id, std::move(dinput));
+            }
+        }, true);
+        return output;
+    }
+    static std::string segment_name(const checkpoint::Segment& segment) {
+        std::string text = segment.layer_count > 1 ? "blocks " : "block ";
+        text += std::to_string(segment.first_layer + 1);
+        if (segment.layer_count > 1) text += "-" + std::to_string(segment.first_layer + segment.layer_count);
+        return text;
+    }
+    // Llama::forward_hidden: the embedding, the decoder, the final norm.
+    Sym forward_hidden() const {
+        r.at("the embedding");
+        Sym x = ops.embedding(width);
+        const Sym hidden = final_norm(run_decoder(std::move(x)));
+        return hidden;
+    }
+    Sym final_norm(const Sym& input) const {
+        r.at("the final norm");
+        return ops.rms_norm(input, r.parameter(false), width);
+    }
+    // CausalLM::forward_padded: the head's GEMM over the frozen (V,C) weight.
+    Sym forward_padded() const {
+        const Sym hidden = forward_hidden();
+        r.at("the LM head");
+        const Sym logits = ops.matmul(hidden, r.parameter(false), static_cast<size_t>(config.vocab_size));
+        return logits;
+    }
+};
+
+} // namespace
+
+AdapterStepWalk walk_adapter_step(const nn::ModelConfig& model_config, int batch, int seq_len,
+                                  const checkpoint::CheckpointPolicy& policy, DType dtype, const nn::LoraConfig& lora,
+                                  bool nf4, int loss_chunk_tokens) {
+    ENGINE_CHECK(model_config.is_llama(),
+                 "the LoRA step's activations are modelled for Llama; GPT-2's are not yet (issue 28)");
+    const nn::LlamaConfig& config = model_config.llama();
+    const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
+    Replay replay(dtype);
+    const LlamaReplay model(replay, config, rows, lora, nf4, policy);
+    {
+        // optim::Trainer's micro-batch: the loss (the fused classifier over the logits, which die with their
+        // statement, or the streaming head over the hidden states), the caller's copy of it, the scaled loss and
+        // backward from a (1) seed.
+        Sym sum;
+        if (loss_chunk_tokens > 0) {
+            const Sym hidden = model.forward_hidden();
+            replay.at("the LM head");
+            sum = model.ops.linear_cross_entropy(hidden, model.width, static_cast<size_t>(config.vocab_size),
+                                                 static_cast<size_t>(loss_chunk_tokens));
+        } else {
+            const Sym logits = model.forward_padded();
+            sum = model.ops.cross_entropy_in_place(logits);
+        }
+        replay.at("the loss");
+        const Sym scaled = model.ops.multiply(sum, replay.wide);
+        Context context(replay);
+        context.seed(scaled.id, replay.make(replay.wide, Account::workspace));
+        replay.run_backward(replay.global_tape, context);
+    }
+    return replay.ledger.walk();
+}
+
+MemoryPrediction predict_adapter_memory(const nn::ModelConfig& config, int batch, int seq_len,
+                                        const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
+                                        int optimizer_shards, int accumulation_steps, bool offload_optimizer,
+                                        bool offload_parameters, int loss_chunk_tokens, int mlp_tile_tokens,
+                                        bool packed_documents, const FineTuning& tuning) {
+    constexpr const char* what = "predict_memory: the LoRA step";
+    ENGINE_CHECK(tuning.lora.has_value(), what << " needs a LoRA config");
+    ENGINE_CHECK(config.is_llama(), what << " is modelled for Llama; GPT-2's activations under LoRA are not yet");
+    ENGINE_CHECK(mlp_tile_tokens == 0, what << " with a tiled MLP (mlp_tile_tokens " << mlp_tile_tokens
+                                            << ") is not modelled yet");
+    ENGINE_CHECK(!offload_optimizer && !offload_parameters,
+                 what << " with the optimizer or parameters off the device is not modelled yet");
+    ENGINE_CHECK(optimizer_shards == 1, what << " under ZeRO-1 (" << optimizer_shards << " shards) is not modelled yet");
+    const ModelState state = predict_model_state(config, dtype, optimizer, optimizer_shards, tuning);
+    const AdapterStepWalk walk =
+        walk_adapter_step(config, batch, seq_len, policy, dtype, *tuning.lora, tuning.nf4, loss_chunk_tokens);
+
+    MemoryPrediction prediction;
+    prediction.at(MemoryCategory::parameters) = state.parameters;
+    prediction.at(MemoryCategory::gradients) = state.gradients;
+    prediction.at(MemoryCategory::optimizer_state) = state.optimizer_state;
+    prediction.at(MemoryCategory::activations) = walk.activations;
+    prediction.at(MemoryCategory::workspace) = walk.workspace;
+    prediction.at(MemoryCategory::pinned_host) = walk.pinned_host;
+    prediction.master_parameters = state.master_parameters;
+    prediction.working_copies = state.working_copies;
+    prediction.constant_buffers = state.constant_buffers;
+    prediction.activations_peak_moment = walk.activations_moment;
+    for (const checkpoint::Segment& segment : checkpoint::plan_segments(config.layers(), policy))
+        if (segment.checkpointed) {
+            ++prediction.checkpointed_segments;
+            prediction.recomputed_blocks += segment.layer_count;
+        }
+    // Before the step, as for a full fine-tune (predict_memory): the model state, every micro-batch's ids and
+    // labels (and positions), the current one's device copies, and the earlier micro-batches' reported losses.
+    const size_t ids = static_cast<size_t>(batch) * static_cast<size_t>(seq_len) * sizeof(int32_t);
+    const size_t steps = static_cast<size_t>(accumulation_steps);
+    const size_t per_batch = packed_documents ? 3 : 2;
+    const size_t before_forward = state.total() + steps * per_batch * ids + per_batch * ids +
+                                  (steps - 1) * dtype_size(compute_dtype(dtype));
+    prediction.peak_bytes = before_forward + walk.joint;
+    prediction.peak_moment = walk.joint_moment;
+    prediction.unified_peak_bytes = before_forward + walk.unified_joint;
+    prediction.host_peak_bytes = walk.pinned_host;
+    return prediction;
+}
+
+} // namespace engine::planner

@@ -1,0 +1,45 @@
+// The activations and workspace of one LoRA or QLoRA micro-batch (issue 28 item 6): the step replayed over
+// tensors that have a size and no data, each op allocating and saving what its engine twin does, so that the
+// high-water marks come out as the allocator records them. docs/MEMORY.md ("The LoRA step") says why a replay.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "checkpoint/checkpoint.h"
+#include "engine/dtype.h"
+#include "nn/lora.h"
+#include "nn/model_config.h"
+#include "planner/memory_model.h"
+
+namespace engine::planner {
+
+// What one micro-batch's forward and backward hold above what was live before it (the model state, the batches).
+struct AdapterStepWalk {
+    size_t activations = 0; // the activations category's high-water mark
+    std::string activations_moment;
+    size_t workspace = 0;   // the workspace category's
+    size_t pinned_host = 0; // the offloaded segment inputs' (pinned host)
+    size_t joint = 0;       // activations + workspace at one moment: a device with memory of its own
+    std::string joint_moment;
+    size_t unified_joint = 0; // activations + workspace + pinned host at one moment: the CPU backend's one account
+};
+
+// One micro-batch of `batch` x `seq_len` tokens as optim::Trainer runs it on a model that nn::apply_lora (and with
+// nf4, nn::quantize_nf4) adapted: forward under `policy`, the fused classifier (loss_chunk_tokens 0) or the
+// streaming head, the loss scaled, backward. GPT-2 and Llama, f32 and bf16 (mixed precision).
+AdapterStepWalk walk_adapter_step(const nn::ModelConfig& config, int batch, int seq_len,
+                                  const checkpoint::CheckpointPolicy& policy, DType dtype, const nn::LoraConfig& lora,
+                                  bool nf4, int loss_chunk_tokens);
+
+// predict_memory for a LoRA or QLoRA run (tuning.lora set): the model state of predict_model_state, the step's
+// activations and workspace from walk_adapter_step, and the joint peak as Trainer::train_step holds it. Refused,
+// naming it, for what the replay does not follow yet: GPT-2, the tiled MLP, the optimizer off the device,
+// streamed parameters and ZeRO-1.
+MemoryPrediction predict_adapter_memory(const nn::ModelConfig& config, int batch, int seq_len,
+                                        const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
+                                        int optimizer_shards, int accumulation_steps, bool offload_optimizer,
+                                        bool offload_parameters, int loss_chunk_tokens, int mlp_tile_tokens,
+                                        bool packed_documents, const FineTuning& tuning);
+
+} // namespace engine::planner

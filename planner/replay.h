@@ -1,0 +1,394 @@
+// The replay under planner/adapter_step.cpp: tensors with a size and no data whose handles free their bytes as
+// engine::Tensor's do, a tape and a backward walk that keep and release what engine/autograd.cpp's do, and the ops a
+// Llama step runs, each allocating and saving what its engine twin does (engine/ops/*.cpp). Planner-internal.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/dtype.h"
+#include "planner/adapter_step.h"
+
+namespace engine::planner::replay {
+
+enum class Account { activations, workspace, pinned_host };
+
+// The allocator's accounting of the replay: current bytes per account and the high-water marks with their moments.
+class Ledger {
+public:
+    void allocate(Account account, size_t bytes) {
+        current_[static_cast<int>(account)] += bytes;
+        const size_t activations = current(Account::activations), workspace = current(Account::workspace);
+        if (activations > walk_.activations) walk_.activations = activations, walk_.activations_moment = moment_;
+        walk_.workspace = std::max(walk_.workspace, workspace);
+        walk_.pinned_host = std::max(walk_.pinned_host, current(Account::pinned_host));
+        if (activations + workspace > walk_.joint) walk_.joint = activations + workspace, walk_.joint_moment = moment_;
+        walk_.unified_joint = std::max(walk_.unified_joint, activations + workspace + current(Account::pinned_host));
+    }
+    void release(Account account, size_t bytes) { current_[static_cast<int>(account)] -= bytes; }
+    size_t current(Account account) const { return current_[static_cast<int>(account)]; }
+    void at(std::string moment) { moment_ = std::move(moment); }
+    const std::string& moment() const { return moment_; }
+    const AdapterStepWalk& walk() const { return walk_; }
+
+private:
+    size_t current_[3] = {0, 0, 0};
+    std::string moment_;
+    AdapterStepWalk walk_;
+};
+
+struct Storage {
+    Ledger* ledger;
+    Account account;
+    size_t bytes;
+    Storage(Ledger* ledger, Account account, size_t bytes) : ledger(ledger), account(account), bytes(bytes) {
+        ledger->allocate(account, bytes);
+    }
+    ~Storage() { ledger->release(account, bytes); }
+    Storage(const Storage&) = delete;
+    Storage& operator=(const Storage&) = delete;
+};
+
+// A tensor with a size and no data: handles share the storage as engine::Tensor's do, and the last one frees it.
+// A parameter has no storage here (the model state is counted apart); a trainable one has a persistent gradient.
+struct Sym {
+    std::shared_ptr<Storage> storage;
+    uint64_t id = 0;
+    size_t bytes = 0;
+    bool requires_grad = false;
+    bool parameter = false;
+    bool defined() const { return storage != nullptr || parameter; }
+};
+
+// engine::GradTarget: what backward needs of an input.
+struct Target {
+    uint64_t id = 0;
+    size_t bytes = 0;
+    bool requires_grad = false;
+    bool parameter = false;
+    explicit Target(const Sym& tensor)
+        : id(tensor.id), bytes(tensor.bytes), requires_grad(tensor.requires_grad), parameter(tensor.parameter) {}
+};
+
+class Replay;
+
+// engine::BackwardContext: gradients by tensor id, made zeroed in the workspace on first use.
+class Context {
+public:
+    explicit Context(Replay& replay) : replay_(replay) {}
+    Sym output_grad(uint64_t id) const {
+        auto found = grads_.find(id);
+        return found == grads_.end() ? Sym() : found->second;
+    }
+    bool has(uint64_t id) const { return grads_.count(id) != 0; }
+    // A trainable parameter's gradient is its persistent buffer (the master's f32 one under bf16): no bytes.
+    Sym input_grad(const Target& target);
+    Sym parameter_grad(const Target& target) { return input_grad(target); }
+    Sym gradient_or_scratch(const Sym& gradient, const Target& target, size_t bytes);
+    bool adopt_input_grad(const Target& target, const Sym& gradient) {
+        if (!target.requires_grad) return true;
+        if (target.parameter || grads_.count(target.id) != 0) return false;
+        grads_.emplace(target.id, gradient);
+        return true;
+    }
+    void seed(uint64_t id, Sym gradient) {
+        if (grads_.count(id) == 0) grads_.emplace(id, std::move(gradient)); // else added into it: no bytes
+    }
+    Sym take(uint64_t id) {
+        auto found = grads_.find(id);
+        if (found == grads_.end()) return Sym();
+        Sym gradient = std::move(found->second);
+        grads_.erase(found);
+        return gradient;
+    }
+    void erase(uint64_t id) { grads_.erase(id); }
+
+private:
+    Replay& replay_;
+    std::map<uint64_t, Sym> grads_;
+};
+
+struct Node {
+    std::vector<uint64_t> outputs;
+    std::function<void(Context&)> backward; // owns the saved tensors
+    std::string where;
+};
+
+using Tape = std::vector<Node>;
+
+class Replay {
+public:
+    Replay(DType dtype) : element(dtype_size(dtype)), wide(dtype_size(compute_dtype(dtype))) {}
+
+    const size_t element; // an activation's element: the step's dtype
+    const size_t wide;    // a statistic's: compute_dtype
+
+    Ledger ledger;
+    bool grad_enabled = true;
+    Tape global_tape;
+    Tape* tape = &global_tape;
+    std::string phase = "forward"; // of the moments' names: forward, no-grad forward, recompute
+    std::string place;             // where the ops run: "block 3", "the LM head"
+
+    // Names the moment that follows: the phase at `where`.
+    void at(const std::string& where) {
+        place = where;
+        ledger.at(phase + " of " + where);
+    }
+
+    Sym make(size_t bytes, Account account = Account::activations) {
+        Sym tensor;
+        tensor.storage = std::make_shared<Storage>(&ledger, account, bytes);
+        tensor.id = ++last_id_;
+        tensor.bytes = bytes;
+        return tensor;
+    }
+    Sym parameter(bool trainable) {
+        Sym tensor;
+        tensor.id = ++last_id_;
+        tensor.parameter = true;
+        tensor.requires_grad = trainable;
+        return tensor;
+    }
+    Sym detach(const Sym& tensor) {
+        Sym view = tensor;
+        view.id = ++last_id_;
+        view.requires_grad = false;
+        view.parameter = false;
+        return view;
+    }
+    // engine::record_node: nothing under no-grad; otherwise a node when an input requires grad (or `always`),
+    // and then every output requires grad.
+    bool record(const std::vector<const Sym*>& inputs, const std::vector<Sym*>& outputs,
+                std::function<void(Context&)> backward, bool always = false) {
+        if (!grad_enabled) return false;
+        bool any = always;
+        for (const Sym* input : inputs) any = any || (input->defined() && input->requires_grad);
+        if (!any) return false;
+        Node node;
+        for (Sym* output : outputs) {
+            output->requires_grad = true;
+            node.outputs.push_back(output->id);
+        }
+        node.backward = std::move(backward);
+        node.where = place;
+        tape->push_back(std::move(node));
+        return true;
+    }
+    // engine::run_backward: newest node first; a node runs when one of its outputs has a gradient; its outputs'
+    // gradients are erased after it and its saved tensors freed.
+    void run_backward(Tape& nodes, Context& context, const std::string& suffix = "") {
+        const bool previous = grad_enabled;
+        grad_enabled = false;
+        while (!nodes.empty()) {
+            Node node = std::move(nodes.back());
+            nodes.pop_back();
+            ledger.at("backward of " + node.where + suffix);
+            bool any = false;
+            for (uint64_t id : node.outputs) any = any || context.has(id);
+            if (any) node.backward(context);
+            for (uint64_t id : node.outputs) context.erase(id);
+            node.backward = nullptr;
+        }
+        grad_enabled = previous;
+    }
+
+private:
+    uint64_t last_id_ = 0;
+};
+
+inline Sym Context::input_grad(const Target& target) {
+    if (!target.requires_grad) return Sym();
+    if (target.parameter) return replay_.parameter(false); // the persistent buffer
+    auto found = grads_.find(target.id);
+    if (found != grads_.end()) return found->second;
+    Sym buffer = replay_.make(target.bytes, Account::workspace);
+    grads_.emplace(target.id, buffer);
+    return buffer;
+}
+
+inline Sym Context::gradient_or_scratch(const Sym& gradient, const Target&, size_t bytes) {
+    return gradient.defined() ? gradient : replay_.make(bytes, Account::workspace);
+}
+
+// The ops, each as its engine twin allocates (out, statistics), saves (captured by its node) and, in backward,
+// allocates (input gradients on first use, scratch). `rows` is B·T; widths are in elements.
+class Ops {
+public:
+    Ops(Replay& replay, size_t rows) : r(replay), rows(rows) {}
+    Replay& r;
+    const size_t rows;
+
+    // engine::embedding with a frozen table: the lookup, recorded by nothing.
+    Sym embedding(size_t width) { return r.make(rows * width * r.element); }
+
+    // engine::rms_norm: out (N,C), rstd (N) wide; saves input and rstd. Backward: d(input) (scratch when the input
+    // needs none) and the gain's gradient (scratch: frozen).
+    Sym rms_norm(const Sym& input, const Sym& gain, size_t width) {
+        Sym out = r.make(rows * width * r.element);
+        Sym rstd = r.make(rows * r.wide);
+        const Target input_target(input), gain_target(gain);
+        const size_t gain_bytes = width * r.wide;
+        r.record({&input, &gain}, {&out}, [=, saved_input = input, saved_rstd = rstd, id = out.id](Context& context) {
+            const Sym dout = context.output_grad(id);
+            const Sym dinput = context.gradient_or_scratch(context.input_grad(input_target), input_target, input_target.bytes);
+            const Sym dgain = context.gradient_or_scratch(context.parameter_grad(gain_target), gain_target, gain_bytes);
+        });
+        return out;
+    }
+
+    // engine::matmul(a, b) over `columns` outputs: each side saved only for the other's gradient.
+    Sym matmul(const Sym& a, const Sym& b, size_t columns) {
+        Sym out = r.make(rows * columns * r.element);
+        const Target a_target(a), b_target(b);
+        r.record({&a, &b}, {&out}, [=, saved_a = b.requires_grad ? a : Sym(), id = out.id](Context& context) {
+            const Sym dout = context.output_grad(id);
+            const Sym da = context.input_grad(a_target);
+            const Sym db = context.parameter_grad(b_target);
+        });
+        return out;
+    }
+
+    // engine::nf4_linear: the weight dequantised (workspace, in·out) for the GEMM under no-grad, then freed; the
+    // node keeps the 4-bit weight and, in backward, dequantises it again for d(input).
+    Sym nf4_linear(const Sym& input, size_t in, size_t out_features) {
+        Sym out;
+        {
+            const bool previous = r.grad_enabled;
+            r.grad_enabled = false;
+            const Sym dense = r.make(in * out_features * r.element, Account::workspace);
+            out = matmul(input, dense, out_features);
+            r.grad_enabled = previous;
+        }
+        const Target input_target(input);
+        const size_t dense_bytes = in * out_features * r.element;
+        r.record({&input}, {&out}, [=, id = out.id, this](Context& context) {
+            const Sym dinput = context.input_grad(input_target);
+            if (!dinput.defined()) return;
+            const Sym dout = context.output_grad(id);
+            const Sym dense = r.make(dense_bytes, Account::workspace);
+        });
+        return out;
+    }
+
+    // engine::rope: out; saves only the tables. Backward: d(x).
+    Sym rope(const Sym& x, size_t width) {
+        Sym out = r.make(rows * width * r.element);
+        const Target x_target(x);
+        r.record({&x}, {&out}, [=](Context& context) { const Sym dx = context.input_grad(x_target); });
+        return out;
+    }
+
+    // engine::concat along the last dimension: out; saves nothing. Backward: each recorded input's gradient in
+    // input order.
+    Sym concat(const std::vector<Sym>& inputs, const std::vector<size_t>& widths) {
+        size_t total = 0;
+        for (size_t width : widths) total += width;
+        Sym out = r.make(rows * total * r.element);
+        // Only the inputs that require grad are the node's (the engine's `recorded`).
+        std::vector<const Sym*> recorded;
+        std::vector<Target> targets;
+        for (const Sym& input : inputs)
+            if (input.requires_grad) {
+                recorded.push_back(&input);
+                targets.emplace_back(input);
+            }
+        r.record(recorded, {&out}, [=](Context& context) {
+            for (const Target& target : targets) {
+                const Sym dinput = context.input_grad(target);
+            }
+        });
+        return out;
+    }
+
+    // engine::attention: out (N,C), logsumexp (B,NH,T) wide; saves the packed input, out and logsumexp.
+    // Backward: d(packed).
+    Sym attention(const Sym& packed, size_t width, size_t heads) {
+        Sym out = r.make(rows * width * r.element);
+        Sym logsumexp = r.make(rows * heads * r.wide);
+        const Target packed_target(packed);
+        r.record({&packed}, {&out}, [=, saved_packed = packed, saved_out = r.detach(out), saved_logsumexp = logsumexp](
+                                        Context& context) { const Sym dpacked = context.input_grad(packed_target); });
+        return out;
+    }
+
+    // engine::residual_add: out; saves nothing. Backward: both inputs' gradients.
+    Sym add(const Sym& a, const Sym& b, size_t width) {
+        Sym out = r.make(rows * width * r.element);
+        const Target a_target(a), b_target(b);
+        r.record({&a, &b}, {&out}, [=](Context& context) {
+            const Sym da = context.input_grad(a_target);
+            const Sym db = context.input_grad(b_target);
+        });
+        return out;
+    }
+
+    // engine::swiglu: out; saves gate and up. Backward: both their gradients.
+    Sym swiglu(const Sym& gate, const Sym& up, size_t width) {
+        Sym out = r.make(rows * width * r.element);
+        const Target gate_target(gate), up_target(up);
+        r.record({&gate, &up}, {&out}, [=, saved_gate = r.detach(gate), saved_up = r.detach(up)](Context& context) {
+            const Sym dgate = context.input_grad(gate_target);
+            const Sym dup = context.input_grad(up_target);
+        });
+        return out;
+    }
+
+    // engine::multiply by a scalar: out (zeroed); saves nothing. Backward: d(input).
+    Sym multiply(const Sym& input, size_t bytes) {
+        Sym out = r.make(bytes);
+        const Target input_target(input);
+        r.record({&input}, {&out}, [=](Context& context) { const Sym dinput = context.input_grad(input_target); });
+        return out;
+    }
+
+    // engine::dropout in train mode (p > 0): out; saves nothing (the mask comes again from its seed).
+    Sym dropout(const Sym& input, size_t width) {
+        Sym out = r.make(rows * width * r.element);
+        const Target input_target(input);
+        r.record({&input}, {&out}, [=](Context& context) { const Sym dinput = context.input_grad(input_target); });
+        return out;
+    }
+
+    // engine::cross_entropy_in_place over (N,V) logits: the per-token losses (N) wide and the (1) sum; the node
+    // keeps the logits' storage and hands it to the walk as their gradient.
+    Sym cross_entropy_in_place(const Sym& logits) {
+        Sym losses = r.make(rows * r.wide);
+        Sym out = r.make(r.wide);
+        const Target logits_target(logits);
+        r.record({&logits}, {&out}, [=, gradient = r.detach(logits)](Context& context) {
+            if (!context.adopt_input_grad(logits_target, gradient)) {
+                const Sym dlogits = context.input_grad(logits_target);
+            }
+        });
+        return out;
+    }
+
+    // engine::linear_cross_entropy with a frozen head: the losses (N) wide, d(hidden) (N,C) made in forward, one
+    // chunk's logits (chunk,V) while the chunks run, the (1) sum. The node hands d(hidden) to the walk.
+    Sym linear_cross_entropy(const Sym& hidden, size_t width, size_t vocabulary, size_t chunk) {
+        Sym losses = r.make(rows * r.wide);
+        const bool wants_hidden = r.grad_enabled && hidden.requires_grad;
+        Sym dhidden = wants_hidden ? r.make(rows * width * r.element) : Sym();
+        {
+            const Sym logits = r.make(std::min(chunk, rows) * vocabulary * r.element);
+        }
+        Sym out = r.make(r.wide);
+        const Target hidden_target(hidden);
+        r.record({&hidden}, {&out}, [=, saved_hidden = r.detach(hidden)](Context& context) {
+            if (dhidden.defined() && !context.adopt_input_grad(hidden_target, dhidden)) {
+                const Sym dinput = context.input_grad(hidden_target);
+            }
+        });
+        return out;
+    }
+};
+
+
+} // namespace engine::planner::replay
