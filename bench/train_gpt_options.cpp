@@ -523,9 +523,6 @@ Options parse_options(const std::vector<std::string>& arguments) {
                 "needs --lora-r N or --init-adapter DIR");
     if (lora_given || !options.init_adapter.empty()) {
         require(options.save.empty(), "--save", "writes the whole model; with LoRA use --save-adapter DIR or --merge DIR");
-        require(!given.contains("--max-memory"), "--max-memory",
-                "does not search LoRA runs yet; --plan predicts a LoRA run's step to the byte: choose its flags with "
-                "it and leave --max-memory out");
     }
     require(options.save_every == 0 || !options.out.empty(), "--save-every", "needs --out DIR");
     require(options.memory_timeline_step == 0 || !options.memory_timeline.empty(), "--memory-timeline-step",

@@ -33,6 +33,9 @@ size_t host_budget(const Options& options) {
 void check_host_budget(const Options& options) {
     const StepShape& shape = options.trainer.shape;
     if (!shape.offload_optimizer) return;
+    // LoRA: the host holds the adapters' masters and moments, a small part of the model (docs/MEMORY.md, "LoRA and
+    // QLoRA"); the model state's report (--plan) counts them.
+    if (options.lora || !options.init_adapter.empty()) return;
     const distributed::LaunchEnvironment launch = distributed::launch_environment();
     // A token budget: the worst micro-batch it allows.
     const auto [rows, length] =
@@ -68,6 +71,7 @@ Options apply_memory_plan(const Options& options, int ranks) {
     search.loss_chunk_tokens = options.loss_chunk_tokens;
     search.mlp_tile_tokens = options.mlp_tile_tokens;
     search.packed_documents = options.data_layout == nn::DataLayout::packed_documents;
+    search.tuning = fine_tuning(options).value_or(planner::FineTuning{});
     const int global_batch =
         options.global_batch_size > 0
             ? options.global_batch_size

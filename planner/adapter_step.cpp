@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "engine/cuda/runtime.h"
 #include "planner/replay.h"
 
 namespace engine::planner {
@@ -24,30 +25,36 @@ struct LinearLayer {
     bool nf4 = false;
 };
 
-class LlamaReplay {
+// What GPT-2 and Llama share: the adaptable linear layer (nn/layers.h, nn/lora.cpp), the decoder's segments
+// (nn/causal_lm.cpp, checkpoint/checkpoint.cpp), the tiled MLP (checkpoint/tiled_rows.cpp) and the head.
+class DecoderReplay {
 public:
-    LlamaReplay(Replay& replay, const nn::LlamaConfig& config, size_t rows, const nn::LoraConfig& lora, bool nf4,
-                const checkpoint::CheckpointPolicy& policy)
-        : r(replay), ops(replay, rows), config(config), lora(lora), nf4(nf4), policy(policy) {
-        width = static_cast<size_t>(config.hidden_size);
-        key_value = static_cast<size_t>(config.key_value_width());
-        intermediate = static_cast<size_t>(config.intermediate_size);
-    }
+    DecoderReplay(Replay& replay, size_t rows, const nn::LoraConfig& lora, bool nf4,
+                  const checkpoint::CheckpointPolicy& policy, int layers, size_t width, size_t head_columns,
+                  int mlp_tile_tokens)
+        : r(replay), ops(replay, rows), lora(lora), nf4(nf4), policy(policy), layers(layers), width(width),
+          head_columns(head_columns), mlp_tile(static_cast<size_t>(mlp_tile_tokens)) {}
+    virtual ~DecoderReplay() = default;
 
     Replay& r;
     mutable Ops ops; // the replay changes, the model does not
-    const nn::LlamaConfig& config;
     const nn::LoraConfig& lora;
     const bool nf4;
     const checkpoint::CheckpointPolicy& policy;
-    size_t width = 0, key_value = 0, intermediate = 0;
+    const int layers;
+    const size_t width;
+    const size_t head_columns; // the head's rows: GPT-2's padded vocabulary, Llama's vocabulary
+    const size_t mlp_tile;     // 0: the whole MLP
+
+    virtual Sym layer_forward(const Sym& input, int index) const = 0;
+    virtual Sym forward_hidden() const = 0;
+    virtual std::string layer_name(int index, const std::string& name) const = 0;
 
     LinearLayer layer(int index, const std::string& name, size_t in, size_t out) const {
-        const std::string full = "model.layers." + std::to_string(index) + "." + name;
-        return LinearLayer{in, out, nn::lora_target_matches(lora, full), nf4};
+        return LinearLayer{in, out, nn::lora_target_matches(lora, layer_name(index, name)), nf4};
     }
-
-    // TorchLinear::forward: the base (dense and frozen, or NF4), then with_lora.
+    // Linear::forward and TorchLinear::forward: the base (dense and frozen, or NF4; a frozen bias adds nothing),
+    // then with_lora.
     Sym linear_forward(const LinearLayer& linear, const Sym& input) const {
         if (linear.nf4) return with_lora(ops.nf4_linear(input, linear.in, linear.out), input, linear);
         return with_lora(ops.matmul(input, r.parameter(false), linear.out), input, linear);
@@ -66,31 +73,79 @@ public:
     // lora_A and lora_B: TorchLinears with trainable weights and no adapter of their own.
     Sym adapter_linear(const Sym& input, size_t out) const { return plain(ops.matmul(input, r.parameter(true), out)); }
     static Sym plain(Sym base_output) { return base_output; }
+    // nn::Dropout::forward: its input itself unless training with p > 0.
+    Sym dropout(const Sym& input, float probability, size_t columns) const {
+        return probability > 0.0f ? ops.dropout(input, columns) : input;
+    }
 
-    // LlamaAttention::forward.
-    Sym attention_forward(const Sym& input, int index) const {
-        const Sym query = ops.rope(linear_forward(layer(index, "self_attn.q_proj", width, width), input), width);
-        const Sym key = ops.rope(linear_forward(layer(index, "self_attn.k_proj", width, key_value), input), key_value);
-        const Sym packed = ops.concat({query, key, linear_forward(layer(index, "self_attn.v_proj", width, key_value), input)},
-                                      {width, key_value, key_value});
-        return linear_forward(layer(index, "self_attn.o_proj", width, width),
-                              ops.attention(packed, width, static_cast<size_t>(config.num_attention_heads)));
+    // checkpoint::tiled_rows over the MLP `function` (columns wide in and out): each tile's rows copied and run
+    // under no-grad into the output; the node saves the input, and backward recomputes and walks tile by tile.
+    template <typename Function>
+    Sym tiled_rows(const Function& function, const Sym& input, size_t columns) const {
+        const size_t rows = ops.rows;
+        const size_t tile = std::min(mlp_tile, rows);
+        Sym output;
+        {
+            const bool previous = r.grad_enabled;
+            r.grad_enabled = false;
+            for (size_t first = 0; first < rows; first += tile) {
+                const size_t count = std::min(tile, rows - first);
+                Sym piece;
+                {
+                    const Sym tile_input = r.make(count * columns * r.element);
+                    ops.rows = count;
+                    piece = function(tile_input);
+                    ops.rows = rows;
+                }
+                if (!output.defined()) output = r.make(rows * columns * r.element);
+            }
+            r.grad_enabled = previous;
+        }
+        if (!r.grad_enabled) return output;
+        const Target target(input);
+        const DecoderReplay* self = this;
+        r.record({&input}, {&output}, [=, saved = r.detach(input), output_id = output.id](Context& context) {
+            Replay& replay = self->r;
+            const Sym output_gradient = context.output_grad(output_id);
+            if (!output_gradient.defined()) return;
+            Sym input_gradient;
+            if (target.requires_grad) input_gradient = replay.make(target.bytes, Account::workspace);
+            for (size_t first = 0; first < rows; first += tile) {
+                const size_t count = std::min(tile, rows - first);
+                Tape local;
+                Context inner(replay);
+                uint64_t tile_id = 0;
+                {
+                    Sym tile_input = replay.detach(replay.make(count * columns * replay.element));
+                    tile_input.requires_grad = target.requires_grad;
+                    tile_id = tile_input.id;
+                    Tape* previous_tape = replay.tape;
+                    const bool previous = replay.grad_enabled;
+                    const std::string phase = replay.phase;
+                    replay.tape = &local;
+                    replay.grad_enabled = true;
+                    replay.phase = "recompute";
+                    self->ops.rows = count;
+                    Sym piece = function(tile_input);
+                    self->ops.rows = rows;
+                    replay.phase = phase;
+                    replay.tape = previous_tape;
+                    replay.grad_enabled = previous;
+                    const bool reached = piece.requires_grad;
+                    const uint64_t piece_id = piece.id;
+                    piece = tile_input = Sym();
+                    if (reached) inner.seed(piece_id, replay.make(count * columns * replay.element, Account::workspace));
+                }
+                replay.run_backward(local, inner, " (an MLP tile)");
+                if (!target.requires_grad) continue;
+                const Sym tile_gradient = inner.take(tile_id); // copied into its rows of input_gradient
+            }
+            if (input_gradient.defined()) context.seed(target.id, std::move(input_gradient));
+        }, true);
+        return output;
     }
-    // LlamaMLP::forward (untiled).
-    Sym mlp_forward(const Sym& input, int index) const {
-        return linear_forward(layer(index, "mlp.down_proj", intermediate, width),
-                              ops.swiglu(linear_forward(layer(index, "mlp.gate_proj", width, intermediate), input),
-                                         linear_forward(layer(index, "mlp.up_proj", width, intermediate), input),
-                                         intermediate));
-    }
-    // LlamaDecoderLayer::forward.
-    Sym layer_forward(const Sym& input, int index) const {
-        const Sym after_attention =
-            ops.add(input, attention_forward(ops.rms_norm(input, r.parameter(false), width), index), width);
-        return ops.add(after_attention, mlp_forward(ops.rms_norm(after_attention, r.parameter(false), width), index),
-                       width);
-    }
-    // Llama::run_blocks.
+
+    // GPT::run_blocks, Llama::run_blocks.
     Sym run_blocks(const Sym& input, int first, int count) const {
         Sym x = input;
         for (int index = first; index < first + count; ++index) {
@@ -101,9 +156,9 @@ public:
     }
     // CausalLM::run_decoder (its input by value, as there).
     Sym run_decoder(Sym input) const {
-        if (!policy.enabled) return run_blocks(input, 0, config.num_hidden_layers);
+        if (!policy.enabled) return run_blocks(input, 0, layers);
         Sym x = std::move(input);
-        for (const checkpoint::Segment& segment : checkpoint::plan_segments(config.num_hidden_layers, policy)) {
+        for (const checkpoint::Segment& segment : checkpoint::plan_segments(layers, policy)) {
             if (!segment.checkpointed) {
                 x = run_blocks(x, segment.first_layer, segment.layer_count);
                 continue;
@@ -131,7 +186,7 @@ public:
         output = r.detach(output);
         const std::string name = segment_name(segment);
         auto state = std::make_shared<Sym>(saved);
-        const LlamaReplay* self = this;
+        const DecoderReplay* self = this;
         r.record({&input}, {&output}, [=, output_id = output.id](Context& context) {
             Replay& replay = self->r;
             replay.ledger.at("recompute of " + name + " in backward");
@@ -172,8 +227,59 @@ public:
         if (segment.layer_count > 1) text += "-" + std::to_string(segment.first_layer + segment.layer_count);
         return text;
     }
+    // CausalLM::forward_padded: the head's GEMM over the frozen (Vp,C) weight.
+    Sym forward_padded() const {
+        const Sym hidden = forward_hidden();
+        r.at("the LM head");
+        const Sym logits = ops.matmul(hidden, r.parameter(false), head_columns);
+        return logits;
+    }
+};
+
+class LlamaReplay : public DecoderReplay {
+public:
+    LlamaReplay(Replay& replay, const nn::LlamaConfig& config, size_t rows, const nn::LoraConfig& lora, bool nf4,
+                const checkpoint::CheckpointPolicy& policy, int mlp_tile_tokens)
+        : DecoderReplay(replay, rows, lora, nf4, policy, config.num_hidden_layers,
+                        static_cast<size_t>(config.hidden_size), static_cast<size_t>(config.vocab_size),
+                        mlp_tile_tokens),
+          config(config), key_value(static_cast<size_t>(config.key_value_width())),
+          intermediate(static_cast<size_t>(config.intermediate_size)) {}
+
+    const nn::LlamaConfig& config;
+    const size_t key_value, intermediate;
+
+    std::string layer_name(int index, const std::string& name) const override {
+        return "model.layers." + std::to_string(index) + "." + name;
+    }
+    // LlamaAttention::forward.
+    Sym attention_forward(const Sym& input, int index) const {
+        const Sym query = ops.rope(linear_forward(layer(index, "self_attn.q_proj", width, width), input), width);
+        const Sym key = ops.rope(linear_forward(layer(index, "self_attn.k_proj", width, key_value), input), key_value);
+        const Sym packed = ops.concat({query, key, linear_forward(layer(index, "self_attn.v_proj", width, key_value), input)},
+                                      {width, key_value, key_value});
+        return linear_forward(layer(index, "self_attn.o_proj", width, width),
+                              ops.attention(packed, width, static_cast<size_t>(config.num_attention_heads)));
+    }
+    // LlamaMLP::forward, whole or tiled.
+    Sym mlp_forward(const Sym& input, int index) const {
+        const auto rows = [this, index](const Sym& x) {
+            return linear_forward(layer(index, "mlp.down_proj", intermediate, width),
+                                  ops.swiglu(linear_forward(layer(index, "mlp.gate_proj", width, intermediate), x),
+                                             linear_forward(layer(index, "mlp.up_proj", width, intermediate), x),
+                                             intermediate));
+        };
+        return mlp_tile == 0 ? rows(input) : tiled_rows(rows, input, width);
+    }
+    // LlamaDecoderLayer::forward.
+    Sym layer_forward(const Sym& input, int index) const override {
+        const Sym after_attention =
+            ops.add(input, attention_forward(ops.rms_norm(input, r.parameter(false), width), index), width);
+        return ops.add(after_attention, mlp_forward(ops.rms_norm(after_attention, r.parameter(false), width), index),
+                       width);
+    }
     // Llama::forward_hidden: the embedding, the decoder, the final norm.
-    Sym forward_hidden() const {
+    Sym forward_hidden() const override {
         r.at("the embedding");
         Sym x = ops.embedding(width);
         const Sym hidden = final_norm(run_decoder(std::move(x)));
@@ -183,42 +289,88 @@ public:
         r.at("the final norm");
         return ops.rms_norm(input, r.parameter(false), width);
     }
-    // CausalLM::forward_padded: the head's GEMM over the frozen (V,C) weight.
-    Sym forward_padded() const {
-        const Sym hidden = forward_hidden();
-        r.at("the LM head");
-        const Sym logits = ops.matmul(hidden, r.parameter(false), static_cast<size_t>(config.vocab_size));
-        return logits;
+};
+
+class GptReplay : public DecoderReplay {
+public:
+    GptReplay(Replay& replay, const nn::GPTConfig& config, size_t rows, const nn::LoraConfig& lora, bool nf4,
+              const checkpoint::CheckpointPolicy& policy, int mlp_tile_tokens)
+        : DecoderReplay(replay, rows, lora, nf4, policy, config.n_layer, static_cast<size_t>(config.n_embd),
+                        static_cast<size_t>(config.padded_vocab_size()), mlp_tile_tokens),
+          config(config) {}
+
+    const nn::GPTConfig& config;
+
+    std::string layer_name(int index, const std::string& name) const override {
+        return "h." + std::to_string(index) + "." + name;
+    }
+    // CausalSelfAttention::forward.
+    Sym attention_forward(const Sym& input, int index) const {
+        return dropout(linear_forward(layer(index, "attn.c_proj", width, width),
+                                      ops.attention(linear_forward(layer(index, "attn.c_attn", width, 3 * width), input),
+                                                    width, static_cast<size_t>(config.n_head))),
+                       config.dropout, width);
+    }
+    // MLP::forward, whole or tiled.
+    Sym mlp_forward(const Sym& input, int index) const {
+        const auto rows = [this, index](const Sym& x) {
+            return linear_forward(layer(index, "mlp.c_proj", 4 * width, width),
+                                  ops.gelu(linear_forward(layer(index, "mlp.c_fc", width, 4 * width), x), 4 * width));
+        };
+        // Untiled, one expression, as there: c_fc's and gelu's outputs live until the dropout is done.
+        if (mlp_tile == 0)
+            return dropout(linear_forward(layer(index, "mlp.c_proj", 4 * width, width),
+                                          ops.gelu(linear_forward(layer(index, "mlp.c_fc", width, 4 * width), input),
+                                                   4 * width)),
+                           config.dropout, width);
+        return dropout(tiled_rows(rows, input, width), config.dropout, width);
+    }
+    // Block::forward.
+    Sym layer_forward(const Sym& input, int index) const override {
+        Sym after_attention = ops.add(input, attention_forward(ops.layernorm(input, width), index), width);
+        return ops.add(after_attention, mlp_forward(ops.layernorm(after_attention, width), index), width);
+    }
+    // GPT::forward_hidden: the token and position embeddings (and their dropout), the decoder, ln_f.
+    Sym forward_hidden() const override {
+        r.at("the embedding");
+        Sym x = dropout(ops.embedding(width), config.dropout, width);
+        const Sym hidden = final_norm(run_decoder(std::move(x)));
+        return hidden;
+    }
+    Sym final_norm(const Sym& input) const {
+        r.at("the final norm");
+        return ops.layernorm(input, width);
     }
 };
 
 } // namespace
 
-AdapterStepWalk walk_adapter_step(const nn::ModelConfig& model_config, int batch, int seq_len,
+AdapterStepWalk walk_adapter_step(const nn::ModelConfig& config, int batch, int seq_len,
                                   const checkpoint::CheckpointPolicy& policy, DType dtype, const nn::LoraConfig& lora,
-                                  bool nf4, int loss_chunk_tokens) {
-    ENGINE_CHECK(model_config.is_llama(),
-                 "the LoRA step's activations are modelled for Llama; GPT-2's are not yet (issue 28)");
-    const nn::LlamaConfig& config = model_config.llama();
+                                  bool nf4, int loss_chunk_tokens, int mlp_tile_tokens,
+                                  std::vector<AdapterStepEvent>* events) {
     const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
     Replay replay(dtype);
-    const LlamaReplay model(replay, config, rows, lora, nf4, policy);
+    replay.ledger.record_events(events);
+    std::unique_ptr<DecoderReplay> model;
+    if (config.is_llama()) model = std::make_unique<LlamaReplay>(replay, config.llama(), rows, lora, nf4, policy, mlp_tile_tokens);
+    else model = std::make_unique<GptReplay>(replay, config.gpt(), rows, lora, nf4, policy, mlp_tile_tokens);
     {
         // optim::Trainer's micro-batch: the loss (the fused classifier over the logits, which die with their
         // statement, or the streaming head over the hidden states), the caller's copy of it, the scaled loss and
         // backward from a (1) seed.
         Sym sum;
         if (loss_chunk_tokens > 0) {
-            const Sym hidden = model.forward_hidden();
+            const Sym hidden = model->forward_hidden();
             replay.at("the LM head");
-            sum = model.ops.linear_cross_entropy(hidden, model.width, static_cast<size_t>(config.vocab_size),
-                                                 static_cast<size_t>(loss_chunk_tokens));
+            sum = model->ops.linear_cross_entropy(hidden, model->width, model->head_columns,
+                                                  static_cast<size_t>(loss_chunk_tokens));
         } else {
-            const Sym logits = model.forward_padded();
-            sum = model.ops.cross_entropy_in_place(logits);
+            const Sym logits = model->forward_padded();
+            sum = model->ops.cross_entropy_in_place(logits);
         }
         replay.at("the loss");
-        const Sym scaled = model.ops.multiply(sum, replay.wide);
+        const Sym scaled = model->ops.multiply(sum, replay.wide);
         Context context(replay);
         context.seed(scaled.id, replay.make(replay.wide, Account::workspace));
         replay.run_backward(replay.global_tape, context);
@@ -233,15 +385,13 @@ MemoryPrediction predict_adapter_memory(const nn::ModelConfig& config, int batch
                                         bool packed_documents, const FineTuning& tuning) {
     constexpr const char* what = "predict_memory: the LoRA step";
     ENGINE_CHECK(tuning.lora.has_value(), what << " needs a LoRA config");
-    ENGINE_CHECK(config.is_llama(), what << " is modelled for Llama; GPT-2's activations under LoRA are not yet");
-    ENGINE_CHECK(mlp_tile_tokens == 0, what << " with a tiled MLP (mlp_tile_tokens " << mlp_tile_tokens
-                                            << ") is not modelled yet");
     ENGINE_CHECK(!offload_optimizer && !offload_parameters,
                  what << " with the optimizer or parameters off the device is not modelled yet");
     ENGINE_CHECK(optimizer_shards == 1, what << " under ZeRO-1 (" << optimizer_shards << " shards) is not modelled yet");
     const ModelState state = predict_model_state(config, dtype, optimizer, optimizer_shards, tuning);
     const AdapterStepWalk walk =
-        walk_adapter_step(config, batch, seq_len, policy, dtype, *tuning.lora, tuning.nf4, loss_chunk_tokens);
+        walk_adapter_step(config, batch, seq_len, policy, dtype, *tuning.lora, tuning.nf4, loss_chunk_tokens,
+                          mlp_tile_tokens);
 
     MemoryPrediction prediction;
     prediction.at(MemoryCategory::parameters) = state.parameters;
@@ -270,6 +420,8 @@ MemoryPrediction predict_adapter_memory(const nn::ModelConfig& config, int batch
     prediction.peak_moment = walk.joint_moment;
     prediction.unified_peak_bytes = before_forward + walk.unified_joint;
     prediction.host_peak_bytes = walk.pinned_host;
+    // GPT-2's biased linears run through cuBLASLt's fused epilogue, frozen or not; Llama has no bias.
+    prediction.cuda_runtime_bytes = config.is_llama() ? 0 : cuda::cublaslt_workspace_bytes;
     return prediction;
 }
 

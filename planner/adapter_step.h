@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "engine/dtype.h"
@@ -25,17 +27,25 @@ struct AdapterStepWalk {
     size_t unified_joint = 0; // activations + workspace + pinned host at one moment: the CPU backend's one account
 };
 
+// One allocation (+bytes) or free (-bytes) of the replay, on the account engine/memory.h's MemoryCategory names:
+// what tests compare, event for event, with the allocator's memory timeline of the same micro-batch.
+struct AdapterStepEvent {
+    int account = 0; // 0 activations, 1 workspace, 2 pinned host
+    int64_t bytes = 0;
+};
+
 // One micro-batch of `batch` x `seq_len` tokens as optim::Trainer runs it on a model that nn::apply_lora (and with
 // nf4, nn::quantize_nf4) adapted: forward under `policy`, the fused classifier (loss_chunk_tokens 0) or the
-// streaming head, the loss scaled, backward. GPT-2 and Llama, f32 and bf16 (mixed precision).
+// streaming head, the loss scaled, backward; mlp_tile_tokens > 0: each layer's MLP tiled. GPT-2 and Llama, f32 and
+// bf16 (mixed precision).
 AdapterStepWalk walk_adapter_step(const nn::ModelConfig& config, int batch, int seq_len,
                                   const checkpoint::CheckpointPolicy& policy, DType dtype, const nn::LoraConfig& lora,
-                                  bool nf4, int loss_chunk_tokens);
+                                  bool nf4, int loss_chunk_tokens, int mlp_tile_tokens = 0,
+                                  std::vector<AdapterStepEvent>* events = nullptr);
 
 // predict_memory for a LoRA or QLoRA run (tuning.lora set): the model state of predict_model_state, the step's
 // activations and workspace from walk_adapter_step, and the joint peak as Trainer::train_step holds it. Refused,
-// naming it, for what the replay does not follow yet: GPT-2, the tiled MLP, the optimizer off the device,
-// streamed parameters and ZeRO-1.
+// naming it, for what the replay does not follow yet: the optimizer off the device, streamed parameters and ZeRO-1.
 MemoryPrediction predict_adapter_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                         const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
                                         int optimizer_shards, int accumulation_steps, bool offload_optimizer,

@@ -49,8 +49,7 @@ struct ModelState {
 // to the byte on the CPU for full, LoRA and QLoRA runs of GPT-2 and Llama; predict_memory's categories for a full
 // fine-tune. Throws EngineError, naming it, for a LoRA config apply_lora would refuse on this model (a bad field, a
 // target that matches no linear layer, a rank above a layer's).
-// The step's activations and workspace under LoRA are not modelled yet (issue 28 item 6): predict_memory, --plan and
-// the planner describe full fine-tunes only.
+// predict_memory(..., tuning) adds a LoRA step's activations and workspace (planner/adapter_step.h).
 ModelState predict_model_state(const nn::ModelConfig& config, DType dtype, OptimizerKind optimizer = OptimizerKind::adamw,
                                int optimizer_shards = 1, const FineTuning& tuning = {});
 
@@ -129,6 +128,9 @@ struct MemoryPrediction {
 // > 0: every decoder layer's MLP tiled over that many of them (checkpoint::tiled_rows); packed_documents: each
 // micro-batch carries its (B,T) i32 positions beside its ids and labels (nn::Batch::positions), on the host for the
 // step and on the device for its forward and backward (they change no activation: the ops keep them by reference).
+// tuning.lora: a LoRA or QLoRA run (nn::apply_lora, nn::quantize_nf4), its model state predict_model_state's and its
+// step replayed (planner/adapter_step.h: exact to the byte for GPT-2 and Llama); refused, naming it, with the
+// optimizer or parameters off the device or ZeRO-1, which the replay does not follow yet.
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                 const checkpoint::CheckpointPolicy& policy, DType dtype = DType::f32,
                                 OptimizerKind optimizer = OptimizerKind::adamw, int optimizer_shards = 1,

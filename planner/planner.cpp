@@ -112,9 +112,10 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                  "planner: seq_len " << seq_len << " exceeds the model maximum " << config.max_seq_len());
     ENGINE_CHECK(!options.precisions.empty(), "planner: no precision to search");
     std::vector<bool> optimizer_tiers = {false};
-    if (options.device != Device::cpu && options.allow_offload_optimizer) optimizer_tiers.push_back(true);
+    const bool lora = options.tuning.lora.has_value();
+    if (options.device != Device::cpu && options.allow_offload_optimizer && !lora) optimizer_tiers.push_back(true);
     std::vector<int> zero_stages = {0};
-    if (options.ranks > 1 && options.allow_zero) zero_stages.push_back(1);
+    if (options.ranks > 1 && options.allow_zero && !lora) zero_stages.push_back(1);
     const int per_rank = global_batch / options.ranks;
 
     PlanSearch search;
@@ -146,7 +147,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                                     plan.memory =
                                         predict_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer,
                                                        shards, steps, offload_optimizer, gradients, offload_parameters,
-                                                       loss_chunk, mlp_tile, options.packed_documents);
+                                                       loss_chunk, mlp_tile, options.packed_documents, options.tuning);
                                     plan.cost = predict_cost(config, micro_batch, steps, seq_len, policy, dtype,
                                                              options.optimizer, shards, ceilings, offload_optimizer,
                                                              gradients, offload_parameters, loss_chunk, mlp_tile);

@@ -44,6 +44,10 @@ struct PlannerOptions {
     // tiles of all B·T tokens, halved while it does not fit, down to minimum_mlp_tile (tiling costs one more MLP
     // forward at any tile, and each tile more some launches: the largest that fits).
     std::optional<int> mlp_tile_tokens;
+    // What trains (predict_memory's FineTuning): a LoRA or QLoRA run is planned with its own step (the replay,
+    // planner/adapter_step.h), on the device with the optimizer (its adapters' state is small), without ZeRO-1.
+    // The cost model still counts a full fine-tune's FLOPs: it ranks the plans, it does not time a LoRA step.
+    FineTuning tuning;
 };
 
 struct Plan {

@@ -23,6 +23,7 @@ enum class Account { activations, workspace, pinned_host };
 class Ledger {
 public:
     void allocate(Account account, size_t bytes) {
+        if (events_ != nullptr) events_->push_back({static_cast<int>(account), static_cast<int64_t>(bytes)});
         current_[static_cast<int>(account)] += bytes;
         const size_t activations = current(Account::activations), workspace = current(Account::workspace);
         if (activations > walk_.activations) walk_.activations = activations, walk_.activations_moment = moment_;
@@ -31,7 +32,11 @@ public:
         if (activations + workspace > walk_.joint) walk_.joint = activations + workspace, walk_.joint_moment = moment_;
         walk_.unified_joint = std::max(walk_.unified_joint, activations + workspace + current(Account::pinned_host));
     }
-    void release(Account account, size_t bytes) { current_[static_cast<int>(account)] -= bytes; }
+    void release(Account account, size_t bytes) {
+        if (events_ != nullptr) events_->push_back({static_cast<int>(account), -static_cast<int64_t>(bytes)});
+        current_[static_cast<int>(account)] -= bytes;
+    }
+    void record_events(std::vector<AdapterStepEvent>* events) { events_ = events; }
     size_t current(Account account) const { return current_[static_cast<int>(account)]; }
     void at(std::string moment) { moment_ = std::move(moment); }
     const std::string& moment() const { return moment_; }
@@ -41,6 +46,7 @@ private:
     size_t current_[3] = {0, 0, 0};
     std::string moment_;
     AdapterStepWalk walk_;
+    std::vector<AdapterStepEvent>* events_ = nullptr;
 };
 
 struct Storage {
@@ -190,6 +196,7 @@ public:
             Node node = std::move(nodes.back());
             nodes.pop_back();
             ledger.at("backward of " + node.where + suffix);
+            place = node.where; // what a recompute inside it records belongs there too
             bool any = false;
             for (uint64_t id : node.outputs) any = any || context.has(id);
             if (any) node.backward(context);
@@ -223,7 +230,7 @@ class Ops {
 public:
     Ops(Replay& replay, size_t rows) : r(replay), rows(rows) {}
     Replay& r;
-    const size_t rows;
+    size_t rows; // B·T, or a tile's rows while a tiled MLP runs one
 
     // engine::embedding with a frozen table: the lookup, recorded by nothing.
     Sym embedding(size_t width) { return r.make(rows * width * r.element); }
@@ -243,6 +250,37 @@ public:
         return out;
     }
 
+    // engine::layernorm with a frozen gain and bias: out (N,C), mean and rstd (N) wide; saves input, mean and
+    // rstd. Backward: d(input) (scratch when the input needs none) and both parameters' gradients (scratch).
+    Sym layernorm(const Sym& input, size_t width) {
+        Sym out = r.make(rows * width * r.element);
+        Sym mean = r.make(rows * r.wide);
+        Sym rstd = r.make(rows * r.wide);
+        const Sym weight = r.parameter(false), bias = r.parameter(false);
+        const Target input_target(input), weight_target(weight), bias_target(bias);
+        const size_t parameter_bytes = width * r.wide;
+        r.record({&input, &weight, &bias}, {&out},
+                 [=, saved_input = input, saved_mean = mean, saved_rstd = rstd](Context& context) {
+                     const Sym dinput = context.gradient_or_scratch(context.input_grad(input_target), input_target,
+                                                                    input_target.bytes);
+                     const Sym dweight = context.gradient_or_scratch(context.parameter_grad(weight_target),
+                                                                     weight_target, parameter_bytes);
+                     const Sym dbias = context.gradient_or_scratch(context.parameter_grad(bias_target), bias_target,
+                                                                   parameter_bytes);
+                 });
+        return out;
+    }
+
+    // engine::gelu: out; saves its input. Backward: d(input).
+    Sym gelu(const Sym& input, size_t width) {
+        Sym out = r.make(rows * width * r.element);
+        const Target input_target(input);
+        r.record({&input}, {&out}, [=, saved_input = input](Context& context) {
+            const Sym dinput = context.input_grad(input_target);
+        });
+        return out;
+    }
+
     // engine::matmul(a, b) over `columns` outputs: each side saved only for the other's gradient.
     Sym matmul(const Sym& a, const Sym& b, size_t columns) {
         Sym out = r.make(rows * columns * r.element);
@@ -255,24 +293,32 @@ public:
         return out;
     }
 
-    // engine::nf4_linear: the weight dequantised (workspace, in·out) for the GEMM under no-grad, then freed; the
-    // node keeps the 4-bit weight and, in backward, dequantises it again for d(input).
+    // engine::dequantize_nf4 of an (in,out) weight: the dense weight (workspace), and while it is filled each
+    // 64-element block's absmax decoded to f32 (workspace), freed on return.
+    Sym dequantize_nf4(size_t elements) {
+        Sym dense = r.make(elements * r.element, Account::workspace);
+        const Sym absmax = r.make((elements + 63) / 64 * sizeof(float), Account::workspace);
+        return dense;
+    }
+
+    // engine::nf4_linear: the weight dequantised for the GEMM under no-grad, then freed; the node keeps the 4-bit
+    // weight and, in backward, dequantises it again for d(input).
     Sym nf4_linear(const Sym& input, size_t in, size_t out_features) {
         Sym out;
         {
             const bool previous = r.grad_enabled;
             r.grad_enabled = false;
-            const Sym dense = r.make(in * out_features * r.element, Account::workspace);
+            const Sym dense = dequantize_nf4(in * out_features);
             out = matmul(input, dense, out_features);
             r.grad_enabled = previous;
         }
         const Target input_target(input);
-        const size_t dense_bytes = in * out_features * r.element;
+        const size_t elements = in * out_features;
         r.record({&input}, {&out}, [=, id = out.id, this](Context& context) {
             const Sym dinput = context.input_grad(input_target);
             if (!dinput.defined()) return;
             const Sym dout = context.output_grad(id);
-            const Sym dense = r.make(dense_bytes, Account::workspace);
+            const Sym dense = dequantize_nf4(elements);
         });
         return out;
     }

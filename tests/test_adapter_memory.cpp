@@ -16,7 +16,10 @@
 #include "llama_step.h"
 #include "nn/model_config.h"
 #include "nn/qlora.h"
+#include "engine/memory_timeline.h"
+#include "planner/adapter_step.h"
 #include "planner/memory_model.h"
+#include "planner/planner.h"
 
 namespace engine::testing {
 namespace {
@@ -24,7 +27,7 @@ namespace {
 using checkpoint::CheckpointPolicy;
 
 struct AdapterRun {
-    nn::LlamaConfig config;
+    nn::ModelConfig config;
     std::vector<std::string> targets;
     bool nf4 = false;
     bool bf16 = false;
@@ -33,6 +36,7 @@ struct AdapterRun {
     int loss_chunk = 0;
     double dropout = 0.0;
     int rank = 4;
+    int mlp_tile = 0;
 };
 
 std::string describe(const AdapterRun& run) {
@@ -40,8 +44,8 @@ std::string describe(const AdapterRun& run) {
     for (const std::string& target : run.targets) text += " " + target;
     text += std::string(run.bf16 ? ", bf16" : ", f32") + ", " + run.policy.to_string() + ", B " +
             std::to_string(run.micro_batch) + " x " + std::to_string(run.accumulation) + ", T " +
-            std::to_string(run.length) + ", loss chunks " + std::to_string(run.loss_chunk) + ", dropout " +
-            std::to_string(run.dropout);
+            std::to_string(run.length) + ", loss chunks " + std::to_string(run.loss_chunk) + ", MLP tiles " +
+            std::to_string(run.mlp_tile) + ", dropout " + std::to_string(run.dropout);
     return text;
 }
 
@@ -60,24 +64,35 @@ struct Trained {
     size_t before = 0;
 };
 
-Trained train(const AdapterRun& run, int steps = 2) {
-    current_tape().clear();
-    Trained trained;
-    trained.before = memory_stats(Device::cpu).current_bytes;
-    nn::Llama model(run.config, 11, Device::cpu, DType::f32);
-    nn::apply_lora(model, lora_of(run));
-    if (run.nf4) nn::quantize_nf4(model);
+// The run's model, adapted (and quantised) as train_gpt does it, and the trainer's config for it.
+std::unique_ptr<nn::CausalLM> adapted_model(const AdapterRun& run) {
+    std::unique_ptr<nn::CausalLM> model = run.config.build(11, Device::cpu, DType::f32);
+    nn::apply_lora(*model, lora_of(run));
+    if (run.nf4) nn::quantize_nf4(*model);
+    return model;
+}
+
+optim::TrainerConfig trainer_config(const AdapterRun& run, int steps) {
     optim::TrainerConfig config;
     config.shape.per_device_train_batch_size = run.micro_batch;
     config.shape.gradient_accumulation_steps = run.accumulation;
     config.shape.checkpointing = run.policy;
     config.shape.precision = run.bf16 ? Precision::bf16 : Precision::fp32;
     config.shape.loss_chunk_tokens = run.loss_chunk;
+    config.shape.mlp_tile_tokens = run.mlp_tile;
     config.learning_rate = 1e-2;
     config.max_steps = steps;
-    optim::Trainer trainer(model, config);
+    return config;
+}
+
+Trained train(const AdapterRun& run, int steps = 2) {
+    current_tape().clear();
+    Trained trained;
+    trained.before = memory_stats(Device::cpu).current_bytes;
+    const std::unique_ptr<nn::CausalLM> model = adapted_model(run);
+    optim::Trainer trainer(*model, trainer_config(run, steps));
     int cursor = 0;
-    const nn::BatchSource source = token_stream_batches(run.config.vocab_size, run.micro_batch, run.length, cursor);
+    const nn::BatchSource source = token_stream_batches(run.config.vocab_size(), run.micro_batch, run.length, cursor);
     for (int step = 0; step < steps; ++step) {
         const optim::StepResult result = *trainer.train_step(source);
         EXPECT_TRUE(std::isfinite(result.loss));
@@ -93,8 +108,8 @@ planner::MemoryPrediction predict(const AdapterRun& run) {
     tuning.nf4 = run.nf4;
     return planner::predict_memory(run.config, run.micro_batch, run.length, run.policy,
                                    run.bf16 ? DType::bf16 : DType::f32, planner::OptimizerKind::adamw, 1,
-                                   run.accumulation, false, GradientOffload::window, false, run.loss_chunk, 0, false,
-                                   tuning);
+                                   run.accumulation, false, GradientOffload::window, false, run.loss_chunk,
+                                   run.mlp_tile, false, tuning);
 }
 
 // A small vocabulary and a wide MLP: the peak moves from the LM head into a layer's backward.
@@ -103,6 +118,23 @@ nn::LlamaConfig wide_mlp_config() {
     config.vocab_size = 16;
     config.intermediate_size = 192;
     return config;
+}
+
+// Each run's two trainer steps: the joint peak and the persistent categories equal the prediction's.
+void expect_exact_peaks(const std::vector<AdapterRun>& runs) {
+    for (const AdapterRun& run : runs) {
+        const planner::MemoryPrediction predicted = predict(run);
+        const Trained trained = train(run);
+        std::printf("  %-150s peak predicted %8zu B, measured %8zu / %8zu B (%s)\n", describe(run).c_str(),
+                    predicted.unified_peak_bytes, trained.peaks[0], trained.peaks[1], predicted.peak_moment.c_str());
+        for (size_t step = 0; step < trained.peaks.size(); ++step) {
+            EXPECT_EQ(trained.peaks[step], predicted.unified_peak_bytes) << describe(run) << ", step " << step + 1;
+            for (MemoryCategory category :
+                 {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer_state})
+                EXPECT_EQ(trained.memory[step].current(category), predicted.of(category))
+                    << describe(run) << ": " << memory_category_name(category);
+        }
+    }
 }
 
 TEST(AdapterMemory, TrainerStepPeakIsExactToTheByte) {
@@ -134,20 +166,154 @@ TEST(AdapterMemory, TrainerStepPeakIsExactToTheByte) {
     runs.push_back({untied, all, false, false, plain, 2, 1, 33, 0, 0.1});
     runs.push_back({wide, mlp, true, false, offloaded, 2, 2, 20, 0, 0.25});
     runs.push_back({tied, all, false, false, every_other, 2, 1, 33, 66, 0.0, 12});
+    // The tiled MLP: alone, with a shorter last tile, checkpointed with offload, QLoRA, bf16 and the streaming head.
+    runs.push_back({wide, mlp, false, false, plain, 2, 1, 33, 0, 0.0, 4, 8});
+    runs.push_back({untied, all, false, false, every, 2, 1, 33, 0, 0.0, 4, 5});
+    runs.push_back({wide, all, true, true, offloaded, 2, 2, 33, 16, 0.1, 4, 16});
+    runs.push_back({untied, peft_default, false, false, plain, 1, 1, 33, 0, 0.0, 4, 66});
+    expect_exact_peaks(runs);
+}
+
+// GPT-2 (layernorm, biased linears, gelu, dropout in the embeddings, the attention and the MLP, a padded tied head):
+// the same exactness over its target sets, checkpointing, NF4, bf16, the streaming head and the tiled MLP.
+TEST(AdapterMemory, Gpt2TrainerStepPeakIsExactToTheByte) {
+    nn::GPTConfig tiny = nn::ModelConfig::named("tiny").gpt();
+    nn::GPTConfig dropping = tiny;
+    dropping.dropout = 0.1f;
+    const std::vector<std::string> attention = {"c_attn"}, all = {"all-linear"}, mlp = {"c_fc", "mlp.c_proj"};
+    const CheckpointPolicy plain{false, 1, 1, false}, every{true, 1, 1, false}, every_other{true, 2, 1, false},
+        offloaded{true, 1, 1, true};
+    std::vector<AdapterRun> runs = {
+        {tiny, attention, false, false, plain, 2, 1, 32},
+        {tiny, all, false, false, every, 2, 1, 32},
+        {dropping, all, false, false, plain, 2, 1, 32},
+        {dropping, mlp, false, false, every_other, 2, 2, 32},
+        {tiny, all, true, false, offloaded, 2, 1, 32},
+        {tiny, attention, false, true, plain, 2, 1, 32},
+        {dropping, all, true, true, every, 2, 1, 32},
+        {tiny, all, true, true, plain, 2, 1, 32},
+        {tiny, mlp, true, true, plain, 2, 1, 32},
+    };
+    runs.push_back({tiny, all, false, false, plain, 2, 1, 32, 16, 0.1});
+    runs.push_back({dropping, mlp, false, true, offloaded, 2, 2, 32, 0, 0.0, 4, 7});
+    runs.push_back({tiny, {"attn.c_proj"}, true, false, every, 1, 2, 32, 20, 0.0, 8, 16});
+    expect_exact_peaks(runs);
+}
+
+// The allocator's events for one micro-batch of `run` as optim::Trainer runs it (its model set up by a real trainer:
+// LoRA, NF4, the compute dtype, checkpointing, MLP tiles), from the embedding to the end of backward.
+std::vector<planner::AdapterStepEvent> allocator_events(const AdapterRun& run) {
+    current_tape().clear();
+    const std::unique_ptr<nn::CausalLM> built = adapted_model(run);
+    nn::CausalLM& model = *built;
+    const optim::Trainer trainer(model, trainer_config(run, 1));
+    model.train(true);
+    int cursor = 0;
+    const nn::Batch batch = *token_stream_batches(run.config.vocab_size(), run.micro_batch, run.length, cursor)();
+    const Tensor targets = optim::Trainer::shift_targets(batch);
+    const double factor = 1.0 / static_cast<double>(run.micro_batch * run.length);
+    start_memory_timeline();
+    {
+        Tensor sum;
+        if (run.loss_chunk > 0) {
+            sum = linear_cross_entropy(model.forward_hidden(batch.inputs, Tensor()), model.head_weight(), targets,
+                                       Reduction::sum, run.loss_chunk, factor, default_ignore_index, model.vocab_size());
+        } else {
+            const Tensor logits = model.forward_padded(batch.inputs, Tensor());
+            sum = cross_entropy_in_place(logits, targets, Reduction::sum, factor, default_ignore_index,
+                                         model.vocab_size());
+        }
+        backward(multiply(sum, factor));
+    }
+    const MemoryTimeline timeline = stop_memory_timeline();
+    std::vector<planner::AdapterStepEvent> events;
+    for (const MemoryEvent& event : timeline.events) {
+        const int account = static_cast<int>(event.category) - static_cast<int>(MemoryCategory::activations);
+        if (account >= 0) events.push_back({account, event.bytes});
+    }
+    current_tape().clear();
+    return events;
+}
+
+// Stronger than the peaks: the replay's every allocation and free, in order, is the allocator's, so a rule that is
+// wrong where no peak falls in these shapes still shows.
+TEST(AdapterMemory, EveryAllocationAndFreeIsTheAllocatorsInOrder) {
+    const nn::LlamaConfig untied = test::small_llama_config(false), tied = test::small_llama_config(true);
+    nn::GPTConfig dropping = nn::ModelConfig::named("tiny").gpt();
+    dropping.dropout = 0.1f;
+    const CheckpointPolicy plain{false, 1, 1, false}, every{true, 1, 1, false}, pairs_offloaded{true, 1, 2, true},
+        third{true, 3, 1, false};
+    const std::vector<std::string> peft_default = {"q_proj", "v_proj"}, all = {"all-linear"};
+    std::vector<AdapterRun> runs = {
+        {untied, peft_default, false, false, plain},
+        {tied, all, true, true, every},
+        {wide_mlp_config(), {"down_proj", "k_proj"}, true, false, pairs_offloaded},
+        {untied, all, false, true, third, 2, 1, 33, 16, 0.1, 4, 8},
+        {dropping, all, true, true, every, 2, 1, 32},
+        {dropping, {"c_attn", "c_fc"}, false, false, pairs_offloaded, 2, 1, 32, 20, 0.25, 4, 7},
+    };
     for (const AdapterRun& run : runs) {
-        const planner::MemoryPrediction predicted = predict(run);
+        std::vector<planner::AdapterStepEvent> replayed;
+        planner::walk_adapter_step(run.config, run.micro_batch, run.length, run.policy,
+                                   run.bf16 ? DType::bf16 : DType::f32, lora_of(run), run.nf4, run.loss_chunk,
+                                   run.mlp_tile, &replayed);
+        const std::vector<planner::AdapterStepEvent> measured = allocator_events(run);
+        size_t same = 0;
+        while (same < replayed.size() && same < measured.size() && replayed[same].account == measured[same].account &&
+               replayed[same].bytes == measured[same].bytes)
+            ++same;
+        std::string around; // the events about the first difference: account and signed bytes, replay | allocator
+        for (size_t k = same > 3 ? same - 3 : 0; k < same + 3; ++k) {
+            const auto show = [&](const std::vector<planner::AdapterStepEvent>& events) {
+                return k < events.size() ? std::to_string(events[k].account) + ":" + std::to_string(events[k].bytes)
+                                         : std::string("-");
+            };
+            around += " [" + std::to_string(k) + "] " + show(replayed) + " | " + show(measured);
+        }
+        EXPECT_TRUE(same == measured.size() && same == replayed.size())
+            << describe(run) << ": the replay's " << replayed.size() << " events and the allocator's " << measured.size()
+            << " first differ at event " << same << ":" << around;
+        std::printf("  %-150s %zu events, the same in order\n", describe(run).c_str(), same);
+    }
+}
+
+// --max-memory for a LoRA run: the planner searches with the LoRA step, every plan keeps the optimizer on the
+// device without ZeRO, and the chosen plan, trained, peaks where predicted and within the budget.
+TEST(AdapterMemory, PlannerChoosesALoraPlanThatFitsAndIsExactWhenTrained) {
+    const nn::LlamaConfig config = test::small_llama_config(false);
+    constexpr int global_batch = 4;
+    planner::PlannerOptions options;
+    options.ceilings = planner::cpu_ceilings();
+    options.precisions = {Precision::fp32, Precision::bf16};
+    AdapterRun run{config, {"all-linear"}, true};
+    options.tuning.lora = lora_of(run);
+    options.tuning.nf4 = true;
+    const planner::PlanSearch everything = planner::search_plans(config, SIZE_MAX, global_batch, options);
+    ASSERT_TRUE(everything.chosen.has_value());
+    for (const planner::Plan& plan : everything.plans)
+        EXPECT_TRUE(!plan.shape.offload_optimizer && plan.shape.zero_stage == 0) << plan.flags();
+    const size_t smallest = everything.plans[everything.smallest].peak_bytes;
+    const size_t fastest = everything.plans.front().peak_bytes;
+    ASSERT_LT(smallest, fastest);
+    for (size_t budget : {smallest, (smallest + fastest) / 2}) {
+        const planner::Plan plan = planner::plan_for_budget(config, budget, global_batch, options);
+        EXPECT_LE(plan.peak_bytes, budget);
+        run.micro_batch = plan.shape.per_device_train_batch_size;
+        run.accumulation = plan.shape.gradient_accumulation_steps;
+        run.length = config.max_position_embeddings;
+        run.policy = plan.shape.checkpointing;
+        run.bf16 = plan.shape.precision == Precision::bf16;
+        run.loss_chunk = plan.shape.loss_chunk_tokens;
+        run.mlp_tile = plan.shape.mlp_tile_tokens;
         const Trained trained = train(run);
-        std::printf("  %-150s peak predicted %8zu B, measured %8zu / %8zu B (%s)\n", describe(run).c_str(),
-                    predicted.unified_peak_bytes, trained.peaks[0], trained.peaks[1], predicted.peak_moment.c_str());
-        for (size_t step = 0; step < trained.peaks.size(); ++step) {
-            EXPECT_EQ(trained.peaks[step], predicted.unified_peak_bytes) << describe(run) << ", step " << step + 1;
-            const MemoryStats& memory = trained.memory[step];
-            for (MemoryCategory category :
-                 {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer_state})
-                EXPECT_EQ(memory.current(category), predicted.of(category))
-                    << describe(run) << ": " << memory_category_name(category);
+        std::printf("  budget %9zu B -> %-60s predicted %8zu B, measured %8zu / %8zu B\n", budget,
+                    plan.summary().c_str(), plan.peak_bytes, trained.peaks[0], trained.peaks[1]);
+        for (size_t peak : trained.peaks) {
+            EXPECT_EQ(peak, plan.peak_bytes) << plan.flags();
+            EXPECT_LE(peak, budget) << plan.flags();
         }
     }
+    EXPECT_THROW(planner::plan_for_budget(config, smallest - 1, global_batch, options), planner::NoPlanFits);
 }
 
 // What the replay does not follow yet is refused by name, and a LoRA config apply_lora would refuse is refused as
@@ -164,11 +330,9 @@ TEST(AdapterMemory, RefusesWhatTheReplayDoesNotFollow) {
         return planner::predict_memory(config, 2, 16, every, DType::f32, planner::OptimizerKind::adamw, shards, 1,
                                        offload_optimizer, GradientOffload::window, false, 0, tile, false, tuning);
     };
-    expect_error([&] { predict(llama, 1, false, 8); }, {"the LoRA step", "tiled MLP", "mlp_tile_tokens 8"});
     expect_error([&] { predict(llama, 1, true, 0); }, {"the LoRA step", "optimizer or parameters off the device"});
     expect_error([&] { predict(llama, 2, false, 0); }, {"the LoRA step", "ZeRO-1 (2 shards)"});
     tuning.lora->target_modules = {"c_attn"};
-    expect_error([&] { predict(nn::ModelConfig::named("tiny"), 1, false, 0); }, {"the LoRA step", "GPT-2"});
     expect_error([&] { predict(llama, 1, false, 0); }, {"target module 'c_attn'", "matches no adaptable linear layer"});
 }
 

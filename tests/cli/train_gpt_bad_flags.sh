@@ -88,7 +88,7 @@ expect --lora-dropout --lora-r 4 --lora-dropout 1.5
 expect --lora-target-modules --model llama-tiny --lora-r 4 --lora-target-modules q_proj,c_attn
 expect --lora-target-modules --lora-r 4 --lora-target-modules lm_head
 expect --save --lora-r 4 --save "$work/lora.safetensors"
-expect --max-memory --lora-r 4 --max-memory 1GiB
+expect --max-memory --lora-r 4 --max-memory 1KiB
 expect --init-adapter --init-adapter "$work"
 expect --save-adapter --save-adapter "$work/stdout"
 expect --merge --merge "$work/stderr" --lora-r 4

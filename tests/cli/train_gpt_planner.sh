@@ -47,7 +47,7 @@ grep -q "^chosen: " "$work/plan.txt" && grep -q "why it lost" "$work/plan.txt" &
   fail "--max-memory auto: $(cat "$work/auto.txt")"
 
 # --plan with LoRA (and QLoRA): the model state beside a full fine-tune's, and the step's peak (planner/adapter_step.h),
-# which a LoRA run then measures to the byte; --max-memory does not search LoRA runs yet.
+# which a LoRA run then measures to the byte.
 "$train_gpt" --model llama-tiny --lora-r 8 --lora-target-modules all-linear --load-in-4bit --precision bf16 --plan \
   >"$work/lora_plan.txt" 2>&1 || fail "--plan with LoRA exited $?: $(cat "$work/lora_plan.txt")"
 grep -q "NF4" "$work/lora_plan.txt" && grep -q "^  total " "$work/lora_plan.txt" && grep -q "^  step peak" "$work/lora_plan.txt" ||
@@ -63,9 +63,18 @@ for measured in $(sed -n 's/.*"peak_total_bytes":\([0-9]*\).*/\1/p' "$work/lora_
   [ "$measured" = "$lora_predicted" ] || fail "QLoRA: measured peak $measured B, --plan predicted $lora_predicted B"
 done
 echo "QLoRA run: --plan predicted $lora_predicted B, measured $(sed -n 's/.*"peak_total_bytes":\([0-9]*\).*/\1/p' "$work/lora_log.jsonl" | tr '\n' ' ')"
-expect_usage --max-memory --model llama-tiny --lora-r 8 --max-memory 64MiB
-"$train_gpt" --model tiny --lora-r 8 --plan >"$work/gpt_lora_plan.txt" 2>&1 &&
-  grep -q "not predicted for these flags" "$work/gpt_lora_plan.txt" || fail "--plan with LoRA on GPT-2: $(cat "$work/gpt_lora_plan.txt")"
+# --max-memory searches LoRA runs with their own step: the planned QLoRA run fits and peaks where predicted.
+"$train_gpt" --model llama-tiny --lora-r 8 --lora-target-modules all-linear --load-in-4bit --max-memory 2.5MiB \
+  --global-batch-size 8 --max-steps 2 --log "$work/lora_planned.jsonl" >"$work/lora_planned.txt" 2>&1 ||
+  fail "the planned QLoRA run exited $?: $(tail -3 "$work/lora_planned.txt")"
+lora_planned=$(sed -n 's/^  predicted peak [^(]*(\([0-9]*\) B).*/\1/p' "$work/lora_planned.txt")
+for measured in $(sed -n 's/.*"peak_total_bytes":\([0-9]*\).*/\1/p' "$work/lora_planned.jsonl"); do
+  [ "$measured" = "$lora_planned" ] || fail "planned QLoRA: measured peak $measured B, predicted $lora_planned B"
+  [ "$measured" -le 2621440 ] || fail "planned QLoRA: measured peak $measured B exceeds the budget"
+done
+echo "planned QLoRA run: predicted $lora_planned B, measured $(sed -n 's/.*"peak_total_bytes":\([0-9]*\).*/\1/p' "$work/lora_planned.jsonl" | tr '\n' ' ')"
+"$train_gpt" --model tiny --lora-r 8 --plan --offload-optimizer cpu --device cpu >"$work/gpt_lora_plan.txt" 2>&1
+grep -q "not predicted for these flags" "$work/gpt_lora_plan.txt" || fail "--plan with LoRA off the device: $(cat "$work/gpt_lora_plan.txt")"
 
 # A feasible budget trains: each step's measured peak equals the predicted one and fits. 2.5 MiB admits only
 # micro-batches of 1 for the tiny model at a global batch of 16.
