@@ -100,7 +100,8 @@ TEST_P(AdapterDeviceMemory, ModelStateIsExactAndTheStepPeakIsTheReplayPlusCudaSc
     const long long measured = static_cast<long long>(result->memory.peak_bytes - inherited);
     const long long residue = measured - static_cast<long long>(predicted.peak_on(Device::cuda));
     // What the replay does not model on CUDA: the kernels' scratch (attention's row dots, the reductions' partials)
-    // above, the ids this test's source shares (its labels are its inputs: one (B,T) i32 tensor, not two) below.
+    // above; below, the ids, which this source makes on the device with its labels sharing its inputs' tensor
+    // where the model counts train_gpt's host batches (528 B on these shapes, as for a full fine-tune).
     EXPECT_LT(std::llabs(residue), 4096) << "the replay's unmodelled CUDA bytes";
     std::printf("  %s: device peak %lld B, predicted %zu B (%s); %lld B of CUDA scratch and ids not modelled\n",
                 run.name, measured, predicted.peak_on(Device::cuda), predicted.peak_moment.c_str(), residue);
