@@ -88,8 +88,11 @@ public:
         {
             const bool previous = r.grad_enabled;
             r.grad_enabled = false;
-            for (size_t first = 0; first < rows; first += tile) {
+            for (size_t first = 0, index = 0; first < rows; first += tile, ++index) {
                 const size_t count = std::min(tile, rows - first);
+                // Every tile after the second starts where the second did (the output made, the tile before it
+                // freed) and, but for a shorter last one, does what it did: its marks are the second's.
+                if (index >= 2 && first + tile < rows && !r.every_tile) continue;
                 Sym piece;
                 {
                     const Sym tile_input = r.make(count * columns * r.element);
@@ -104,14 +107,16 @@ public:
         if (!r.grad_enabled) return output;
         const Target target(input);
         const DecoderReplay* self = this;
-        r.record({&input}, {&output}, [=, saved = r.detach(input), output_id = output.id](Context& context) {
+        r.record({&input}, output, [=, saved = r.detach(input), output_id = output.id](Context& context) {
             Replay& replay = self->r;
             const Sym output_gradient = context.output_grad(output_id);
             if (!output_gradient.defined()) return;
             Sym input_gradient;
             if (target.requires_grad) input_gradient = replay.make(target.bytes, Account::workspace);
-            for (size_t first = 0; first < rows; first += tile) {
+            for (size_t first = 0, index = 0; first < rows; first += tile, ++index) {
                 const size_t count = std::min(tile, rows - first);
+                // Each tile's backward starts where the first's did and, but for a shorter last one, does the same.
+                if (index >= 1 && first + tile < rows && !replay.every_tile) continue;
                 Tape local;
                 Context inner(replay);
                 uint64_t tile_id = 0;
@@ -187,9 +192,9 @@ public:
         const std::string name = segment_name(segment);
         auto state = std::make_shared<Sym>(saved);
         const DecoderReplay* self = this;
-        r.record({&input}, {&output}, [=, output_id = output.id](Context& context) {
+        r.record({&input}, output, [=, output_id = output.id](Context& context) {
             Replay& replay = self->r;
-            replay.ledger.at("recompute of " + name + " in backward");
+            replay.ledger.at("recompute of ", name, " in backward");
             Sym recompute_input = offloaded ? replay.make(state->bytes) : replay.detach(*state);
             *state = Sym();
             recompute_input = replay.detach(recompute_input); // as_non_leaf: a fresh identity
@@ -352,6 +357,7 @@ AdapterStepWalk walk_adapter_step(const nn::ModelConfig& config, int batch, int 
     const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
     Replay replay(dtype);
     replay.ledger.record_events(events);
+    replay.every_tile = events != nullptr; // the events list is the allocator's whole sequence
     std::unique_ptr<DecoderReplay> model;
     if (config.is_llama()) model = std::make_unique<LlamaReplay>(replay, config.llama(), rows, lora, nf4, policy, mlp_tile_tokens);
     else model = std::make_unique<GptReplay>(replay, config.gpt(), rows, lora, nf4, policy, mlp_tile_tokens);

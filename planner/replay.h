@@ -26,10 +26,10 @@ public:
         if (events_ != nullptr) events_->push_back({static_cast<int>(account), static_cast<int64_t>(bytes)});
         current_[static_cast<int>(account)] += bytes;
         const size_t activations = current(Account::activations), workspace = current(Account::workspace);
-        if (activations > walk_.activations) walk_.activations = activations, walk_.activations_moment = moment_;
+        if (activations > walk_.activations) walk_.activations = activations, compose(walk_.activations_moment);
         walk_.workspace = std::max(walk_.workspace, workspace);
         walk_.pinned_host = std::max(walk_.pinned_host, current(Account::pinned_host));
-        if (activations + workspace > walk_.joint) walk_.joint = activations + workspace, walk_.joint_moment = moment_;
+        if (activations + workspace > walk_.joint) walk_.joint = activations + workspace, compose(walk_.joint_moment);
         walk_.unified_joint = std::max(walk_.unified_joint, activations + workspace + current(Account::pinned_host));
     }
     void release(Account account, size_t bytes) {
@@ -38,13 +38,19 @@ public:
     }
     void record_events(std::vector<AdapterStepEvent>* events) { events_ = events; }
     size_t current(Account account) const { return current_[static_cast<int>(account)]; }
-    void at(std::string moment) { moment_ = std::move(moment); }
-    const std::string& moment() const { return moment_; }
+    // The moment the allocations that follow belong to, in three parts ("backward of ", "block 3", " (recomputed)"):
+    // kept in buffers that are reused, and joined only when a mark is reached (a replay names every node).
+    void at(const std::string& prefix, const std::string& where, const char* suffix = "") {
+        prefix_.assign(prefix);
+        where_.assign(where);
+        suffix_.assign(suffix);
+    }
     const AdapterStepWalk& walk() const { return walk_; }
 
 private:
+    void compose(std::string& moment) const { moment.assign(prefix_).append(where_).append(suffix_); }
     size_t current_[3] = {0, 0, 0};
-    std::string moment_;
+    std::string prefix_, where_, suffix_;
     AdapterStepWalk walk_;
     std::vector<AdapterStepEvent>* events_ = nullptr;
 };
@@ -84,44 +90,54 @@ struct Target {
 
 class Replay;
 
-// engine::BackwardContext: gradients by tensor id, made zeroed in the workspace on first use.
+// engine::BackwardContext: gradients by tensor id, made zeroed in the workspace on first use. Few are in flight at
+// once (a node's inputs and outputs), so a short list searched in order.
 class Context {
 public:
     explicit Context(Replay& replay) : replay_(replay) {}
     Sym output_grad(uint64_t id) const {
-        auto found = grads_.find(id);
+        const auto found = find(id);
         return found == grads_.end() ? Sym() : found->second;
     }
-    bool has(uint64_t id) const { return grads_.count(id) != 0; }
+    bool has(uint64_t id) const { return find(id) != grads_.end(); }
     // A trainable parameter's gradient is its persistent buffer (the master's f32 one under bf16): no bytes.
     Sym input_grad(const Target& target);
     Sym parameter_grad(const Target& target) { return input_grad(target); }
     Sym gradient_or_scratch(const Sym& gradient, const Target& target, size_t bytes);
     bool adopt_input_grad(const Target& target, const Sym& gradient) {
         if (!target.requires_grad) return true;
-        if (target.parameter || grads_.count(target.id) != 0) return false;
-        grads_.emplace(target.id, gradient);
+        if (target.parameter || has(target.id)) return false;
+        grads_.emplace_back(target.id, gradient);
         return true;
     }
     void seed(uint64_t id, Sym gradient) {
-        if (grads_.count(id) == 0) grads_.emplace(id, std::move(gradient)); // else added into it: no bytes
+        if (!has(id)) grads_.emplace_back(id, std::move(gradient)); // else added into it: no bytes
     }
     Sym take(uint64_t id) {
-        auto found = grads_.find(id);
+        const auto found = find(id);
         if (found == grads_.end()) return Sym();
         Sym gradient = std::move(found->second);
         grads_.erase(found);
         return gradient;
     }
-    void erase(uint64_t id) { grads_.erase(id); }
+    void erase(uint64_t id) {
+        if (const auto found = find(id); found != grads_.end()) grads_.erase(found);
+    }
 
 private:
+    using Entries = std::vector<std::pair<uint64_t, Sym>>;
+    Entries::iterator find(uint64_t id) {
+        return std::find_if(grads_.begin(), grads_.end(), [id](const auto& entry) { return entry.first == id; });
+    }
+    Entries::const_iterator find(uint64_t id) const {
+        return std::find_if(grads_.begin(), grads_.end(), [id](const auto& entry) { return entry.first == id; });
+    }
     Replay& replay_;
-    std::map<uint64_t, Sym> grads_;
+    Entries grads_;
 };
 
 struct Node {
-    std::vector<uint64_t> outputs;
+    uint64_t output = 0;                    // every op here has one output
     std::function<void(Context&)> backward; // owns the saved tensors
     std::string where;
 };
@@ -140,12 +156,15 @@ public:
     Tape global_tape;
     Tape* tape = &global_tape;
     std::string phase = "forward"; // of the moments' names: forward, no-grad forward, recompute
+    const std::string backward_prefix = "backward of ";
     std::string place;             // where the ops run: "block 3", "the LM head"
+    // Replay every tile of a tiled MLP; otherwise the tiles whose marks repeat an earlier one's are skipped.
+    bool every_tile = false;
 
     // Names the moment that follows: the phase at `where`.
     void at(const std::string& where) {
         place = where;
-        ledger.at(phase + " of " + where);
+        ledger.at(phase, " of " + where);
     }
 
     Sym make(size_t bytes, Account account = Account::activations) {
@@ -170,37 +189,34 @@ public:
         return view;
     }
     // engine::record_node: nothing under no-grad; otherwise a node when an input requires grad (or `always`),
-    // and then every output requires grad.
-    bool record(const std::vector<const Sym*>& inputs, const std::vector<Sym*>& outputs,
-                std::function<void(Context&)> backward, bool always = false) {
+    // and then the output requires grad.
+    bool record(std::initializer_list<const Sym*> inputs, Sym& output, std::function<void(Context&)> backward,
+                bool always = false) {
+        return record(inputs.begin(), inputs.size(), output, std::move(backward), always);
+    }
+    bool record(const Sym* const* inputs, size_t count, Sym& output, std::function<void(Context&)> backward,
+                bool always = false) {
         if (!grad_enabled) return false;
         bool any = always;
-        for (const Sym* input : inputs) any = any || (input->defined() && input->requires_grad);
+        for (size_t index = 0; index < count; ++index)
+            any = any || (inputs[index]->defined() && inputs[index]->requires_grad);
         if (!any) return false;
-        Node node;
-        for (Sym* output : outputs) {
-            output->requires_grad = true;
-            node.outputs.push_back(output->id);
-        }
-        node.backward = std::move(backward);
-        node.where = place;
-        tape->push_back(std::move(node));
+        output.requires_grad = true;
+        tape->push_back(Node{output.id, std::move(backward), place});
         return true;
     }
     // engine::run_backward: newest node first; a node runs when one of its outputs has a gradient; its outputs'
     // gradients are erased after it and its saved tensors freed.
-    void run_backward(Tape& nodes, Context& context, const std::string& suffix = "") {
+    void run_backward(Tape& nodes, Context& context, const char* suffix = "") {
         const bool previous = grad_enabled;
         grad_enabled = false;
         while (!nodes.empty()) {
             Node node = std::move(nodes.back());
             nodes.pop_back();
-            ledger.at("backward of " + node.where + suffix);
+            ledger.at(backward_prefix, node.where, suffix);
             place = node.where; // what a recompute inside it records belongs there too
-            bool any = false;
-            for (uint64_t id : node.outputs) any = any || context.has(id);
-            if (any) node.backward(context);
-            for (uint64_t id : node.outputs) context.erase(id);
+            if (context.has(node.output)) node.backward(context);
+            context.erase(node.output);
             node.backward = nullptr;
         }
         grad_enabled = previous;
@@ -213,10 +229,9 @@ private:
 inline Sym Context::input_grad(const Target& target) {
     if (!target.requires_grad) return Sym();
     if (target.parameter) return replay_.parameter(false); // the persistent buffer
-    auto found = grads_.find(target.id);
-    if (found != grads_.end()) return found->second;
+    if (const auto found = find(target.id); found != grads_.end()) return found->second;
     Sym buffer = replay_.make(target.bytes, Account::workspace);
-    grads_.emplace(target.id, buffer);
+    grads_.emplace_back(target.id, buffer);
     return buffer;
 }
 
@@ -242,7 +257,7 @@ public:
         Sym rstd = r.make(rows * r.wide);
         const Target input_target(input), gain_target(gain);
         const size_t gain_bytes = width * r.wide;
-        r.record({&input, &gain}, {&out}, [=, saved_input = input, saved_rstd = rstd, id = out.id](Context& context) {
+        r.record({&input, &gain}, out, [=, saved_input = input, saved_rstd = rstd, id = out.id](Context& context) {
             const Sym dout = context.output_grad(id);
             const Sym dinput = context.gradient_or_scratch(context.input_grad(input_target), input_target, input_target.bytes);
             const Sym dgain = context.gradient_or_scratch(context.parameter_grad(gain_target), gain_target, gain_bytes);
@@ -259,7 +274,7 @@ public:
         const Sym weight = r.parameter(false), bias = r.parameter(false);
         const Target input_target(input), weight_target(weight), bias_target(bias);
         const size_t parameter_bytes = width * r.wide;
-        r.record({&input, &weight, &bias}, {&out},
+        r.record({&input, &weight, &bias}, out,
                  [=, saved_input = input, saved_mean = mean, saved_rstd = rstd](Context& context) {
                      const Sym dinput = context.gradient_or_scratch(context.input_grad(input_target), input_target,
                                                                     input_target.bytes);
@@ -275,7 +290,7 @@ public:
     Sym gelu(const Sym& input, size_t width) {
         Sym out = r.make(rows * width * r.element);
         const Target input_target(input);
-        r.record({&input}, {&out}, [=, saved_input = input](Context& context) {
+        r.record({&input}, out, [=, saved_input = input](Context& context) {
             const Sym dinput = context.input_grad(input_target);
         });
         return out;
@@ -285,7 +300,7 @@ public:
     Sym matmul(const Sym& a, const Sym& b, size_t columns) {
         Sym out = r.make(rows * columns * r.element);
         const Target a_target(a), b_target(b);
-        r.record({&a, &b}, {&out}, [=, saved_a = b.requires_grad ? a : Sym(), id = out.id](Context& context) {
+        r.record({&a, &b}, out, [=, saved_a = b.requires_grad ? a : Sym(), id = out.id](Context& context) {
             const Sym dout = context.output_grad(id);
             const Sym da = context.input_grad(a_target);
             const Sym db = context.parameter_grad(b_target);
@@ -314,7 +329,7 @@ public:
         }
         const Target input_target(input);
         const size_t elements = in * out_features;
-        r.record({&input}, {&out}, [=, id = out.id, this](Context& context) {
+        r.record({&input}, out, [=, id = out.id, this](Context& context) {
             const Sym dinput = context.input_grad(input_target);
             if (!dinput.defined()) return;
             const Sym dout = context.output_grad(id);
@@ -327,7 +342,7 @@ public:
     Sym rope(const Sym& x, size_t width) {
         Sym out = r.make(rows * width * r.element);
         const Target x_target(x);
-        r.record({&x}, {&out}, [=](Context& context) { const Sym dx = context.input_grad(x_target); });
+        r.record({&x}, out, [=](Context& context) { const Sym dx = context.input_grad(x_target); });
         return out;
     }
 
@@ -345,7 +360,7 @@ public:
                 recorded.push_back(&input);
                 targets.emplace_back(input);
             }
-        r.record(recorded, {&out}, [=](Context& context) {
+        r.record(recorded.data(), recorded.size(), out, [=](Context& context) {
             for (const Target& target : targets) {
                 const Sym dinput = context.input_grad(target);
             }
@@ -359,7 +374,7 @@ public:
         Sym out = r.make(rows * width * r.element);
         Sym logsumexp = r.make(rows * heads * r.wide);
         const Target packed_target(packed);
-        r.record({&packed}, {&out}, [=, saved_packed = packed, saved_out = r.detach(out), saved_logsumexp = logsumexp](
+        r.record({&packed}, out, [=, saved_packed = packed, saved_out = r.detach(out), saved_logsumexp = logsumexp](
                                         Context& context) { const Sym dpacked = context.input_grad(packed_target); });
         return out;
     }
@@ -368,7 +383,7 @@ public:
     Sym add(const Sym& a, const Sym& b, size_t width) {
         Sym out = r.make(rows * width * r.element);
         const Target a_target(a), b_target(b);
-        r.record({&a, &b}, {&out}, [=](Context& context) {
+        r.record({&a, &b}, out, [=](Context& context) {
             const Sym da = context.input_grad(a_target);
             const Sym db = context.input_grad(b_target);
         });
@@ -379,7 +394,7 @@ public:
     Sym swiglu(const Sym& gate, const Sym& up, size_t width) {
         Sym out = r.make(rows * width * r.element);
         const Target gate_target(gate), up_target(up);
-        r.record({&gate, &up}, {&out}, [=, saved_gate = r.detach(gate), saved_up = r.detach(up)](Context& context) {
+        r.record({&gate, &up}, out, [=, saved_gate = r.detach(gate), saved_up = r.detach(up)](Context& context) {
             const Sym dgate = context.input_grad(gate_target);
             const Sym dup = context.input_grad(up_target);
         });
@@ -390,7 +405,7 @@ public:
     Sym multiply(const Sym& input, size_t bytes) {
         Sym out = r.make(bytes);
         const Target input_target(input);
-        r.record({&input}, {&out}, [=](Context& context) { const Sym dinput = context.input_grad(input_target); });
+        r.record({&input}, out, [=](Context& context) { const Sym dinput = context.input_grad(input_target); });
         return out;
     }
 
@@ -398,7 +413,7 @@ public:
     Sym dropout(const Sym& input, size_t width) {
         Sym out = r.make(rows * width * r.element);
         const Target input_target(input);
-        r.record({&input}, {&out}, [=](Context& context) { const Sym dinput = context.input_grad(input_target); });
+        r.record({&input}, out, [=](Context& context) { const Sym dinput = context.input_grad(input_target); });
         return out;
     }
 
@@ -408,7 +423,7 @@ public:
         Sym losses = r.make(rows * r.wide);
         Sym out = r.make(r.wide);
         const Target logits_target(logits);
-        r.record({&logits}, {&out}, [=, gradient = r.detach(logits)](Context& context) {
+        r.record({&logits}, out, [=, gradient = r.detach(logits)](Context& context) {
             if (!context.adopt_input_grad(logits_target, gradient)) {
                 const Sym dlogits = context.input_grad(logits_target);
             }
@@ -427,7 +442,7 @@ public:
         }
         Sym out = r.make(r.wide);
         const Target hidden_target(hidden);
-        r.record({&hidden}, {&out}, [=, saved_hidden = r.detach(hidden)](Context& context) {
+        r.record({&hidden}, out, [=, saved_hidden = r.detach(hidden)](Context& context) {
             if (dhidden.defined() && !context.adopt_input_grad(hidden_target, dhidden)) {
                 const Sym dinput = context.input_grad(hidden_target);
             }

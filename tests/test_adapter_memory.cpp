@@ -277,6 +277,33 @@ TEST(AdapterMemory, EveryAllocationAndFreeIsTheAllocatorsInOrder) {
     }
 }
 
+// The replay skips the MLP tiles whose marks repeat an earlier tile's (the planner's searches try tiles of 64 rows
+// at T 4096: 64 a layer); every mark equals the replay of every tile.
+TEST(AdapterMemory, SkippedTilesChangeNoMark) {
+    const nn::LlamaConfig untied = test::small_llama_config(false);
+    nn::GPTConfig dropping = nn::ModelConfig::named("tiny").gpt();
+    dropping.dropout = 0.1f;
+    const CheckpointPolicy plain{false, 1, 1, false}, every{true, 1, 1, false}, offloaded{true, 2, 1, true};
+    for (const nn::ModelConfig& config : {nn::ModelConfig(untied), nn::ModelConfig(dropping)})
+        for (const CheckpointPolicy& policy : {plain, every, offloaded})
+            for (const int tile : {1, 2, 5, 16, 31, 32, 33, 64})
+                for (const bool nf4 : {false, true}) {
+                    const AdapterRun run{config, {"all-linear"}, nf4, nf4, policy, 2, 1, 32, 0, 0.0, 4, tile};
+                    std::vector<planner::AdapterStepEvent> events;
+                    const planner::AdapterStepWalk every_tile =
+                        planner::walk_adapter_step(config, 2, 32, policy, run.bf16 ? DType::bf16 : DType::f32,
+                                                   lora_of(run), nf4, 0, tile, &events);
+                    const planner::AdapterStepWalk skipping = planner::walk_adapter_step(
+                        config, 2, 32, policy, run.bf16 ? DType::bf16 : DType::f32, lora_of(run), nf4, 0, tile);
+                    EXPECT_EQ(skipping.activations, every_tile.activations) << describe(run);
+                    EXPECT_EQ(skipping.workspace, every_tile.workspace) << describe(run);
+                    EXPECT_EQ(skipping.pinned_host, every_tile.pinned_host) << describe(run);
+                    EXPECT_EQ(skipping.joint, every_tile.joint) << describe(run);
+                    EXPECT_EQ(skipping.unified_joint, every_tile.unified_joint) << describe(run);
+                    EXPECT_EQ(skipping.joint_moment, every_tile.joint_moment) << describe(run);
+                }
+}
+
 // --max-memory for a LoRA run: the planner searches with the LoRA step, every plan keeps the optimizer on the
 // device without ZeRO, and the chosen plan, trained, peaks where predicted and within the budget.
 TEST(AdapterMemory, PlannerChoosesALoraPlanThatFitsAndIsExactWhenTrained) {
