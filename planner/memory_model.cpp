@@ -565,7 +565,8 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
         const size_t tile = std::min(static_cast<size_t>(mlp_tile_tokens), rows);
         const MemoryPrediction untiled =
             predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps,
-                           offload_optimizer, gradients, offload_parameters, loss_chunk_tokens, 0);
+                           offload_optimizer, gradients, offload_parameters, loss_chunk_tokens, 0, packed_documents,
+                           tuning);
         text << "MLP: tiled, " << (rows + tile - 1) / tile << " tiles of " << tile << " tokens: a tile's intermediates "
              << mebibytes(tile * intermediate * dtype_size(dtype)) << " instead of the whole micro-batch's "
              << mebibytes(rows * intermediate * dtype_size(dtype)) << " per layer; activations "

@@ -343,6 +343,37 @@ TEST(AdapterMemory, PlannerChoosesALoraPlanThatFitsAndIsExactWhenTrained) {
     EXPECT_THROW(planner::plan_for_budget(config, smallest - 1, global_batch, options), planner::NoPlanFits);
 }
 
+// train_gpt --plan's report for a LoRA run compares like with like: its untiled, whole-logits and unchecked
+// alternatives are LoRA steps too.
+TEST(AdapterMemory, PlanReportComparesLoraWithLora) {
+    const nn::ModelConfig config = nn::ModelConfig::named("llama-tiny");
+    planner::FineTuning tuning;
+    AdapterRun run{config, {"all-linear"}, true};
+    tuning.lora = lora_of(run);
+    tuning.nf4 = true;
+    const CheckpointPolicy every{true, 1, 1, false};
+    const auto predict_with = [&](const CheckpointPolicy& policy, int chunk, int tile) {
+        return planner::predict_memory(config, 4, 64, policy, DType::bf16, planner::OptimizerKind::adamw, 1, 1, false,
+                                       GradientOffload::window, false, chunk, tile, false, tuning);
+    };
+    const std::string report = planner::plan_report(config, 4, 64, every, DType::bf16, planner::OptimizerKind::adamw,
+                                                    1, 1, false, GradientOffload::window, false, 100, 64, false, tuning);
+    const auto line_of = [&](const std::string& start) {
+        const size_t at = report.find("\n" + start);
+        return at == std::string::npos ? std::string() : report.substr(at + 1, report.find('\n', at + 1) - at - 1);
+    };
+    const std::string planned = planner::mebibytes(predict_with(every, 100, 64).peak_bytes);
+    EXPECT_NE(line_of("MLP: tiled").find("the step peak " + planned + " instead of " +
+                                         planner::mebibytes(predict_with(every, 100, 0).peak_bytes)),
+              std::string::npos)
+        << report;
+    EXPECT_NE(line_of("loss: streaming head").find("the step peak " + planned + " instead of " +
+                                                   planner::mebibytes(predict_with(every, 0, 64).peak_bytes)),
+              std::string::npos)
+        << report;
+    EXPECT_NE(report.find("LoRA: r 4"), std::string::npos) << report;
+}
+
 // What the replay does not follow yet is refused by name, and a LoRA config apply_lora would refuse is refused as
 // predict_model_state refuses it.
 TEST(AdapterMemory, RefusesWhatTheReplayDoesNotFollow) {
