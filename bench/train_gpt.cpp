@@ -554,7 +554,10 @@ int run(const Options& flags) {
         const bool evaluating = validation && (step % options.eval_every == 0 || step == config.max_steps);
         std::optional<optim::Trainer::Evaluation> evaluation;
         if (evaluating) {
+            // The evaluation phase's joint peak on the device's account, as --plan predicts it.
+            reset_peak(model.device());
             evaluation = validation->evaluate(trainer);
+            record["eval_peak_total_bytes"] = memory_stats(model.device()).peak_bytes;
             record["eval_loss"] = evaluation->loss;
             record["eval_batches"] = validation->batch_count();
             record["eval_num_items"] = evaluation->num_items_in_batch;

@@ -2,7 +2,9 @@
 // the host budget of an offloaded model state, each before anything is allocated.
 #include "train_gpt_plan.h"
 
+#include <algorithm>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -116,6 +118,36 @@ std::optional<planner::FineTuning> fine_tuning(const Options& options) {
     return tuning;
 }
 
+namespace {
+
+// --plan with --eval-data: the evaluation phase's peak (planner::predict_evaluation_memory) and the run's, the larger
+// of it and the step's; or why it is not predicted.
+std::string evaluation_report(const Options& options, int rows, int length, int shards) {
+    const StepShape& shape = options.trainer.shape;
+    const int64_t batches = options.eval_steps.value_or(default_eval_steps);
+    const planner::FineTuning tuning = fine_tuning(options).value_or(planner::FineTuning{});
+    std::ostringstream text;
+    text << "evaluation (--eval-data, " << batches << " batches of " << rows << " x " << length << "; "
+         << (options.eval_steps ? "--eval-steps" : "at most, fewer if the file holds fewer") << "): ";
+    try {
+        const planner::PhasePrediction evaluation = planner::predict_evaluation_memory(
+            options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision), options.trainer.optimizer,
+            shards, shape.offload_optimizer, static_cast<int>(batches), shape.loss_chunk_tokens, shape.mlp_tile_tokens,
+            options.data_layout == nn::DataLayout::packed_documents, tuning);
+        const size_t peak = evaluation.peak_on(options.resolved_device);
+        text << "peak " << planner::mebibytes(peak) << " (" << peak << " B) at " << evaluation.moment;
+        if (const std::optional<size_t> step = predicted_step_peak(options))
+            text << "; the run's peak " << planner::mebibytes(std::max(peak, *step)) << " ("
+                 << (peak > *step ? "the evaluation's" : "the step's") << ")";
+        text << "\n";
+    } catch (const EngineError& error) {
+        text << "not predicted for these flags (" << error.what() << ")\n";
+    }
+    return text.str();
+}
+
+} // namespace
+
 std::optional<size_t> predicted_step_peak(const Options& options) {
     const std::optional<planner::MemoryPrediction> predicted = predicted_step_memory(options);
     if (!predicted) return std::nullopt;
@@ -181,6 +213,7 @@ int print_plan(const Options& options) {
         report = std::string("the step's activations and workspace: not predicted for these flags (") + error.what() +
                  ")\n";
     }
+    if (!options.eval_data.empty()) report += evaluation_report(options, rows, length, shards);
     if (launch.rank == 0) std::cout << report;
     return 0;
 }

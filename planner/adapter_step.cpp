@@ -45,6 +45,8 @@ public:
     const size_t width;
     const size_t head_columns; // the head's rows: GPT-2's padded vocabulary, Llama's vocabulary
     const size_t mlp_tile;     // 0: the whole MLP
+    size_t vocabulary = 0;     // the head's real columns (V <= head_columns)
+    bool training = true;      // train mode: dropout draws; eval mode returns its input
 
     virtual Sym layer_forward(const Sym& input, int index) const = 0;
     virtual Sym forward_hidden() const = 0;
@@ -66,7 +68,7 @@ public:
     }
     // LoraAdapter::forward: dropout on the input in train mode, lora_A (r,in), lora_B (out,r), the scaling.
     Sym adapter_forward(const Sym& input, const LinearLayer& linear) const {
-        const Sym dropped = lora.lora_dropout > 0.0 ? ops.dropout(input, linear.in) : input;
+        const Sym dropped = lora.lora_dropout > 0.0 && training ? ops.dropout(input, linear.in) : input;
         const size_t rank = static_cast<size_t>(lora.r);
         return ops.multiply(adapter_linear(adapter_linear(dropped, rank), linear.out), ops.rows * linear.out * r.element);
     }
@@ -75,7 +77,7 @@ public:
     static Sym plain(Sym base_output) { return base_output; }
     // nn::Dropout::forward: its input itself unless training with p > 0.
     Sym dropout(const Sym& input, float probability, size_t columns) const {
-        return probability > 0.0f ? ops.dropout(input, columns) : input;
+        return probability > 0.0f && training ? ops.dropout(input, columns) : input;
     }
 
     // checkpoint::tiled_rows over the MLP `function` (columns wide in and out): each tile's rows copied and run
@@ -175,6 +177,7 @@ public:
     // checkpoint::checkpoint over one segment: its forward under no-grad, the input kept (a pinned copy with
     // offload); in backward the input back on the device, the segment recomputed on a tape of its own and walked.
     Sym checkpoint_segment(const Sym& input, const checkpoint::Segment& segment) const {
+        if (!r.grad_enabled) return run_blocks(input, segment.first_layer, segment.layer_count); // nothing to keep
         Sym output;
         {
             const bool previous = r.grad_enabled;
@@ -350,38 +353,72 @@ public:
 
 } // namespace
 
+namespace {
+
+// One micro-batch through `model`: optim::Trainer's loss (the fused classifier over the logits, which die with their
+// statement, or the streaming head over the hidden states); in training, the caller's copy of it, the scaled loss
+// and backward from a (1) seed; in an evaluation (no-grad, eval mode), the sum read and dropped.
+AdapterStepWalk run_micro_batch(Replay& replay, const DecoderReplay& model, int loss_chunk_tokens, bool evaluation) {
+    {
+        Sym sum;
+        if (loss_chunk_tokens > 0) {
+            const Sym hidden = model.forward_hidden();
+            replay.at("the LM head");
+            sum = model.ops.linear_cross_entropy(hidden, model.width, model.head_columns, model.vocabulary,
+                                                 static_cast<size_t>(loss_chunk_tokens));
+        } else {
+            const Sym logits = model.forward_padded();
+            sum = model.ops.cross_entropy_in_place(logits, model.head_columns, model.vocabulary);
+        }
+        if (!evaluation) {
+            replay.at("the loss");
+            const Sym scaled = model.ops.multiply(sum, replay.wide);
+            Context context(replay);
+            context.seed(scaled.id, replay.make(replay.wide, Account::workspace));
+            replay.run_backward(replay.global_tape, context);
+        }
+    }
+    return replay.ledger.walk();
+}
+
+std::unique_ptr<DecoderReplay> model_replay(Replay& replay, const nn::ModelConfig& config, int batch, int seq_len,
+                                            const checkpoint::CheckpointPolicy& policy, const nn::LoraConfig& lora,
+                                            bool nf4, int mlp_tile_tokens) {
+    const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
+    std::unique_ptr<DecoderReplay> model;
+    if (config.is_llama()) model = std::make_unique<LlamaReplay>(replay, config.llama(), rows, lora, nf4, policy, mlp_tile_tokens);
+    else model = std::make_unique<GptReplay>(replay, config.gpt(), rows, lora, nf4, policy, mlp_tile_tokens);
+    model->vocabulary = static_cast<size_t>(config.vocab_size());
+    return model;
+}
+
+} // namespace
+
 AdapterStepWalk walk_adapter_step(const nn::ModelConfig& config, int batch, int seq_len,
                                   const checkpoint::CheckpointPolicy& policy, DType dtype, const nn::LoraConfig& lora,
                                   bool nf4, int loss_chunk_tokens, int mlp_tile_tokens,
                                   std::vector<AdapterStepEvent>* events) {
-    const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
     Replay replay(dtype);
     replay.ledger.record_events(events);
     replay.every_tile = events != nullptr; // the events list is the allocator's whole sequence
-    std::unique_ptr<DecoderReplay> model;
-    if (config.is_llama()) model = std::make_unique<LlamaReplay>(replay, config.llama(), rows, lora, nf4, policy, mlp_tile_tokens);
-    else model = std::make_unique<GptReplay>(replay, config.gpt(), rows, lora, nf4, policy, mlp_tile_tokens);
-    {
-        // optim::Trainer's micro-batch: the loss (the fused classifier over the logits, which die with their
-        // statement, or the streaming head over the hidden states), the caller's copy of it, the scaled loss and
-        // backward from a (1) seed.
-        Sym sum;
-        if (loss_chunk_tokens > 0) {
-            const Sym hidden = model->forward_hidden();
-            replay.at("the LM head");
-            sum = model->ops.linear_cross_entropy(hidden, model->width, model->head_columns,
-                                                  static_cast<size_t>(loss_chunk_tokens));
-        } else {
-            const Sym logits = model->forward_padded();
-            sum = model->ops.cross_entropy_in_place(logits);
-        }
-        replay.at("the loss");
-        const Sym scaled = model->ops.multiply(sum, replay.wide);
-        Context context(replay);
-        context.seed(scaled.id, replay.make(replay.wide, Account::workspace));
-        replay.run_backward(replay.global_tape, context);
-    }
-    return replay.ledger.walk();
+    const std::unique_ptr<DecoderReplay> model =
+        model_replay(replay, config, batch, seq_len, policy, lora, nf4, mlp_tile_tokens);
+    return run_micro_batch(replay, *model, loss_chunk_tokens, false);
+}
+
+AdapterStepWalk walk_evaluation(const nn::ModelConfig& config, int batch, int seq_len,
+                                const checkpoint::CheckpointPolicy& policy, DType dtype, const FineTuning& tuning,
+                                int loss_chunk_tokens, int mlp_tile_tokens, std::vector<AdapterStepEvent>* events) {
+    Replay replay(dtype);
+    replay.ledger.record_events(events);
+    replay.every_tile = events != nullptr;
+    replay.grad_enabled = false; // Trainer::evaluate: NoGradGuard, eval mode
+    replay.phase = "evaluation";
+    const nn::LoraConfig no_adapters{.target_modules = {}};
+    const std::unique_ptr<DecoderReplay> model = model_replay(
+        replay, config, batch, seq_len, policy, tuning.lora ? *tuning.lora : no_adapters, tuning.nf4, mlp_tile_tokens);
+    model->training = false;
+    return run_micro_batch(replay, *model, loss_chunk_tokens, true);
 }
 
 MemoryPrediction predict_adapter_memory(const nn::ModelConfig& config, int batch, int seq_len,

@@ -43,6 +43,15 @@ AdapterStepWalk walk_adapter_step(const nn::ModelConfig& config, int batch, int 
                                   bool nf4, int loss_chunk_tokens, int mlp_tile_tokens = 0,
                                   std::vector<AdapterStepEvent>* events = nullptr);
 
+// One evaluation micro-batch (Trainer::evaluate: eval mode, no-grad, the same loss as training's, its sum read): a
+// full fine-tune's (no tuning.lora: under no-grad what trains changes nothing but the adapters' ops) or a LoRA or
+// QLoRA run's. What it holds above what was live before it, as walk_adapter_step's (nothing pinned: under no-grad
+// a checkpointed segment keeps nothing).
+AdapterStepWalk walk_evaluation(const nn::ModelConfig& config, int batch, int seq_len,
+                                const checkpoint::CheckpointPolicy& policy, DType dtype, const FineTuning& tuning,
+                                int loss_chunk_tokens, int mlp_tile_tokens = 0,
+                                std::vector<AdapterStepEvent>* events = nullptr);
+
 // predict_memory for a LoRA or QLoRA run (tuning.lora set): the model state of predict_model_state, the step's
 // activations and workspace from walk_adapter_step, and the joint peak as Trainer::train_step holds it. Refused,
 // naming it, for what the replay does not follow yet: the optimizer off the device, streamed parameters and ZeRO-1.

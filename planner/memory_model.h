@@ -139,6 +139,26 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
                                 int loss_chunk_tokens = 0, int mlp_tile_tokens = 0, bool packed_documents = false,
                                 const FineTuning& tuning = {});
 
+// A phase of a run outside the step: its joint peak on the device's account (on the CPU backend, the one account),
+// where it falls, and what a CUDA device holds besides (as MemoryPrediction::cuda_runtime_bytes).
+struct PhasePrediction {
+    size_t peak_bytes = 0;
+    std::string moment; // e.g. "evaluation of block 3"
+    size_t cuda_runtime_bytes = 0;
+    size_t peak_on(Device device) const { return device == Device::cpu ? peak_bytes : peak_bytes + cuda_runtime_bytes; }
+};
+
+// The evaluation phase (Trainer::evaluate between steps: train_gpt's --eval-data over eval_batches batches of
+// batch x seq_len): the model state as a step leaves it (predict_model_state), the evaluation's batches, the current
+// one's device copies, and one micro-batch's forward in eval mode under no-grad (planner/adapter_step.h's replay,
+// exact to the byte on the CPU for full, LoRA and QLoRA runs of GPT-2 and Llama). Refused, naming it, beside ZeRO-1's
+// buffers or an optimizer off the device, which it does not model yet.
+PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int batch, int seq_len,
+                                          const checkpoint::CheckpointPolicy& policy, DType dtype,
+                                          OptimizerKind optimizer, int optimizer_shards, bool offload_optimizer,
+                                          int eval_batches, int loss_chunk_tokens, int mlp_tile_tokens,
+                                          bool packed_documents, const FineTuning& tuning = {});
+
 // The streaming LM head's chunk when nothing asks for another (train_gpt's --loss-chunk-tokens auto): the head's
 // transient (its d(hidden), one chunk's logits, the per-token losses) at most automatic_loss_chunk_bytes. Every
 // token of the micro-batch when that holds for the whole logits (one chunk: bitwise the fused classifier over

@@ -417,10 +417,15 @@ public:
         return out;
     }
 
-    // engine::cross_entropy_in_place over (N,V) logits: the per-token losses (N) wide and the (1) sum; the node
-    // keeps the logits' storage and hands it to the walk as their gradient.
-    Sym cross_entropy_in_place(const Sym& logits) {
+    // engine::cross_entropy_in_place over (N,Vp) logits of which V are the vocabulary: the per-token losses (N) wide
+    // and the (1) sum; the node keeps the logits' storage and hands it to the walk as their gradient. Without a node
+    // (no-grad: an evaluation) it is plain cross_entropy, over a copy of the real columns when Vp > V.
+    Sym cross_entropy_in_place(const Sym& logits, size_t columns, size_t vocabulary) {
         Sym losses = r.make(rows * r.wide);
+        if (!r.grad_enabled || !logits.requires_grad) {
+            const Sym classes = columns == vocabulary ? logits : r.make(rows * vocabulary * r.element);
+            return r.make(r.wide);
+        }
         Sym out = r.make(r.wide);
         const Target logits_target(logits);
         r.record({&logits}, out, [=, gradient = r.detach(logits)](Context& context) {
@@ -431,19 +436,24 @@ public:
         return out;
     }
 
-    // engine::linear_cross_entropy with a frozen head: the losses (N) wide, d(hidden) (N,C) made in forward, one
-    // chunk's logits (chunk,V) while the chunks run, the (1) sum. The node hands d(hidden) to the walk.
-    Sym linear_cross_entropy(const Sym& hidden, size_t width, size_t vocabulary, size_t chunk) {
+    // engine::linear_cross_entropy with a frozen (Vp,C) head: the losses (N) wide, d(hidden) (N,C) made in forward,
+    // one chunk's logits (chunk,Vp) while the chunks run, the (1) sum; the node hands d(hidden) to the walk. Without
+    // a gradient to make (an evaluation) the chunks' logits are over the V real columns only.
+    Sym linear_cross_entropy(const Sym& hidden, size_t width, size_t columns, size_t vocabulary, size_t chunk) {
         Sym losses = r.make(rows * r.wide);
         const bool wants_hidden = r.grad_enabled && hidden.requires_grad;
-        Sym dhidden = wants_hidden ? r.make(rows * width * r.element) : Sym();
+        if (!wants_hidden) {
+            const Sym logits = r.make(std::min(chunk, rows) * vocabulary * r.element); // lives to the sum
+            return r.make(r.wide);
+        }
+        Sym dhidden = r.make(rows * width * r.element);
         {
-            const Sym logits = r.make(std::min(chunk, rows) * vocabulary * r.element);
+            const Sym logits = r.make(std::min(chunk, rows) * columns * r.element);
         }
         Sym out = r.make(r.wide);
         const Target hidden_target(hidden);
         r.record({&hidden}, out, [=, saved_hidden = r.detach(hidden)](Context& context) {
-            if (dhidden.defined() && !context.adopt_input_grad(hidden_target, dhidden)) {
+            if (!context.adopt_input_grad(hidden_target, dhidden)) {
                 const Sym dinput = context.input_grad(hidden_target);
             }
         });

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,7 +41,9 @@ struct AdapterRun {
 };
 
 std::string describe(const AdapterRun& run) {
-    std::string text = run.config.to_string() + (run.nf4 ? ", QLoRA r " : ", LoRA r ") + std::to_string(run.rank) + " on";
+    std::string text = run.config.to_string();
+    if (run.targets.empty()) text += ", full fine-tune";
+    else text += (run.nf4 ? ", QLoRA r " : ", LoRA r ") + std::to_string(run.rank) + " on";
     for (const std::string& target : run.targets) text += " " + target;
     text += std::string(run.bf16 ? ", bf16" : ", f32") + ", " + run.policy.to_string() + ", B " +
             std::to_string(run.micro_batch) + " x " + std::to_string(run.accumulation) + ", T " +
@@ -64,9 +67,11 @@ struct Trained {
     size_t before = 0;
 };
 
-// The run's model, adapted (and quantised) as train_gpt does it, and the trainer's config for it.
+// The run's model, adapted (and quantised) as train_gpt does it (no targets: a full fine-tune's), and the trainer's
+// config for it.
 std::unique_ptr<nn::CausalLM> adapted_model(const AdapterRun& run) {
     std::unique_ptr<nn::CausalLM> model = run.config.build(11, Device::cpu, DType::f32);
+    if (run.targets.empty()) return model; // a full fine-tune
     nn::apply_lora(*model, lora_of(run));
     if (run.nf4) nn::quantize_nf4(*model);
     return model;
@@ -202,7 +207,7 @@ TEST(AdapterMemory, Gpt2TrainerStepPeakIsExactToTheByte) {
 
 // The allocator's events for one micro-batch of `run` as optim::Trainer runs it (its model set up by a real trainer:
 // LoRA, NF4, the compute dtype, checkpointing, MLP tiles), from the embedding to the end of backward.
-std::vector<planner::AdapterStepEvent> allocator_events(const AdapterRun& run) {
+std::vector<planner::AdapterStepEvent> allocator_events(const AdapterRun& run, bool evaluation = false) {
     current_tape().clear();
     const std::unique_ptr<nn::CausalLM> built = adapted_model(run);
     nn::CausalLM& model = *built;
@@ -212,8 +217,11 @@ std::vector<planner::AdapterStepEvent> allocator_events(const AdapterRun& run) {
     const nn::Batch batch = *token_stream_batches(run.config.vocab_size(), run.micro_batch, run.length, cursor)();
     const Tensor targets = optim::Trainer::shift_targets(batch);
     const double factor = 1.0 / static_cast<double>(run.micro_batch * run.length);
+    if (evaluation) model.train(false);
     start_memory_timeline();
     {
+        std::optional<NoGradGuard> no_grad;
+        if (evaluation) no_grad.emplace(); // Trainer::evaluate's forward
         Tensor sum;
         if (run.loss_chunk > 0) {
             sum = linear_cross_entropy(model.forward_hidden(batch.inputs, Tensor()), model.head_weight(), targets,
@@ -223,7 +231,7 @@ std::vector<planner::AdapterStepEvent> allocator_events(const AdapterRun& run) {
             sum = cross_entropy_in_place(logits, targets, Reduction::sum, factor, default_ignore_index,
                                          model.vocab_size());
         }
-        backward(multiply(sum, factor));
+        if (!evaluation) backward(multiply(sum, factor));
     }
     const MemoryTimeline timeline = stop_memory_timeline();
     std::vector<planner::AdapterStepEvent> events;
@@ -233,6 +241,27 @@ std::vector<planner::AdapterStepEvent> allocator_events(const AdapterRun& run) {
     }
     current_tape().clear();
     return events;
+}
+
+// The replay's events against the allocator's: equal in order, or the first difference and its neighbours named.
+void expect_same_events(const std::vector<planner::AdapterStepEvent>& replayed,
+                        const std::vector<planner::AdapterStepEvent>& measured, const std::string& what) {
+    size_t same = 0;
+    while (same < replayed.size() && same < measured.size() && replayed[same].account == measured[same].account &&
+           replayed[same].bytes == measured[same].bytes)
+        ++same;
+    std::string around; // the events about the first difference: account and signed bytes, replay | allocator
+    for (size_t k = same > 3 ? same - 3 : 0; k < same + 3; ++k) {
+        const auto show = [&](const std::vector<planner::AdapterStepEvent>& events) {
+            return k < events.size() ? std::to_string(events[k].account) + ":" + std::to_string(events[k].bytes)
+                                     : std::string("-");
+        };
+        around += " [" + std::to_string(k) + "] " + show(replayed) + " | " + show(measured);
+    }
+    EXPECT_TRUE(same == measured.size() && same == replayed.size())
+        << what << ": the replay's " << replayed.size() << " events and the allocator's " << measured.size()
+        << " first differ at event " << same << ":" << around;
+    std::printf("  %-150s %zu events, the same in order\n", what.c_str(), same);
 }
 
 // Stronger than the peaks: the replay's every allocation and free, in order, is the allocator's, so a rule that is
@@ -257,24 +286,86 @@ TEST(AdapterMemory, EveryAllocationAndFreeIsTheAllocatorsInOrder) {
         planner::walk_adapter_step(run.config, run.micro_batch, run.length, run.policy,
                                    run.bf16 ? DType::bf16 : DType::f32, lora_of(run), run.nf4, run.loss_chunk,
                                    run.mlp_tile, &replayed);
-        const std::vector<planner::AdapterStepEvent> measured = allocator_events(run);
-        size_t same = 0;
-        while (same < replayed.size() && same < measured.size() && replayed[same].account == measured[same].account &&
-               replayed[same].bytes == measured[same].bytes)
-            ++same;
-        std::string around; // the events about the first difference: account and signed bytes, replay | allocator
-        for (size_t k = same > 3 ? same - 3 : 0; k < same + 3; ++k) {
-            const auto show = [&](const std::vector<planner::AdapterStepEvent>& events) {
-                return k < events.size() ? std::to_string(events[k].account) + ":" + std::to_string(events[k].bytes)
-                                         : std::string("-");
-            };
-            around += " [" + std::to_string(k) + "] " + show(replayed) + " | " + show(measured);
-        }
-        EXPECT_TRUE(same == measured.size() && same == replayed.size())
-            << describe(run) << ": the replay's " << replayed.size() << " events and the allocator's " << measured.size()
-            << " first differ at event " << same << ":" << around;
-        std::printf("  %-150s %zu events, the same in order\n", describe(run).c_str(), same);
+        expect_same_events(replayed, allocator_events(run), describe(run));
     }
+}
+
+// An evaluation's forward (eval mode, no-grad): the replay's events are the allocator's, for a full fine-tune (the
+// runs without targets) and for LoRA and QLoRA runs; the padded GPT-2 head's copy of its real columns included.
+TEST(AdapterMemory, EvaluationEventsAreTheAllocatorsInOrder) {
+    const nn::LlamaConfig untied = test::small_llama_config(false), tied = test::small_llama_config(true);
+    nn::GPTConfig dropping = nn::ModelConfig::named("tiny").gpt();
+    dropping.dropout = 0.1f;
+    const CheckpointPolicy plain{false, 1, 1, false}, every{true, 1, 1, false}, pairs_offloaded{true, 1, 2, true};
+    const std::vector<std::string> all = {"all-linear"};
+    const std::vector<AdapterRun> runs = {
+        {untied, {}, false, false, plain},
+        {tied, {}, false, true, every, 2, 1, 33, 16},
+        {untied, all, true, true, pairs_offloaded, 2, 1, 33, 0, 0.1, 4, 8},
+        {dropping, {}, false, false, plain, 2, 1, 32},
+        {dropping, {}, false, true, every, 2, 1, 32, 20, 0.0, 4, 7},
+        {dropping, {"c_attn"}, true, false, pairs_offloaded, 2, 1, 32, 0, 0.25},
+    };
+    for (const AdapterRun& run : runs) {
+        planner::FineTuning tuning;
+        if (!run.targets.empty()) tuning.lora = lora_of(run), tuning.nf4 = run.nf4;
+        std::vector<planner::AdapterStepEvent> replayed;
+        planner::walk_evaluation(run.config, run.micro_batch, run.length, run.policy, run.bf16 ? DType::bf16 : DType::f32,
+                                 tuning, run.loss_chunk, run.mlp_tile, &replayed);
+        expect_same_events(replayed, allocator_events(run, true), describe(run) + ", evaluation");
+    }
+}
+
+// The evaluation phase (Trainer::evaluate after a step, K batches): its joint peak on the allocator's account equals
+// predict_evaluation_memory to the byte, full fine-tunes and LoRA and QLoRA runs alike.
+TEST(AdapterMemory, EvaluationPhasePeakIsExactToTheByte) {
+    const nn::LlamaConfig untied = test::small_llama_config(false), tied = test::small_llama_config(true);
+    nn::GPTConfig dropping = nn::ModelConfig::named("tiny").gpt();
+    dropping.dropout = 0.1f;
+    const CheckpointPolicy plain{false, 1, 1, false}, every{true, 1, 1, false}, pairs_offloaded{true, 1, 2, true};
+    const std::vector<std::string> all = {"all-linear"};
+    const std::vector<AdapterRun> runs = {
+        {untied, {}, false, false, plain},
+        {tied, {}, false, true, every, 2, 2, 33, 16},
+        {wide_mlp_config(), {}, false, false, pairs_offloaded, 1, 1, 33, 0, 0.0, 4, 8},
+        {untied, all, true, true, pairs_offloaded, 2, 1, 33, 0, 0.1, 4, 8},
+        {untied, {"q_proj", "v_proj"}, false, false, plain, 3, 1, 20},
+        {dropping, {}, false, false, plain, 2, 1, 32},
+        {dropping, {}, false, true, every, 2, 1, 32, 20, 0.0, 4, 7},
+        {dropping, {"c_attn"}, true, false, pairs_offloaded, 2, 1, 32, 0, 0.25},
+    };
+    for (const AdapterRun& run : runs)
+        for (const int eval_batches : {1, 3}) {
+            planner::FineTuning tuning;
+            if (!run.targets.empty()) tuning.lora = lora_of(run), tuning.nf4 = run.nf4;
+            const planner::PhasePrediction predicted = planner::predict_evaluation_memory(
+                run.config, run.micro_batch, run.length, run.policy, run.bf16 ? DType::bf16 : DType::f32,
+                planner::OptimizerKind::adamw, 1, false, eval_batches, run.loss_chunk, run.mlp_tile, false, tuning);
+            current_tape().clear();
+            const size_t before = memory_stats(Device::cpu).current_bytes;
+            size_t measured = 0;
+            {
+                const std::unique_ptr<nn::CausalLM> model = adapted_model(run);
+                optim::Trainer trainer(*model, trainer_config(run, 2));
+                int cursor = 0;
+                const nn::BatchSource source =
+                    token_stream_batches(run.config.vocab_size(), run.micro_batch, run.length, cursor);
+                trainer.train_step(source);
+                std::vector<nn::Batch> batches;
+                int eval_cursor = 100;
+                const nn::BatchSource eval_source =
+                    token_stream_batches(run.config.vocab_size(), run.micro_batch, run.length, eval_cursor);
+                for (int index = 0; index < eval_batches; ++index) batches.push_back(*eval_source());
+                reset_peak(Device::cpu);
+                EXPECT_TRUE(std::isfinite(trainer.evaluate(batches).loss));
+                measured = memory_stats(Device::cpu).peak_bytes - before;
+            }
+            current_tape().clear();
+            const std::string what = describe(run) + ", " + std::to_string(eval_batches) + " evaluation batches";
+            EXPECT_EQ(measured, predicted.peak_bytes) << what;
+            std::printf("  %-160s evaluation peak predicted %8zu B, measured %8zu B (%s)\n", what.c_str(),
+                        predicted.peak_bytes, measured, predicted.moment.c_str());
+        }
 }
 
 // The replay skips the MLP tiles whose marks repeat an earlier tile's (the planner's searches try tiles of 64 rows
@@ -390,6 +481,13 @@ TEST(AdapterMemory, RefusesWhatTheReplayDoesNotFollow) {
     };
     expect_error([&] { predict(llama, 1, true, 0); }, {"the LoRA step", "optimizer or parameters off the device"});
     expect_error([&] { predict(llama, 2, false, 0); }, {"the LoRA step", "ZeRO-1 (2 shards)"});
+    const auto evaluation = [&](int shards, bool offload_optimizer, int batches) {
+        return planner::predict_evaluation_memory(llama, 2, 16, every, DType::f32, planner::OptimizerKind::adamw, shards,
+                                                  offload_optimizer, batches, 0, 0, false, tuning);
+    };
+    expect_error([&] { evaluation(2, false, 1); }, {"predict_evaluation_memory", "ZeRO-1"});
+    expect_error([&] { evaluation(1, true, 1); }, {"predict_evaluation_memory", "optimizer off the device"});
+    expect_error([&] { evaluation(1, false, 0); }, {"predict_evaluation_memory", "eval_batches 0 must be >= 1"});
     tuning.lora->target_modules = {"c_attn"};
     expect_error([&] { predict(llama, 1, false, 0); }, {"target module 'c_attn'", "matches no adaptable linear layer"});
 }

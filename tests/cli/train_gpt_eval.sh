@@ -121,5 +121,27 @@ check "default --eval-steps" $? "$(tail -2 "$work/default.out")"
 [ "$(grep -c '^eval step' "$work/default.out")" -eq 1 ] && grep -q "^eval step 2: .* (1 batches, 504 tokens)$" "$work/default.out"
 check "default: one evaluation at the last step over the file's one batch" $? "$(grep '^eval step' "$work/default.out")"
 
+# 6. The evaluation phase's peak: --plan predicts it (planner::predict_evaluation_memory) and each evaluation of the
+# runs above logs it (eval_peak_total_bytes): equal to the byte, for the full run of 1. and for a QLoRA run of the
+# tiny Llama with checkpointing, loss chunks and MLP tiles.
+eval_peak_matches() { # NAME LOG FLAGS...
+  local name=$1 log=$2
+  shift 2
+  local predicted
+  predicted=$("$train_gpt" "$@" --plan 2>&1 | sed -n 's/^evaluation (.*): peak [^(]*(\([0-9]*\) B).*/\1/p')
+  local measured
+  measured=$(sed -n 's/.*"eval_peak_total_bytes":\([0-9]*\).*/\1/p' "$log" | sort -u)
+  [ -n "$predicted" ] && [ "$measured" = "$predicted" ]
+  check "$name: the evaluation's peak, predicted $predicted B, measured $(echo "$measured" | tr '\n' ' ')" $? \
+    "--plan and the log differ"
+}
+eval_peak_matches "full run" "$work/eval.jsonl" "${common[@]}" "${evaluation[@]}"
+qlora=(--model llama-tiny --lora-r 4 --lora-target-modules all-linear --load-in-4bit --precision bf16
+       --gradient-checkpointing --loss-chunk-tokens 100 --mlp-tile-tokens 32 --per-device-train-batch-size 4
+       --max-steps 4 --eval-data "$work/eval.bin" --eval-steps 2 --eval-every 2)
+"$train_gpt" "${qlora[@]}" --log "$work/qlora.jsonl" >"$work/qlora.out" 2>&1
+check "QLoRA run with --eval-data" $? "$(tail -2 "$work/qlora.out")"
+eval_peak_matches "QLoRA run" "$work/qlora.jsonl" "${qlora[@]}"
+
 echo "$((total - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]
