@@ -290,22 +290,30 @@ TEST(AdapterMemory, EveryAllocationAndFreeIsTheAllocatorsInOrder) {
     }
 }
 
-// An evaluation's forward (eval mode, no-grad): the replay's events are the allocator's, for a full fine-tune (the
-// runs without targets) and for LoRA and QLoRA runs; the padded GPT-2 head's copy of its real columns included.
-TEST(AdapterMemory, EvaluationEventsAreTheAllocatorsInOrder) {
+// Evaluations to check: full fine-tunes (no targets) and LoRA and QLoRA runs of GPT-2 and Llama, f32 and bf16,
+// plain, checkpointed and offloaded, chunked and tiled, with dropout to switch off.
+std::vector<AdapterRun> evaluation_runs() {
     const nn::LlamaConfig untied = test::small_llama_config(false), tied = test::small_llama_config(true);
     nn::GPTConfig dropping = nn::ModelConfig::named("tiny").gpt();
     dropping.dropout = 0.1f;
     const CheckpointPolicy plain{false, 1, 1, false}, every{true, 1, 1, false}, pairs_offloaded{true, 1, 2, true};
     const std::vector<std::string> all = {"all-linear"};
-    const std::vector<AdapterRun> runs = {
+    return {
         {untied, {}, false, false, plain},
-        {tied, {}, false, true, every, 2, 1, 33, 16},
+        {tied, {}, false, true, every, 2, 2, 33, 16},
+        {wide_mlp_config(), {}, false, false, pairs_offloaded, 1, 1, 33, 0, 0.0, 4, 8},
         {untied, all, true, true, pairs_offloaded, 2, 1, 33, 0, 0.1, 4, 8},
+        {untied, {"q_proj", "v_proj"}, false, false, plain, 3, 1, 20},
         {dropping, {}, false, false, plain, 2, 1, 32},
         {dropping, {}, false, true, every, 2, 1, 32, 20, 0.0, 4, 7},
         {dropping, {"c_attn"}, true, false, pairs_offloaded, 2, 1, 32, 0, 0.25},
     };
+}
+
+// An evaluation's forward (eval mode, no-grad): the replay's events are the allocator's, for a full fine-tune (the
+// runs without targets) and for LoRA and QLoRA runs; the padded GPT-2 head's copy of its real columns included.
+TEST(AdapterMemory, EvaluationEventsAreTheAllocatorsInOrder) {
+    const std::vector<AdapterRun> runs = evaluation_runs();
     for (const AdapterRun& run : runs) {
         planner::FineTuning tuning;
         if (!run.targets.empty()) tuning.lora = lora_of(run), tuning.nf4 = run.nf4;
@@ -319,21 +327,7 @@ TEST(AdapterMemory, EvaluationEventsAreTheAllocatorsInOrder) {
 // The evaluation phase (Trainer::evaluate after a step, K batches): its joint peak on the allocator's account equals
 // predict_evaluation_memory to the byte, full fine-tunes and LoRA and QLoRA runs alike.
 TEST(AdapterMemory, EvaluationPhasePeakIsExactToTheByte) {
-    const nn::LlamaConfig untied = test::small_llama_config(false), tied = test::small_llama_config(true);
-    nn::GPTConfig dropping = nn::ModelConfig::named("tiny").gpt();
-    dropping.dropout = 0.1f;
-    const CheckpointPolicy plain{false, 1, 1, false}, every{true, 1, 1, false}, pairs_offloaded{true, 1, 2, true};
-    const std::vector<std::string> all = {"all-linear"};
-    const std::vector<AdapterRun> runs = {
-        {untied, {}, false, false, plain},
-        {tied, {}, false, true, every, 2, 2, 33, 16},
-        {wide_mlp_config(), {}, false, false, pairs_offloaded, 1, 1, 33, 0, 0.0, 4, 8},
-        {untied, all, true, true, pairs_offloaded, 2, 1, 33, 0, 0.1, 4, 8},
-        {untied, {"q_proj", "v_proj"}, false, false, plain, 3, 1, 20},
-        {dropping, {}, false, false, plain, 2, 1, 32},
-        {dropping, {}, false, true, every, 2, 1, 32, 20, 0.0, 4, 7},
-        {dropping, {"c_attn"}, true, false, pairs_offloaded, 2, 1, 32, 0, 0.25},
-    };
+    const std::vector<AdapterRun> runs = evaluation_runs();
     for (const AdapterRun& run : runs)
         for (const int eval_batches : {1, 3}) {
             planner::FineTuning tuning;
