@@ -286,7 +286,7 @@ memory:
   --prefetch[=true|false]        with --offload: copy the next segment back ahead of its recompute (CUDA copy stream)
   --skip-nonfinite[=true|false]  skip (and count) a step whose loss or grad norm is NaN/Inf; default: stop with an error
   --plan                         print the predicted memory per category for these flags and exit (with LoRA: the
-                                 model state beside a full fine-tune's, then the step; Llama only so far)
+                                 model state beside a full fine-tune's first; with --eval-data: the evaluation's peak)
   --max-memory SIZE|auto         plan for a memory budget: bytes or a number with KiB, MiB, GiB (3.5MiB, 16GiB);
                                  auto: the device's free memory (CPU: MemAvailable) minus 10%. The planner picks
                                  micro-batch, accumulation, checkpointing and offload (and precision with

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <iomanip>
 #include <set>
@@ -123,79 +124,115 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
     search.host_budget = options.host_budget;
     search.global_batch = global_batch;
     const std::vector<CheckpointPolicy> policies = candidate_policies(config.layers(), options.allow_offload);
-    for (Precision precision : options.precisions) {
-        const DType dtype = precision_dtype(precision);
-        const Ceilings ceilings = options.ceilings ? *options.ceilings : ceilings_for(options.device, dtype);
-        for (int zero_stage : zero_stages) {
-            const int shards = zero_stage == 1 ? options.ranks : 1;
+    // Every candidate first, in the order the table lists equal plans; then each priced on its own (the memory walk
+    // and the cost model read nothing shared), in parallel, into its slot: the same plans in the same order at any
+    // thread count.
+    struct Candidate {
+        Precision precision;
+        int zero_stage;
+        int micro_batch;
+        const CheckpointPolicy* policy;
+        bool offload_optimizer;
+        GradientOffload gradients;
+        bool offload_parameters;
+    };
+    std::vector<Candidate> candidates;
+    // Each precision's ceilings, once, before the threads (the CPU's are measured on first use).
+    std::vector<Ceilings> ceilings_of;
+    for (Precision precision : options.precisions)
+        ceilings_of.push_back(options.ceilings ? *options.ceilings : ceilings_for(options.device, precision_dtype(precision)));
+    for (Precision precision : options.precisions)
+        for (int zero_stage : zero_stages)
             for (int micro_batch = 1; micro_batch <= per_rank; ++micro_batch) {
                 if (per_rank % micro_batch != 0) continue;
-                for (const CheckpointPolicy& policy : policies) {
-                    for (bool offload_optimizer : optimizer_tiers) {
+                for (const CheckpointPolicy& policy : policies)
+                    for (bool offload_optimizer : optimizer_tiers)
                         for (GradientOffload gradients : {GradientOffload::window, GradientOffload::stream}) {
                             // Streaming needs the optimizer on the host and checkpointed segments.
                             if (gradients == GradientOffload::stream && (!offload_optimizer || !policy.enabled)) continue;
                             for (bool offload_parameters : {false, true}) {
                                 if (offload_parameters && (!offload_optimizer || !policy.enabled)) continue;
-                                const auto plan_with = [&](int loss_chunk, int mlp_tile) {
-                                    Plan plan;
-                                    plan.shape = StepShape{micro_batch, per_rank / micro_batch, policy, precision,
-                                                           zero_stage, offload_optimizer, gradients, offload_parameters,
-                                                           loss_chunk, mlp_tile};
-                                    plan.ranks = options.ranks;
-                                    const int steps = plan.shape.gradient_accumulation_steps;
-                                    plan.memory =
-                                        predict_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer,
-                                                       shards, steps, offload_optimizer, gradients, offload_parameters,
-                                                       loss_chunk, mlp_tile, options.packed_documents, options.tuning);
-                                    plan.cost = predict_cost(config, micro_batch, steps, seq_len, policy, dtype,
-                                                             options.optimizer, shards, ceilings, offload_optimizer,
-                                                             gradients, offload_parameters, loss_chunk, mlp_tile);
-                                    plan.peak_bytes = plan.memory.peak_on(options.device);
-                                    plan.host_peak_bytes = plan.memory.host_peak_bytes;
-                                    return plan;
-                                };
-                                const int rows = micro_batch * seq_len;
-                                const auto fits = [&](const Plan& plan) { return plan.fits(budget, options.host_budget); };
-                                // Of two plans the one that fits, else the smaller peak: when nothing fits, the search
-                                // still names the smallest peak any chunk and tile reach (which need not be the
-                                // smallest ones: a single tile, say, never holds its result beside its first tile).
-                                const auto better = [&](Plan first, Plan second) {
-                                    if (fits(first) != fits(second)) return fits(first) ? first : second;
-                                    return second.peak_bytes < first.peak_bytes && !fits(first) ? second : first;
-                                };
-                                const auto halve_chunk = [&](Plan plan) {
-                                    Plan best = plan;
-                                    while (!fits(plan) && plan.shape.loss_chunk_tokens / 2 >= minimum_loss_chunk) {
-                                        plan = plan_with(plan.shape.loss_chunk_tokens / 2, plan.shape.mlp_tile_tokens);
-                                        best = better(best, plan);
-                                    }
-                                    return best;
-                                };
-                                // auto chunk: one chunk of every token, halved while the plan does not fit (down to
-                                // minimum_loss_chunk): the same FLOPs at any chunk, and each chunk more re-reads the
-                                // head's gradient, so the largest that fits. auto tile: none while the plan fits at
-                                // some chunk; else one tile of every token, halved the same way, each with the largest
-                                // chunk that fits beside it (any tile costs one more MLP forward, each tile more a few
-                                // launches).
-                                const int tile = options.mlp_tile_tokens ? std::min(*options.mlp_tile_tokens, rows) : 0;
-                                const auto with_tile = [&](int mlp_tile) {
-                                    return options.loss_chunk_tokens
-                                               ? plan_with(std::min(*options.loss_chunk_tokens, rows), mlp_tile)
-                                               : halve_chunk(plan_with(rows, mlp_tile));
-                                };
-                                Plan plan = with_tile(tile);
-                                for (int tried = rows; !options.mlp_tile_tokens && !fits(plan) && tried >= minimum_mlp_tile;
-                                     tried /= 2)
-                                    plan = better(plan, with_tile(tried));
-                                search.plans.push_back(std::move(plan));
+                                candidates.push_back({precision, zero_stage, micro_batch, &policy, offload_optimizer,
+                                                      gradients, offload_parameters});
                             }
                         }
-                    }
-                }
             }
+    const auto price = [&](const Candidate& candidate) {
+        const Precision precision = candidate.precision;
+        const DType dtype = precision_dtype(precision);
+        const size_t which = static_cast<size_t>(
+            std::find(options.precisions.begin(), options.precisions.end(), precision) - options.precisions.begin());
+        const Ceilings& ceilings = ceilings_of[which];
+        const int zero_stage = candidate.zero_stage, micro_batch = candidate.micro_batch;
+        const int shards = zero_stage == 1 ? options.ranks : 1;
+        const CheckpointPolicy& policy = *candidate.policy;
+        const bool offload_optimizer = candidate.offload_optimizer, offload_parameters = candidate.offload_parameters;
+        const GradientOffload gradients = candidate.gradients;
+        const auto plan_with = [&](int loss_chunk, int mlp_tile) {
+            Plan plan;
+            plan.shape = StepShape{micro_batch, per_rank / micro_batch, policy, precision,
+                                   zero_stage, offload_optimizer, gradients, offload_parameters,
+                                   loss_chunk, mlp_tile};
+            plan.ranks = options.ranks;
+            const int steps = plan.shape.gradient_accumulation_steps;
+            plan.memory =
+                predict_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer,
+                               shards, steps, offload_optimizer, gradients, offload_parameters,
+                               loss_chunk, mlp_tile, options.packed_documents, options.tuning);
+            plan.cost = predict_cost(config, micro_batch, steps, seq_len, policy, dtype,
+                                     options.optimizer, shards, ceilings, offload_optimizer,
+                                     gradients, offload_parameters, loss_chunk, mlp_tile);
+            plan.peak_bytes = plan.memory.peak_on(options.device);
+            plan.host_peak_bytes = plan.memory.host_peak_bytes;
+            return plan;
+        };
+        const int rows = micro_batch * seq_len;
+        const auto fits = [&](const Plan& plan) { return plan.fits(budget, options.host_budget); };
+        // Of two plans the one that fits, else the smaller peak: when nothing fits, the search
+        // still names the smallest peak any chunk and tile reach (which need not be the
+        // smallest ones: a single tile, say, never holds its result beside its first tile).
+        const auto better = [&](Plan first, Plan second) {
+            if (fits(first) != fits(second)) return fits(first) ? first : second;
+            return second.peak_bytes < first.peak_bytes && !fits(first) ? second : first;
+        };
+        const auto halve_chunk = [&](Plan plan) {
+            Plan best = plan;
+            while (!fits(plan) && plan.shape.loss_chunk_tokens / 2 >= minimum_loss_chunk) {
+                plan = plan_with(plan.shape.loss_chunk_tokens / 2, plan.shape.mlp_tile_tokens);
+                best = better(best, plan);
+            }
+            return best;
+        };
+        // auto chunk: one chunk of every token, halved while the plan does not fit (down to
+        // minimum_loss_chunk): the same FLOPs at any chunk, and each chunk more re-reads the
+        // head's gradient, so the largest that fits. auto tile: none while the plan fits at
+        // some chunk; else one tile of every token, halved the same way, each with the largest
+        // chunk that fits beside it (any tile costs one more MLP forward, each tile more a few
+        // launches).
+        const int tile = options.mlp_tile_tokens ? std::min(*options.mlp_tile_tokens, rows) : 0;
+        const auto with_tile = [&](int mlp_tile) {
+            return options.loss_chunk_tokens
+                       ? plan_with(std::min(*options.loss_chunk_tokens, rows), mlp_tile)
+                       : halve_chunk(plan_with(rows, mlp_tile));
+        };
+        Plan plan = with_tile(tile);
+        for (int tried = rows; !options.mlp_tile_tokens && !fits(plan) && tried >= minimum_mlp_tile;
+             tried /= 2)
+            plan = better(plan, with_tile(tried));
+        return plan;
+    };
+    search.plans.resize(candidates.size());
+    std::vector<std::exception_ptr> failures(candidates.size());
+#pragma omp parallel for schedule(dynamic)
+    for (size_t index = 0; index < candidates.size(); ++index) {
+        try {
+            search.plans[index] = price(candidates[index]);
+        } catch (...) {
+            failures[index] = std::current_exception(); // an exception must not leave the parallel region
         }
     }
+    for (const std::exception_ptr& failure : failures)
+        if (failure) std::rethrow_exception(failure); // the first candidate's, as a serial search would throw
     // Least time first; equal times (policies that build the same segments) keep the smaller peak first, then
     // the order above (the simpler flags).
     std::stable_sort(search.plans.begin(), search.plans.end(), [](const Plan& left, const Plan& right) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <omp.h>
 
 #include "optim/trainer.h"
 #include "planner/planner.h"
@@ -219,6 +220,37 @@ TEST(Planner, NoPlanFitsNamesTheSmallestPeakAndItsFlags) {
         EXPECT_EQ(message.find('\n'), std::string::npos) << "one line: " << message;
     }
     EXPECT_EQ(planner::plan_for_budget(config, smallest.peak_bytes, global_batch).peak_bytes, smallest.peak_bytes);
+}
+
+// The search prices its candidates on several threads: one thread and every thread give the same plans, in the same
+// order, to the byte and the second, for a full fine-tune over every tier and for a LoRA run.
+TEST(Planner, SearchIsTheSameAtAnyThreadCount) {
+    const nn::ModelConfig config = nn::ModelConfig::named("llama-tiny");
+    planner::PlannerOptions options;
+    options.device = Device::cuda; // every tier, optimizer offload included
+    options.ceilings = planner::cuda_ceilings(DType::f32);
+    options.precisions = {Precision::fp32, Precision::bf16};
+    options.ranks = 2;
+    planner::PlannerOptions lora = options;
+    lora.ranks = 1;
+    lora.tuning.lora = nn::LoraConfig{.r = 4, .target_modules = {"all-linear"}};
+    for (const planner::PlannerOptions& search : {options, lora}) {
+        const int original = omp_get_max_threads();
+        omp_set_num_threads(1);
+        const planner::PlanSearch serial = planner::search_plans(config, 4 << 20, 8, search);
+        omp_set_num_threads(std::max(2, original));
+        const planner::PlanSearch parallel = planner::search_plans(config, 4 << 20, 8, search);
+        omp_set_num_threads(original);
+        ASSERT_EQ(serial.plans.size(), parallel.plans.size());
+        ASSERT_GT(serial.plans.size(), 100u);
+        for (size_t index = 0; index < serial.plans.size(); ++index) {
+            EXPECT_EQ(serial.plans[index].flags(), parallel.plans[index].flags()) << index;
+            EXPECT_EQ(serial.plans[index].peak_bytes, parallel.plans[index].peak_bytes) << index;
+            EXPECT_EQ(serial.plans[index].cost.seconds, parallel.plans[index].cost.seconds) << index;
+        }
+        EXPECT_EQ(serial.chosen, parallel.chosen);
+        EXPECT_EQ(serial.smallest, parallel.smallest);
+    }
 }
 
 TEST(Planner, SearchesPrecisionAndZeroOnlyWhereAllowed) {
