@@ -7,6 +7,8 @@
 #include "planner/adapter_step.h"
 
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -359,6 +361,7 @@ namespace {
 // statement, or the streaming head over the hidden states); in training, the caller's copy of it, the scaled loss
 // and backward from a (1) seed; in an evaluation (no-grad, eval mode), the sum read and dropped.
 AdapterStepWalk run_micro_batch(Replay& replay, const DecoderReplay& model, int loss_chunk_tokens, bool evaluation) {
+    ENGINE_CHECK(loss_chunk_tokens >= 0, "the LoRA step's replay: loss_chunk_tokens " << loss_chunk_tokens << " must be >= 0");
     {
         Sym sum;
         if (loss_chunk_tokens > 0) {
@@ -384,6 +387,15 @@ AdapterStepWalk run_micro_batch(Replay& replay, const DecoderReplay& model, int 
 std::unique_ptr<DecoderReplay> model_replay(Replay& replay, const nn::ModelConfig& config, int batch, int seq_len,
                                             const checkpoint::CheckpointPolicy& policy, const nn::LoraConfig& lora,
                                             bool nf4, int mlp_tile_tokens) {
+    // The walks are public: what predict_memory checks first is checked here too, so that a bad shape or config is
+    // one clear error, not a replay of nonsense sizes.
+    config.validate();
+    ENGINE_CHECK(batch > 0 && seq_len > 0 && seq_len <= config.max_seq_len(),
+                 "the LoRA step's replay: batch " << batch << " and seq_len " << seq_len
+                                                  << " must be positive, seq_len at most " << config.max_seq_len());
+    ENGINE_CHECK(mlp_tile_tokens >= 0, "the LoRA step's replay: mlp_tile_tokens " << mlp_tile_tokens << " must be >= 0");
+    if (const std::optional<std::string> problem = lora.problem(); problem && !lora.target_modules.empty())
+        ENGINE_FAIL("the LoRA step's replay: LoRA: " << *problem);
     const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
     std::unique_ptr<DecoderReplay> model;
     if (config.is_llama()) model = std::make_unique<LlamaReplay>(replay, config.llama(), rows, lora, nf4, policy, mlp_tile_tokens);

@@ -1,6 +1,6 @@
 // The replay under planner/adapter_step.cpp: tensors with a size and no data whose handles free their bytes as
 // engine::Tensor's do, a tape and a backward walk that keep and release what engine/autograd.cpp's do, and the ops a
-// Llama step runs, each allocating and saving what its engine twin does (engine/ops/*.cpp). Planner-internal.
+// GPT-2 or Llama step runs, each allocating and saving what its engine twin does (engine/ops/*.cpp). Planner-internal.
 #pragma once
 
 #include <algorithm>

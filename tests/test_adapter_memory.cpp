@@ -482,6 +482,14 @@ TEST(AdapterMemory, RefusesWhatTheReplayDoesNotFollow) {
     expect_error([&] { evaluation(2, false, 1); }, {"predict_evaluation_memory", "ZeRO-1"});
     expect_error([&] { evaluation(1, true, 1); }, {"predict_evaluation_memory", "optimizer off the device"});
     expect_error([&] { evaluation(1, false, 0); }, {"predict_evaluation_memory", "eval_batches 0 must be >= 1"});
+    nn::LoraConfig zero_rank = *tuning.lora;
+    zero_rank.r = 0;
+    expect_error([&] { planner::walk_adapter_step(llama, 2, 16, every, DType::f32, zero_rank, false, 0); },
+                 {"the LoRA step's replay", "r 0 must be at least 1"});
+    expect_error([&] { planner::walk_adapter_step(llama, 2, 100000, every, DType::f32, *tuning.lora, false, 0); },
+                 {"the LoRA step's replay", "seq_len 100000"});
+    expect_error([&] { planner::walk_adapter_step(llama, 2, 16, every, DType::f32, *tuning.lora, false, -1); },
+                 {"loss_chunk_tokens -1"});
     tuning.lora->target_modules = {"c_attn"};
     expect_error([&] { predict(llama, 1, false, 0); }, {"target module 'c_attn'", "matches no adaptable linear layer"});
 }
