@@ -377,11 +377,15 @@ int run(const Options& flags) {
     optim::Trainer trainer(model, config, world_size > 1 ? communicator.get() : nullptr);
     if (!options.resume.empty()) {
         optim::ResumedRun resumed;
+        // The resume phase's peaks, as --plan predicts them: the state streams from the file into the trainer's tensors.
+        reset_peak(model.device());
+        reset_peak(Device::cpu);
         try {
             resumed = optim::resume_training_state(options.resume, trainer, loader.get());
         } catch (const EngineError& error) {
             throw train_gpt::flag_error("--resume", error);
         }
+        const std::string resume_peaks = train_gpt::phase_peaks(model.device());
         // The model state's tier is part of the run: a state saved with the optimizer on the host resumes so.
         const nlohmann::json saved = nlohmann::json::parse(resumed.config_json, nullptr, false);
         const bool saved_offload = saved.is_object() && saved.value("offload_optimizer", false);
@@ -398,7 +402,7 @@ int run(const Options& flags) {
                 throw train_gpt::UsageError("--resume", resumed.path + " was saved with " + flag + " " + saved[key].dump() +
                                                             " and this run has " + now[key].dump() +
                                                             "; its data cursor counts that run's windows: resume with the same");
-        if (lead) std::cout << "resumed from " << resumed.path << " at step " << resumed.step << "\n";
+        if (lead) std::cout << "resumed from " << resumed.path << " at step " << resumed.step << " (" << resume_peaks << ")\n";
         if (lead && !resumed.refused_reason.empty()) std::cerr << "train_gpt: warning: " << resumed.refused_reason << "\n";
         // Allowed (e.g. more --max-steps), but the run then no longer equals one uninterrupted run.
         if (lead && resumed.config_json != run_config_json(options))
@@ -579,16 +583,19 @@ int run(const Options& flags) {
         }
         if (!options.out.empty() &&
             ((options.save_every > 0 && step % options.save_every == 0) || step == config.max_steps)) {
-            // Every rank captures (ZeRO-1 gathers the optimizer state to the host, a kind at a time); rank 0 writes.
-            // What the save added to the device's account at its high-water mark is printed: the save phase's peak
-            // above the model state (0 on a device: the state streams to host memory).
+            // Every rank takes part (ZeRO-1 gathers each tensor in turn); rank 0 streams them to the file. What the save
+            // added to the device's account at its high-water mark is printed (0: the state streams to the file), and
+            // the phase's peaks, as --plan predicts them.
             const Device device = model.device();
             const size_t before_save = memory_stats(device).current_bytes;
             reset_peak(device);
+            reset_peak(Device::cpu);
             const std::string path =
                 optim::save_training_state(options.out, trainer, loader.get(), run_config_json(options), lead);
             const size_t save_rise = memory_stats(device).peak_bytes - before_save;
-            if (lead) std::cout << "saved training state " << path << " (device memory +" << save_rise << " B)" << std::endl;
+            if (lead)
+                std::cout << "saved training state " << path << " (device memory +" << save_rise << " B; "
+                          << train_gpt::phase_peaks(device) << ")" << std::endl;
         }
     }
     if (!lead) return 0;

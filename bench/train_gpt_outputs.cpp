@@ -241,4 +241,11 @@ void report_out_of_memory(const Options& options, engine::optim::ModuleTrainer& 
     }
 }
 
+std::string phase_peaks(engine::Device device) {
+    const size_t peak = engine::memory_stats(device).peak_bytes;
+    if (device == engine::Device::cpu) return "peak " + std::to_string(peak) + " B";
+    return "device peak " + std::to_string(peak) + " B, host peak " +
+           std::to_string(engine::memory_stats(engine::Device::cpu).peak_bytes) + " B";
+}
+
 } // namespace train_gpt

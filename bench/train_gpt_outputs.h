@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "engine/memory_timeline.h"
 #include "engine/random.h"
@@ -45,5 +46,9 @@ void report_out_of_memory(const Options& options, engine::optim::ModuleTrainer& 
 // joint peak and the plan's prediction (planner::predict_memory, none for LoRA) as metadata; written atomically.
 void write_memory_timeline(const Options& options, const engine::MemoryTimeline& timeline,
                            const engine::optim::StepResult& result, int64_t step);
+
+// The peaks of a phase since reset_peak on `device` and the host, as --plan prints its prediction: "peak N B" on the
+// CPU backend (one account), "device peak N B, host peak M B" on a device.
+std::string phase_peaks(engine::Device device);
 
 } // namespace train_gpt

@@ -146,6 +146,30 @@ std::string evaluation_report(const Options& options, int rows, int length, int 
     return text.str();
 }
 
+// --plan with --out or --resume: the save's and the resume's peaks (planner::predict_state_phases), which stream the
+// state tensor by tensor; or why they are not predicted.
+std::string state_phases_report(const Options& options) {
+    std::ostringstream text;
+    const std::optional<planner::MemoryPrediction> step = predicted_step_memory(options);
+    if (!step) return "save and resume: not predicted for these flags (the step is not)\n";
+    const Device device = options.resolved_device;
+    const planner::StatePhasesPrediction phases =
+        planner::predict_state_phases(*step, device, options.trainer.shape.offload_optimizer);
+    auto line = [&](const char* phase, size_t device_peak, size_t host_peak) {
+        text << phase << ", streamed tensor by tensor): ";
+        if (device == Device::cpu) {
+            text << "peak " << planner::mebibytes(device_peak) << " (" << device_peak << " B), the model state alone\n";
+            return;
+        }
+        text << "device peak " << planner::mebibytes(device_peak) << " (" << device_peak << " B), the model state alone; "
+             << "host peak " << planner::mebibytes(host_peak) << " (" << host_peak << " B)"
+             << (phases.staging > 0 ? " with one pinned block of " + std::to_string(phases.staging) + " B" : "") << "\n";
+    };
+    if (!options.out.empty()) line("save (--out", phases.device_save_peak, phases.host_save_peak);
+    if (!options.resume.empty()) line("resume (--resume", phases.device_resume_peak, phases.host_resume_peak);
+    return text.str();
+}
+
 } // namespace
 
 std::optional<size_t> predicted_step_peak(const Options& options) {
@@ -214,6 +238,7 @@ int print_plan(const Options& options) {
                  ")\n";
     }
     if (!options.eval_data.empty()) report += evaluation_report(options, rows, length, shards);
+    if (!options.out.empty() || !options.resume.empty()) report += state_phases_report(options);
     if (launch.rank == 0) std::cout << report;
     return 0;
 }

@@ -186,6 +186,17 @@ public:
         if (zero_) return zero_->gather_state(*optimizer_, consume);
         for (const auto& [name, state] : optimizer_->named_state()) consume(name, state, state.raw_data(), state.device());
     }
+    // The names and shapes (as tensors like them) of those whole tensors in that order, gathering nothing; and the
+    // index-th alone (under ZeRO-1 a collective every rank calls with the same index): what a streamed save pulls.
+    std::vector<std::pair<std::string, Tensor>> whole_optimizer_state_layout() const {
+        return zero_ ? zero_->state_layout(*optimizer_) : optimizer_->named_state();
+    }
+    void visit_whole_optimizer_state_tensor(size_t index, const ZeroShards::StateConsumer& consume) {
+        if (zero_) return zero_->gather_state_tensor(*optimizer_, index, consume);
+        const auto named = optimizer_->named_state();
+        ENGINE_CHECK(index < named.size(), "optimizer state tensor " << index << " of " << named.size());
+        consume(named[index].first, named[index].second, named[index].second.raw_data(), named[index].second.device());
+    }
     const LearningRateSchedule& schedule() const { return schedule_; }
     const TrainerConfig& config() const { return config_; }
     nn::Module& module() { return model_; }

@@ -59,6 +59,9 @@ public:
     // copies saved values into them (Tensor::copy_from); their shapes equal the parameters' (sharded: 1-D,
     // this shard's part of the parameter, possibly none).
     virtual NamedTensors named_state() const = 0;
+    // The kinds of state each parameter has, in named_state()'s order ("exp_avg", "exp_avg_sq"): the same on every
+    // rank, also one that holds no part of any parameter.
+    virtual std::vector<std::string> state_kinds() const = 0;
     bool sharded() const { return sharded_; }
     // Each live state tensor with its parameter and the parameter's first element it covers (0 unsharded), in
     // named_state()'s order: what a sharded state is gathered from and restored into.
@@ -107,6 +110,7 @@ public:
         ShardRange shard = {});
     void step(double grad_scale = 1.0) override;
     NamedTensors named_state() const override; // "momentum_buffer.<name>"
+    std::vector<std::string> state_kinds() const override { return {"momentum_buffer"}; }
     double momentum() const { return momentum_; }
 
 private:
@@ -131,6 +135,7 @@ public:
           const DecayRule& decays = decay_matrices_only, ShardRange shard = {});
     void step(double grad_scale = 1.0) override;
     NamedTensors named_state() const override; // "exp_avg.<name>", "exp_avg_sq.<name>"
+    std::vector<std::string> state_kinds() const override { return {"exp_avg", "exp_avg_sq"}; }
     const AdamWOptions& options() const { return options_; }
 
 private:

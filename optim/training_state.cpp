@@ -3,7 +3,7 @@
 #include "optim/training_state.h"
 
 #include <algorithm>
-
+#include <memory>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -31,9 +31,9 @@ int rank_of(const ModuleTrainer& trainer) { return trainer.communicator() != nul
 
 } // namespace
 
-io::TrainingState capture_training_state(ModuleTrainer& trainer, const nn::DataLoader* loader,
-                                         const std::string& config_json) {
-    io::TrainingState state;
+namespace {
+
+std::string state_metadata(ModuleTrainer& trainer, const nn::DataLoader* loader, const std::string& config_json) {
     const RngState rng = rng_state();
     nlohmann::json metadata = {
         {"format", format_name},
@@ -55,34 +55,58 @@ io::TrainingState capture_training_state(ModuleTrainer& trainer, const nn::DataL
         }
         metadata["loader_ranks"] = ranks;
     }
-    state.metadata_json = metadata.dump();
+    return metadata.dump();
+}
+
+} // namespace
+
+io::StateSource training_state_source(ModuleTrainer& trainer, const nn::DataLoader* loader,
+                                      const std::string& config_json) {
+    io::StateSource source;
+    source.metadata_json = state_metadata(trainer, loader, config_json);
+    // One pinned block for the whole save, made at the first tensor on a device and gone with the source.
+    auto staging = std::make_shared<io::StateStaging>();
     for (const auto& [name, parameter] : trainer.module().named_parameters())
-        state.add_tensor(model_prefix + name, parameter);
-    // Whole tensors, gathered from the ranks under ZeRO-1 one kind at a time straight to the host: the file is the
-    // same as an unsharded run's (per parameter, every kind), and the device holds no gathered copy.
-    std::vector<io::StateTensor> gathered;
-    trainer.visit_whole_optimizer_state([&](const std::string& name, const Tensor& like, const void* bytes, Device device) {
-        io::StateTensor stored{optimizer_prefix + name, like.dtype(), like.shape(), std::vector<uint8_t>(like.nbytes())};
-        copy_bytes(stored.data.data(), Device::cpu, bytes, device, like.nbytes());
-        gathered.push_back(std::move(stored));
-    });
-    // Kind by kind under ZeRO-1 (exp_avg of every parameter, then exp_avg_sq); the unsharded order interleaves them.
-    std::vector<std::string> prefixes; // the kinds of state, by their names' part before the parameter's
-    for (const io::StateTensor& stored : gathered) {
-        const std::string kind = stored.name.substr(0, stored.name.find('.', optimizer_prefix.size()));
-        if (std::find(prefixes.begin(), prefixes.end(), kind) == prefixes.end()) prefixes.push_back(kind);
+        source.tensors.push_back({model_prefix + name, parameter.dtype(), parameter.shape(),
+                                  [parameter, staging](const io::ByteSink& sink) {
+                                      staging->emit(parameter.raw_data(), parameter.device(), parameter.nbytes(), sink);
+                                  }});
+    const std::vector<std::pair<std::string, Tensor>> layout = trainer.whole_optimizer_state_layout();
+    for (size_t index = 0; index < layout.size(); ++index) {
+        const Tensor& like = layout[index].second;
+        source.tensors.push_back({optimizer_prefix + layout[index].first, like.dtype(), like.shape(),
+                                  [&trainer, index, staging](const io::ByteSink& sink) {
+                                      trainer.visit_whole_optimizer_state_tensor(
+                                          index, [&](const std::string&, const Tensor& whole, const void* bytes,
+                                                     Device device) { staging->emit(bytes, device, whole.nbytes(), sink); });
+                                  }});
     }
-    const size_t kinds = std::max<size_t>(1, prefixes.size());
-    const size_t per_kind = gathered.size() / kinds;
-    const bool kind_major = trainer.optimizer().sharded() && kinds > 1;
-    for (size_t parameter = 0; parameter < per_kind; ++parameter)
-        for (size_t kind = 0; kind < kinds; ++kind)
-            state.add_tensor(std::move(gathered[kind_major ? kind * per_kind + parameter : parameter * kinds + kind]));
+    return source;
+}
+
+io::TrainingState capture_training_state(ModuleTrainer& trainer, const nn::DataLoader* loader,
+                                         const std::string& config_json) {
+    const io::StateSource source = training_state_source(trainer, loader, config_json);
+    io::TrainingState state;
+    state.metadata_json = source.metadata_json;
+    for (const io::StateTensorSource& tensor : source.tensors) {
+        io::StateTensor stored{tensor.name, tensor.dtype, tensor.shape, {}};
+        stored.data.reserve(static_cast<size_t>(shape_numel(tensor.shape)) * dtype_size(tensor.dtype));
+        tensor.emit([&](const void* bytes, size_t size) {
+            const auto* begin = static_cast<const uint8_t*>(bytes);
+            stored.data.insert(stored.data.end(), begin, begin + size);
+        });
+        state.add_tensor(std::move(stored));
+    }
     return state;
 }
 
 void restore_training_state(const io::TrainingState& state, ModuleTrainer& trainer, nn::DataLoader* loader) {
-    const nlohmann::json metadata = parse_object(state.metadata_json, "training-state metadata");
+    restore_training_state(io::MemoryStateReader(state), trainer, loader);
+}
+
+void restore_training_state(const io::StateReader& state, ModuleTrainer& trainer, nn::DataLoader* loader) {
+    const nlohmann::json metadata = parse_object(state.metadata_json(), "training-state metadata");
     auto field = [&](const char* key) -> const nlohmann::json& {
         ENGINE_CHECK(metadata.contains(key), "training state: metadata has no '" << key << "'");
         return metadata[key];
@@ -117,10 +141,10 @@ void restore_training_state(const io::TrainingState& state, ModuleTrainer& train
     const size_t parameters = trainer.module().named_parameters().size();
     const size_t trainable = trainer.module().named_trainable_parameters().size();
     const size_t expected = parameters + trainable * (trainer.config().optimizer == OptimizerKind::adamw ? 2 : 1);
-    ENGINE_CHECK(expected == state.tensors.size(), "training state holds " << state.tensors.size()
+    ENGINE_CHECK(expected == state.entries().size(), "training state holds " << state.entries().size()
                                                    << " tensors, this model and optimizer have " << expected);
     for (const Target& target : targets) {
-        const io::StateTensor* stored = state.find(target.name);
+        const io::StateReader::Entry* stored = state.find(target.name);
         ENGINE_CHECK(stored != nullptr, "training state has no tensor " << target.name);
         ENGINE_CHECK(stored->dtype == target.whole.dtype() && stored->shape == target.whole.shape(),
                      "training state tensor " << target.name << " is " << shape_string(stored->shape) << " "
@@ -145,16 +169,12 @@ void restore_training_state(const io::TrainingState& state, ModuleTrainer& train
         loader->restore(*cursor); // throws, changing nothing, when the cursor does not fit this data
     }
 
+    // Each tensor straight from where the state is to where it goes (a sharded one's part from element `first` on),
+    // validated above, so nothing is allocated here beyond one pinned block for a device.
     for (Target& target : targets) {
-        if (target.whole.raw_data() == target.destination.raw_data()) {
-            state.copy_into(target.name, target.destination);
-            continue;
-        }
-        // A shard: its slice straight from the stored bytes (validated above), so nothing is allocated here and
-        // no failure can leave the restore half done.
-        const io::StateTensor* stored = state.find(target.name);
         const size_t offset = static_cast<size_t>(target.first) * dtype_size(target.whole.dtype());
-        copy_bytes(target.destination.raw_data(), target.destination.device(), stored->data.data() + offset, Device::cpu,
+        detail::impl_of(target.destination).storage->set_host_copy(nullptr); // written behind any host copy it kept
+        state.read(*state.find(target.name), offset, target.destination.raw_data(), target.destination.device(),
                    target.destination.nbytes());
     }
     trainer.module().refresh_working_copies();
@@ -164,23 +184,40 @@ void restore_training_state(const io::TrainingState& state, ModuleTrainer& train
 
 std::string save_training_state(const std::string& directory, ModuleTrainer& trainer, const nn::DataLoader* loader,
                                 const std::string& config_json, bool write) {
-    io::TrainingState state = capture_training_state(trainer, loader, config_json);
-    if (!write) return "";
-    return io::save_state_rotating(directory, static_cast<uint64_t>(trainer.step()), std::move(state));
+    io::StateSource source = training_state_source(trainer, loader, config_json);
+    // Under ZeRO-1 each emit is a collective: whatever the writer meets (a directory it cannot create, a full disk),
+    // every emit runs on it as on the other ranks, and its error comes after. write_state itself runs them all once
+    // it starts; these count the ones that ran before a failure outside it.
+    size_t emitted = 0;
+    for (io::StateTensorSource& tensor : source.tensors)
+        tensor.emit = [inner = std::move(tensor.emit), &emitted](const io::ByteSink& sink) {
+            ++emitted;
+            inner(sink);
+        };
+    if (!write) {
+        for (const io::StateTensorSource& tensor : source.tensors) tensor.emit({});
+        return "";
+    }
+    try {
+        return io::save_state_rotating(directory, static_cast<uint64_t>(trainer.step()), source);
+    } catch (...) {
+        for (size_t index = emitted; index < source.tensors.size(); ++index) source.tensors[index].emit({});
+        throw;
+    }
 }
 
 ResumedRun resume_training_state(const std::string& directory, ModuleTrainer& trainer, nn::DataLoader* loader) {
-    io::LoadedState loaded = io::load_latest_state(directory);
+    const io::OpenedState opened = io::open_latest_state(directory);
     try {
-        restore_training_state(loaded.state, trainer, loader);
+        restore_training_state(*opened.reader, trainer, loader);
     } catch (const EngineError& error) {
-        throw EngineError(loaded.path + ": " + error.what());
+        throw EngineError(opened.reader->path() + ": " + error.what());
     }
     ResumedRun run;
     run.step = trainer.step();
-    run.path = loaded.path;
-    run.refused_reason = loaded.refused_reason;
-    run.config_json = parse_object(loaded.state.metadata_json, "training-state metadata")["config"].dump();
+    run.path = opened.reader->path();
+    run.refused_reason = opened.refused_reason;
+    run.config_json = parse_object(opened.reader->metadata_json(), "training-state metadata")["config"].dump();
     return run;
 }
 

@@ -18,13 +18,24 @@ namespace engine::optim {
 io::TrainingState capture_training_state(ModuleTrainer& trainer, const nn::DataLoader* loader,
                                          const std::string& config_json = "{}");
 
+// The same state as a source that pulls each tensor only when a writer reaches it (io::write_state): from host
+// memory directly, from a device through one pinned block (io::state_staging_bytes), under ZeRO-1 gathered one
+// tensor at a time into the step's flat buffer. A save holds no copy of the state, on the device or the host.
+// The emits read the trainer as it is when they run: write the source before the next step. Every rank writes or
+// drains it (its emits are collectives under ZeRO-1).
+io::StateSource training_state_source(ModuleTrainer& trainer, const nn::DataLoader* loader,
+                                      const std::string& config_json = "{}");
+
 // All or nothing: checks every tensor's presence, dtype and shape, the optimizer kind and the cursor before
 // changing anything; throws EngineError naming what does not match. `loader` may be null when none was saved.
 void restore_training_state(const io::TrainingState& state, ModuleTrainer& trainer, nn::DataLoader* loader);
+// From any reader: a state file read in place (io::StateFileReader), each tensor straight into its destination.
+void restore_training_state(const io::StateReader& state, ModuleTrainer& trainer, nn::DataLoader* loader);
 
-// save_state_rotating(directory, trainer.step(), capture_training_state(...)); returns the path written.
-// With data parallelism every rank calls it (capturing may gather) and only the writer (rank 0) passes
-// write = true; the others get "".
+// save_state_rotating(directory, trainer.step(), training_state_source(...)): streamed, tensor by tensor, into the
+// file; returns the path written. With data parallelism every rank calls it (the tensors may be gathered) and only
+// the writer (rank 0) passes write = true; the others get "". A writer that fails still takes part in every gather
+// before it throws, so the other ranks are not left waiting.
 std::string save_training_state(const std::string& directory, ModuleTrainer& trainer, const nn::DataLoader* loader,
                                 const std::string& config_json = "{}", bool write = true);
 
@@ -34,7 +45,8 @@ struct ResumedRun {
     std::string refused_reason; // non-empty when the newest file failed validation and an older one was used
     std::string config_json;    // the config saved with the state
 };
-// load_latest_state(directory) then restore_training_state.
+// open_latest_state(directory) then restore_training_state from the file in place: the host holds the metadata,
+// an index and one pinned block for a device, never the state.
 ResumedRun resume_training_state(const std::string& directory, ModuleTrainer& trainer, nn::DataLoader* loader);
 
 } // namespace engine::optim

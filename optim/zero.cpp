@@ -75,30 +75,47 @@ void ZeroShards::all_gather_parameters() {
     });
 }
 
-void ZeroShards::gather_state(const Optimizer& optimizer, const StateConsumer& consume) {
-    const Device device = flat_.device();
-    // The kinds of state ("exp_avg", "exp_avg_sq"), in order: the name's part before the parameter's.
-    std::vector<std::string> kinds;
-    const std::vector<Optimizer::StateShard> shards = optimizer.state_shards();
-    for (const Optimizer::StateShard& shard : shards) {
-        const std::string kind = shard.name.substr(0, shard.name.find('.'));
-        if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
-    }
+std::vector<std::pair<std::string, Tensor>> ZeroShards::state_layout(const Optimizer& optimizer) const {
     const std::vector<std::string> names = optimizer.parameter_names();
-    for (size_t kind = 0; kind < kinds.size(); ++kind) {
-        // This rank's shards of one kind lie in slot order, end to end: exactly its part of the flat layout.
-        int64_t filled = 0;
-        for (const Optimizer::StateShard& shard : shards) {
-            if (shard.name.compare(0, kinds[kind].size() + 1, kinds[kind] + ".") != 0) continue;
-            copy_bytes(at(part_, filled), device, shard.state.raw_data(), device, shard.state.nbytes());
-            filled += shard.state.numel();
+    ENGINE_CHECK(names.size() == parameters_.size(), "ZeRO-1: the optimizer has " << names.size()
+                                                         << " parameters, the shards " << parameters_.size());
+    std::vector<std::pair<std::string, Tensor>> layout;
+    for (size_t slot = 0; slot < names.size(); ++slot)
+        for (const std::string& kind : optimizer.state_kinds()) layout.emplace_back(kind + "." + names[slot], parameters_[slot]);
+    return layout;
+}
+
+void ZeroShards::gather_state_tensor(const Optimizer& optimizer, size_t index, const StateConsumer& consume) {
+    const std::vector<std::pair<std::string, Tensor>> layout = state_layout(optimizer);
+    ENGINE_CHECK(index < layout.size(), "ZeRO-1: optimizer state tensor " << index << " of " << layout.size());
+    const size_t slot = index / optimizer.state_kinds().size();
+    int64_t offset = 0; // the parameter's first element in the flat layout
+    for (size_t earlier = 0; earlier < slot; ++earlier) offset += parameters_[earlier].numel();
+    const Tensor& parameter = parameters_[slot];
+    const int64_t part = part_.numel();
+    // Each rank's part of the tensor, broadcast by its owner into the tensor's place in the flat buffer.
+    for (int64_t rank = 0; rank < communicator_.world_size(); ++rank) {
+        const int64_t first = std::max(offset, rank * part);
+        const int64_t last = std::min(offset + parameter.numel(), (rank + 1) * part);
+        if (first >= last) continue;
+        if (rank == communicator_.rank()) {
+            // This rank's part: its live state tensor of that name, exactly [first, last).
+            Tensor mine;
+            for (const auto& [name, state] : optimizer.named_state())
+                if (name == layout[index].first) mine = state;
+            ENGINE_CHECK(mine.defined() && mine.numel() == last - first,
+                         "ZeRO-1: this rank's part of " << layout[index].first << " is not its " << last - first
+                                                        << " elements");
+            copy_bytes(at(flat_, first), flat_.device(), mine.raw_data(), mine.device(), mine.nbytes());
         }
-        communicator_.all_gather(part_, flat_);
-        size_t index = 0;
-        for_each_overlap(parameters_, 0, flat_.numel(), [&](const Tensor& parameter, int64_t, int64_t flat, int64_t) {
-            consume(kinds[kind] + "." + names[index++], parameter, at(flat_, flat), device);
-        });
+        communicator_.broadcast_range(flat_, first, last - first, static_cast<int>(rank));
     }
+    consume(layout[index].first, parameter, at(flat_, offset), flat_.device());
+}
+
+void ZeroShards::gather_state(const Optimizer& optimizer, const StateConsumer& consume) {
+    const size_t count = state_layout(optimizer).size();
+    for (size_t index = 0; index < count; ++index) gather_state_tensor(optimizer, index, consume);
 }
 
 } // namespace engine::optim

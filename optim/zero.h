@@ -4,9 +4,10 @@
 // update, and one all-gather of the parameters, after which every replica is bitwise the same again.
 #pragma once
 
-#include <functional>
-
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/distributed/communicator.h"
@@ -28,14 +29,19 @@ public:
     double gradient_sum_of_squares();
     // Every rank's updated part into every rank's parameters.
     void all_gather_parameters();
-    // The optimizer's sharded state gathered from every rank, one kind at a time (one all-gather each, into the
-    // flat buffer the step uses anyway): `consume` gets each whole tensor's name (as an unsharded optimizer's
-    // named_state() names it), its parameter (shape and dtype) and its bytes in the flat buffer on `device`, valid
-    // during the call. Nothing is allocated: saving under ZeRO-1 holds no gathered copy of the state on the device
-    // (what a training state saves streams to the host). A collective: every rank calls it.
+    // The optimizer's sharded state gathered whole, one tensor at a time in a state file's order (parameter by
+    // parameter, every kind of state of each): each rank broadcasts its part of the tensor into the flat buffer the
+    // step uses anyway, where `consume` gets it with its name (as an unsharded optimizer's named_state() names it),
+    // its parameter (shape and dtype) and its bytes on `device`, valid during the call. Nothing is allocated: saving
+    // under ZeRO-1 holds no gathered copy of the state, on the device or (streamed to the file) on the host. A
+    // collective: every rank calls it.
     using StateConsumer =
         std::function<void(const std::string& name, const Tensor& parameter, const void* bytes, Device device)>;
     void gather_state(const Optimizer& optimizer, const StateConsumer& consume);
+    // The same, one tensor: the index-th of that order (a collective every rank calls with the same index).
+    void gather_state_tensor(const Optimizer& optimizer, size_t index, const StateConsumer& consume);
+    // That order's names with their parameters (shape and dtype), without gathering anything.
+    std::vector<std::pair<std::string, Tensor>> state_layout(const Optimizer& optimizer) const;
 
 private:
     std::vector<Tensor> parameters_;

@@ -473,6 +473,7 @@ MemoryPrediction predict_adapter_memory(const nn::ModelConfig& config, int batch
                                   (steps - 1) * dtype_size(compute_dtype(dtype));
     prediction.peak_bytes = before_forward + walk.joint;
     prediction.peak_moment = walk.joint_moment;
+    prediction.between_steps_bytes = state.total();
     prediction.unified_peak_bytes = before_forward + walk.unified_joint;
     prediction.host_peak_bytes = walk.pinned_host;
     // GPT-2's biased linears run through cuBLASLt's fused epilogue, frozen or not; Llama has no bias.

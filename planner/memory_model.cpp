@@ -428,6 +428,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     prediction.peak_moment = walk.joint_moment;
     prediction.unified_peak_bytes =
         before_forward + walk_step(segments, terms, offload, true, layer_gradients, layer_weights).joint;
+    prediction.between_steps_bytes = persistent_parameters + persistent_gradients +
+                                     prediction.of(MemoryCategory::optimizer_state) + device_zero_buffers;
     // GPT-2's biased linears run through cuBLASLt's fused epilogue; Llama has no bias and never calls it.
     prediction.cuda_runtime_bytes = config.is_llama() ? 0 : cuda::cublaslt_workspace_bytes;
     // The host's high-water mark without offload: the offloaded segment inputs.
@@ -451,6 +453,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
         }
         // On one account (the CPU backend) there is nothing to offload: the trainer refuses it.
         prediction.unified_peak_bytes = prediction.peak_bytes + state;
+        prediction.host_between_steps_bytes = state;
+        prediction.host_rounding_bytes = rounding;
     }
     return prediction;
 }

@@ -88,6 +88,15 @@ struct MemoryPrediction {
     // the offloaded inputs too.
     size_t peak_bytes = 0;
     size_t unified_peak_bytes = 0;
+    // What the accounts hold between steps, when a step's micro-batches and transients are gone: the model state on
+    // the device (with ZeRO-1's buffers, without the layers streamed in for a step), and on the host its tiers
+    // (offload_optimizer: the masters, their gradients, the state, the parked copies). The CPU backend's one account
+    // holds both.
+    size_t between_steps_bytes = 0;
+    size_t host_between_steps_bytes = 0;
+    // offload_optimizer under bf16: the one rounded copy of the largest master the host makes on its way to the
+    // device, whenever the working copies are refreshed from the masters (each update, and after a resume).
+    size_t host_rounding_bytes = 0;
     // What a CUDA device holds besides: cuBLASLt's workspace, which the first GEMM through cuBLASLt (GPT-2's
     // biased linears; Llama has none) allocates and the engine keeps (engine/cuda/runtime.h). Not in the
     // categories above.
@@ -158,6 +167,22 @@ PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int bat
                                           OptimizerKind optimizer, int optimizer_shards, bool offload_optimizer,
                                           int eval_batches, int loss_chunk_tokens, int mlp_tile_tokens,
                                           bool packed_documents, const FineTuning& tuning = {});
+
+// Saving and resuming a training state (optim/training_state.h: streamed tensor by tensor between the file and where
+// each tensor lives). Neither adds anything to the device: a save reads the model state where it is between steps
+// (ZeRO-1 gathers each tensor into its flat buffer), a resume writes into the freshly built trainer's tensors before
+// its first step. What they add is on the host: one pinned block of io::state_staging_bytes when a saved tensor
+// lives on a device (none on the CPU backend, none when offload_optimizer keeps every saved tensor on the host).
+// `step` is predict_memory's prediction for the run. Exact to the byte on the CPU and on the emulated device.
+struct StatePhasesPrediction {
+    size_t device_save_peak = 0;   // the device's account during a save (on the CPU backend, the one account)
+    size_t device_resume_peak = 0; // during the resume: the same less what the first step makes (cuBLASLt's workspace)
+    size_t host_save_peak = 0;     // the host's account on a device: its tiers and the block
+    size_t host_resume_peak = 0;   // the same, or with the optimizer on the host, its tiers and the rounded copy the
+                                   // working copies are refreshed through (bf16)
+    size_t staging = 0;            // the pinned block
+};
+StatePhasesPrediction predict_state_phases(const MemoryPrediction& step, Device device, bool offload_optimizer);
 
 // The streaming LM head's chunk when nothing asks for another (train_gpt's --loss-chunk-tokens auto): the head's
 // transient (its d(hidden), one chunk's logits, the per-token losses) at most automatic_loss_chunk_bytes. Every

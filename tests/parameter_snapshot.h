@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/ops.h"
@@ -19,6 +22,18 @@ inline std::vector<double> as_doubles(const Tensor& tensor) {
 }
 
 using Snapshot = std::vector<std::vector<double>>;
+
+// Every tensor's bytes end to end, in order, from any device: what a bitwise comparison of two runs' weights or
+// optimizer states reads.
+inline std::vector<uint8_t> bytes_of(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+    std::vector<uint8_t> bytes;
+    for (const auto& [name, tensor] : tensors) {
+        const Tensor host = tensor.device() == Device::cpu ? tensor : tensor.to(Device::cpu, MemoryCategory::workspace);
+        const auto* data = static_cast<const uint8_t*>(host.raw_data());
+        bytes.insert(bytes.end(), data, data + host.nbytes());
+    }
+    return bytes;
+}
 
 // Values rounded to bf16 as the engine rounds (to nearest even), then widened: what a frozen f32 parameter holds
 // once set_compute_dtype(bf16) has stored it in bf16.

@@ -9,6 +9,7 @@
 
 #include "engine/random.h"
 #include "optim/training_state.h"
+#include "tests/parameter_snapshot.h"
 
 namespace engine::testing {
 namespace {
@@ -52,15 +53,6 @@ nn::DataLoader make_loader() {
     options.vocab_size = 256;
     // Few windows, so that the run crosses an epoch boundary and the reshuffle must resume too.
     return nn::DataLoader(nn::builtin_corpus(12 * 14, 3), options);
-}
-
-std::vector<uint8_t> bytes_of(const std::vector<std::pair<std::string, Tensor>>& tensors) {
-    std::vector<uint8_t> bytes;
-    for (const auto& [name, tensor] : tensors) {
-        const auto* data = static_cast<const uint8_t*>(tensor.raw_data());
-        bytes.insert(bytes.end(), data, data + tensor.nbytes());
-    }
-    return bytes;
 }
 
 struct RunEnd {

@@ -89,6 +89,15 @@ std::string error_of(const std::function<void()>& action) {
     return "";
 }
 
+// The refusal of a file by read_state_file, checked to be word for word the refusal by the reader that opens it in
+// place (StateFileReader: the same checks, in the same order, over bounded buffers).
+std::string refusal_of(const std::string& path) {
+    const std::string whole = error_of([&] { io::read_state_file(path); });
+    const std::string in_place = error_of([&] { io::StateFileReader reader(path); });
+    EXPECT_EQ(in_place, whole) << "the two readers of " << path << " disagree";
+    return whole;
+}
+
 class StateFile : public ::testing::Test {
 protected:
     void SetUp() override {
@@ -146,14 +155,14 @@ TEST_F(StateFile, TruncatedFilesAreRefusedNamingTheFile) {
     for (size_t length : {size_t{0}, size_t{7}, size_t{40}, size_t{44}, bytes.size() / 2, bytes.size() - 4,
                           bytes.size() - 1}) {
         write_bytes(path, std::vector<uint8_t>(bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(length)));
-        const std::string message = error_of([&] { io::read_state_file(path.string()); });
+        const std::string message = refusal_of(path.string());
         EXPECT_NE(message.find(path.string()), std::string::npos) << "length " << length << ": " << message;
         EXPECT_NE(message.find("truncated"), std::string::npos) << "length " << length << ": " << message;
     }
     std::vector<uint8_t> longer = bytes;
     longer.push_back(0);
     write_bytes(path, longer);
-    EXPECT_NE(error_of([&] { io::read_state_file(path.string()); }).find("trailing"), std::string::npos);
+    EXPECT_NE(refusal_of(path.string()).find("trailing"), std::string::npos);
 }
 
 TEST_F(StateFile, EverySingleBitFlipIsRefused) {
@@ -167,7 +176,7 @@ TEST_F(StateFile, EverySingleBitFlipIsRefused) {
             std::vector<uint8_t> damaged = bytes;
             damaged[position] ^= static_cast<uint8_t>(1u << bit);
             write_bytes(path, damaged);
-            const std::string message = error_of([&] { io::read_state_file(path.string()); });
+            const std::string message = refusal_of(path.string());
             SCOPED_TRACE("byte " + std::to_string(position) + " bit " + std::to_string(bit) + ": " + message);
             ASSERT_NE(message.find(path.string()), std::string::npos);
             // Header fields that are checked before the checksum get their own, more specific message.
@@ -215,6 +224,10 @@ TEST_F(StateFile, LyingLengthsWithAValidChecksumAreRefused) {
         reseal(bytes);
         const std::string message = error_of([&] { io::parse_state(bytes.data(), bytes.size(), "crafted.bin"); });
         EXPECT_NE(message.find("crafted.bin"), std::string::npos) << lie.what << ": " << message;
+        const fs::path crafted = directory / "crafted.bin";
+        write_bytes(crafted, bytes);
+        EXPECT_EQ(refusal_of(crafted.string()), error_of([&] { io::parse_state(bytes.data(), bytes.size(), crafted.string()); }))
+            << lie.what;
         EXPECT_NE(message.find(lie.expected), std::string::npos) << lie.what << ": " << message;
     }
 }
@@ -233,6 +246,81 @@ TEST_F(StateFile, FailedWriteLeavesTheOldFileAndNoTemporary) {
     EXPECT_EQ(std::distance(fs::directory_iterator(directory), fs::directory_iterator()), 1);
     EXPECT_NE(error_of([&] { io::read_state_file((directory / "absent.bin").string()); }).find("absent.bin"),
               std::string::npos);
+}
+
+// The reader in place gives every tensor's bytes, whole or any part, as the whole-file reader does.
+TEST_F(StateFile, TheReaderInPlaceReadsWholeTensorsAndParts) {
+    const TrainingState state = sample_state();
+    const std::string path = (directory / "in_place.bin").string();
+    io::write_state_file(path, state);
+    const io::StateFileReader reader(path);
+    EXPECT_EQ(reader.metadata_json(), state.metadata_json);
+    ASSERT_EQ(reader.entries().size(), state.tensors.size());
+    for (const StateTensor& tensor : state.tensors) {
+        const io::StateReader::Entry* entry = reader.find(tensor.name);
+        ASSERT_NE(entry, nullptr) << tensor.name;
+        EXPECT_EQ(entry->dtype, tensor.dtype);
+        EXPECT_EQ(entry->shape, tensor.shape);
+        ASSERT_EQ(entry->bytes, tensor.data.size());
+        std::vector<uint8_t> whole(tensor.data.size());
+        reader.read(*entry, 0, whole.data(), Device::cpu, whole.size());
+        EXPECT_EQ(whole, tensor.data) << tensor.name;
+        for (uint64_t first = 0; first + 3 <= entry->bytes; first += 5) {
+            std::vector<uint8_t> part(3);
+            reader.read(*entry, first, part.data(), Device::cpu, 3);
+            EXPECT_EQ(part, std::vector<uint8_t>(tensor.data.begin() + first, tensor.data.begin() + first + 3));
+        }
+    }
+    const io::StateReader::Entry& weight = *reader.find("weight");
+    std::vector<uint8_t> past(8);
+    EXPECT_NE(error_of([&] { reader.read(weight, 20, past.data(), Device::cpu, 8); }).find("outside its 24"),
+              std::string::npos);
+    EXPECT_EQ(reader.find("absent"), nullptr);
+    // A newer file renamed over the path changes nothing the open reader reads.
+    TrainingState newer = state;
+    newer.tensors[0].data.assign(newer.tensors[0].data.size(), 0);
+    io::write_state_file(path, newer);
+    std::vector<uint8_t> again(weight.bytes);
+    reader.read(weight, 0, again.data(), Device::cpu, again.size());
+    EXPECT_EQ(again, state.tensors[0].data);
+}
+
+// A streamed write: the same bytes as the state held whole; a sink that fails part way does not stop the emits
+// (a collective in one must run on every rank), and its error comes after the last; a source that gives the wrong
+// number of bytes is refused by name.
+TEST_F(StateFile, StreamedWritesRunEveryEmitAndCheckTheirLengths) {
+    const TrainingState state = sample_state();
+    std::vector<uint8_t> streamed;
+    io::write_state(io::source_of(state), [&](const void* bytes, size_t size) {
+        streamed.insert(streamed.end(), static_cast<const uint8_t*>(bytes), static_cast<const uint8_t*>(bytes) + size);
+    });
+    EXPECT_EQ(streamed, io::serialize_state(state));
+
+    io::StateSource source = io::source_of(state);
+    std::vector<std::string> emitted;
+    for (io::StateTensorSource& tensor : source.tensors)
+        tensor.emit = [&emitted, name = tensor.name, inner = tensor.emit](const io::ByteSink& sink) {
+            emitted.push_back(name);
+            inner(sink);
+        };
+    size_t written = 0;
+    const std::string message = error_of([&] {
+        io::write_state(source, [&](const void*, size_t size) {
+            if (written + size > 60) ENGINE_FAIL("the disk is full");
+            written += size;
+        });
+    });
+    EXPECT_NE(message.find("the disk is full"), std::string::npos) << message;
+    EXPECT_EQ(emitted, (std::vector<std::string>{"weight", "moment.m", "cursor", "empty"}));
+
+    source = io::source_of(state);
+    source.tensors[1].emit = [](const io::ByteSink& sink) { sink("abc", 3); };
+    EXPECT_NE(error_of([&] { io::write_state(source, [](const void*, size_t) {}); }).find("moment.m (4) f64 needs 32 bytes, its source gave 3"),
+              std::string::npos);
+    const std::string path = (directory / "short.bin").string();
+    EXPECT_NE(error_of([&] { io::write_state_file(path, source); }).find("moment.m"), std::string::npos);
+    EXPECT_FALSE(fs::exists(path)) << "a refused source leaves no file";
+    EXPECT_EQ(std::distance(fs::directory_iterator(directory), fs::directory_iterator()), 0);
 }
 
 TrainingState state_for_step(uint64_t step, size_t floats) {
@@ -263,6 +351,7 @@ TEST_F(StateFile, RotationKeepsTwoAndFallsBackWhenTheNewestIsCorrupt) {
     io::LoadedState newest = io::load_latest_state(directory.string());
     EXPECT_EQ(newest.step, 30u);
     EXPECT_TRUE(newest.refused_reason.empty());
+    EXPECT_EQ(io::open_latest_state(directory.string()).step, 30u);
 
     const fs::path newest_path = directory / io::state_file_name(30);
     std::vector<uint8_t> bytes = io::serialize_state(state_for_step(30, 64));
@@ -273,6 +362,9 @@ TEST_F(StateFile, RotationKeepsTwoAndFallsBackWhenTheNewestIsCorrupt) {
     expect_complete(fallback, 64);
     EXPECT_NE(fallback.refused_reason.find(newest_path.string()), std::string::npos) << fallback.refused_reason;
     EXPECT_NE(fallback.refused_reason.find("checksum mismatch"), std::string::npos) << fallback.refused_reason;
+    const io::OpenedState opened = io::open_latest_state(directory.string());
+    EXPECT_EQ(opened.step, 20u);
+    EXPECT_EQ(opened.refused_reason, fallback.refused_reason);
 
     bytes.resize(bytes.size() - 100);
     write_bytes(newest_path, bytes);
@@ -282,6 +374,7 @@ TEST_F(StateFile, RotationKeepsTwoAndFallsBackWhenTheNewestIsCorrupt) {
 
     write_bytes(directory / io::state_file_name(20), bytes);
     const std::string message = error_of([&] { io::load_latest_state(directory.string()); });
+    EXPECT_EQ(error_of([&] { io::open_latest_state(directory.string()); }), message);
     EXPECT_NE(message.find(io::state_file_name(20)), std::string::npos) << message;
     EXPECT_NE(message.find(io::state_file_name(30)), std::string::npos) << message;
 }

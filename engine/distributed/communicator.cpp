@@ -143,6 +143,19 @@ void Communicator::broadcast(const Tensor& tensor, int root) {
     broadcast_bytes(tensor.raw_data(), tensor.nbytes(), tensor.device(), root);
 }
 
+void Communicator::broadcast_range(const Tensor& tensor, int64_t first, int64_t count, int root) {
+    ENGINE_CHECK(root >= 0 && root < world_size_, where("broadcast") << ": root " << root << " is not a rank");
+    ENGINE_CHECK(tensor.defined() && first >= 0 && count >= 0 && first <= tensor.numel() - count,
+                 where("broadcast") << ": elements [" << first << ", " << first + count << ") are not in "
+                                    << (tensor.defined() ? tensor.describe() : std::string("an undefined tensor")));
+    ++counters_.broadcasts;
+    ++counters_.backend_calls;
+    detail::impl_of(tensor).storage->set_host_copy(nullptr);
+    const size_t element = dtype_size(tensor.dtype());
+    broadcast_bytes(static_cast<char*>(tensor.raw_data()) + static_cast<size_t>(first) * element,
+                    static_cast<size_t>(count) * element, tensor.device(), root);
+}
+
 void Communicator::check_parts(const Tensor& flat, const Tensor& shard, const char* call) const {
     ENGINE_CHECK(flat.defined() && shard.defined() && flat.device() == shard.device() && flat.dtype() == shard.dtype() &&
                      flat.numel() == shard.numel() * world_size_,

@@ -57,11 +57,15 @@ std::string state_file_name(uint64_t step) {
 }
 
 std::string save_state_rotating(const std::string& directory, uint64_t step, const TrainingState& state) {
+    return save_state_rotating(directory, step, source_of(state));
+}
+
+std::string save_state_rotating(const std::string& directory, uint64_t step, const StateSource& source) {
     std::error_code error;
     fs::create_directories(directory, error);
     ENGINE_CHECK(!error, "cannot create state directory " << directory << ": " << error.message());
     const fs::path target = fs::path(directory) / state_file_name(step);
-    write_state_file(target.string(), state); // durable (file and directory fsynced) before anything is deleted
+    write_state_file(target.string(), source); // durable (file and directory fsynced) before anything is deleted
 
     // Keep the new state and the newest one older than it. Larger steps are from a run that was abandoned
     // (we resumed from an earlier state), and would otherwise shadow the new one at the next load.
@@ -86,7 +90,11 @@ std::string save_state_rotating(const std::string& directory, uint64_t step, con
     return target.string();
 }
 
-LoadedState load_latest_state(const std::string& directory) {
+namespace {
+
+// The newest state file for which `open` succeeds, newer ones' refusals joined in `refusals`.
+template <typename Open>
+void open_newest(const std::string& directory, std::string& refused_reason, const Open& open) {
     std::error_code error;
     ENGINE_CHECK(fs::is_directory(directory, error), "state directory " << directory << " does not exist");
     const std::vector<StateEntry> entries = list_states(directory);
@@ -94,18 +102,36 @@ LoadedState load_latest_state(const std::string& directory) {
     std::ostringstream refusals;
     for (const StateEntry& entry : entries) {
         try {
-            LoadedState loaded;
-            loaded.state = read_state_file(entry.path.string());
-            loaded.path = entry.path.string();
-            loaded.step = entry.step;
-            loaded.refused_reason = refusals.str();
-            return loaded;
+            open(entry);
+            refused_reason = refusals.str();
+            return;
         } catch (const EngineError& refused) {
             refusals << (refusals.tellp() > 0 ? "; " : "") << "refused " << entry.path.string() << ": "
                      << refused.what();
         }
     }
     ENGINE_FAIL("no valid training state in " << directory << ": " << refusals.str());
+}
+
+} // namespace
+
+LoadedState load_latest_state(const std::string& directory) {
+    LoadedState loaded;
+    open_newest(directory, loaded.refused_reason, [&](const StateEntry& entry) {
+        loaded.state = read_state_file(entry.path.string());
+        loaded.path = entry.path.string();
+        loaded.step = entry.step;
+    });
+    return loaded;
+}
+
+OpenedState open_latest_state(const std::string& directory) {
+    OpenedState opened;
+    open_newest(directory, opened.refused_reason, [&](const StateEntry& entry) {
+        opened.reader = std::make_unique<StateFileReader>(entry.path.string());
+        opened.step = entry.step;
+    });
+    return opened;
 }
 
 } // namespace engine::io

@@ -3,8 +3,15 @@
 // damaged file is refused with a message instead of read out of bounds.
 #include "engine/io/state_file.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <unordered_set>
 
@@ -13,6 +20,7 @@
 
 #include "base/error.h"
 #include "engine/io/atomic_file.h"
+#include "engine/memory.h"
 
 namespace engine::io {
 namespace {
@@ -86,51 +94,161 @@ bool tensor_bytes(const Shape& shape, DType dtype, uint64_t* bytes) {
     return true;
 }
 
-void check_metadata(const std::string& text, const std::string& source) {
+// `where`: "state file <source>: ".
+void check_metadata(const std::string& text, const std::string& where) {
     nlohmann::json parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    ENGINE_CHECK(!parsed.is_discarded(), "state file " << source << ": metadata is not valid JSON");
-    ENGINE_CHECK(parsed.is_object(), "state file " << source << ": metadata is JSON but not an object");
+    ENGINE_CHECK(!parsed.is_discarded(), where << "metadata is not valid JSON");
+    ENGINE_CHECK(parsed.is_object(), where << "metadata is JSON but not an object");
+}
+
+// Reads exactly `bytes` at `offset` of an open file, or throws naming it.
+void pread_exactly(int descriptor, const std::string& path, uint64_t offset, void* destination, uint64_t bytes) {
+    auto* cursor = static_cast<uint8_t*>(destination);
+    while (bytes > 0) {
+        const ssize_t got = ::pread(descriptor, cursor, bytes, static_cast<off_t>(offset));
+        if (got < 0 && errno == EINTR) continue;
+        ENGINE_CHECK(got >= 0, "reading " << path << " failed: " << std::strerror(errno));
+        ENGINE_CHECK(got > 0, "reading " << path << ": the file ended at byte " << offset << " while being read");
+        cursor += got;
+        offset += static_cast<uint64_t>(got);
+        bytes -= static_cast<uint64_t>(got);
+    }
+}
+
+// A record's name and shape as the format allows them; returns the bytes its data takes.
+uint64_t checked_record(const std::string& name, DType dtype, const Shape& shape) {
+    ENGINE_CHECK(!name.empty() && name.size() <= max_name_bytes,
+                 "state tensor name must have 1.." << max_name_bytes << " bytes, got " << name.size());
+    ENGINE_CHECK(shape.size() <= max_rank, "state tensor " << name << ": rank " << shape.size() << " over " << max_rank);
+    uint64_t bytes = 0;
+    ENGINE_CHECK(tensor_bytes(shape, dtype, &bytes), "state tensor " << name << ": invalid shape " << shape_string(shape));
+    return bytes;
 }
 
 void check_tensor_for_writing(const StateTensor& tensor) {
-    ENGINE_CHECK(!tensor.name.empty() && tensor.name.size() <= max_name_bytes,
-                 "state tensor name must have 1.." << max_name_bytes << " bytes, got " << tensor.name.size());
-    ENGINE_CHECK(tensor.shape.size() <= max_rank,
-                 "state tensor " << tensor.name << ": rank " << tensor.shape.size() << " over " << max_rank);
-    uint64_t expected = 0;
-    ENGINE_CHECK(tensor_bytes(tensor.shape, tensor.dtype, &expected),
-                 "state tensor " << tensor.name << ": invalid shape " << shape_string(tensor.shape));
+    const uint64_t expected = checked_record(tensor.name, tensor.dtype, tensor.shape);
     ENGINE_CHECK(expected == tensor.data.size(), "state tensor " << tensor.name << " " << shape_string(tensor.shape)
                                                                  << " " << dtype_name(tensor.dtype) << " needs "
                                                                  << expected << " bytes, holds " << tensor.data.size());
 }
 
-// Emits the whole file through `sink` (pieces in order), checksum last.
-void emit_state(const TrainingState& state, const ByteSink& sink) {
-    check_metadata(state.metadata_json, "(being written)");
+// The header's checks, in the order a reader meets them: length, magic, version, declared size.
+void check_header(const uint8_t* head, uint64_t size, const std::string& where) {
+    ENGINE_CHECK(size >= header_bytes + checksum_bytes,
+                 where << "truncated: " << size << " bytes, shorter than the " << header_bytes + checksum_bytes
+                       << "-byte minimum");
+    ENGINE_CHECK(std::memcmp(head, state_file_magic, 8) == 0, where << "bad magic (not a libengine state file)");
+    const uint32_t version = get_u32(head + 8);
+    ENGINE_CHECK(version == state_file_version,
+                 where << "unsupported version " << version << " (this build reads " << state_file_version << ")");
+    const uint64_t file_bytes = get_u64(head + 16);
+    ENGINE_CHECK(file_bytes == size, where << (file_bytes > size ? "truncated" : "trailing bytes") << ": header says "
+                                           << file_bytes << " bytes, the file has " << size);
+}
+
+void check_checksum(uint32_t stored, uint32_t computed, const std::string& where) {
+    ENGINE_CHECK(stored == computed, where << "checksum mismatch (stored CRC32 " << std::hex << stored << ", computed "
+                                           << computed << std::dec << "): the file is corrupt");
+}
+
+// The body after a good checksum: the metadata, then every record's head, each length checked against what is
+// left before it is used, so that a crafted file with a matching checksum cannot read out of bounds.
+// read_at(offset, destination, bytes) reads the file; on_record(tensor without data, data offset) takes each.
+template <typename ReadAt, typename OnRecord>
+std::string walk_body(const uint8_t* head, uint64_t size, const std::string& where, const ReadAt& read_at,
+                      const OnRecord& on_record) {
+    ENGINE_CHECK(get_u32(head + 12) == 0, where << "reserved header field is not zero");
+    const uint64_t body_end = size - checksum_bytes;
+    uint64_t offset = header_bytes;
+    auto remaining = [&] { return body_end - offset; };
+    const uint64_t metadata_bytes = get_u64(head + 24);
+    ENGINE_CHECK(metadata_bytes <= remaining(),
+                 where << "metadata length " << metadata_bytes << " runs past the end of the file");
+    std::string metadata(metadata_bytes, '\0');
+    read_at(offset, metadata.data(), metadata_bytes);
+    offset += metadata_bytes;
+    check_metadata(metadata, where);
+
+    const uint64_t tensor_count = get_u64(head + 32);
+    ENGINE_CHECK(tensor_count <= remaining() / (record_head_bytes + 1 + 8),
+                 where << "tensor count " << tensor_count << " cannot fit in the " << remaining() << " bytes left");
+    std::unordered_set<std::string> names;
+    uint8_t record_head[record_head_bytes];
+    for (uint64_t index = 0; index < tensor_count; ++index) {
+        const std::string record = where + "tensor record " + std::to_string(index) + ": ";
+        ENGINE_CHECK(remaining() >= record_head_bytes, record << "truncated record header");
+        read_at(offset, record_head, record_head_bytes);
+        const uint32_t name_bytes = get_u32(record_head);
+        const uint32_t code = get_u32(record_head + 4);
+        const uint32_t rank = get_u32(record_head + 8);
+        ENGINE_CHECK(get_u32(record_head + 12) == 0, record << "reserved field is not zero");
+        offset += record_head_bytes;
+        ENGINE_CHECK(name_bytes >= 1 && name_bytes <= max_name_bytes,
+                     record << "name length " << name_bytes << " outside 1.." << max_name_bytes);
+        ENGINE_CHECK(rank <= max_rank, record << "rank " << rank << " over " << max_rank);
+        StateTensor tensor;
+        ENGINE_CHECK(dtype_from_code(code, &tensor.dtype), record << "unknown dtype code " << code);
+        ENGINE_CHECK(uint64_t{name_bytes} + 8ull * rank + 8 <= remaining(),
+                     record << "name and shape run past the end of the file");
+        std::vector<uint8_t> rest(name_bytes + 8ull * rank + 8);
+        read_at(offset, rest.data(), rest.size());
+        tensor.name.assign(reinterpret_cast<const char*>(rest.data()), name_bytes);
+        offset += rest.size();
+        for (uint32_t axis = 0; axis < rank; ++axis)
+            tensor.shape.push_back(static_cast<int64_t>(get_u64(rest.data() + name_bytes + 8 * axis)));
+        const uint64_t data_bytes = get_u64(rest.data() + name_bytes + 8ull * rank);
+        uint64_t expected = 0;
+        ENGINE_CHECK(tensor_bytes(tensor.shape, tensor.dtype, &expected),
+                     record << tensor.name << " has an invalid shape " << shape_string(tensor.shape));
+        ENGINE_CHECK(data_bytes == expected, record << tensor.name << " " << shape_string(tensor.shape) << " "
+                                                    << dtype_name(tensor.dtype) << " declares " << data_bytes
+                                                    << " data bytes, its shape needs " << expected);
+        ENGINE_CHECK(data_bytes <= remaining(), record << tensor.name << " declares " << data_bytes
+                                                       << " data bytes, only " << remaining() << " are left");
+        ENGINE_CHECK(names.insert(tensor.name).second, record << "tensor name " << tensor.name << " appears twice");
+        on_record(std::move(tensor), offset, data_bytes);
+        offset += data_bytes;
+    }
+    ENGINE_CHECK(offset == body_end, where << remaining() << " unexplained bytes after the last tensor");
+    return metadata;
+}
+
+} // namespace
+
+void write_state(const StateSource& source, const ByteSink& sink) {
+    check_metadata(source.metadata_json, "state file (being written): ");
     std::unordered_set<std::string_view> names;
-    uint64_t file_bytes = header_bytes + state.metadata_json.size() + checksum_bytes;
-    for (const StateTensor& tensor : state.tensors) {
-        check_tensor_for_writing(tensor);
+    uint64_t file_bytes = header_bytes + source.metadata_json.size() + checksum_bytes;
+    for (const StateTensorSource& tensor : source.tensors) {
+        const uint64_t data_bytes = checked_record(tensor.name, tensor.dtype, tensor.shape);
         ENGINE_CHECK(names.insert(tensor.name).second, "state tensor name " << tensor.name << " appears twice");
-        file_bytes += record_head_bytes + tensor.name.size() + 8 * tensor.shape.size() + 8 + tensor.data.size();
+        file_bytes += record_head_bytes + tensor.name.size() + 8 * tensor.shape.size() + 8 + data_bytes;
     }
 
+    // A failing sink (a full disk) does not stop the emits: the bytes after it are dropped, and the failure is
+    // thrown once every emit, and any collective in it, has run on this rank as on the others.
+    std::exception_ptr failure;
     uint32_t crc = crc32_update(0, nullptr, 0);
     auto write = [&](const void* bytes, size_t size) {
-        if (size == 0) return;
+        if (size == 0 || failure) return;
         crc = crc32_update(crc, bytes, size);
-        sink(bytes, size);
+        try {
+            sink(bytes, size);
+        } catch (...) {
+            failure = std::current_exception();
+        }
     };
     std::vector<uint8_t> head(state_file_magic, state_file_magic + 8);
     put_u32(head, state_file_version);
     put_u32(head, 0);
     put_u64(head, file_bytes);
-    put_u64(head, state.metadata_json.size());
-    put_u64(head, state.tensors.size());
+    put_u64(head, source.metadata_json.size());
+    put_u64(head, source.tensors.size());
     write(head.data(), head.size());
-    write(state.metadata_json.data(), state.metadata_json.size());
-    for (const StateTensor& tensor : state.tensors) {
+    write(source.metadata_json.data(), source.metadata_json.size());
+    for (const StateTensorSource& tensor : source.tensors) {
+        uint64_t data_bytes = 0;
+        tensor_bytes(tensor.shape, tensor.dtype, &data_bytes);
         head.clear();
         put_u32(head, static_cast<uint32_t>(tensor.name.size()));
         put_u32(head, dtype_code(tensor.dtype));
@@ -138,16 +256,143 @@ void emit_state(const TrainingState& state, const ByteSink& sink) {
         put_u32(head, 0);
         head.insert(head.end(), tensor.name.begin(), tensor.name.end());
         for (int64_t extent : tensor.shape) put_u64(head, static_cast<uint64_t>(extent));
-        put_u64(head, tensor.data.size());
+        put_u64(head, data_bytes);
         write(head.data(), head.size());
-        write(tensor.data.data(), tensor.data.size());
+        uint64_t emitted = 0;
+        tensor.emit([&](const void* bytes, size_t size) {
+            emitted += size;
+            write(bytes, size);
+        });
+        // A wrong count would make a file whose records do not parse: refused before the file is renamed.
+        ENGINE_CHECK(emitted == data_bytes, "state tensor " << tensor.name << " " << shape_string(tensor.shape) << " "
+                                                            << dtype_name(tensor.dtype) << " needs " << data_bytes
+                                                            << " bytes, its source gave " << emitted);
     }
     head.clear();
     put_u32(head, crc);
-    sink(head.data(), head.size());
+    write(head.data(), head.size());
+    if (failure) std::rethrow_exception(failure);
 }
 
+StateSource source_of(const TrainingState& state) {
+    StateSource source;
+    source.metadata_json = state.metadata_json;
+    for (const StateTensor& tensor : state.tensors) {
+        check_tensor_for_writing(tensor);
+        source.tensors.push_back({tensor.name, tensor.dtype, tensor.shape, [&tensor](const ByteSink& sink) {
+                                      if (sink && !tensor.data.empty()) sink(tensor.data.data(), tensor.data.size());
+                                  }});
+    }
+    return source;
+}
+
+StateStaging::~StateStaging() {
+    if (block_ != nullptr) deallocate_bytes(Device::cpu, block_, state_staging_bytes, MemoryCategory::pinned_host);
+}
+
+void* StateStaging::block() {
+    if (block_ == nullptr) block_ = allocate_bytes(Device::cpu, state_staging_bytes, MemoryCategory::pinned_host);
+    return block_;
+}
+
+void StateStaging::emit(const void* bytes, Device device, size_t size, const ByteSink& sink) {
+    if (!sink || size == 0) return;
+    if (device == Device::cpu) return sink(bytes, size);
+    for (size_t done = 0; done < size; done += state_staging_bytes) {
+        const size_t piece = std::min(state_staging_bytes, size - done);
+        copy_bytes(block(), Device::cpu, static_cast<const uint8_t*>(bytes) + done, device, piece);
+        sink(block(), piece);
+    }
+}
+
+void StateStaging::fill(void* destination, Device device, size_t size,
+                        const std::function<void(void* host, size_t offset, size_t bytes)>& read) {
+    if (size == 0) return;
+    if (device == Device::cpu) return read(destination, 0, size);
+    for (size_t done = 0; done < size; done += state_staging_bytes) {
+        const size_t piece = std::min(state_staging_bytes, size - done);
+        read(block(), done, piece);
+        copy_bytes(static_cast<uint8_t*>(destination) + done, device, block(), Device::cpu, piece);
+    }
+}
+
+const StateReader::Entry* StateReader::find(std::string_view name) const {
+    for (const Entry& entry : entries())
+        if (entry.name == name) return &entry;
+    return nullptr;
+}
+
+namespace {
+void check_range(const StateReader::Entry& entry, uint64_t first, uint64_t size) {
+    ENGINE_CHECK(first <= entry.bytes && size <= entry.bytes - first,
+                 "state tensor " << entry.name << ": bytes [" << first << ", " << first + size << ") lie outside its "
+                                 << entry.bytes);
+}
 } // namespace
+
+MemoryStateReader::MemoryStateReader(const TrainingState& state) : state_(state) {
+    for (const StateTensor& tensor : state.tensors) entries_.push_back({tensor.name, tensor.dtype, tensor.shape, tensor.data.size()});
+}
+
+void MemoryStateReader::read(const Entry& entry, uint64_t first, void* destination, Device device, uint64_t size) const {
+    check_range(entry, first, size);
+    const StateTensor* stored = state_.find(entry.name);
+    ENGINE_CHECK(stored != nullptr, "training state has no tensor named " << entry.name);
+    if (size > 0) copy_bytes(destination, device, stored->data.data() + first, Device::cpu, size);
+}
+
+StateFileReader::StateFileReader(const std::string& path) : path_(path) {
+    const std::string where = "state file " + path + ": ";
+    descriptor_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    ENGINE_CHECK(descriptor_ >= 0, "cannot open " << path << ": " << std::strerror(errno));
+    try {
+        struct stat status {};
+        ENGINE_CHECK(::fstat(descriptor_, &status) == 0, "cannot stat " << path << ": " << std::strerror(errno));
+        ENGINE_CHECK(S_ISREG(status.st_mode), path << " is not a regular file");
+        const auto size = static_cast<uint64_t>(status.st_size);
+        auto read_at = [&](uint64_t offset, void* destination, uint64_t bytes) {
+            pread_exactly(descriptor_, path, offset, destination, bytes);
+        };
+        uint8_t head[header_bytes] = {};
+        read_at(0, head, std::min<uint64_t>(size, header_bytes));
+        check_header(head, size, where);
+        // The checksum over every byte before it, through one bounded buffer.
+        std::vector<uint8_t> buffer(std::min<uint64_t>(size, uint64_t(1) << 20));
+        uint32_t crc = crc32_update(0, nullptr, 0);
+        for (uint64_t done = 0; done < size - checksum_bytes;) {
+            const uint64_t piece = std::min<uint64_t>(buffer.size(), size - checksum_bytes - done);
+            read_at(done, buffer.data(), piece);
+            crc = crc32_update(crc, buffer.data(), piece);
+            done += piece;
+        }
+        uint8_t stored[checksum_bytes];
+        read_at(size - checksum_bytes, stored, checksum_bytes);
+        check_checksum(get_u32(stored), crc, where);
+        metadata_json_ = walk_body(head, size, where, read_at, [&](StateTensor tensor, uint64_t offset, uint64_t bytes) {
+            entries_.push_back({std::move(tensor.name), tensor.dtype, std::move(tensor.shape), bytes});
+            offsets_.push_back(offset);
+        });
+    } catch (...) {
+        ::close(descriptor_);
+        throw;
+    }
+}
+
+StateFileReader::~StateFileReader() {
+    if (descriptor_ >= 0) ::close(descriptor_);
+}
+
+void StateFileReader::read(const Entry& entry, uint64_t first, void* destination, Device device, uint64_t size) const {
+    check_range(entry, first, size);
+    const auto index = static_cast<size_t>(&entry - entries_.data());
+    ENGINE_CHECK(index < entries_.size() && &entries_[index] == &entry,
+                 "state file " << path_ << ": tensor " << entry.name << " is not one of this file's entries");
+    StateStaging staging;
+    staging.fill(destination, device, size, [&](void* host, size_t offset, size_t bytes) {
+        pread_exactly(descriptor_, path_, offsets_[index] + first + offset, host, bytes);
+    });
+}
+
 
 void TrainingState::add_tensor(StateTensor tensor) {
     check_tensor_for_writing(tensor);
@@ -180,7 +425,7 @@ void TrainingState::copy_into(const std::string& name, Tensor& destination) cons
 
 std::vector<uint8_t> serialize_state(const TrainingState& state) {
     std::vector<uint8_t> out;
-    emit_state(state, [&](const void* bytes, size_t size) {
+    write_state(source_of(state), [&](const void* bytes, size_t size) {
         const auto* begin = static_cast<const uint8_t*>(bytes);
         out.insert(out.end(), begin, begin + size);
     });
@@ -188,8 +433,11 @@ std::vector<uint8_t> serialize_state(const TrainingState& state) {
 }
 
 void write_state_file(const std::string& path, const TrainingState& state) {
-    // Streams into the file, so that a large model is not held twice in memory.
-    write_file_atomically(path, [&](const ByteSink& sink) { emit_state(state, sink); });
+    write_state_file(path, source_of(state));
+}
+
+void write_state_file(const std::string& path, const StateSource& source) {
+    write_file_atomically(path, [&](const ByteSink& sink) { write_state(source, sink); });
 }
 
 TrainingState read_state_file(const std::string& path) {
@@ -199,76 +447,19 @@ TrainingState read_state_file(const std::string& path) {
 
 TrainingState parse_state(const uint8_t* bytes, size_t size, const std::string& source) {
     const std::string where = "state file " + source + ": ";
-    ENGINE_CHECK(size >= header_bytes + checksum_bytes,
-                 where << "truncated: " << size << " bytes, shorter than the " << header_bytes + checksum_bytes
-                       << "-byte minimum");
-    ENGINE_CHECK(std::memcmp(bytes, state_file_magic, 8) == 0, where << "bad magic (not a libengine state file)");
-    const uint32_t version = get_u32(bytes + 8);
-    ENGINE_CHECK(version == state_file_version,
-                 where << "unsupported version " << version << " (this build reads " << state_file_version << ")");
-    const uint64_t file_bytes = get_u64(bytes + 16);
-    ENGINE_CHECK(file_bytes == size, where << (file_bytes > size ? "truncated" : "trailing bytes") << ": header says "
-                                           << file_bytes << " bytes, the file has " << size);
-    const uint32_t stored_crc = get_u32(bytes + size - checksum_bytes);
-    const uint32_t computed_crc = crc32_update(crc32_update(0, nullptr, 0), bytes, size - checksum_bytes);
-    ENGINE_CHECK(stored_crc == computed_crc, where << "checksum mismatch (stored CRC32 " << std::hex << stored_crc
-                                                   << ", computed " << computed_crc << std::dec
-                                                   << "): the file is corrupt");
-    ENGINE_CHECK(get_u32(bytes + 12) == 0, where << "reserved header field is not zero");
-
-    // From here the bytes are what the writer produced unless the writer itself was wrong, but every
-    // length is still checked so that a crafted file with a matching checksum cannot read out of bounds.
-    const size_t body_end = size - checksum_bytes;
-    size_t offset = header_bytes;
-    auto remaining = [&] { return body_end - offset; };
-    const uint64_t metadata_bytes = get_u64(bytes + 24);
-    ENGINE_CHECK(metadata_bytes <= remaining(),
-                 where << "metadata length " << metadata_bytes << " runs past the end of the file");
+    uint8_t head[header_bytes] = {};
+    if (size > 0) std::memcpy(head, bytes, std::min(size, header_bytes));
+    check_header(head, size, where);
+    check_checksum(get_u32(bytes + size - checksum_bytes),
+                   crc32_update(crc32_update(0, nullptr, 0), bytes, size - checksum_bytes), where);
     TrainingState state;
-    state.metadata_json.assign(reinterpret_cast<const char*>(bytes + offset), metadata_bytes);
-    offset += metadata_bytes;
-    check_metadata(state.metadata_json, source);
-
-    const uint64_t tensor_count = get_u64(bytes + 32);
-    ENGINE_CHECK(tensor_count <= remaining() / (record_head_bytes + 1 + 8),
-                 where << "tensor count " << tensor_count << " cannot fit in the " << remaining() << " bytes left");
-    state.tensors.reserve(tensor_count);
-    std::unordered_set<std::string> names;
-    for (uint64_t index = 0; index < tensor_count; ++index) {
-        const std::string record = where + "tensor record " + std::to_string(index) + ": ";
-        ENGINE_CHECK(remaining() >= record_head_bytes, record << "truncated record header");
-        const uint32_t name_bytes = get_u32(bytes + offset);
-        const uint32_t code = get_u32(bytes + offset + 4);
-        const uint32_t rank = get_u32(bytes + offset + 8);
-        ENGINE_CHECK(get_u32(bytes + offset + 12) == 0, record << "reserved field is not zero");
-        offset += record_head_bytes;
-        ENGINE_CHECK(name_bytes >= 1 && name_bytes <= max_name_bytes,
-                     record << "name length " << name_bytes << " outside 1.." << max_name_bytes);
-        ENGINE_CHECK(rank <= max_rank, record << "rank " << rank << " over " << max_rank);
-        StateTensor tensor;
-        ENGINE_CHECK(dtype_from_code(code, &tensor.dtype), record << "unknown dtype code " << code);
-        ENGINE_CHECK(uint64_t{name_bytes} + 8ull * rank + 8 <= remaining(),
-                     record << "name and shape run past the end of the file");
-        tensor.name.assign(reinterpret_cast<const char*>(bytes + offset), name_bytes);
-        offset += name_bytes;
-        for (uint32_t axis = 0; axis < rank; ++axis, offset += 8)
-            tensor.shape.push_back(static_cast<int64_t>(get_u64(bytes + offset)));
-        const uint64_t data_bytes = get_u64(bytes + offset);
-        offset += 8;
-        uint64_t expected = 0;
-        ENGINE_CHECK(tensor_bytes(tensor.shape, tensor.dtype, &expected),
-                     record << tensor.name << " has an invalid shape " << shape_string(tensor.shape));
-        ENGINE_CHECK(data_bytes == expected, record << tensor.name << " " << shape_string(tensor.shape) << " "
-                                                    << dtype_name(tensor.dtype) << " declares " << data_bytes
-                                                    << " data bytes, its shape needs " << expected);
-        ENGINE_CHECK(data_bytes <= remaining(), record << tensor.name << " declares " << data_bytes
-                                                       << " data bytes, only " << remaining() << " are left");
-        ENGINE_CHECK(names.insert(tensor.name).second, record << "tensor name " << tensor.name << " appears twice");
-        tensor.data.assign(bytes + offset, bytes + offset + data_bytes);
-        offset += data_bytes;
+    auto read_at = [&](uint64_t offset, void* destination, uint64_t count) {
+        if (count > 0) std::memcpy(destination, bytes + offset, count);
+    };
+    state.metadata_json = walk_body(head, size, where, read_at, [&](StateTensor tensor, uint64_t offset, uint64_t count) {
+        tensor.data.assign(bytes + offset, bytes + offset + count);
         state.tensors.push_back(std::move(tensor));
-    }
-    ENGINE_CHECK(offset == body_end, where << remaining() << " unexplained bytes after the last tensor");
+    });
     return state;
 }
 

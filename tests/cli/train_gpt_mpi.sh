@@ -170,16 +170,25 @@ status=$?
 [ "$status" -ne 0 ] && grep -q "saved by a run of 2 data-parallel ranks and this run has 1" "$work/wrong_world.out"
 check "a resume with another world size is refused clearly" $? "exit $status: $(tail -2 "$work/wrong_world.out")"
 
-# 4b. Saving under ZeRO-1 gathers the optimizer state to the host a kind at a time, through the step's flat
-#     buffer: the device holds no gathered copy (the save adds 0 B to its account), and the state resumes.
-mpirun2 "$train_gpt" "${common[@]}" --zero-stage 1 --per-device-train-batch-size 2 --max-steps 2 \
-  --out "$work/zero_state" >"$work/zero_save.out" 2>&1
+# 4b. Saving under ZeRO-1 gathers the optimizer state one tensor at a time, in the file's order, through the step's
+#     flat buffer, and streams it to the file: the account holds no gathered copy (the save adds 0 B), and the
+#     save's and the resume's peaks are --plan's (planner::predict_state_phases) to the byte. The state resumes.
+zero=("${common[@]}" --zero-stage 1 --per-device-train-batch-size 2)
+mpirun2 "$train_gpt" "${zero[@]}" --max-steps 2 --out "$work/zero_state" >"$work/zero_save.out" 2>&1
 check "2-rank ZeRO-1 run saving a training state" $? "$(tail -5 "$work/zero_save.out")"
-grep -q "saved training state .* (device memory +0 B)" "$work/zero_save.out"
-check "the ZeRO-1 save holds no gathered copy of the optimizer state on the device" $? "$(grep saved "$work/zero_save.out")"
-mpirun2 "$train_gpt" "${common[@]}" --zero-stage 1 --per-device-train-batch-size 2 --max-steps 3 \
-  --resume "$work/zero_state" >"$work/zero_resume.out" 2>&1
+grep -q "saved training state .* (device memory +0 B; " "$work/zero_save.out"
+check "the ZeRO-1 save holds no gathered copy of the optimizer state" $? "$(grep saved "$work/zero_save.out")"
+mpirun2 "$train_gpt" "${zero[@]}" --max-steps 3 --resume "$work/zero_state" >"$work/zero_resume.out" 2>&1
 check "the ZeRO-1 state resumes" $? "$(tail -5 "$work/zero_resume.out")"
+mpirun2 "$train_gpt" "${zero[@]}" --max-steps 3 --out "$work/zero_state" --resume "$work/zero_state" --plan \
+  >"$work/zero_plan.out" 2>&1
+predicted_save=$(sed -n 's/^save (--out, .*): peak [^(]*(\([0-9]*\) B).*/\1/p' "$work/zero_plan.out")
+predicted_resume=$(sed -n 's/^resume (--resume, .*): peak [^(]*(\([0-9]*\) B).*/\1/p' "$work/zero_plan.out")
+measured_save=$(sed -n 's/^saved training state .*; peak \([0-9]*\) B)$/\1/p' "$work/zero_save.out")
+measured_resume=$(sed -n 's/^resumed from .* (peak \([0-9]*\) B)$/\1/p' "$work/zero_resume.out")
+[ -n "$predicted_save" ] && [ "$measured_save" = "$predicted_save" ] && [ "$measured_resume" = "$predicted_resume" ]
+check "ZeRO-1: the save's and the resume's peaks as --plan predicts ($predicted_save B, $predicted_resume B)" $? \
+  "measured $measured_save B and $measured_resume B; $(grep -E '^(save|resume)' "$work/zero_plan.out")"
 
 # 5. ZeRO stage 1: the same runs with each rank keeping the optimizer state of half the parameters. AdamW
 #    against the unsharded 2-rank run (same sums, so the same weights), SGD against one process; the

@@ -1,0 +1,154 @@
+// Saving and resuming a training state on the CUDA device, measured against planner::predict_state_phases: between
+// steps the device holds the model state the planner predicts, the save and the resume add nothing to it, and the
+// host's account rises by the one pinned block they stream through (none when the optimizer keeps every saved tensor
+// on the host). The state comes back bitwise. On the emulated device in CI; on a real one when lent.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/cuda/runtime.h"
+#include "optim/trainer.h"
+#include "optim/training_state.h"
+#include "planner/memory_model.h"
+#include "tests/cuda/gpt_gradients.h"
+#include "tests/llama_step.h"
+#include "tests/parameter_snapshot.h"
+
+namespace engine::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int micro_batches = 2, batch = 2;
+
+struct PhaseCase {
+    const char* name;
+    bool llama;
+    Precision precision;
+    bool checkpointing;           // every layer, its input offloaded
+    bool offload_optimizer = false;
+    GradientOffload gradients = GradientOffload::window;
+    bool parameters = false;      // streamed parameters (offload_parameters)
+};
+void PrintTo(const PhaseCase& phase_case, std::ostream* out) { *out << phase_case.name; }
+
+nn::ModelConfig model_config(const PhaseCase& run) {
+    return run.llama ? nn::ModelConfig(small_llama_config(false)) : nn::ModelConfig(small_gpt_config());
+}
+
+optim::TrainerConfig trainer_config(const PhaseCase& run) {
+    optim::TrainerConfig config;
+    config.shape.per_device_train_batch_size = batch;
+    config.shape.gradient_accumulation_steps = micro_batches;
+    config.shape.precision = run.precision;
+    config.shape.checkpointing.enabled = run.checkpointing;
+    config.shape.checkpointing.offload = run.checkpointing;
+    config.shape.offload_optimizer = run.offload_optimizer;
+    if (run.offload_optimizer) config.shape.offload_gradients = run.gradients;
+    config.shape.offload_parameters = run.parameters;
+    config.learning_rate = 3e-3;
+    config.max_steps = 4;
+    return config;
+}
+
+size_t device_now() { return memory_stats(Device::cuda).current_bytes; }
+size_t host_now() { return memory_stats(Device::cpu).current_bytes; }
+
+class StatePhases : public ::testing::TestWithParam<PhaseCase> {
+protected:
+    void SetUp() override {
+        if (!engine::cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+        engine::cuda::set_tf32_enabled(false);
+        directory = fs::temp_directory_path() / ("engine_state_phases_" + std::to_string(::getpid()));
+        fs::remove_all(directory);
+    }
+    void TearDown() override { fs::remove_all(directory); }
+    fs::path directory;
+};
+
+TEST_P(StatePhases, SaveAndResumeAddOnlyTheHostBlockToWhatTheStepsLeave) {
+    const PhaseCase& run = GetParam();
+    const nn::ModelConfig config = model_config(run);
+    const int length = config.max_seq_len();
+    const DType dtype = precision_dtype(run.precision);
+    checkpoint::CheckpointPolicy policy;
+    policy.enabled = policy.offload = run.checkpointing;
+    const planner::MemoryPrediction step =
+        planner::predict_memory(config, batch, length, policy, dtype, OptimizerKind::adamw, 1, micro_batches,
+                                run.offload_optimizer, run.gradients, run.parameters);
+    const planner::StatePhasesPrediction phases = planner::predict_state_phases(step, Device::cuda, run.offload_optimizer);
+
+    const size_t device_before = device_now(), host_before = host_now();
+    const size_t workspace_before = memory_stats(Device::cuda).current(MemoryCategory::workspace);
+    std::unique_ptr<nn::CausalLM> model = config.build(11, Device::cuda, DType::f32);
+    optim::Trainer trainer(*model, trainer_config(run));
+    int cursor = 0;
+    const nn::BatchSource source = [&]() -> std::optional<nn::Batch> {
+        const std::vector<MicroBatch> made =
+            make_token_micro_batches(config.vocab_size(), length, 1, batch, 500u + static_cast<uint32_t>(cursor++));
+        nn::Batch out;
+        out.inputs = Tensor::from_vector<int32_t>(made[0].tokens, {batch, length}, Device::cpu);
+        out.labels = out.inputs;
+        return out;
+    };
+    for (int index = 0; index < 2; ++index) ASSERT_TRUE(trainer.train_step(source).has_value());
+
+    // Between steps: the model state as predicted, and cuBLASLt's workspace when this run made it (GPT-2's biased
+    // linears; an earlier test of the process may have made it already).
+    const size_t made = memory_stats(Device::cuda).current(MemoryCategory::workspace) - workspace_before;
+    EXPECT_TRUE(made == 0 || made == step.cuda_runtime_bytes) << made;
+    const size_t settled_device = device_now(), settled_host = host_now();
+    EXPECT_EQ(settled_device - device_before, step.between_steps_bytes + made);
+    EXPECT_EQ(settled_host - host_before, step.host_between_steps_bytes);
+
+    // The save: nothing on the device, the block on the host.
+    reset_peak(Device::cuda);
+    reset_peak(Device::cpu);
+    optim::save_training_state(directory.string(), trainer, nullptr);
+    EXPECT_EQ(memory_stats(Device::cuda).peak_bytes, settled_device) << "the save added to the device";
+    EXPECT_EQ(memory_stats(Device::cpu).peak_bytes - settled_host, phases.staging);
+    EXPECT_EQ(memory_stats(Device::cpu).peak_bytes - host_before, phases.host_save_peak);
+    EXPECT_EQ(memory_stats(Device::cpu).peak(MemoryCategory::pinned_host) -
+                  memory_stats(Device::cpu).current(MemoryCategory::pinned_host),
+              phases.staging);
+    EXPECT_EQ(device_now(), settled_device);
+    EXPECT_EQ(host_now(), settled_host);
+
+    // The resume, into a trainer just built: its device holds the state the save found less what a step makes.
+    const size_t fresh_device_before = device_now(), fresh_host_before = host_now();
+    std::unique_ptr<nn::CausalLM> fresh = config.build(12, Device::cuda, DType::f32);
+    optim::Trainer resumed(*fresh, trainer_config(run));
+    const size_t built_device = device_now(), built_host = host_now();
+    EXPECT_EQ(built_device - fresh_device_before, phases.device_resume_peak);
+    EXPECT_EQ(built_host - fresh_host_before, step.host_between_steps_bytes);
+    reset_peak(Device::cuda);
+    reset_peak(Device::cpu);
+    optim::resume_training_state(directory.string(), resumed, nullptr);
+    EXPECT_EQ(memory_stats(Device::cuda).peak_bytes, built_device) << "the resume added to the device";
+    EXPECT_EQ(memory_stats(Device::cpu).peak_bytes - fresh_host_before, phases.host_resume_peak);
+    using testing::bytes_of;
+    EXPECT_TRUE(bytes_of(fresh->named_parameters()) == bytes_of(model->named_parameters()));
+    EXPECT_TRUE(bytes_of(resumed.optimizer().named_state()) == bytes_of(trainer.optimizer().named_state()));
+    EXPECT_EQ(resumed.step(), trainer.step());
+    std::printf("  %s: device between steps %zu B (predicted %zu B), save +0 B; host block %zu B; resume into %zu B\n",
+                run.name, settled_device - device_before - made, step.between_steps_bytes, phases.staging,
+                built_device - fresh_device_before);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Runs, StatePhases,
+    ::testing::Values(PhaseCase{"gpt_fp32", false, Precision::fp32, false},
+                      PhaseCase{"llama_bf16_checkpointed", true, Precision::bf16, true},
+                      PhaseCase{"gpt_bf16_optimizer_on_host", false, Precision::bf16, true, true},
+                      PhaseCase{"llama_fp32_streamed", true, Precision::fp32, true, true, GradientOffload::stream, true},
+                      PhaseCase{"gpt_bf16_streamed", false, Precision::bf16, true, true, GradientOffload::stream, true}),
+    [](const ::testing::TestParamInfo<PhaseCase>& info) { return std::string(info.param.name); });
+
+} // namespace
+} // namespace engine::test
