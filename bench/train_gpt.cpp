@@ -325,18 +325,22 @@ int run(const Options& flags) {
     const std::unique_ptr<nn::CausalLM> built =
         options.model.build(options.trainer.seed, on_host_first ? Device::cpu : options.resolved_device, DType::f32);
     nn::CausalLM& model = *built;
+    std::ostringstream setup; // what the set-up reports, printed once the outputs are checked
     const auto load_init = [&] {
         if (options.init.empty()) return;
+        // The load phase's peaks, as --plan predicts them: the weights stream from the files into the model.
+        reset_peak(model.device());
+        reset_peak(Device::cpu);
         try {
             load_initial_weights(model, options.init);
         } catch (const EngineError& error) {
             throw train_gpt::flag_error("--init", error);
         }
+        if (lead) setup << "loaded --init " << options.init << " (" << train_gpt::phase_peaks(model.device()) << ")\n";
     };
     // LoRA: the base weights first (--init holds no adapter), then the adapters, before any working copy or
     // placement, which then treat them as the layers' own parameters.
     const bool lora = options.lora || !options.init_adapter.empty();
-    std::ostringstream setup; // what the set-up reports, printed once the outputs are checked
     std::optional<nn::LoraConfig> lora_config = options.lora;
     if (lora) {
         load_init();

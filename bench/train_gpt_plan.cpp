@@ -74,6 +74,10 @@ Options apply_memory_plan(const Options& options, int ranks) {
     search.mlp_tile_tokens = options.mlp_tile_tokens;
     search.packed_documents = options.data_layout == nn::DataLayout::packed_documents;
     search.tuning = fine_tuning(options).value_or(planner::FineTuning{});
+    // The evaluation between steps must fit the budget too (its K batches of the plan's micro-batch).
+    if (!options.eval_data.empty()) search.eval_batches = static_cast<int>(options.eval_steps.value_or(default_eval_steps));
+    // So must the save's and the resume's host memory (the pinned block a device's tensors stream through).
+    search.state_phases = !options.out.empty() || !options.resume.empty();
     const int global_batch =
         options.global_batch_size > 0
             ? options.global_batch_size
@@ -120,9 +124,32 @@ std::optional<planner::FineTuning> fine_tuning(const Options& options) {
 
 namespace {
 
+// A phase's predicted peaks, for the run's: on the device's account (the one account on the CPU) and on the host's.
+struct PhasePeak {
+    std::string name;
+    size_t device = 0;
+    size_t host = 0;
+};
+
+// --plan's last line: the run's peaks, each phase's largest, and which phase reaches them.
+std::string run_peaks_line(const std::vector<PhasePeak>& phases, Device device) {
+    if (phases.size() < 2) return "";
+    const auto largest = [&](auto member) {
+        return *std::max_element(phases.begin(), phases.end(),
+                                 [&](const PhasePeak& a, const PhasePeak& b) { return a.*member < b.*member; });
+    };
+    const PhasePeak on_device = largest(&PhasePeak::device), on_host = largest(&PhasePeak::host);
+    std::string line = "the run's peak: " + planner::mebibytes(on_device.device) + " (" + std::to_string(on_device.device) +
+                       " B), the " + on_device.name + "'s";
+    if (device != Device::cpu)
+        line += "; on the host " + planner::mebibytes(on_host.host) + " (" + std::to_string(on_host.host) + " B), the " +
+                on_host.name + "'s";
+    return line + "\n";
+}
+
 // --plan with --eval-data: the evaluation phase's peak (planner::predict_evaluation_memory) and the run's, the larger
 // of it and the step's; or why it is not predicted.
-std::string evaluation_report(const Options& options, int rows, int length, int shards) {
+std::string evaluation_report(const Options& options, int rows, int length, int shards, std::vector<PhasePeak>& peaks) {
     const StepShape& shape = options.trainer.shape;
     const int64_t batches = options.eval_steps.value_or(default_eval_steps);
     const planner::FineTuning tuning = fine_tuning(options).value_or(planner::FineTuning{});
@@ -135,6 +162,7 @@ std::string evaluation_report(const Options& options, int rows, int length, int 
             shards, shape.offload_optimizer, static_cast<int>(batches), shape.loss_chunk_tokens, shape.mlp_tile_tokens,
             options.data_layout == nn::DataLayout::packed_documents, tuning);
         const size_t peak = evaluation.peak_on(options.resolved_device);
+        peaks.push_back({"evaluation", peak, 0});
         text << "peak " << planner::mebibytes(peak) << " (" << peak << " B) at " << evaluation.moment;
         if (const std::optional<size_t> step = predicted_step_peak(options))
             text << "; the run's peak " << planner::mebibytes(std::max(peak, *step)) << " ("
@@ -146,27 +174,39 @@ std::string evaluation_report(const Options& options, int rows, int length, int 
     return text.str();
 }
 
-// --plan with --out or --resume: the save's and the resume's peaks (planner::predict_state_phases), which stream the
-// state tensor by tensor; or why they are not predicted.
-std::string state_phases_report(const Options& options) {
+// --plan with --init, --out or --resume: the load's, the save's and the resume's peaks (planner::predict_load_phase,
+// predict_state_phases), which stream the weights and the state; or why they are not predicted.
+std::string state_phases_report(const Options& options, std::vector<PhasePeak>& phase_peaks) {
     std::ostringstream text;
-    const std::optional<planner::MemoryPrediction> step = predicted_step_memory(options);
-    if (!step) return "save and resume: not predicted for these flags (the step is not)\n";
     const Device device = options.resolved_device;
+    const auto peaks = [&](size_t device_peak, size_t host_peak) {
+        if (device == Device::cpu) return "peak " + planner::mebibytes(device_peak) + " (" + std::to_string(device_peak) + " B)";
+        return "device peak " + planner::mebibytes(device_peak) + " (" + std::to_string(device_peak) + " B), host peak " +
+               planner::mebibytes(host_peak) + " (" + std::to_string(host_peak) + " B)";
+    };
+    if (!options.init.empty()) {
+        // train_gpt builds the model on the host first with the optimizer there or a 4-bit base.
+        const planner::LoadPhasePrediction load = planner::predict_load_phase(
+            options.model, device, options.trainer.shape.offload_optimizer || options.load_in_4bit);
+        phase_peaks.push_back({"load", load.device_peak, load.host_peak});
+        text << "load (--init, streamed a chunk at a time): " << peaks(load.device_peak, load.host_peak)
+             << ", the model as built\n";
+    }
+    if (options.out.empty() && options.resume.empty()) return text.str();
+    const std::optional<planner::MemoryPrediction> step = predicted_step_memory(options);
+    if (!step) return text.str() + "save and resume: not predicted for these flags (the step is not)\n";
     const planner::StatePhasesPrediction phases =
         planner::predict_state_phases(*step, device, options.trainer.shape.offload_optimizer);
-    auto line = [&](const char* phase, size_t device_peak, size_t host_peak) {
-        text << phase << ", streamed tensor by tensor): ";
-        if (device == Device::cpu) {
-            text << "peak " << planner::mebibytes(device_peak) << " (" << device_peak << " B), the model state alone\n";
-            return;
-        }
-        text << "device peak " << planner::mebibytes(device_peak) << " (" << device_peak << " B), the model state alone; "
-             << "host peak " << planner::mebibytes(host_peak) << " (" << host_peak << " B)"
-             << (phases.staging > 0 ? " with one pinned block of " + std::to_string(phases.staging) + " B" : "") << "\n";
-    };
-    if (!options.out.empty()) line("save (--out", phases.device_save_peak, phases.host_save_peak);
-    if (!options.resume.empty()) line("resume (--resume", phases.device_resume_peak, phases.host_resume_peak);
+    const std::string block =
+        phases.staging > 0 ? " with one pinned block of " + std::to_string(phases.staging) + " B" : "";
+    if (!options.out.empty()) phase_peaks.push_back({"save", phases.device_save_peak, phases.host_save_peak});
+    if (!options.resume.empty()) phase_peaks.push_back({"resume", phases.device_resume_peak, phases.host_resume_peak});
+    if (!options.out.empty())
+        text << "save (--out, streamed tensor by tensor): " << peaks(phases.device_save_peak, phases.host_save_peak)
+             << block << ", the model state alone\n";
+    if (!options.resume.empty())
+        text << "resume (--resume, streamed tensor by tensor): "
+             << peaks(phases.device_resume_peak, phases.host_resume_peak) << block << ", the model state alone\n";
     return text.str();
 }
 
@@ -237,8 +277,14 @@ int print_plan(const Options& options) {
         report = std::string("the step's activations and workspace: not predicted for these flags (") + error.what() +
                  ")\n";
     }
-    if (!options.eval_data.empty()) report += evaluation_report(options, rows, length, shards);
-    if (!options.out.empty() || !options.resume.empty()) report += state_phases_report(options);
+    std::vector<PhasePeak> peaks;
+    if (const std::optional<planner::MemoryPrediction> step = predicted_step_memory(options))
+        peaks.push_back({"step", step->peak_on(options.resolved_device),
+                         options.resolved_device == Device::cpu ? 0 : step->host_peak_bytes});
+    if (!options.eval_data.empty()) report += evaluation_report(options, rows, length, shards, peaks);
+    if (!options.out.empty() || !options.resume.empty() || !options.init.empty())
+        report += state_phases_report(options, peaks);
+    if (peaks.size() > 1 && peaks.front().name == "step") report += run_peaks_line(peaks, options.resolved_device);
     if (launch.rank == 0) std::cout << report;
     return 0;
 }

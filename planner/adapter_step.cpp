@@ -82,6 +82,18 @@ public:
         return probability > 0.0f && training ? ops.dropout(input, columns) : input;
     }
 
+    // The first rows of the tiles of `tile` rows a replay visits: every one when events are recorded (every_tile),
+    // else the first `leading` and the last, whose marks stand for the ones between.
+    std::vector<size_t> tile_starts(size_t rows, size_t tile, size_t leading) const {
+        const size_t tiles = (rows + tile - 1) / tile;
+        std::vector<size_t> starts;
+        for (size_t index = 0; index < tiles; ++index) {
+            if (!r.every_tile && index >= leading && index + 1 < tiles) index = tiles - 1;
+            starts.push_back(index * tile);
+        }
+        return starts;
+    }
+
     // checkpoint::tiled_rows over the MLP `function` (columns wide in and out): each tile's rows copied and run
     // under no-grad into the output; the node saves the input, and backward recomputes and walks tile by tile.
     template <typename Function>
@@ -92,11 +104,11 @@ public:
         {
             const bool previous = r.grad_enabled;
             r.grad_enabled = false;
-            for (size_t first = 0, index = 0; first < rows; first += tile, ++index) {
+            // Every tile after the second starts where the second did (the output made, the tile before it freed)
+            // and does what it did: its marks are the second's. So the first two and the last (which may be shorter)
+            // are replayed, and the ones between are skipped without a visit (a million-token sequence has 16384).
+            for (const size_t first : tile_starts(rows, tile, 2)) {
                 const size_t count = std::min(tile, rows - first);
-                // Every tile after the second starts where the second did (the output made, the tile before it
-                // freed) and, but for a shorter last one, does what it did: its marks are the second's.
-                if (index >= 2 && first + tile < rows && !r.every_tile) continue;
                 Sym piece;
                 {
                     const Sym tile_input = r.make(count * columns * r.element);
@@ -117,10 +129,9 @@ public:
             if (!output_gradient.defined()) return;
             Sym input_gradient;
             if (target.requires_grad) input_gradient = replay.make(target.bytes, Account::workspace);
-            for (size_t first = 0, index = 0; first < rows; first += tile, ++index) {
+            // Each tile's backward starts where the first's did and does the same: the first and the last are replayed.
+            for (const size_t first : self->tile_starts(rows, tile, 1)) {
                 const size_t count = std::min(tile, rows - first);
-                // Each tile's backward starts where the first's did and, but for a shorter last one, does the same.
-                if (index >= 1 && first + tile < rows && !replay.every_tile) continue;
                 Tape local;
                 Context inner(replay);
                 uint64_t tile_id = 0;

@@ -17,10 +17,14 @@ PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int bat
     ENGINE_CHECK(batch > 0 && seq_len > 0 && seq_len <= config.max_seq_len(),
                  what << ": batch " << batch << " and seq_len " << seq_len << " must be positive, seq_len at most "
                       << config.max_seq_len());
-    ENGINE_CHECK(optimizer_shards == 1 && !offload_optimizer,
-                 what << ": the evaluation beside ZeRO-1's buffers or an optimizer off the device is not modelled yet");
-    // Between steps the trainer holds the model state only (its device copies of a micro-batch are gone).
-    const ModelState state = predict_model_state(config, dtype, optimizer, 1, tuning);
+    ENGINE_CHECK(!offload_optimizer,
+                 what << ": the evaluation beside an optimizer off the device is not modelled yet");
+    // Between steps the trainer holds the model state only (its device copies of a micro-batch are gone): under
+    // ZeRO-1 with the optimizer's part and the flat buffers (predict_memory's between_steps_bytes).
+    const size_t state = predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, 1, false,
+                                        GradientOffload::window, false, loss_chunk_tokens, mlp_tile_tokens,
+                                        packed_documents, tuning)
+                             .between_steps_bytes;
     // The evaluation's batches (ids and labels, and positions for packed documents) for its whole length, and the
     // current micro-batch's device copies (its ids and shifted targets, and positions).
     const size_t per_batch = packed_documents ? 3 : 2;
@@ -29,7 +33,7 @@ PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int bat
     const AdapterStepWalk walk =
         walk_evaluation(config, batch, seq_len, policy, dtype, tuning, loss_chunk_tokens, mlp_tile_tokens);
     PhasePrediction phase;
-    phase.peak_bytes = state.total() + batches + walk.joint;
+    phase.peak_bytes = state + batches + walk.joint;
     phase.moment = walk.joint_moment;
     // GPT-2's biased linears run through cuBLASLt's fused epilogue (its workspace, kept once made); Llama's do not.
     phase.cuda_runtime_bytes = config.is_llama() ? 0 : cuda::cublaslt_workspace_bytes;

@@ -160,8 +160,9 @@ struct PhasePrediction {
 // The evaluation phase (Trainer::evaluate between steps: train_gpt's --eval-data over eval_batches batches of
 // batch x seq_len): the model state as a step leaves it (predict_model_state), the evaluation's batches, the current
 // one's device copies, and one micro-batch's forward in eval mode under no-grad (planner/adapter_step.h's replay,
-// exact to the byte on the CPU for full, LoRA and QLoRA runs of GPT-2 and Llama). Refused, naming it, beside ZeRO-1's
-// buffers or an optimizer off the device, which it does not model yet.
+// exact to the byte on the CPU for full, LoRA and QLoRA runs of GPT-2 and Llama, and under ZeRO-1 with its part of
+// the optimizer state and its flat buffers). Refused, naming it, with an optimizer off the device, which it does not
+// model yet, and for LoRA under ZeRO-1, which the step's replay does not follow.
 PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                           const checkpoint::CheckpointPolicy& policy, DType dtype,
                                           OptimizerKind optimizer, int optimizer_shards, bool offload_optimizer,
@@ -183,6 +184,17 @@ struct StatePhasesPrediction {
     size_t staging = 0;            // the pinned block
 };
 StatePhasesPrediction predict_state_phases(const MemoryPrediction& step, Device device, bool offload_optimizer);
+
+// Loading initial weights (train_gpt's --init: nn::load_safetensors_into, which streams each tensor a chunk at a time
+// into its parameter through two heap buffers of at most 2 MiB). The model is as built: every parameter in f32 with
+// its f32 gradient buffer (LoRA, NF4 and the step's dtype come after the load) and Llama's RoPE tables; the load adds
+// nothing to any account. `built_on_host`: the model is built on the host first (train_gpt does so with the optimizer
+// on the host or a 4-bit base), so the device holds nothing yet. On the CPU backend both are the one account.
+struct LoadPhasePrediction {
+    size_t device_peak = 0;
+    size_t host_peak = 0;
+};
+LoadPhasePrediction predict_load_phase(const nn::ModelConfig& config, Device device, bool built_on_host);
 
 // The streaming LM head's chunk when nothing asks for another (train_gpt's --loss-chunk-tokens auto): the head's
 // transient (its d(hidden), one chunk's logits, the per-token losses) at most automatic_loss_chunk_bytes. Every

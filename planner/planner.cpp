@@ -114,7 +114,9 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
     ENGINE_CHECK(!options.precisions.empty(), "planner: no precision to search");
     std::vector<bool> optimizer_tiers = {false};
     const bool lora = options.tuning.lora.has_value();
-    if (options.device != Device::cpu && options.allow_offload_optimizer && !lora) optimizer_tiers.push_back(true);
+    ENGINE_CHECK(options.eval_batches >= 0, "planner: eval_batches " << options.eval_batches << " must be >= 0");
+    if (options.device != Device::cpu && options.allow_offload_optimizer && !lora && options.eval_batches == 0)
+        optimizer_tiers.push_back(true);
     std::vector<int> zero_stages = {0};
     if (options.ranks > 1 && options.allow_zero && !lora) zero_stages.push_back(1);
     const int per_rank = global_batch / options.ranks;
@@ -122,6 +124,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
     PlanSearch search;
     search.budget = budget;
     search.host_budget = options.host_budget;
+    search.device = options.device;
     search.global_batch = global_batch;
     const std::vector<CheckpointPolicy> policies = candidate_policies(config.layers(), options.allow_offload);
     // Every candidate first, in the order the table lists equal plans; then each priced on its own (the memory walk
@@ -184,6 +187,19 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                                      gradients, offload_parameters, loss_chunk, mlp_tile);
             plan.peak_bytes = plan.memory.peak_on(options.device);
             plan.host_peak_bytes = plan.memory.host_peak_bytes;
+            if (options.state_phases) {
+                const StatePhasesPrediction phases = predict_state_phases(plan.memory, options.device, offload_optimizer);
+                plan.host_peak_bytes = std::max({plan.host_peak_bytes, phases.host_save_peak, phases.host_resume_peak});
+            }
+            // The evaluation between steps, only where the step fits (a plan that does not fit is out either way).
+            if (options.eval_batches > 0 && plan.peak_bytes <= budget) {
+                plan.evaluation_peak_bytes =
+                    predict_evaluation_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer, shards,
+                                              offload_optimizer, options.eval_batches, loss_chunk, mlp_tile,
+                                              options.packed_documents, options.tuning)
+                        .peak_on(options.device);
+                plan.peak_bytes = std::max(plan.peak_bytes, plan.evaluation_peak_bytes);
+            }
             return plan;
         };
         const int rows = micro_batch * seq_len;
@@ -258,8 +274,11 @@ std::string plan_table(const PlanSearch& search, const nn::ModelConfig& config, 
          << " under a budget of " << format_bytes(search.budget) << " (" << search.budget << " B)\n";
     if (!search.chosen) return text.str() + "no plan fits\n";
     const Plan& chosen = search.plans[*search.chosen];
+    const bool evaluation = chosen.evaluation_peak_bytes > chosen.memory.peak_on(search.device);
     text << "chosen: " << chosen.summary() << "\n  flags: " << chosen.flags() << "\n  predicted peak "
-         << format_bytes(chosen.peak_bytes) << " (" << chosen.peak_bytes << " B) at " << chosen.memory.peak_moment
+         << format_bytes(chosen.peak_bytes) << " (" << chosen.peak_bytes << " B) at "
+         << (evaluation ? "the evaluation (the step's " + format_bytes(chosen.memory.peak_on(search.device)) + ")"
+                        : chosen.memory.peak_moment)
          << "; step " << chosen.cost.to_string() << "\n";
     // The fastest plans that did not fit, then the next fastest that did: what the budget cost, and what
     // the chosen plan beat.

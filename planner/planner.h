@@ -48,6 +48,15 @@ struct PlannerOptions {
     // planner/adapter_step.h), on the device with the optimizer (its adapters' state is small), without ZeRO-1.
     // The cost model still counts a full fine-tune's FLOPs: it ranks the plans, it does not time a LoRA step.
     FineTuning tuning;
+    // train_gpt's --eval-data: the K batches of each evaluation. > 0: each plan's evaluation phase
+    // (predict_evaluation_memory at its micro-batch) is a peak it must fit too, so that a run planned for a budget
+    // stays within it between steps as well; plans with the optimizer off the device, beside which the phase is not
+    // modelled, are not searched then. The save and the resume hold less than the step (predict_state_phases).
+    int eval_batches = 0;
+    // train_gpt's --out or --resume: the save's and the resume's host peaks (predict_state_phases: the host's tiers
+    // and the pinned block they stream through) are within the host budget too. Their device peaks never pass the
+    // step's.
+    bool state_phases = false;
 };
 
 struct Plan {
@@ -55,7 +64,8 @@ struct Plan {
     int ranks = 1;
     MemoryPrediction memory;
     StepCost cost;
-    size_t peak_bytes = 0; // memory.peak_on(device): what the budget is compared with
+    size_t peak_bytes = 0; // memory.peak_on(device), or the evaluation's when larger: what the budget is compared with
+    size_t evaluation_peak_bytes = 0; // with PlannerOptions::eval_batches: the evaluation phase's peak on the device
     size_t host_peak_bytes = 0; // memory.host_peak_bytes with optimizer offload: what the host budget is compared with
     bool fits(size_t budget, size_t host_budget) const { return peak_bytes <= budget && host_peak_bytes <= host_budget; }
 
@@ -66,6 +76,7 @@ struct Plan {
 // Every plan searched, and which one won.
 struct PlanSearch {
     size_t budget = 0;
+    Device device = Device::cpu; // whose budget
     size_t host_budget = SIZE_MAX;
     int global_batch = 0;
     std::vector<Plan> plans;       // all candidates, least predicted time first (ties: smaller peak)

@@ -1,4 +1,4 @@
-// The save and resume phases' memory (optim/training_state.h streams the state between the file and where each
+// The load, save and resume phases' memory (optim/training_state.h streams the state between the file and where each
 // tensor lives): what the accounts hold between steps, and on a device one pinned block on the host.
 // docs/MEMORY.md, "Phases outside the step".
 #include <algorithm>
@@ -26,6 +26,17 @@ StatePhasesPrediction predict_state_phases(const MemoryPrediction& step, Device 
     // the step's rounded copy (bf16).
     phases.host_resume_peak = step.host_between_steps_bytes + std::max(phases.staging, step.host_rounding_bytes);
     return phases;
+}
+
+LoadPhasePrediction predict_load_phase(const nn::ModelConfig& config, Device device, bool built_on_host) {
+    // A full fine-tune's f32 parameters (GPT-2's padded rows too) and gradients, and the constant buffers.
+    const ModelState built = predict_model_state(config, DType::f32, OptimizerKind::adamw, 1);
+    const size_t bytes = built.parameters + built.gradients;
+    LoadPhasePrediction load;
+    if (device == Device::cpu || built_on_host) load.host_peak = bytes;
+    else load.device_peak = bytes;
+    if (device == Device::cpu) load.device_peak = bytes; // one account
+    return load;
 }
 
 } // namespace engine::planner

@@ -428,6 +428,65 @@ TEST(AdapterMemory, PlannerChoosesALoraPlanThatFitsAndIsExactWhenTrained) {
     EXPECT_THROW(planner::plan_for_budget(config, smallest - 1, global_batch, options), planner::NoPlanFits);
 }
 
+// With --eval-data the planner keeps the evaluation between steps in the budget too: at a budget the fastest plan's
+// step fits but its evaluation (many batches held for its length) does not, it chooses another plan, and that plan,
+// trained and evaluated, stays within the budget in both phases, each peak as predicted.
+TEST(AdapterMemory, PlannerKeepsTheEvaluationWithinTheBudget) {
+    const nn::LlamaConfig config = test::small_llama_config(false);
+    constexpr int global_batch = 4, eval_batches = 3000;
+    planner::PlannerOptions options;
+    options.ceilings = planner::cpu_ceilings();
+    const planner::PlanSearch steps_only = planner::search_plans(config, SIZE_MAX, global_batch, options);
+    const planner::Plan& fastest = steps_only.plans.front();
+    const size_t budget = fastest.peak_bytes;
+    const int length = config.max_position_embeddings;
+    const size_t fastest_evaluation =
+        planner::predict_evaluation_memory(config, fastest.shape.per_device_train_batch_size, length,
+                                           fastest.shape.checkpointing, DType::f32, planner::OptimizerKind::adamw, 1,
+                                           false, eval_batches, fastest.shape.loss_chunk_tokens,
+                                           fastest.shape.mlp_tile_tokens, false)
+            .peak_bytes;
+    ASSERT_GT(fastest_evaluation, budget) << "the evaluation must be what the budget binds";
+    options.eval_batches = eval_batches;
+    const planner::Plan plan = planner::plan_for_budget(config, budget, global_batch, options);
+    EXPECT_NE(plan.summary(), fastest.summary());
+    EXPECT_GT(plan.evaluation_peak_bytes, plan.memory.peak_on(Device::cpu)) << "the evaluation is this plan's peak";
+    EXPECT_EQ(plan.peak_bytes, plan.evaluation_peak_bytes);
+    EXPECT_LE(plan.peak_bytes, budget);
+    AdapterRun run{config};
+    run.micro_batch = plan.shape.per_device_train_batch_size;
+    run.accumulation = plan.shape.gradient_accumulation_steps;
+    run.length = length;
+    run.policy = plan.shape.checkpointing;
+    run.loss_chunk = plan.shape.loss_chunk_tokens;
+    run.mlp_tile = plan.shape.mlp_tile_tokens;
+    current_tape().clear();
+    const size_t before = memory_stats(Device::cpu).current_bytes;
+    size_t step_peak = 0, evaluation_peak = 0;
+    {
+        const std::unique_ptr<nn::CausalLM> model = adapted_model(run);
+        optim::Trainer trainer(*model, trainer_config(run, 1));
+        int cursor = 0;
+        const nn::BatchSource source = token_stream_batches(config.vocab_size, run.micro_batch, length, cursor);
+        step_peak = trainer.train_step(source)->memory.peak_bytes - before;
+        std::vector<nn::Batch> batches;
+        int eval_cursor = 100;
+        const nn::BatchSource eval_source = token_stream_batches(config.vocab_size, run.micro_batch, length, eval_cursor);
+        for (int index = 0; index < eval_batches; ++index) batches.push_back(*eval_source());
+        reset_peak(Device::cpu);
+        EXPECT_TRUE(std::isfinite(trainer.evaluate(batches).loss));
+        evaluation_peak = memory_stats(Device::cpu).peak_bytes - before;
+    }
+    current_tape().clear();
+    EXPECT_EQ(step_peak, plan.memory.peak_on(Device::cpu));
+    EXPECT_EQ(evaluation_peak, plan.evaluation_peak_bytes);
+    EXPECT_LE(std::max(step_peak, evaluation_peak), budget);
+    std::printf("  budget %zu B: without the evaluation %s (its evaluation %zu B); with it %s: step %zu B, "
+                "evaluation %zu B, measured %zu B and %zu B\n",
+                budget, fastest.summary().c_str(), fastest_evaluation, plan.summary().c_str(),
+                plan.memory.peak_on(Device::cpu), plan.evaluation_peak_bytes, step_peak, evaluation_peak);
+}
+
 // train_gpt --plan's report for a LoRA run compares like with like: its untiled, whole-logits and unchecked
 // alternatives are LoRA steps too.
 TEST(AdapterMemory, PlanReportComparesLoraWithLora) {
@@ -479,7 +538,7 @@ TEST(AdapterMemory, RefusesWhatTheReplayDoesNotFollow) {
         return planner::predict_evaluation_memory(llama, 2, 16, every, DType::f32, planner::OptimizerKind::adamw, shards,
                                                   offload_optimizer, batches, 0, 0, false, tuning);
     };
-    expect_error([&] { evaluation(2, false, 1); }, {"predict_evaluation_memory", "ZeRO-1"});
+    expect_error([&] { evaluation(2, false, 1); }, {"the LoRA step", "ZeRO-1 (2 shards)"});
     expect_error([&] { evaluation(1, true, 1); }, {"predict_evaluation_memory", "optimizer off the device"});
     expect_error([&] { evaluation(1, false, 0); }, {"predict_evaluation_memory", "eval_batches 0 must be >= 1"});
     nn::LoraConfig zero_rank = *tuning.lora;

@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include "optim/trainer.h"
+#include "engine/io/state_file.h"
 #include "planner/planner.h"
 #include "token_stream.h"
 
@@ -275,6 +276,46 @@ TEST(Planner, SearchesPrecisionAndZeroOnlyWhereAllowed) {
 // Streamed parameters save device memory and move more over the link: each such plan has a twin without them
 // that peaks no lower and moves fewer bytes; with no budget the planner streams nothing, and under one below
 // every other plan's peak it streams.
+// A run that saves or resumes (--out, --resume) streams a device's tensors through one pinned block on the host: the
+// planner keeps that within the host budget too (here by moving the optimizer to the host, where no block is needed),
+// and names the host budget when nothing fits it.
+TEST(Planner, KeepsTheSavesPinnedBlockWithinTheHostBudget) {
+    const nn::GPTConfig config = nn::GPTConfig::named("tiny");
+    planner::PlannerOptions options;
+    options.device = Device::cuda;
+    options.ceilings = planner::cpu_ceilings();
+    options.host_budget = io::state_staging_bytes - 1;
+    const planner::PlanSearch without = planner::search_plans(config, SIZE_MAX, 4, options);
+    ASSERT_TRUE(without.chosen.has_value());
+    const planner::Plan& chosen = without.plans[*without.chosen];
+    EXPECT_FALSE(chosen.shape.offload_optimizer);
+    options.state_phases = true;
+    const planner::PlanSearch with = planner::search_plans(config, SIZE_MAX, 4, options);
+    for (const planner::Plan& plan : with.plans) {
+        const planner::StatePhasesPrediction phases =
+            planner::predict_state_phases(plan.memory, Device::cuda, plan.shape.offload_optimizer);
+        EXPECT_EQ(plan.host_peak_bytes, std::max({plan.memory.host_peak_bytes, phases.host_save_peak,
+                                                  phases.host_resume_peak}))
+            << plan.flags();
+        // A plan whose saved tensors are on the device streams them through the block; with the optimizer on the
+        // host every saved tensor is there already, and none is needed.
+        if (!plan.shape.offload_optimizer) EXPECT_GE(plan.host_peak_bytes, io::state_staging_bytes) << plan.flags();
+        else EXPECT_EQ(phases.staging, 0u) << plan.flags();
+    }
+    // Under this host budget only the plans with the optimizer on the host fit now.
+    ASSERT_TRUE(with.chosen.has_value());
+    EXPECT_TRUE(with.plans[*with.chosen].shape.offload_optimizer) << with.plans[*with.chosen].flags();
+    options.allow_offload_optimizer = false;
+    const planner::PlanSearch on_device = planner::search_plans(config, SIZE_MAX, 4, options);
+    EXPECT_FALSE(on_device.chosen.has_value());
+    EXPECT_NE(on_device.no_fit_message().find("host"), std::string::npos) << on_device.no_fit_message();
+    options.allow_offload_optimizer = true;
+    options.host_budget = chosen.host_peak_bytes + io::state_staging_bytes;
+    const planner::PlanSearch room = planner::search_plans(config, SIZE_MAX, 4, options);
+    ASSERT_TRUE(room.chosen.has_value());
+    EXPECT_EQ(room.plans[*room.chosen].summary(), chosen.summary());
+}
+
 TEST(Planner, StreamsParametersOnlyWhenTheBudgetNeedsIt) {
     const nn::GPTConfig config = nn::GPTConfig::named("gpt2-124M");
     planner::PlannerOptions options;

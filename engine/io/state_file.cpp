@@ -357,7 +357,7 @@ StateFileReader::StateFileReader(const std::string& path) : path_(path) {
         read_at(0, head, std::min<uint64_t>(size, header_bytes));
         check_header(head, size, where);
         // The checksum over every byte before it, through one bounded buffer.
-        std::vector<uint8_t> buffer(std::min<uint64_t>(size, uint64_t(1) << 20));
+        std::vector<uint8_t> buffer(std::min<uint64_t>(size, uint64_t(256) << 10));
         uint32_t crc = crc32_update(0, nullptr, 0);
         for (uint64_t done = 0; done < size - checksum_bytes;) {
             const uint64_t piece = std::min<uint64_t>(buffer.size(), size - checksum_bytes - done);

@@ -122,7 +122,7 @@ private:
 };
 
 // A state file opened in place. Opening validates the whole file as parse_state does (the same checks and
-// messages) in one pass over bounded buffers, keeping the metadata and an index of the tensors; reads then come
+// messages) in one pass through a 256 KiB buffer, keeping the metadata and an index of the tensors; reads then come
 // from the file at each tensor's offset, into host memory directly or to a device through one pinned block. The
 // file stays open, so a newer save renamed over its path does not change what is read.
 class StateFileReader : public StateReader {

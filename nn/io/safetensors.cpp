@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "base/bfloat16.h"
 #include "engine/io/atomic_file.h"
 #include "nn/io/files.h"
 
@@ -65,29 +66,71 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
 }
 
 // Host tensor of `dtype` with `source`'s values (a copy even when the dtype already matches).
-Tensor convert_on_host(const Tensor& source, DType dtype, MemoryCategory category) {
-    Tensor out = Tensor::empty(source.shape(), dtype, Device::cpu, category);
-    const int64_t count = source.numel();
-    if (source.dtype() == dtype) {
-        std::memcpy(out.raw_data(), source.raw_data(), source.nbytes());
-    } else if (source.dtype() == DType::f32 && dtype == DType::f64) {
-        for (int64_t i = 0; i < count; ++i) out.data<double>()[i] = source.data<float>()[i];
-    } else if (source.dtype() == DType::f64 && dtype == DType::f32) {
-        for (int64_t i = 0; i < count; ++i) out.data<float>()[i] = static_cast<float>(source.data<double>()[i]);
-    } else if (is_floating(source.dtype()) && is_floating(dtype)) {
-        convert_into(out, source);
-    } else {
-        ENGINE_FAIL("convert " << source.describe() << " to " << dtype_name(dtype) << ": unsupported");
-    }
-    return out;
-}
-
 bool is_mask_buffer(const std::string& name) {
     auto ends_with = [&](const std::string& suffix) {
         return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
     };
     return ends_with(".attn.bias") || ends_with(".attn.masked_bias") || ends_with(".rotary_emb.inv_freq");
 }
+
+// The dtypes a load converts: F32 and BF16 (into f32, bf16 or f64), F64.
+void check_loadable(const SafetensorsHeader& header, const SafetensorsEntry& entry) {
+    ENGINE_CHECK(entry.dtype == "F32" || entry.dtype == "BF16" || entry.dtype == "F64",
+                 "safetensors '" << header.path << "': tensor '" << entry.name << "' has dtype " << entry.dtype
+                                 << "; only F32, BF16 and F64 can be loaded");
+}
+
+// Elements a load converts at a time: 2 MiB of F64 in, at most 2 MiB out.
+constexpr int64_t load_chunk_elements = int64_t(1) << 18;
+
+// Elements of one file tensor converted to `dtype` (f32 and f64 as read_safetensors_tensor and a cast give them:
+// exact widening, F64 to f32 rounded to nearest; bf16 rounded to nearest even from f32), a chunk at a time through
+// two buffers of at most 2 MiB: the host never holds the tensor.
+class ChunkReader {
+public:
+    ChunkReader(const SafetensorsHeader& header, const SafetensorsEntry& entry, DType dtype)
+        : header_(header), entry_(entry), dtype_(dtype) {
+        check_loadable(header, entry);
+        ENGINE_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,
+                     "safetensors '" << header.path << "': tensor '" << entry.name << "' cannot be loaded into "
+                                     << dtype_name(dtype));
+        int64_t size = 0;
+        file_ = io_detail::open_for_reading(header.path, &size);
+        ENGINE_CHECK(header.data_start + entry.end <= size, "safetensors '" << header.path << "': tensor '" << entry.name
+                                                                            << "' ends beyond the file (it changed since open)");
+        source_size_ = safetensors_dtype_size(entry.dtype);
+        count_ = (entry.end - entry.begin) / source_size_;
+        raw_.resize(static_cast<size_t>(std::min(count_, load_chunk_elements) * source_size_));
+        converted_.resize(static_cast<size_t>(std::min(count_, load_chunk_elements)) * dtype_size(dtype));
+    }
+    int64_t count() const { return count_; }
+    // Elements [first, first + chunk), chunk at most load_chunk_elements; valid until the next call.
+    const void* read(int64_t first, int64_t chunk) {
+        io_detail::read_exactly(file_, header_.path, header_.data_start + entry_.begin + first * source_size_, raw_.data(),
+                                chunk * source_size_, "tensor '" + entry_.name + "'");
+        for (int64_t index = 0; index < chunk; ++index) {
+            const uint8_t* at = raw_.data() + index * source_size_;
+            double value = 0; // every F32, BF16 and F64 value exactly
+            if (entry_.dtype == "F64") std::memcpy(&value, at, 8);
+            else if (entry_.dtype == "F32") value = std::bit_cast<float>(load_u32(at));
+            else value = std::bit_cast<float>(uint32_t{load_u16(at)} << 16); // bf16: an f32's top half
+            if (dtype_ == DType::f64) reinterpret_cast<double*>(converted_.data())[index] = value;
+            else if (dtype_ == DType::f32) reinterpret_cast<float*>(converted_.data())[index] = static_cast<float>(value);
+            else reinterpret_cast<bfloat16*>(converted_.data())[index] = to_bfloat16(static_cast<float>(value));
+        }
+        return converted_.data();
+    }
+
+private:
+    static uint32_t load_u32(const uint8_t* at) { uint32_t value; std::memcpy(&value, at, 4); return value; }
+    static uint16_t load_u16(const uint8_t* at) { uint16_t value; std::memcpy(&value, at, 2); return value; }
+    const SafetensorsHeader& header_;
+    const SafetensorsEntry& entry_;
+    DType dtype_;
+    std::ifstream file_;
+    int64_t source_size_ = 0, count_ = 0;
+    std::vector<uint8_t> raw_, converted_;
+};
 
 } // namespace
 
@@ -147,9 +190,7 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
 
 Tensor read_safetensors_tensor(const SafetensorsHeader& header, const SafetensorsEntry& entry) {
     const std::string what = "tensor '" + entry.name + "'";
-    ENGINE_CHECK(entry.dtype == "F32" || entry.dtype == "BF16" || entry.dtype == "F64",
-                 "safetensors '" << header.path << "': " << what << " has dtype " << entry.dtype
-                                 << "; only F32, BF16 and F64 can be loaded");
+    check_loadable(header, entry);
     int64_t size = 0;
     std::ifstream file = io_detail::open_for_reading(header.path, &size);
     ENGINE_CHECK(header.data_start + entry.end <= size,
@@ -277,30 +318,51 @@ void load_safetensors_into(Module& module, const std::vector<std::string>& paths
                                      << name << "' needs " << shape_string(parameter.shape()));
     }
 
-    // Stage everything on the host in each parameter's dtype before touching the model.
-    std::map<std::string, Tensor> staged;
+    // Everything that can fail is checked before the model changes: the names and shapes above, every dtype, and
+    // a tied head's values against its table's, compared a chunk at a time in the table's dtype.
     for (const auto& [name, found] : by_parameter) {
-        const Tensor raw = read_safetensors_tensor(*found.header, *found.entry);
-        staged.emplace(name, convert_on_host(raw, parameters.at(name).dtype(), MemoryCategory::workspace));
+        check_loadable(*found.header, *found.entry);
+        const DType dtype = parameters.at(name).dtype();
+        ENGINE_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,
+                     where << ": parameter '" << name << "' is " << dtype_name(dtype) << ", not a float to load into");
     }
     if (lm_head) {
         const std::string& head_path = lm_head->header->path;
         const std::string& head_name = lm_head->entry->name;
-        const auto table = staged.find(names.tied_table);
-        ENGINE_CHECK(table != staged.end(), "safetensors '" << head_path << "': tensor '" << head_name
-                                                            << "' given but the model has no " << names.tied_table
-                                                            << " to tie it to");
-        ENGINE_CHECK(lm_head->entry->shape == table->second.shape(),
+        check_loadable(*lm_head->header, *lm_head->entry);
+        const auto table = by_parameter.find(names.tied_table);
+        ENGINE_CHECK(table != by_parameter.end(), "safetensors '" << head_path << "': tensor '" << head_name
+                                                                  << "' given but the model has no " << names.tied_table
+                                                                  << " to tie it to");
+        ENGINE_CHECK(lm_head->entry->shape == table->second.entry->shape,
                      "safetensors '" << head_path << "': tensor '" << head_name << "' has shape "
                                      << shape_string(lm_head->entry->shape) << ", not " << names.tied_table << "'s "
-                                     << shape_string(table->second.shape()));
-        const Tensor head = convert_on_host(read_safetensors_tensor(*lm_head->header, *lm_head->entry),
-                                            table->second.dtype(), MemoryCategory::workspace);
-        ENGINE_CHECK(std::memcmp(head.raw_data(), table->second.raw_data(), head.nbytes()) == 0,
-                     "safetensors '" << head_path << "': tensor '" << head_name << "' differs from " << names.tied_table
-                                     << "; this model's LM head is tied to it");
+                                     << shape_string(table->second.entry->shape));
+        const DType dtype = parameters.at(names.tied_table).dtype();
+        ChunkReader head(*lm_head->header, *lm_head->entry, dtype), tied(*table->second.header, *table->second.entry, dtype);
+        bool same = true;
+        for (int64_t first = 0; same && first < head.count(); first += load_chunk_elements) {
+            const int64_t chunk = std::min(load_chunk_elements, head.count() - first);
+            const void* head_values = head.read(first, chunk);
+            same = std::memcmp(head_values, tied.read(first, chunk), static_cast<size_t>(chunk) * dtype_size(dtype)) == 0;
+        }
+        ENGINE_CHECK(same, "safetensors '" << head_path << "': tensor '" << head_name << "' differs from "
+                                           << names.tied_table << "; this model's LM head is tied to it");
     }
-    for (auto& [name, parameter] : parameters) parameter.copy_from(staged.at(name));
+    // Then each tensor in turn, a chunk at a time, straight into its parameter (on its device): the host holds two
+    // buffers of at most 2 MiB, never a copy of the model. A read that fails now (the file shrank, the disk failed)
+    // leaves the model part-loaded; the error says which tensor.
+    for (auto& [name, parameter] : parameters) {
+        const Found& found = by_parameter.at(name);
+        detail::impl_of(parameter).storage->set_host_copy(nullptr);
+        const size_t element = dtype_size(parameter.dtype());
+        ChunkReader reader(*found.header, *found.entry, parameter.dtype());
+        for (int64_t first = 0; first < reader.count(); first += load_chunk_elements) {
+            const int64_t chunk = std::min(load_chunk_elements, reader.count() - first);
+            copy_bytes(static_cast<uint8_t*>(parameter.raw_data()) + static_cast<size_t>(first) * element,
+                       parameter.device(), reader.read(first, chunk), Device::cpu, static_cast<size_t>(chunk) * element);
+        }
+    }
     module.refresh_working_copies();
 }
 

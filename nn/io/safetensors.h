@@ -55,8 +55,11 @@ void save_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors
 // - `lm_head.weight` is accepted only when it equals `wte.weight` bitwise (the tied head) and is then
 //   ignored; otherwise it is an error, since this model cannot hold an untied head.
 // - Any other name that is not a parameter, a missing parameter, or a wrong shape is an error.
-// All tensors are read and converted first; the module changes only after everything succeeded, so on any
-// error it is left exactly as it was. Errors name the file and the tensor.
+// Everything a file can be wrong about is checked before the module changes (names, shapes, dtypes, the data's
+// place in the file, a tied head's values against its table's), so a bad file leaves it exactly as it was. Then each
+// tensor is read a chunk at a time, converted, and copied into its parameter (on its device): the host holds two
+// buffers of at most 2 MiB, never a copy of the model. A read that fails after the checks (the file shrank under the
+// load, the disk failed) leaves the module part-loaded. Errors name the file and the tensor.
 void load_safetensors_into(Module& module, const std::string& path);
 
 // How a checkpoint's names meet a module's, for the general loader below.

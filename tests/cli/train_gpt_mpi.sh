@@ -190,6 +190,18 @@ measured_resume=$(sed -n 's/^resumed from .* (peak \([0-9]*\) B)$/\1/p' "$work/z
 check "ZeRO-1: the save's and the resume's peaks as --plan predicts ($predicted_save B, $predicted_resume B)" $? \
   "measured $measured_save B and $measured_resume B; $(grep -E '^(save|resume)' "$work/zero_plan.out")"
 
+# 4c. The evaluation phase beside ZeRO-1's part of the optimizer state and its flat buffers: rank 0's measured peak
+#     (eval_peak_total_bytes) is --plan's (planner::predict_evaluation_memory) to the byte.
+evaluated=("${zero[@]}" --eval-data "$work/docs.txt" --eval-steps 2 --max-steps 2)
+mpirun2 "$train_gpt" "${evaluated[@]}" --log "$work/zero_eval.jsonl" >"$work/zero_eval.out" 2>&1
+check "2-rank ZeRO-1 run with --eval-data" $? "$(tail -5 "$work/zero_eval.out")"
+mpirun2 "$train_gpt" "${evaluated[@]}" --plan >"$work/zero_eval_plan.out" 2>&1
+predicted_eval=$(sed -n 's/^evaluation (.*): peak [^(]*(\([0-9]*\) B).*/\1/p' "$work/zero_eval_plan.out")
+measured_eval=$(sed -n 's/.*"eval_peak_total_bytes":\([0-9]*\).*/\1/p' "$work/zero_eval.jsonl" | sort -u)
+[ -n "$predicted_eval" ] && [ "$measured_eval" = "$predicted_eval" ]
+check "ZeRO-1: the evaluation's peak as --plan predicts ($predicted_eval B)" $? \
+  "measured $measured_eval; $(grep '^evaluation' "$work/zero_eval_plan.out")"
+
 # 5. ZeRO stage 1: the same runs with each rank keeping the optimizer state of half the parameters. AdamW
 #    against the unsharded 2-rank run (same sums, so the same weights), SGD against one process; the
 #    optimizer-state peak per rank halves; one reduce-scatter and one all-gather per step.

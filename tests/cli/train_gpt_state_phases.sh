@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# ctest train_gpt_state_phases: saving and resuming a training state stream it tensor by tensor (optim/training_state.h),
-# so their phases hold the model state and nothing beside it. --plan with --out and --resume predicts each phase's
+# ctest train_gpt_state_phases: loading --init's weights streams them a chunk at a time (nn::load_safetensors_into), and
+# saving and resuming a training state stream it tensor by tensor (optim/training_state.h), so these phases hold the
+# model and nothing beside it; --plan predicts the load's peak too. --plan with --out and --resume predicts each phase's
 # peak (planner::predict_state_phases); the runs print what they measured ("saved training state ... (... peak N B)",
 # "resumed from ... (peak N B)"): equal to the byte, for a full GPT-2 run, a bf16 Llama run with checkpointing and
 # a QLoRA run. The resumed runs' losses are bitwise the straight runs'. usage: train_gpt_state_phases.sh TRAIN_GPT WORK
@@ -47,6 +48,27 @@ phases_match() {
   [ -n "$straight_loss" ] && [ "$resumed_loss" = "$straight_loss" ]
   check "$name: the resumed step's loss is the straight run's" $? "$(grep '"step":3' "$work/$name".*.jsonl)"
 }
+
+# The load of --init's weights streams them a chunk at a time into the model as built: its peak is --plan's. NAME
+# MODEL FLAGS...: a file saved by a run of MODEL, loaded by a run with FLAGS.
+load_matches() {
+  local name=$1 model=$2
+  shift 2
+  "$train_gpt" --model "$model" --max-steps 1 --save "$work/$name.safetensors" >"$work/$name.weights.out" 2>&1
+  check "$name: weights to load" $? "$(tail -2 "$work/$name.weights.out")"
+  "$train_gpt" --model "$model" --init "$work/$name.safetensors" --max-steps 1 "$@" >"$work/$name.load.out" 2>&1
+  check "$name: a run from --init" $? "$(tail -2 "$work/$name.load.out")"
+  local predicted measured
+  predicted=$("$train_gpt" --model "$model" --init "$work/$name.safetensors" --max-steps 1 "$@" --plan 2>&1 |
+    sed -n 's/^load (--init, .*): peak [^(]*(\([0-9]*\) B).*/\1/p')
+  measured=$(sed -n 's/^loaded --init .* (peak \([0-9]*\) B)$/\1/p' "$work/$name.load.out")
+  [ -n "$predicted" ] && [ "$measured" = "$predicted" ]
+  check "$name: the load's peak, predicted $predicted B, measured $measured B" $? "$(grep loaded "$work/$name.load.out")"
+}
+
+load_matches gpt2_load tiny
+load_matches llama_load llama-tiny --precision bf16 --gradient-checkpointing
+load_matches qlora_load llama-tiny --lora-r 4 --load-in-4bit --precision bf16
 
 phases_match gpt2 --model tiny --dropout 0.1 --per-device-train-batch-size 4 --gradient-accumulation-steps 2
 phases_match llama_bf16 --model llama-tiny --precision bf16 --gradient-checkpointing --per-device-train-batch-size 4
