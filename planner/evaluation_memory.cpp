@@ -10,20 +10,21 @@ namespace engine::planner {
 PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                           const checkpoint::CheckpointPolicy& policy, DType dtype,
                                           OptimizerKind optimizer, int optimizer_shards, bool offload_optimizer,
-                                          int eval_batches, int loss_chunk_tokens, int mlp_tile_tokens,
+                                          bool offload_parameters, int eval_batches, int loss_chunk_tokens, int mlp_tile_tokens,
                                           bool packed_documents, const FineTuning& tuning) {
     constexpr const char* what = "predict_evaluation_memory";
     ENGINE_CHECK(eval_batches >= 1, what << ": eval_batches " << eval_batches << " must be >= 1");
     ENGINE_CHECK(batch > 0 && seq_len > 0 && seq_len <= config.max_seq_len(),
                  what << ": batch " << batch << " and seq_len " << seq_len << " must be positive, seq_len at most "
                       << config.max_seq_len());
-    ENGINE_CHECK(!offload_optimizer,
-                 what << ": the evaluation beside an optimizer off the device is not modelled yet");
+    ENGINE_CHECK(!offload_parameters,
+                 what << ": the evaluation with parameters streamed from the host is not modelled yet");
     // Between steps the trainer holds the model state only (its device copies of a micro-batch are gone): under
-    // ZeRO-1 with the optimizer's part and the flat buffers (predict_memory's between_steps_bytes).
-    const size_t state = predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, 1, false,
-                                        GradientOffload::window, false, loss_chunk_tokens, mlp_tile_tokens,
-                                        packed_documents, tuning)
+    // ZeRO-1 with the optimizer's part and the flat buffers, with the optimizer on the host the working copies and
+    // the window's gradient buffers (predict_memory's between_steps_bytes).
+    const size_t state = predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, 1,
+                                        offload_optimizer, GradientOffload::window, false, loss_chunk_tokens,
+                                        mlp_tile_tokens, packed_documents, tuning)
                              .between_steps_bytes;
     // The evaluation's batches (ids and labels, and positions for packed documents) for its whole length, and the
     // current micro-batch's device copies (its ids and shifted targets, and positions).

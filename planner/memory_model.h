@@ -161,13 +161,14 @@ struct PhasePrediction {
 // batch x seq_len): the model state as a step leaves it (predict_model_state), the evaluation's batches, the current
 // one's device copies, and one micro-batch's forward in eval mode under no-grad (planner/adapter_step.h's replay,
 // exact to the byte on the CPU for full, LoRA and QLoRA runs of GPT-2 and Llama, and under ZeRO-1 with its part of
-// the optimizer state and its flat buffers). Refused, naming it, with an optimizer off the device, which it does not
-// model yet, and for LoRA under ZeRO-1, which the step's replay does not follow.
+// the optimizer state and its flat buffers, and with the optimizer on the host beside the working copies and the
+// window's gradients). Refused, naming it, with parameters streamed from the host (offload_parameters), which it does
+// not model yet, and for LoRA under ZeRO-1 or with the optimizer on the host, which the step's replay does not follow.
 PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                           const checkpoint::CheckpointPolicy& policy, DType dtype,
                                           OptimizerKind optimizer, int optimizer_shards, bool offload_optimizer,
-                                          int eval_batches, int loss_chunk_tokens, int mlp_tile_tokens,
-                                          bool packed_documents, const FineTuning& tuning = {});
+                                          bool offload_parameters, int eval_batches, int loss_chunk_tokens,
+                                          int mlp_tile_tokens, bool packed_documents, const FineTuning& tuning = {});
 
 // Saving and resuming a training state (optim/training_state.h: streamed tensor by tensor between the file and where
 // each tensor lives). Neither adds anything to the device: a save reads the model state where it is between steps

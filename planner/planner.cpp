@@ -115,8 +115,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
     std::vector<bool> optimizer_tiers = {false};
     const bool lora = options.tuning.lora.has_value();
     ENGINE_CHECK(options.eval_batches >= 0, "planner: eval_batches " << options.eval_batches << " must be >= 0");
-    if (options.device != Device::cpu && options.allow_offload_optimizer && !lora && options.eval_batches == 0)
-        optimizer_tiers.push_back(true);
+    if (options.device != Device::cpu && options.allow_offload_optimizer && !lora) optimizer_tiers.push_back(true);
     std::vector<int> zero_stages = {0};
     if (options.ranks > 1 && options.allow_zero && !lora) zero_stages.push_back(1);
     const int per_rank = global_batch / options.ranks;
@@ -155,6 +154,8 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                             if (gradients == GradientOffload::stream && (!offload_optimizer || !policy.enabled)) continue;
                             for (bool offload_parameters : {false, true}) {
                                 if (offload_parameters && (!offload_optimizer || !policy.enabled)) continue;
+                                // The evaluation beside streamed parameters is not modelled: such plans wait.
+                                if (offload_parameters && options.eval_batches > 0) continue;
                                 candidates.push_back({precision, zero_stage, micro_batch, &policy, offload_optimizer,
                                                       gradients, offload_parameters});
                             }
@@ -195,7 +196,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
             if (options.eval_batches > 0 && plan.peak_bytes <= budget) {
                 plan.evaluation_peak_bytes =
                     predict_evaluation_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer, shards,
-                                              offload_optimizer, options.eval_batches, loss_chunk, mlp_tile,
+                                              offload_optimizer, false, options.eval_batches, loss_chunk, mlp_tile,
                                               options.packed_documents, options.tuning)
                         .peak_on(options.device);
                 plan.peak_bytes = std::max(plan.peak_bytes, plan.evaluation_peak_bytes);

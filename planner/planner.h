@@ -50,8 +50,8 @@ struct PlannerOptions {
     FineTuning tuning;
     // train_gpt's --eval-data: the K batches of each evaluation. > 0: each plan's evaluation phase
     // (predict_evaluation_memory at its micro-batch) is a peak it must fit too, so that a run planned for a budget
-    // stays within it between steps as well; plans with the optimizer off the device, beside which the phase is not
-    // modelled, are not searched then. The save and the resume hold less than the step (predict_state_phases).
+    // stays within it between steps as well; plans that stream the parameters from the host, beside which the phase
+    // is not modelled, are not searched then. The save and the resume hold less than the step (predict_state_phases).
     int eval_batches = 0;
     // train_gpt's --out or --resume: the save's and the resume's host peaks (predict_state_phases: the host's tiers
     // and the pinned block they stream through) are within the host budget too. Their device peaks never pass the

@@ -90,4 +90,23 @@ done
 grep -q "batch 1 x 16 micro-batches" "$work/run.txt" || fail "the run did not use the plan: $(grep batch "$work/run.txt")"
 echo "planned run: predicted $predicted B, measured $(sed -n 's/.*"peak_total_bytes":\([0-9]*\).*/\1/p' "$work/log.jsonl" | tr '\n' ' ')"
 
+# Every phase of a planned run stays within its budget: the same budget with --eval-data, --out and a resume from
+# what it saved. The planner prices the evaluation beside each step (and a micro-batch that fits the step alone but
+# whose evaluation does not is not chosen); the save and the resume hold the model state alone.
+printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 1 200) >"$work/eval.txt"
+phases=(--max-memory 2.5MiB --global-batch-size 16 --eval-data "$work/eval.txt" --eval-steps 4 --out "$work/state")
+"$train_gpt" "${phases[@]}" --max-steps 2 --log "$work/phases.jsonl" >"$work/phases.txt" 2>&1 ||
+  fail "the planned run with every phase exited $?: $(tail -3 "$work/phases.txt")"
+"$train_gpt" "${phases[@]}" --max-steps 3 --resume "$work/state" --log "$work/phases_resumed.jsonl" \
+  >"$work/phases_resumed.txt" 2>&1 || fail "the planned resume exited $?: $(tail -3 "$work/phases_resumed.txt")"
+measured_phases=$( (grep -oh '"\(eval_\)\?peak_total_bytes":[0-9]*' "$work/phases.jsonl" "$work/phases_resumed.jsonl" |
+  sed 's/.*://'
+  sed -n 's/^saved training state .*; peak \([0-9]*\) B)$/\1/p; s/^resumed from .* (peak \([0-9]*\) B)$/\1/p' \
+    "$work/phases.txt" "$work/phases_resumed.txt") | sort -n | tr '\n' ' ')
+[ "$(echo $measured_phases | wc -w)" -ge 8 ] || fail "expected steps, evaluations, saves and a resume: $measured_phases"
+for measured in $measured_phases; do
+  [ "$measured" -le "$budget" ] || fail "a phase of the planned run peaked at $measured B, over the budget $budget B"
+done
+echo "planned run with every phase: peaks $measured_phases (budget $budget B)"
+
 [ "$failures" -eq 0 ] && echo "all planner CLI checks passed" || exit 1

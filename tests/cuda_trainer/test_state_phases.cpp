@@ -1,9 +1,12 @@
-// Saving and resuming a training state on the CUDA device, measured against planner::predict_state_phases: between
-// steps the device holds the model state the planner predicts, the save and the resume add nothing to it, and the
-// host's account rises by the one pinned block they stream through (none when the optimizer keeps every saved tensor
-// on the host). The state comes back bitwise. On the emulated device in CI; on a real one when lent.
+// The phases outside the step on the CUDA device, measured against the planner: between steps the device holds the
+// model state predict_memory predicts; a save and a resume (predict_state_phases) add nothing to it and raise the
+// host's account by the one pinned block they stream through (none when the optimizer keeps every saved tensor on
+// the host); an evaluation (predict_evaluation_memory) peaks as predicted; a load
+// (predict_load_phase) adds nothing to either. The state and the weights come back bitwise. On the emulated device in
+// CI; on a real one when lent.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -13,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/cuda/runtime.h"
+#include "nn/io/safetensors.h"
 #include "optim/trainer.h"
 #include "optim/training_state.h"
 #include "planner/memory_model.h"
@@ -72,7 +76,7 @@ protected:
     fs::path directory;
 };
 
-TEST_P(StatePhases, SaveAndResumeAddOnlyTheHostBlockToWhatTheStepsLeave) {
+TEST_P(StatePhases, EachPhaseHoldsWhatThePlannerPredicts) {
     const PhaseCase& run = GetParam();
     const nn::ModelConfig config = model_config(run);
     const int length = config.max_seq_len();
@@ -119,6 +123,50 @@ TEST_P(StatePhases, SaveAndResumeAddOnlyTheHostBlockToWhatTheStepsLeave) {
               phases.staging);
     EXPECT_EQ(device_now(), settled_device);
     EXPECT_EQ(host_now(), settled_host);
+
+    // The evaluation between steps (its batches on the device, ids and labels apart, as the model counts them), unless
+    // the parameters stream from the host, which it does not model: the replay's forward beside the state between
+    // steps, to the byte (the CUDA kernels' scratch is not live at its peak in these runs).
+    if (!run.parameters) {
+        constexpr int eval_batches = 2;
+        const planner::PhasePrediction evaluation = planner::predict_evaluation_memory(
+            config, batch, length, policy, dtype, OptimizerKind::adamw, 1, run.offload_optimizer, false, eval_batches,
+            0, 0, false);
+        std::vector<nn::Batch> batches;
+        for (int index = 0; index < eval_batches; ++index) {
+            nn::Batch made = *source();
+            made.inputs = made.inputs.to(Device::cuda);
+            made.labels = made.labels.to(Device::cuda); // a tensor of its own, as the model counts them
+            batches.push_back(std::move(made));
+        }
+        reset_peak(Device::cuda);
+        EXPECT_TRUE(std::isfinite(trainer.evaluate(batches).loss));
+        const size_t measured = memory_stats(Device::cuda).peak_bytes - device_before - made;
+        EXPECT_EQ(measured, evaluation.peak_bytes);
+        std::printf("  %s: evaluation peak %zu B, predicted %zu B\n", run.name, measured, evaluation.peak_bytes);
+    }
+
+    // Loading weights into a model as built: the device holds the model and nothing more, the host nothing more.
+    {
+        const std::string weights = (directory / "weights.safetensors").string();
+        nn::save_safetensors(*model, weights);
+        const size_t load_before = device_now();
+        std::unique_ptr<nn::CausalLM> target = config.build(13, Device::cuda, DType::f32);
+        const planner::LoadPhasePrediction load = planner::predict_load_phase(config, Device::cuda, false);
+        const size_t built = device_now();
+        EXPECT_EQ(built - load_before, load.device_peak);
+        const size_t load_host = host_now();
+        reset_peak(Device::cuda);
+        reset_peak(Device::cpu);
+        nn::CheckpointNames names;
+        names.accepted_prefix = "";
+        if (run.llama) names.tied_table = "model.embed_tokens.weight";
+        nn::load_safetensors_into(*target, {weights}, names);
+        EXPECT_EQ(memory_stats(Device::cuda).peak_bytes, built) << "the load added to the device";
+        EXPECT_EQ(memory_stats(Device::cpu).peak_bytes, load_host) << "the load added to the host's account";
+        EXPECT_EQ(load.host_peak, 0u);
+        EXPECT_TRUE(testing::bytes_of(target->named_parameters()) == testing::bytes_of(model->named_parameters()));
+    }
 
     // The resume, into a trainer just built: its device holds the state the save found less what a step makes.
     const size_t fresh_device_before = device_now(), fresh_host_before = host_now();
