@@ -299,6 +299,9 @@ memory:
   --max-host-memory SIZE|auto    host memory one rank's offloaded model state may take: the planner's host budget,
                                  and checked against --offload-optimizer cpu's prediction before anything is built
                                  (default auto: MemAvailable minus 10%; ranks sharing a host share it: divide it)
+  --max-pinned-memory SIZE       of it, what may be pinned (page-locked) on a device: offloaded segment inputs,
+                                 parked weights, staged ids, the save's block: the planner's pinned budget, and
+                                 checked against the run's prediction before anything is built (default: none)
   --device auto|cpu|cuda         (auto: cuda when a device is present; with --plan, cuda plans for a CUDA device
                                  even on a machine without one)
   --tf32 true|false              CUDA GEMMs and attention on TF32 tensor cores (default true on CUDA; false:
@@ -446,6 +449,8 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--memory-limit", [&](auto& f, auto& v) { options.memory_limit = as_flag(f, [&] { return engine::planner::parse_memory_size(v); }); }},
         {"--max-host-memory", [&](auto& f, auto& v) {
              if (v != "auto") options.max_host_memory = as_flag(f, [&] { return engine::planner::parse_memory_size(v); }); }},
+        {"--max-pinned-memory", [&](auto& f, auto& v) {
+             options.max_pinned_memory = as_flag(f, [&] { return engine::planner::parse_memory_size(v); }); }},
         {"--global-batch-size", [&](auto& f, auto& v) { options.global_batch_size = parse_int(f, v); require(options.global_batch_size > 0, f, "must be positive"); }},
         {"--save-dtype", [&](auto& f, auto& v) {
              require(v == "fp32" || v == "bf16", f, "'" + v + "' is not fp32 or bf16");
@@ -623,6 +628,9 @@ Options parse_options(const std::vector<std::string>& arguments) {
     require(!shape.offload_optimizer || options.resolved_device != engine::Device::cpu || options.plan,
             "--offload-optimizer",
             "cpu moves the model state from the device to host memory, but this run is on the CPU already");
+    // Pinned memory is a device's page-locked host memory: the CPU backend pins nothing.
+    require(!options.max_pinned_memory || options.resolved_device != engine::Device::cpu, "--max-pinned-memory",
+            "budgets the host memory a device pins; this run is on the CPU, which pins none");
     // TF32 is a CUDA math mode: asking for it on the CPU is a mistake worth naming (false is harmless).
     require(!(options.tf32.value_or(false) && options.resolved_device != engine::Device::cuda), "--tf32",
             "true needs the CUDA device; this run is on the CPU, which computes in full fp32");

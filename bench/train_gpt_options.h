@@ -104,6 +104,9 @@ struct Options {
     // budget, and a check of --offload-optimizer cpu before anything is built). Unset: auto, the machine's
     // available memory minus 10%.
     std::optional<size_t> max_host_memory;
+    // --max-pinned-memory SIZE: of the host memory, what may be pinned on a device (the planner's pinned budget, and
+    // a check of the run's prediction before anything is built). Unset: no limit.
+    std::optional<size_t> max_pinned_memory;
     int global_batch_size = 0;
     bool precision_auto = false;      // --precision auto: the planner also tries bf16
     // --loss-chunk-tokens N|off|auto: the streaming LM head's chunk (StepShape::loss_chunk_tokens; off is 0).

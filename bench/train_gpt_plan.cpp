@@ -31,9 +31,25 @@ size_t host_budget(const Options& options) {
 
 } // namespace
 
-// --offload-optimizer cpu without the planner: the model state must fit the host before anything is built.
+// --offload-optimizer cpu without the planner: the model state must fit the host before anything is built. And with
+// --max-pinned-memory, what the run pins (its steps, and its saves and resume) must fit that.
 void check_host_budget(const Options& options) {
     const StepShape& shape = options.trainer.shape;
+    if (options.max_pinned_memory) {
+        if (const std::optional<planner::MemoryPrediction> step = predicted_step_memory(options)) {
+            size_t pinned = step->pinned_peak_bytes;
+            if (!options.out.empty() || !options.resume.empty())
+                pinned = std::max(pinned, planner::predict_state_phases(*step, options.resolved_device,
+                                                                        shape.offload_optimizer)
+                                              .pinned_peak);
+            if (pinned > *options.max_pinned_memory)
+                throw UsageError("--max-pinned-memory",
+                                 "this run pins " + planner::format_bytes(pinned) + " (" + std::to_string(pinned) +
+                                     " B) of host memory; the budget is " +
+                                     planner::format_bytes(*options.max_pinned_memory) + " (" +
+                                     std::to_string(*options.max_pinned_memory) + " B)");
+        }
+    }
     if (!shape.offload_optimizer) return;
     // LoRA: the host holds the adapters' masters and moments, a small part of the model (docs/MEMORY.md, "LoRA and
     // QLoRA"); the model state's report (--plan) counts them.
@@ -70,6 +86,7 @@ Options apply_memory_plan(const Options& options, int ranks) {
                                                : std::vector<Precision>{config.shape.precision};
     search.ranks = ranks;
     search.host_budget = options.resolved_device == Device::cpu ? SIZE_MAX : host_budget(options);
+    search.pinned_budget = options.max_pinned_memory.value_or(SIZE_MAX); // refused on the CPU by the flags' checks
     search.loss_chunk_tokens = options.loss_chunk_tokens;
     search.mlp_tile_tokens = options.mlp_tile_tokens;
     search.packed_documents = options.data_layout == nn::DataLayout::packed_documents;
@@ -99,7 +116,16 @@ Options apply_memory_plan(const Options& options, int ranks) {
                         planner::format_bytes(automatic.margin_bytes);
     }
     const planner::PlanSearch result = planner::search_plans(options.model, budget, global_batch, search);
-    if (!result.chosen) throw UsageError("--max-memory", result.no_fit_message());
+    if (!result.chosen) {
+        // The flag of the budget that binds: the device's, else the host's, else the pinned memory's.
+        const auto any = [&](auto&& fits) { return std::any_of(result.plans.begin(), result.plans.end(), fits); };
+        const bool device_fits = any([&](const planner::Plan& plan) { return plan.peak_bytes <= result.budget; });
+        const bool host_fits = any([&](const planner::Plan& plan) {
+            return plan.peak_bytes <= result.budget && plan.host_peak_bytes <= result.host_budget;
+        });
+        throw UsageError(!device_fits ? "--max-memory" : !host_fits ? "--max-host-memory" : "--max-pinned-memory",
+                         result.no_fit_message());
+    }
     config.shape = result.plans[*result.chosen].shape;
     if (launch.rank == 0)
         std::cout << "budget " << planner::format_bytes(budget) << " (" << budget_source << ")"

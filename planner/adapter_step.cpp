@@ -485,6 +485,7 @@ MemoryPrediction predict_adapter_memory(const nn::ModelConfig& config, int batch
     prediction.peak_bytes = before_forward + walk.joint;
     prediction.peak_moment = walk.joint_moment;
     prediction.between_steps_bytes = state.total();
+    prediction.pinned_peak_bytes = std::max(walk.pinned_host, ids); // see MemoryPrediction: no parked copies here
     prediction.unified_peak_bytes = before_forward + walk.unified_joint;
     prediction.host_peak_bytes = walk.pinned_host;
     // GPT-2's biased linears run through cuBLASLt's fused epilogue, frozen or not; Llama has no bias.

@@ -430,6 +430,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
         before_forward + walk_step(segments, terms, offload, true, layer_gradients, layer_weights).joint;
     prediction.between_steps_bytes = persistent_parameters + persistent_gradients +
                                      prediction.of(MemoryCategory::optimizer_state) + device_zero_buffers;
+    prediction.pinned_peak_bytes =
+        prediction.parked_working_copies + std::max(prediction.of(MemoryCategory::pinned_host), ids);
     // GPT-2's biased linears run through cuBLASLt's fused epilogue; Llama has no bias and never calls it.
     prediction.cuda_runtime_bytes = config.is_llama() ? 0 : cuda::cublaslt_workspace_bytes;
     // The host's high-water mark without offload: the offloaded segment inputs.

@@ -97,6 +97,10 @@ struct MemoryPrediction {
     // offload_optimizer under bf16: the one rounded copy of the largest master the host makes on its way to the
     // device, whenever the working copies are refreshed from the masters (each update, and after a resume).
     size_t host_rounding_bytes = 0;
+    // Pinned host memory at its high-water mark during a step on a device: the parked working copies, and the larger
+    // of the offloaded segment inputs (at the end of forward) and one (B,T) i32 tensor staged on its way to the device
+    // (each micro-batch's ids, targets and positions go up through a pinned block of their own size).
+    size_t pinned_peak_bytes = 0;
     // What a CUDA device holds besides: cuBLASLt's workspace, which the first GEMM through cuBLASLt (GPT-2's
     // biased linears; Llama has none) allocates and the engine keeps (engine/cuda/runtime.h). Not in the
     // categories above.
@@ -179,6 +183,7 @@ PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int bat
 struct StatePhasesPrediction {
     size_t device_save_peak = 0;   // the device's account during a save (on the CPU backend, the one account)
     size_t device_resume_peak = 0; // during the resume: the same less what the first step makes (cuBLASLt's workspace)
+    size_t pinned_peak = 0;        // of it pinned on a device, during either: the parked copies and the block
     size_t host_save_peak = 0;     // the host's account on a device: its tiers and the block
     size_t host_resume_peak = 0;   // the same, or with the optimizer on the host, its tiers and the rounded copy the
                                    // working copies are refreshed through (bf16)

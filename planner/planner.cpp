@@ -44,12 +44,15 @@ std::string seconds_text(double seconds) {
 }
 
 // Why `plan` lost to `chosen`: over a budget, or which of its costs is larger.
-std::string why_lost(const Plan& plan, const Plan& chosen, size_t budget, size_t host_budget) {
+std::string why_lost(const Plan& plan, const Plan& chosen, size_t budget, size_t host_budget, size_t pinned_budget) {
     if (plan.peak_bytes > budget)
         return "peak " + format_bytes(plan.peak_bytes) + " exceeds the budget by " + format_bytes(plan.peak_bytes - budget);
     if (plan.host_peak_bytes > host_budget)
         return "host peak " + format_bytes(plan.host_peak_bytes) + " exceeds the host budget by " +
                format_bytes(plan.host_peak_bytes - host_budget);
+    if (plan.pinned_peak_bytes > pinned_budget)
+        return "pinned peak " + format_bytes(plan.pinned_peak_bytes) + " exceeds the pinned budget by " +
+               format_bytes(plan.pinned_peak_bytes - pinned_budget);
     std::ostringstream text;
     text << "+" << std::fixed << std::setprecision(1) << 100.0 * (plan.cost.seconds / chosen.cost.seconds - 1.0)
          << "% time:";
@@ -85,6 +88,17 @@ std::string PlanSearch::no_fit_message() const {
     ENGINE_CHECK(!plans.empty(), "planner: no plan was searched");
     const Plan& least = plans[smallest];
     std::ostringstream message;
+    const Plan* pinned_least = nullptr; // of the plans within the device and host budgets, the least pinned
+    for (const Plan& plan : plans)
+        if (plan.peak_bytes <= budget && plan.host_peak_bytes <= host_budget &&
+            (pinned_least == nullptr || plan.pinned_peak_bytes < pinned_least->pinned_peak_bytes))
+            pinned_least = &plan;
+    if (pinned_least != nullptr) {
+        message << "no plan fits in " << format_bytes(pinned_budget) << " of pinned host memory: the plans within the "
+                << "device and host budgets pin at least " << format_bytes(pinned_least->pinned_peak_bytes) << " ("
+                << pinned_least->pinned_peak_bytes << " B), with " << pinned_least->flags();
+        return message.str();
+    }
     if (least.peak_bytes <= budget) {
         // Some plan fits the device; every such plan is over the host budget: name the least host peak.
         const Plan* lightest = nullptr;
@@ -123,6 +137,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
     PlanSearch search;
     search.budget = budget;
     search.host_budget = options.host_budget;
+    search.pinned_budget = options.pinned_budget;
     search.device = options.device;
     search.global_batch = global_batch;
     const std::vector<CheckpointPolicy> policies = candidate_policies(config.layers(), options.allow_offload);
@@ -188,9 +203,12 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                                      gradients, offload_parameters, loss_chunk, mlp_tile);
             plan.peak_bytes = plan.memory.peak_on(options.device);
             plan.host_peak_bytes = plan.memory.host_peak_bytes;
+            // Pinned memory is the device's page-locked host memory; the CPU backend pins nothing.
+            plan.pinned_peak_bytes = options.device == Device::cpu ? 0 : plan.memory.pinned_peak_bytes;
             if (options.state_phases) {
                 const StatePhasesPrediction phases = predict_state_phases(plan.memory, options.device, offload_optimizer);
                 plan.host_peak_bytes = std::max({plan.host_peak_bytes, phases.host_save_peak, phases.host_resume_peak});
+                plan.pinned_peak_bytes = std::max(plan.pinned_peak_bytes, phases.pinned_peak);
             }
             // The evaluation between steps, only where the step fits (a plan that does not fit is out either way).
             if (options.eval_batches > 0 && plan.peak_bytes <= budget) {
@@ -204,7 +222,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
             return plan;
         };
         const int rows = micro_batch * seq_len;
-        const auto fits = [&](const Plan& plan) { return plan.fits(budget, options.host_budget); };
+        const auto fits = [&](const Plan& plan) { return plan.fits(budget, options.host_budget, options.pinned_budget); };
         // Of two plans the one that fits, else the smaller peak: when nothing fits, the search
         // still names the smallest peak any chunk and tile reach (which need not be the
         // smallest ones: a single tile, say, never holds its result beside its first tile).
@@ -257,7 +275,8 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
         return left.peak_bytes < right.peak_bytes;
     });
     for (size_t index = 0; index < search.plans.size(); ++index) {
-        if (!search.chosen && search.plans[index].fits(budget, options.host_budget)) search.chosen = index;
+        if (!search.chosen && search.plans[index].fits(budget, options.host_budget, options.pinned_budget))
+            search.chosen = index;
         if (search.plans[index].peak_bytes < search.plans[search.smallest].peak_bytes) search.smallest = index;
     }
     return search;
@@ -293,7 +312,7 @@ std::string plan_table(const PlanSearch& search, const nn::ModelConfig& config, 
         show(index);
     for (size_t index = *search.chosen + 1; index < search.plans.size() && static_cast<int>(shown.size()) < alternatives;
          ++index)
-        if (search.plans[index].fits(search.budget, search.host_budget)) show(index);
+        if (search.plans[index].fits(search.budget, search.host_budget, search.pinned_budget)) show(index);
     size_t width = 44; // the plan column: as wide as the longest summary shown
     for (size_t index : shown) width = std::max(width, search.plans[index].summary().size() + 1);
     width = std::max(width, chosen.summary().size() + 1);
@@ -309,7 +328,7 @@ std::string plan_table(const PlanSearch& search, const nn::ModelConfig& config, 
              << verdict << "\n";
     };
     row(chosen, "chosen");
-    for (size_t index : shown) row(search.plans[index], why_lost(search.plans[index], chosen, search.budget, search.host_budget));
+    for (size_t index : shown) row(search.plans[index], why_lost(search.plans[index], chosen, search.budget, search.host_budget, search.pinned_budget));
     return text.str();
 }
 

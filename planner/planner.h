@@ -33,6 +33,9 @@ struct PlannerOptions {
     // Host memory the plan may use (the offloaded model state, pinned inputs): plans whose host peak exceeds
     // it are refused. SIZE_MAX: no limit.
     size_t host_budget = SIZE_MAX;
+    // Of that, what may be pinned (page-locked: the offloaded segment inputs, the parked working copies, the staged
+    // ids, the save's block); a host may lock less than it has. Off the CPU backend only. SIZE_MAX: no limit.
+    size_t pinned_budget = SIZE_MAX;
     std::optional<Ceilings> ceilings; // default: ceilings_for(device, dtype)
     // The streaming LM head's chunk (StepShape::loss_chunk_tokens) every plan takes, at most its micro-batch's
     // B·T (0: the whole logits). Unset (auto): per plan one chunk of all B·T tokens, halved while the plan does
@@ -67,7 +70,10 @@ struct Plan {
     size_t peak_bytes = 0; // memory.peak_on(device), or the evaluation's when larger: what the budget is compared with
     size_t evaluation_peak_bytes = 0; // with PlannerOptions::eval_batches: the evaluation phase's peak on the device
     size_t host_peak_bytes = 0; // memory.host_peak_bytes with optimizer offload: what the host budget is compared with
-    bool fits(size_t budget, size_t host_budget) const { return peak_bytes <= budget && host_peak_bytes <= host_budget; }
+    size_t pinned_peak_bytes = 0; // of it pinned (memory.pinned_peak_bytes, the save's block): the pinned budget's
+    bool fits(size_t budget, size_t host_budget, size_t pinned_budget = SIZE_MAX) const {
+        return peak_bytes <= budget && host_peak_bytes <= host_budget && pinned_peak_bytes <= pinned_budget;
+    }
 
     std::string flags() const { return shape.flags(); }          // train_gpt's flags for this plan
     std::string summary() const { return shape.summary(ranks); } // "b 4 x 2, checkpoint every 1, fp32"
@@ -78,6 +84,7 @@ struct PlanSearch {
     size_t budget = 0;
     Device device = Device::cpu; // whose budget
     size_t host_budget = SIZE_MAX;
+    size_t pinned_budget = SIZE_MAX;
     int global_batch = 0;
     std::vector<Plan> plans;       // all candidates, least predicted time first (ties: smaller peak)
     std::optional<size_t> chosen;  // index into plans of the fastest plan that fits

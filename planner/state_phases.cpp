@@ -22,6 +22,7 @@ StatePhasesPrediction predict_state_phases(const MemoryPrediction& step, Device 
     // After the first step the device also keeps cuBLASLt's workspace (GPT-2's biased linears make it).
     phases.device_save_peak = step.between_steps_bytes + step.cuda_runtime_bytes;
     phases.host_save_peak = step.host_between_steps_bytes + phases.staging;
+    phases.pinned_peak = step.parked_working_copies + phases.staging;
     // A resume ends by refreshing the working copies from the masters it wrote: with the masters on the host, through
     // the step's rounded copy (bf16).
     phases.host_resume_peak = step.host_between_steps_bytes + std::max(phases.staging, step.host_rounding_bytes);

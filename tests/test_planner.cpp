@@ -316,6 +316,39 @@ TEST(Planner, KeepsTheSavesPinnedBlockWithinTheHostBudget) {
     EXPECT_EQ(room.plans[*room.chosen].summary(), chosen.summary());
 }
 
+// Pinned memory has a budget of its own: a plan pins its parked copies and the larger of its offloaded inputs and one
+// staged ids tensor (MemoryPrediction::pinned_peak_bytes), and the planner keeps that within the pinned budget.
+TEST(Planner, KeepsWhatItPinsWithinThePinnedBudget) {
+    const nn::GPTConfig config = nn::GPTConfig::named("tiny");
+    planner::PlannerOptions options;
+    options.device = Device::cuda;
+    options.ceilings = planner::cpu_ceilings();
+    const planner::PlanSearch free = planner::search_plans(config, SIZE_MAX, 16, options);
+    ASSERT_TRUE(free.chosen.has_value());
+    for (const planner::Plan& plan : free.plans) {
+        const size_t ids = static_cast<size_t>(plan.shape.per_device_train_batch_size) * config.max_seq_len * 4;
+        EXPECT_EQ(plan.pinned_peak_bytes,
+                  plan.memory.parked_working_copies + std::max(plan.memory.of(MemoryCategory::pinned_host), ids))
+            << plan.flags();
+    }
+    const size_t unbounded = free.plans[*free.chosen].pinned_peak_bytes;
+    options.pinned_budget = unbounded - 1;
+    const planner::PlanSearch bounded = planner::search_plans(config, SIZE_MAX, 16, options);
+    ASSERT_TRUE(bounded.chosen.has_value());
+    const planner::Plan& chosen = bounded.plans[*bounded.chosen];
+    EXPECT_LE(chosen.pinned_peak_bytes, options.pinned_budget) << chosen.flags();
+    EXPECT_LT(chosen.shape.per_device_train_batch_size, free.plans[*free.chosen].shape.per_device_train_batch_size);
+    options.pinned_budget = 100; // below one sequence's ids
+    const planner::PlanSearch none = planner::search_plans(config, SIZE_MAX, 16, options);
+    EXPECT_FALSE(none.chosen.has_value());
+    EXPECT_NE(none.no_fit_message().find("of pinned host memory"), std::string::npos) << none.no_fit_message();
+    // The CPU backend pins nothing: no plan there is held to it.
+    options.device = Device::cpu;
+    const planner::PlanSearch cpu = planner::search_plans(config, SIZE_MAX, 16, options);
+    ASSERT_TRUE(cpu.chosen.has_value());
+    for (const planner::Plan& plan : cpu.plans) EXPECT_EQ(plan.pinned_peak_bytes, 0u);
+}
+
 TEST(Planner, StreamsParametersOnlyWhenTheBudgetNeedsIt) {
     const nn::GPTConfig config = nn::GPTConfig::named("gpt2-124M");
     planner::PlannerOptions options;

@@ -89,6 +89,10 @@ expect --lora-target-modules --model llama-tiny --lora-r 4 --lora-target-modules
 expect --lora-target-modules --lora-r 4 --lora-target-modules lm_head
 expect --save --lora-r 4 --save "$work/lora.safetensors"
 expect --max-memory --lora-r 4 --max-memory 1KiB
+# Pinned memory is a device's: the CPU backend refuses a budget for it; a CUDA plan names the pinned budget it misses.
+expect --max-pinned-memory --device cpu --max-pinned-memory 1MiB
+expect --max-pinned-memory --max-pinned-memory lots
+expect "max-pinned-memory: no plan fits in 100 B of pinned host memory" --device cuda --plan --max-memory 64MiB --max-pinned-memory 100 --global-batch-size 16
 expect --init-adapter --init-adapter "$work"
 expect --save-adapter --save-adapter "$work/stdout"
 expect --merge --merge "$work/stderr" --lora-r 4
