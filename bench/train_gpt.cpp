@@ -290,7 +290,10 @@ std::string run_config_json(const Options& options) {
 }
 
 int run(const Options& flags) {
-    const int planned_ranks = choose_backend(flags) == distributed::Backend::none ? 1 : distributed::launch_environment().world_size;
+    const int planned_ranks = flags.world_size ? *flags.world_size
+                              : choose_backend(flags) == distributed::Backend::none
+                                  ? 1
+                                  : distributed::launch_environment().world_size;
     const Options options =
         flags.max_memory || flags.max_memory_auto ? train_gpt::apply_memory_plan(flags, planned_ranks) : flags;
     const optim::TrainerConfig& config = options.trainer;

@@ -232,6 +232,8 @@ data parallelism (mpirun -np N train_gpt ...; docs/DISTRIBUTED.md):
   --communicator auto|none|mpi|nccl   auto: nccl on CUDA, mpi on the CPU when launched with several ranks
   --check-replicas[=true|false]  after every step, check every rank holds bitwise the same weights and moments
   --zero-stage 0|1               1: each rank keeps the optimizer state of 1/N of the parameters (ZeRO-1)
+  --world-size N                 with --plan: plan for N data-parallel ranks without launching them (default: the
+                                 launcher's, 1 without one)
   --offload-optimizer none|cpu   cpu: the f32 masters, their gradients and the optimizer state live in host
                                  memory and the update runs there; the device keeps the working weights and the
                                  step's gradients (DeepSpeed's offload_optimizer; needs --device cuda)
@@ -456,6 +458,10 @@ Options parse_options(const std::vector<std::string>& arguments) {
              require(v == "fp32" || v == "bf16", f, "'" + v + "' is not fp32 or bf16");
              options.save_dtype = v == "bf16" ? engine::DType::bf16 : engine::DType::f32; }},
         {"--zero-stage", [&](auto& f, auto& v) { shape.zero_stage = parse_int(f, v); }},
+        {"--world-size", [&](auto& f, auto& v) {
+             options.world_size = parse_int(f, v);
+             require(*options.world_size >= 1 && *options.world_size <= 1 << 20, f, "must be 1 to 1048576 ranks");
+         }},
         {"--offload-optimizer", [&](auto& f, auto& v) {
              require(v == "none" || v == "cpu", f, "'" + v + "' is not none or cpu");
              shape.offload_optimizer = v == "cpu"; }},
@@ -628,6 +634,13 @@ Options parse_options(const std::vector<std::string>& arguments) {
     require(!shape.offload_optimizer || options.resolved_device != engine::Device::cpu || options.plan,
             "--offload-optimizer",
             "cpu moves the model state from the device to host memory, but this run is on the CPU already");
+    // Planning for ranks that are not launched: only a plan can be made for them.
+    const engine::distributed::LaunchEnvironment launch = engine::distributed::launch_environment();
+    require(!options.world_size || options.plan, "--world-size",
+            "plans for N ranks without launching them (with --plan); to train on N ranks launch them: mpirun -np N");
+    require(!options.world_size || !launch.launched || launch.world_size == 1 || *options.world_size == launch.world_size,
+            "--world-size", std::to_string(options.world_size.value_or(0)) + " differs from the " +
+                                std::to_string(launch.world_size) + " ranks launched");
     // Pinned memory is a device's page-locked host memory: the CPU backend pins nothing.
     require(!options.max_pinned_memory || options.resolved_device != engine::Device::cpu, "--max-pinned-memory",
             "budgets the host memory a device pins; this run is on the CPU, which pins none");

@@ -107,6 +107,9 @@ struct Options {
     // --max-pinned-memory SIZE: of the host memory, what may be pinned on a device (the planner's pinned budget, and
     // a check of the run's prediction before anything is built). Unset: no limit.
     std::optional<size_t> max_pinned_memory;
+    // --world-size N, with --plan only: plan for N data-parallel ranks (ZeRO-1's shards, --max-memory's split of the
+    // global batch) without launching them. Unset: the launcher's.
+    std::optional<int> world_size;
     int global_batch_size = 0;
     bool precision_auto = false;      // --precision auto: the planner also tries bf16
     // --loss-chunk-tokens N|off|auto: the streaming LM head's chunk (StepShape::loss_chunk_tokens; off is 0).

@@ -54,14 +54,14 @@ void check_host_budget(const Options& options) {
     // LoRA: the host holds the adapters' masters and moments, a small part of the model (docs/MEMORY.md, "LoRA and
     // QLoRA"); the model state's report (--plan) counts them.
     if (options.lora || !options.init_adapter.empty()) return;
-    const distributed::LaunchEnvironment launch = distributed::launch_environment();
     // A token budget: the worst micro-batch it allows.
     const auto [rows, length] =
         nn::largest_batch_shape(shape.per_device_train_batch_size, options.seq_len, options.max_tokens_per_micro_batch,
                                                         options.data_layout == nn::DataLayout::packed);
     const planner::MemoryPrediction predicted = planner::predict_memory(
         options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision), options.trainer.optimizer,
-        shape.zero_stage == 1 ? launch.world_size : 1, shape.gradient_accumulation_steps, true, shape.offload_gradients,
+        shape.zero_stage == 1 ? planned_world_size(options) : 1, shape.gradient_accumulation_steps, true,
+        shape.offload_gradients,
         shape.offload_parameters, shape.loss_chunk_tokens, shape.mlp_tile_tokens,
         options.data_layout == nn::DataLayout::packed_documents);
     const size_t budget = host_budget(options);
@@ -239,6 +239,10 @@ std::string state_phases_report(const Options& options, std::vector<PhasePeak>& 
 
 } // namespace
 
+int planned_world_size(const Options& options) {
+    return options.world_size.value_or(distributed::launch_environment().world_size);
+}
+
 std::optional<size_t> predicted_step_peak(const Options& options) {
     const std::optional<planner::MemoryPrediction> predicted = predicted_step_memory(options);
     if (!predicted) return std::nullopt;
@@ -246,7 +250,6 @@ std::optional<size_t> predicted_step_peak(const Options& options) {
 }
 
 std::optional<planner::MemoryPrediction> predicted_step_memory(const Options& options) {
-    const distributed::LaunchEnvironment launch = distributed::launch_environment();
     const StepShape& shape = options.trainer.shape;
     const auto [rows, length] = nn::largest_batch_shape(shape.per_device_train_batch_size, options.seq_len,
                                                         options.max_tokens_per_micro_batch,
@@ -255,7 +258,7 @@ std::optional<planner::MemoryPrediction> predicted_step_memory(const Options& op
     try {
         return planner::predict_memory(
             options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision),
-            options.trainer.optimizer, shape.zero_stage == 1 ? launch.world_size : 1,
+            options.trainer.optimizer, shape.zero_stage == 1 ? planned_world_size(options) : 1,
             shape.gradient_accumulation_steps, shape.offload_optimizer, shape.offload_gradients,
             shape.offload_parameters, shape.loss_chunk_tokens, shape.mlp_tile_tokens,
             options.data_layout == nn::DataLayout::packed_documents, tuning.value_or(planner::FineTuning{}));
@@ -267,10 +270,11 @@ std::optional<planner::MemoryPrediction> predicted_step_memory(const Options& op
 
 // --plan: the predicted memory per category for these flags (with LoRA, the model state), printed by rank 0.
 int print_plan(const Options& options) {
-    // Per rank: ZeRO-1 over the launcher's ranks (mpirun -np N train_gpt --plan --zero-stage 1), printed once.
+    // Per rank: ZeRO-1 over the ranks planned for (--world-size N, or mpirun -np N train_gpt --plan --zero-stage 1),
+    // printed once.
     const distributed::LaunchEnvironment launch = distributed::launch_environment();
     const StepShape& shape = options.trainer.shape;
-    const int shards = shape.zero_stage == 1 ? launch.world_size : 1;
+    const int shards = shape.zero_stage == 1 ? planned_world_size(options) : 1;
     const std::optional<planner::FineTuning> tuning = fine_tuning(options);
     if (tuning) {
         // The model state beside a full fine-tune's, then the step (the replay's refusal, if it does not follow

@@ -26,5 +26,7 @@ std::optional<engine::planner::FineTuning> fine_tuning(const Options& options);
 // (planner/adapter_step.h: GPT-2, a tiled MLP, the optimizer off the device, ZeRO-1).
 std::optional<size_t> predicted_step_peak(const Options& options);
 std::optional<engine::planner::MemoryPrediction> predicted_step_memory(const Options& options);
+// The data-parallel ranks the plan is for: --world-size, else the launcher's.
+int planned_world_size(const Options& options);
 
 } // namespace train_gpt

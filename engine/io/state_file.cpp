@@ -384,7 +384,9 @@ StateFileReader::~StateFileReader() {
 
 void StateFileReader::read(const Entry& entry, uint64_t first, void* destination, Device device, uint64_t size) const {
     check_range(entry, first, size);
-    const auto index = static_cast<size_t>(&entry - entries_.data());
+    // Which of this file's entries it is, by its address (an entry of another reader is refused).
+    const auto address = reinterpret_cast<uintptr_t>(&entry), first_entry = reinterpret_cast<uintptr_t>(entries_.data());
+    const size_t index = address >= first_entry ? (address - first_entry) / sizeof(Entry) : entries_.size();
     ENGINE_CHECK(index < entries_.size() && &entries_[index] == &entry,
                  "state file " << path_ << ": tensor " << entry.name << " is not one of this file's entries");
     StateStaging staging;

@@ -90,6 +90,8 @@ expect --lora-target-modules --lora-r 4 --lora-target-modules lm_head
 expect --save --lora-r 4 --save "$work/lora.safetensors"
 expect --max-memory --lora-r 4 --max-memory 1KiB
 # Pinned memory is a device's: the CPU backend refuses a budget for it; a CUDA plan names the pinned budget it misses.
+expect --world-size --world-size 2
+expect --world-size --plan --world-size 0
 expect --max-pinned-memory --device cpu --max-pinned-memory 1MiB
 expect --max-pinned-memory --max-pinned-memory lots
 expect "max-pinned-memory: no plan fits in 100 B of pinned host memory" --device cuda --plan --max-memory 64MiB --max-pinned-memory 100 --global-batch-size 16

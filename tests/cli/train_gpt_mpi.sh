@@ -202,6 +202,13 @@ measured_eval=$(sed -n 's/.*"eval_peak_total_bytes":\([0-9]*\).*/\1/p' "$work/ze
 check "ZeRO-1: the evaluation's peak as --plan predicts ($predicted_eval B)" $? \
   "measured $measured_eval; $(grep '^evaluation' "$work/zero_eval_plan.out")"
 
+# 4d. --plan --world-size 2 plans for 2 ranks without launching them: the same report, word for word, as the 2
+#     launched ranks' --plan.
+mpirun2 "$train_gpt" "${evaluated[@]}" --out "$work/zero_state" --plan >"$work/launched_plan.out" 2>&1
+"$train_gpt" "${evaluated[@]}" --out "$work/zero_state" --plan --world-size 2 >"$work/world_size_plan.out" 2>&1
+cmp -s "$work/launched_plan.out" "$work/world_size_plan.out" && grep -q "ZeRO stage 1 over 2 ranks" "$work/world_size_plan.out"
+check "--plan --world-size 2 is the 2 launched ranks' plan" $? "$(diff "$work/launched_plan.out" "$work/world_size_plan.out" | head -5)"
+
 # 5. ZeRO stage 1: the same runs with each rank keeping the optimizer state of half the parameters. AdamW
 #    against the unsharded 2-rank run (same sums, so the same weights), SGD against one process; the
 #    optimizer-state peak per rank halves; one reduce-scatter and one all-gather per step.
