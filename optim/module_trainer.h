@@ -184,7 +184,8 @@ public:
     // the step's flat buffer, with no gathered copy on the device (a collective every rank calls).
     void visit_whole_optimizer_state(const ZeroShards::StateConsumer& consume) {
         if (zero_) return zero_->gather_state(*optimizer_, consume);
-        for (const auto& [name, state] : optimizer_->named_state()) consume(name, state, state.raw_data(), state.device());
+        for (const auto& [name, state] : optimizer_->named_state())
+            consume(name, state, state.raw_data(), state.nbytes(), state.device());
     }
     // The names and shapes (as tensors like them) of those whole tensors in that order, gathering nothing; and the
     // index-th alone (under ZeRO-1 a collective every rank calls with the same index): what a streamed save pulls.
@@ -195,7 +196,8 @@ public:
         if (zero_) return zero_->gather_state_tensor(*optimizer_, index, consume);
         const auto named = optimizer_->named_state();
         ENGINE_CHECK(index < named.size(), "optimizer state tensor " << index << " of " << named.size());
-        consume(named[index].first, named[index].second, named[index].second.raw_data(), named[index].second.device());
+        consume(named[index].first, named[index].second, named[index].second.raw_data(), named[index].second.nbytes(),
+                named[index].second.device());
     }
     const LearningRateSchedule& schedule() const { return schedule_; }
     const TrainerConfig& config() const { return config_; }

@@ -77,8 +77,8 @@ io::StateSource training_state_source(ModuleTrainer& trainer, const nn::DataLoad
         source.tensors.push_back({optimizer_prefix + layout[index].first, like.dtype(), like.shape(),
                                   [&trainer, index, staging](const io::ByteSink& sink) {
                                       trainer.visit_whole_optimizer_state_tensor(
-                                          index, [&](const std::string&, const Tensor& whole, const void* bytes,
-                                                     Device device) { staging->emit(bytes, device, whole.nbytes(), sink); });
+                                          index, [&](const std::string&, const Tensor&, const void* bytes, size_t byte_count,
+                                                     Device device) { staging->emit(bytes, device, byte_count, sink); });
                                   }});
     }
     return source;

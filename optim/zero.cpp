@@ -1,4 +1,4 @@
-// ZeRO stage 1's three collectives around the sharded optimizer step, over one flat buffer.
+// ZeRO stage 1's three collectives around the sharded optimizer step, a piece of every rank's part at a time.
 #include "optim/zero.h"
 
 #include <algorithm>
@@ -17,13 +17,12 @@ ZeroShards::ZeroShards(std::vector<Tensor> parameters, distributed::Communicator
                                           << parameters_[0].describe());
         total += parameter.numel();
     }
-    const int64_t ranks = communicator_.world_size();
-    const int64_t part = (total + ranks - 1) / ranks;
-    begin_ = std::min(total, communicator_.rank() * part);
-    end_ = std::min(total, begin_ + part);
+    partition_ = distributed::ZeroPartition::of(total, communicator_.world_size(), dtype_size(parameters_[0].dtype()));
+    begin_ = partition_.begin(communicator_.rank());
+    end_ = partition_.end(communicator_.rank());
     MemoryCategoryScope scope(MemoryCategory::workspace);
-    flat_ = Tensor::zeros({part * ranks}, parameters_[0].dtype(), parameters_[0].device());
-    part_ = Tensor::zeros({part}, parameters_[0].dtype(), parameters_[0].device());
+    gathered_ = Tensor::zeros({partition_.ranks * partition_.piece}, parameters_[0].dtype(), parameters_[0].device());
+    piece_ = Tensor::zeros({partition_.piece}, parameters_[0].dtype(), parameters_[0].device());
 }
 
 namespace {
@@ -46,33 +45,60 @@ char* at(const Tensor& tensor, int64_t element) {
 
 } // namespace
 
+int64_t ZeroShards::piece_start(int64_t rank, int64_t piece) const {
+    return rank * partition_.part + piece * partition_.piece;
+}
+
 void ZeroShards::reduce_scatter_gradients() {
-    const Device device = flat_.device();
-    const size_t element = dtype_size(flat_.dtype());
-    for_each_overlap(parameters_, 0, flat_.numel(), [&](const Tensor& parameter, int64_t, int64_t flat, int64_t count) {
-        copy_bytes(at(flat_, flat), device, parameter.grad().raw_data(), device, static_cast<size_t>(count) * element);
-    });
-    communicator_.reduce_scatter(flat_, part_);
-    for_each_overlap(parameters_, begin_, end_, [&](const Tensor& parameter, int64_t first, int64_t flat, int64_t count) {
-        copy_bytes(at(parameter.grad(), first), device, at(part_, flat - begin_), device, static_cast<size_t>(count) * element);
-    });
+    const Device device = gathered_.device();
+    const size_t element = dtype_size(gathered_.dtype());
+    const int64_t size = partition_.piece;
+    sum_of_squares_ = 0.0;
+    for (int64_t piece = 0; piece < partition_.pieces; ++piece) {
+        // Every rank's piece of the gradients side by side (zero past the last parameter), summed over the ranks into
+        // this rank's piece, which goes back into its parameters' gradient buffers.
+        if (piece_start(partition_.ranks - 1, piece) + size > partition_.total) gathered_.fill_zero();
+        for (int64_t rank = 0; rank < partition_.ranks; ++rank) {
+            const int64_t start = piece_start(rank, piece);
+            for_each_overlap(parameters_, start, start + size, [&](const Tensor& parameter, int64_t first, int64_t flat, int64_t count) {
+                copy_bytes(at(gathered_, rank * size + flat - start), device, at(parameter.grad(), first), device,
+                           static_cast<size_t>(count) * element);
+            });
+        }
+        communicator_.reduce_scatter(gathered_, piece_);
+        // The norm's share of this piece, in piece order (the padding is zero in every rank's buffer).
+        sum_of_squares_ += sum_of_squares(piece_);
+        const int64_t start = piece_start(communicator_.rank(), piece);
+        for_each_overlap(parameters_, start, start + size, [&](const Tensor& parameter, int64_t first, int64_t flat, int64_t count) {
+            copy_bytes(at(parameter.grad(), first), device, at(piece_, flat - start), device,
+                       static_cast<size_t>(count) * element);
+        });
+    }
 }
 
 double ZeroShards::gradient_sum_of_squares() {
-    // The padding after the last parameter is zero in every rank's flat buffer, so its sum is zero too.
-    return communicator_.all_reduce_value(sum_of_squares(part_));
+    // Each rank's sum over its pieces (reduce_scatter_gradients), summed over the ranks.
+    return communicator_.all_reduce_value(sum_of_squares_);
 }
 
 void ZeroShards::all_gather_parameters() {
-    const Device device = flat_.device();
-    const size_t element = dtype_size(flat_.dtype());
-    for_each_overlap(parameters_, begin_, end_, [&](const Tensor& parameter, int64_t first, int64_t flat, int64_t count) {
-        copy_bytes(at(part_, flat - begin_), device, at(parameter, first), device, static_cast<size_t>(count) * element);
-    });
-    communicator_.all_gather(part_, flat_);
-    for_each_overlap(parameters_, 0, flat_.numel(), [&](const Tensor& parameter, int64_t, int64_t flat, int64_t count) {
-        copy_bytes(parameter.raw_data(), device, at(flat_, flat), device, static_cast<size_t>(count) * element);
-    });
+    const Device device = gathered_.device();
+    const size_t element = dtype_size(gathered_.dtype());
+    const int64_t size = partition_.piece;
+    for (int64_t piece = 0; piece < partition_.pieces; ++piece) {
+        const int64_t own = piece_start(communicator_.rank(), piece);
+        for_each_overlap(parameters_, own, own + size, [&](const Tensor& parameter, int64_t first, int64_t flat, int64_t count) {
+            copy_bytes(at(piece_, flat - own), device, at(parameter, first), device, static_cast<size_t>(count) * element);
+        });
+        communicator_.all_gather(piece_, gathered_);
+        for (int64_t rank = 0; rank < partition_.ranks; ++rank) {
+            const int64_t start = piece_start(rank, piece);
+            for_each_overlap(parameters_, start, start + size, [&](const Tensor& parameter, int64_t first, int64_t flat, int64_t count) {
+                copy_bytes(at(parameter, first), device, at(gathered_, rank * size + flat - start), device,
+                           static_cast<size_t>(count) * element);
+            });
+        }
+    }
 }
 
 std::vector<std::pair<std::string, Tensor>> ZeroShards::state_layout(const Optimizer& optimizer) const {
@@ -92,25 +118,32 @@ void ZeroShards::gather_state_tensor(const Optimizer& optimizer, size_t index, c
     int64_t offset = 0; // the parameter's first element in the flat layout
     for (size_t earlier = 0; earlier < slot; ++earlier) offset += parameters_[earlier].numel();
     const Tensor& parameter = parameters_[slot];
-    const int64_t part = part_.numel();
-    // Each rank's part of the tensor, broadcast by its owner into the tensor's place in the flat buffer.
-    for (int64_t rank = 0; rank < communicator_.world_size(); ++rank) {
-        const int64_t first = std::max(offset, rank * part);
-        const int64_t last = std::min(offset + parameter.numel(), (rank + 1) * part);
-        if (first >= last) continue;
-        if (rank == communicator_.rank()) {
-            // This rank's part: its live state tensor of that name, exactly [first, last).
-            Tensor mine;
-            for (const auto& [name, state] : optimizer.named_state())
-                if (name == layout[index].first) mine = state;
-            ENGINE_CHECK(mine.defined() && mine.numel() == last - first,
-                         "ZeRO-1: this rank's part of " << layout[index].first << " is not its " << last - first
-                                                        << " elements");
-            copy_bytes(at(flat_, first), flat_.device(), mine.raw_data(), mine.device(), mine.nbytes());
+    // This rank's part of the tensor: its live state tensor of that name.
+    Tensor mine;
+    for (const auto& [name, state] : optimizer.named_state())
+        if (name == layout[index].first) mine = state;
+    const int64_t mine_first = std::max(offset, begin_); // the flat element mine starts at
+    const size_t element = dtype_size(gathered_.dtype());
+    // A window of the tensor at a time, as large as the collectives' buffer: each rank's part of it broadcast by its
+    // owner into the buffer, then handed on. The device holds no more of the state than the buffer it has.
+    const int64_t window = gathered_.numel();
+    for (int64_t from = offset; from < offset + parameter.numel(); from += window) {
+        const int64_t to = std::min(from + window, offset + parameter.numel());
+        for (int64_t rank = 0; rank < partition_.ranks; ++rank) {
+            const int64_t first = std::max(from, partition_.begin(rank)), last = std::min(to, partition_.end(rank));
+            if (first >= last) continue;
+            if (rank == communicator_.rank()) {
+                ENGINE_CHECK(mine.defined() && mine.numel() == std::min(offset + parameter.numel(), end_) - mine_first,
+                             "ZeRO-1: this rank's part of " << layout[index].first << " is not its elements ["
+                                                            << mine_first << ", " << end_ << ")");
+                copy_bytes(at(gathered_, first - from), gathered_.device(), at(mine, first - mine_first), mine.device(),
+                           static_cast<size_t>(last - first) * element);
+            }
+            communicator_.broadcast_range(gathered_, first - from, last - first, static_cast<int>(rank));
         }
-        communicator_.broadcast_range(flat_, first, last - first, static_cast<int>(rank));
+        consume(layout[index].first, parameter, gathered_.raw_data(), static_cast<size_t>(to - from) * element,
+                gathered_.device());
     }
-    consume(layout[index].first, parameter, at(flat_, offset), flat_.device());
 }
 
 void ZeroShards::gather_state(const Optimizer& optimizer, const StateConsumer& consume) {

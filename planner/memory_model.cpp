@@ -3,6 +3,8 @@
 // are here, Llama's in memory_model_llama.cpp. See docs/MEMORY.md.
 #include "planner/memory_model.h"
 
+#include "engine/distributed/zero_partition.h"
+
 #include <algorithm>
 #include <iomanip>
 #include <sstream>
@@ -346,12 +348,16 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     prediction.at(MemoryCategory::gradients) = counts.stored * wide; // one buffer per parameter, wte's padded too
     // The optimizer sees only the real rows. ZeRO-1: one rank's part of them laid end to end, padded to equal parts.
     const size_t shards = static_cast<size_t>(optimizer_shards);
-    const size_t part = (counts.real + shards - 1) / shards * wide;
+    // ZeRO-1 (distributed::ZeroPartition): rank 0's part, a whole number of the collectives' pieces.
+    const distributed::ZeroPartition partition =
+        distributed::ZeroPartition::of(static_cast<int64_t>(counts.real), optimizer_shards, wide);
+    const size_t part = static_cast<size_t>(partition.end(0) - partition.begin(0)) * wide;
     const size_t state_per_element = static_cast<size_t>(optimizer_state_tensors(optimizer));
     prediction.at(MemoryCategory::optimizer_state) = state_per_element * (shards > 1 ? part : counts.real * wide);
-    // ZeRO-1's flat buffer and part live from the first step on, beside the step's temporaries, where the
-    // optimizer's parameters are.
-    const size_t zero_buffers = shards > 1 ? (shards + 1) * part : 0;
+    // ZeRO-1's buffers (a piece of every rank's part and this rank's) live from the first step on, beside the step's
+    // temporaries, where the optimizer's parameters are.
+    const size_t zero_buffers = shards > 1 ? static_cast<size_t>(partition.buffer_elements()) * wide : 0;
+    prediction.zero_buffers = zero_buffers;
     size_t device_zero_buffers = zero_buffers;
     if (offload_optimizer) {
         // The masters (each over its storage's rows), their gradient buffers and the state move to the host; the
@@ -491,7 +497,8 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
         const MemoryPrediction whole = predict_memory(config, batch, seq_len, policy, dtype, optimizer);
         text << "ZeRO stage 1 over " << optimizer_shards << " ranks: optimizer_state per rank "
              << mebibytes(planned.of(MemoryCategory::optimizer_state)) << " instead of " << mebibytes(whole.of(MemoryCategory::optimizer_state)) << ", for "
-             << mebibytes(planned.of(MemoryCategory::workspace) - whole.of(MemoryCategory::workspace)) << " of flat buffers in workspace\n";
+             << mebibytes(planned.zero_buffers) << " of the collectives' buffers in "
+             << (offload_optimizer ? "host memory" : "workspace") << "\n";
     }
     if (policy.enabled) {
         text << "segments:";

@@ -72,6 +72,9 @@ struct MemoryPrediction {
     // a time.
     size_t parked_working_copies = 0;
     size_t constant_buffers = 0;  // built with the model, in `parameters`, no gradient: Llama's RoPE tables
+    // ZeRO-1's collective buffers (distributed::ZeroPartition: a piece of every rank's part and this rank's), in the
+    // device's workspace, or the host's with the optimizer there.
+    size_t zero_buffers = 0;
 
     // Model state off the device (offload_optimizer): what the host holds for the whole run, by category (on
     // the host's account), and its high-water mark during a step (with the update's transient). Zero without

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "planner/memory_model.h"
+
+#include "engine/distributed/zero_partition.h"
 #include "planner/step_terms.h"
 
 namespace engine::planner {
@@ -109,9 +111,11 @@ ModelState predict_model_state(const nn::ModelConfig& config, DType dtype, Optim
     state.constant_buffers = config.is_llama() ? llama_rope_table_bytes(config.llama(), dtype) : 0;
     state.parameters = state.master_parameters + state.working_copies + state.frozen_parameters + state.constant_buffers;
     state.gradients = stored * wide;
-    // The optimizer keeps state for the real rows only; ZeRO-1 for one rank's part, the parts padded to equal size.
-    const size_t shards = static_cast<size_t>(optimizer_shards);
-    const size_t kept = shards > 1 ? (real + shards - 1) / shards : real;
+    // The optimizer keeps state for the real rows only; ZeRO-1 for rank 0's part (distributed::ZeroPartition: the parts
+    // padded to equal size, a whole number of the collectives' pieces).
+    const distributed::ZeroPartition partition =
+        distributed::ZeroPartition::of(static_cast<int64_t>(real), optimizer_shards, wide);
+    const size_t kept = optimizer_shards > 1 ? static_cast<size_t>(partition.end(0) - partition.begin(0)) : real;
     state.optimizer_state = static_cast<size_t>(optimizer_state_tensors(optimizer)) * kept * wide;
     return state;
 }
