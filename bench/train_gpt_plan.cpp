@@ -185,7 +185,7 @@ std::string evaluation_report(const Options& options, int rows, int length, int 
     try {
         const planner::PhasePrediction evaluation = planner::predict_evaluation_memory(
             options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision), options.trainer.optimizer,
-            shards, shape.offload_optimizer, shape.offload_parameters, static_cast<int>(batches),
+            shards, shape.offload_optimizer, shape.offload_gradients, shape.offload_parameters, static_cast<int>(batches),
             shape.loss_chunk_tokens, shape.mlp_tile_tokens, options.data_layout == nn::DataLayout::packed_documents,
             tuning);
         const size_t peak = evaluation.peak_on(options.resolved_device);

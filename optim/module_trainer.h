@@ -179,16 +179,11 @@ public:
     int64_t skipped_steps() const { return skipped_steps_; }  // windows skipped for non-finite values
     double current_learning_rate() const { return schedule_.at(step()); }
     Optimizer& optimizer() { return *optimizer_; }
-    // The optimizer state as whole tensors named as named_state() unsharded, each given to `consume` with its bytes
-    // (valid during the call): the live tensors, or under ZeRO-1 gathered from every rank one kind at a time into
-    // the step's flat buffer, with no gathered copy on the device (a collective every rank calls).
-    void visit_whole_optimizer_state(const ZeroShards::StateConsumer& consume) {
-        if (zero_) return zero_->gather_state(*optimizer_, consume);
-        for (const auto& [name, state] : optimizer_->named_state())
-            consume(name, state, state.raw_data(), state.nbytes(), state.device());
-    }
-    // The names and shapes (as tensors like them) of those whole tensors in that order, gathering nothing; and the
-    // index-th alone (under ZeRO-1 a collective every rank calls with the same index): what a streamed save pulls.
+    // The optimizer state as whole tensors named as named_state() unsharded, in a state file's order: their names and
+    // shapes (as tensors like them), gathering nothing; and the index-th given to `consume` with its bytes (valid
+    // during the call): the live tensor, or under ZeRO-1 gathered from every rank a window of the collectives' buffer
+    // at a time, with no gathered copy on the device (a collective every rank calls with the same index). What a
+    // streamed save pulls.
     std::vector<std::pair<std::string, Tensor>> whole_optimizer_state_layout() const {
         return zero_ ? zero_->state_layout(*optimizer_) : optimizer_->named_state();
     }

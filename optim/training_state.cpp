@@ -159,6 +159,7 @@ void restore_training_state(const io::StateReader& state, ModuleTrainer& trainer
                      << world_size_of(trainer) << "; resume with the same world size (mpirun -np " << saved_world
                      << "): each rank's data cursor and share of every batch depend on it");
     std::optional<nn::LoaderCursor> cursor;
+    const nn::LoaderCursor previous_cursor = loader != nullptr ? loader->cursor() : nn::LoaderCursor{};
     if (loader != nullptr) {
         const bool per_rank = metadata.contains("loader_ranks");
         ENGINE_CHECK(!per_rank || (metadata["loader_ranks"].is_array() &&
@@ -170,12 +171,18 @@ void restore_training_state(const io::StateReader& state, ModuleTrainer& trainer
     }
 
     // Each tensor straight from where the state is to where it goes (a sharded one's part from element `first` on),
-    // validated above, so nothing is allocated here beyond one pinned block for a device.
-    for (Target& target : targets) {
-        const size_t offset = static_cast<size_t>(target.first) * dtype_size(target.whole.dtype());
-        detail::impl_of(target.destination).storage->set_host_copy(nullptr); // written behind any host copy it kept
-        state.read(*state.find(target.name), offset, target.destination.raw_data(), target.destination.device(),
-                   target.destination.nbytes());
+    // validated above, so nothing is allocated here beyond one pinned block for a device. Only a read failing now (the
+    // disk, not the file: it was validated) can stop it part way: then the loader is put back, the tensors are not.
+    try {
+        for (Target& target : targets) {
+            const size_t offset = static_cast<size_t>(target.first) * dtype_size(target.whole.dtype());
+            detail::impl_of(target.destination).storage->set_host_copy(nullptr); // written behind any host copy
+            state.read(*state.find(target.name), offset, target.destination.raw_data(), target.destination.device(),
+                       target.destination.nbytes());
+        }
+    } catch (const EngineError& error) {
+        if (loader != nullptr) loader->restore(previous_cursor);
+        throw EngineError(std::string(error.what()) + " (the model and optimizer state are part-restored)");
     }
     trainer.module().refresh_working_copies();
     trainer.optimizer().set_step_count(field("step").get<int64_t>());
@@ -187,12 +194,14 @@ std::string save_training_state(const std::string& directory, ModuleTrainer& tra
     io::StateSource source = training_state_source(trainer, loader, config_json);
     // Under ZeRO-1 each emit is a collective: whatever the writer meets (a directory it cannot create, a full disk),
     // every emit runs on it as on the other ranks, and its error comes after. write_state itself runs them all once
-    // it starts; these count the ones that ran before a failure outside it.
+    // it starts; these count the ones that finished before a failure outside it. (An emit that throws part way
+    // through a gather leaves the ranks out of step; the one thing an emit allocates, the pinned block, is made at
+    // the first tensor on a device, a parameter, before any gather.)
     size_t emitted = 0;
     for (io::StateTensorSource& tensor : source.tensors)
         tensor.emit = [inner = std::move(tensor.emit), &emitted](const io::ByteSink& sink) {
-            ++emitted;
             inner(sink);
+            ++emitted;
         };
     if (!write) {
         for (const io::StateTensorSource& tensor : source.tensors) tensor.emit({});

@@ -20,14 +20,16 @@ io::TrainingState capture_training_state(ModuleTrainer& trainer, const nn::DataL
 
 // The same state as a source that pulls each tensor only when a writer reaches it (io::write_state): from host
 // memory directly, from a device through one pinned block (io::state_staging_bytes), under ZeRO-1 gathered one
-// tensor at a time into the step's flat buffer. A save holds no copy of the state, on the device or the host.
+// tensor at a time through the collectives' buffer. A save holds no copy of the state, on the device or the host.
 // The emits read the trainer as it is when they run: write the source before the next step. Every rank writes or
 // drains it (its emits are collectives under ZeRO-1).
 io::StateSource training_state_source(ModuleTrainer& trainer, const nn::DataLoader* loader,
                                       const std::string& config_json = "{}");
 
-// All or nothing: checks every tensor's presence, dtype and shape, the optimizer kind and the cursor before
-// changing anything; throws EngineError naming what does not match. `loader` may be null when none was saved.
+// Checks every tensor's presence, dtype and shape, the optimizer kind and the cursor before changing anything, and
+// throws EngineError naming what does not match: a state that does not fit changes nothing. Only a read that fails
+// after the checks (a state file's disk failing) leaves the tensors part-restored; the loader is then put back.
+// `loader` may be null when none was saved.
 void restore_training_state(const io::TrainingState& state, ModuleTrainer& trainer, nn::DataLoader* loader);
 // From any reader: a state file read in place (io::StateFileReader), each tensor straight into its destination.
 void restore_training_state(const io::StateReader& state, ModuleTrainer& trainer, nn::DataLoader* loader);

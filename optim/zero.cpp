@@ -18,6 +18,20 @@ ZeroShards::ZeroShards(std::vector<Tensor> parameters, distributed::Communicator
         total += parameter.numel();
     }
     partition_ = distributed::ZeroPartition::of(total, communicator_.world_size(), dtype_size(parameters_[0].dtype()));
+    // Every rank must cut the same pieces (the same parameters and ENGINE_ZERO_BUCKET_BYTES), or the collectives would
+    // pair unlike buffers: checked once, every rank throwing alike.
+    // Sums tell equal values apart from unequal ones only with a second, scrambled sum beside them.
+    const int64_t ranks = communicator_.world_size();
+    const auto scrambled = [](int64_t value) {
+        uint64_t bits = static_cast<uint64_t>(value) * 0x9E3779B97F4A7C15ull;
+        return static_cast<int64_t>((bits ^ (bits >> 29)) & 0xFFFFFFFFull);
+    };
+    const int64_t mine = partition_.piece * 1000003 + partition_.pieces;
+    const int64_t sum = communicator_.all_reduce_count(partition_.piece);
+    const int64_t scrambled_sum = communicator_.all_reduce_count(scrambled(mine));
+    ENGINE_CHECK(sum == ranks * partition_.piece && scrambled_sum == ranks * scrambled(mine),
+                 "ZeRO-1: the ranks cut their parts differently (this rank: " << partition_.pieces << " pieces of "
+                     << partition_.piece << " elements): give every rank the same model and ENGINE_ZERO_BUCKET_BYTES");
     begin_ = partition_.begin(communicator_.rank());
     end_ = partition_.end(communicator_.rank());
     MemoryCategoryScope scope(MemoryCategory::workspace);
@@ -144,11 +158,6 @@ void ZeroShards::gather_state_tensor(const Optimizer& optimizer, size_t index, c
         consume(layout[index].first, parameter, gathered_.raw_data(), static_cast<size_t>(to - from) * element,
                 gathered_.device());
     }
-}
-
-void ZeroShards::gather_state(const Optimizer& optimizer, const StateConsumer& consume) {
-    const size_t count = state_layout(optimizer).size();
-    for (size_t index = 0; index < count; ++index) gather_state_tensor(optimizer, index, consume);
 }
 
 } // namespace engine::optim

@@ -21,7 +21,7 @@ class ZeroShards {
 public:
     // The parameters in the optimizer's order, all on one device with one dtype, laid end to end and cut into
     // world_size parts (distributed::ZeroPartition). Allocates the collectives' buffers (workspace): one piece of
-    // every rank's part and this rank's piece, at most distributed::zero_bucket_bytes together whatever the model.
+    // every rank's part and this rank's piece, (N + 1)/N of distributed::zero_bucket_bytes at most whatever the model.
     ZeroShards(std::vector<Tensor> parameters, distributed::Communicator& communicator);
 
     ShardRange range() const { return {begin_, end_}; } // this rank's elements, for the optimizer
@@ -33,19 +33,17 @@ public:
     double gradient_sum_of_squares();
     // Every rank's updated part into every rank's parameters.
     void all_gather_parameters();
-    // The optimizer's sharded state gathered whole, one tensor at a time in a state file's order (parameter by
-    // parameter, every kind of state of each), a window of it at a time: each rank broadcasts its part of the window
-    // into the collectives' buffer, where `consume` gets it with the tensor's name (as an unsharded optimizer's
-    // named_state() names it), its parameter (shape and dtype) and the window's bytes on `device`, valid during the
-    // call; the windows of a tensor come in order. Nothing is allocated: saving under ZeRO-1 holds no gathered copy of
-    // the state, on the device or (streamed to the file) on the host. A collective: every rank calls it.
+    // The optimizer's sharded state is gathered whole one tensor at a time, in a state file's order (parameter by
+    // parameter, every kind of state of each): state_layout lists that order's names (as an unsharded optimizer's
+    // named_state() names them) with their parameters (shape and dtype), gathering nothing; gather_state_tensor gathers
+    // the index-th, a window of it at a time: each rank broadcasts its part of the window into the collectives'
+    // buffer, where `consume` gets it with the tensor's name, its parameter and the window's bytes on `device`, valid
+    // during the call; the windows come in order. Nothing is allocated: saving under ZeRO-1 holds no gathered copy of
+    // the state, on the device or (streamed to the file) on the host. A collective every rank calls with the same index.
     using StateConsumer = std::function<void(const std::string& name, const Tensor& parameter, const void* bytes,
                                              size_t byte_count, Device device)>;
-    void gather_state(const Optimizer& optimizer, const StateConsumer& consume);
-    // The same, one tensor: the index-th of that order (a collective every rank calls with the same index).
-    void gather_state_tensor(const Optimizer& optimizer, size_t index, const StateConsumer& consume);
-    // That order's names with their parameters (shape and dtype), without gathering anything.
     std::vector<std::pair<std::string, Tensor>> state_layout(const Optimizer& optimizer) const;
+    void gather_state_tensor(const Optimizer& optimizer, size_t index, const StateConsumer& consume);
 
 private:
     int64_t piece_start(int64_t rank, int64_t piece) const; // the flat element where rank's piece begins

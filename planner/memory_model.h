@@ -45,8 +45,8 @@ struct ModelState {
 };
 
 // The model state of `config` trained as `tuning` says, in `dtype` (bf16: mixed precision), with `optimizer`'s
-// state over `optimizer_shards` ranks (ZeRO-1; its flat buffers are the step's workspace, not counted here). Exact
-// to the byte on the CPU for full, LoRA and QLoRA runs of GPT-2 and Llama; predict_memory's categories for a full
+// state over `optimizer_shards` ranks (ZeRO-1; its collective buffers are the step's workspace, not counted here).
+// Exact to the byte on the CPU for full, LoRA and QLoRA runs of GPT-2 and Llama; predict_memory's categories for a full
 // fine-tune. Throws EngineError, naming it, for a LoRA config apply_lora would refuse on this model (a bad field, a
 // target that matches no linear layer, a rank above a layer's).
 // predict_memory(..., tuning) adds a LoRA step's activations and workspace (planner/adapter_step.h).
@@ -135,8 +135,8 @@ struct MemoryPrediction {
 // them as Trainer::train_step holds them: all `accumulation_steps` micro-batches (inputs and labels) for the
 // whole step, the current one's device copies, and the earlier micro-batches' reported losses.
 // optimizer_shards > 1 is ZeRO stage 1 over that many ranks (optim/zero.h): the optimizer state of one rank's
-// part (the parameters padded to equal parts), and the flat gradient/parameter buffer and the part in the
-// workspace.
+// part (the parameters padded to equal parts of whole pieces, distributed::ZeroPartition), and the collectives'
+// buffers (N + 1 pieces) in the workspace.
 // offload_optimizer: the masters, their gradients and the optimizer state on the host; `gradients`: where a
 // window's gradients are summed then; offload_parameters: the checkpointed layers' working copies parked on the
 // host too, fetched one segment at a time (StepShape); loss_chunk_tokens > 0: the streaming LM head
@@ -165,22 +165,24 @@ struct PhasePrediction {
 };
 
 // The evaluation phase (Trainer::evaluate between steps: train_gpt's --eval-data over eval_batches batches of
-// batch x seq_len): the model state as a step leaves it (predict_model_state), the evaluation's batches, the current
+// batch x seq_len): the model state as a step leaves it (predict_memory's between_steps_bytes for these tiers:
+// `gradients` says where a window's gradients live), the evaluation's batches, the current
 // one's device copies, and one micro-batch's forward in eval mode under no-grad (planner/adapter_step.h's replay,
 // exact to the byte on the CPU for full, LoRA and QLoRA runs of GPT-2 and Llama, and under ZeRO-1 with its part of
-// the optimizer state and its flat buffers, and with the optimizer on the host beside the working copies and the
-// window's gradients). Refused, naming it, with parameters streamed from the host (offload_parameters), which it does
+// the optimizer state and its collective buffers, and with the optimizer on the host beside the working copies and
+// the gradients the device keeps between steps). Refused, naming it, with parameters streamed from the host (offload_parameters), which it does
 // not model yet, and for LoRA under ZeRO-1 or with the optimizer on the host, which the step's replay does not follow.
 PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                           const checkpoint::CheckpointPolicy& policy, DType dtype,
                                           OptimizerKind optimizer, int optimizer_shards, bool offload_optimizer,
-                                          bool offload_parameters, int eval_batches, int loss_chunk_tokens,
+                                          GradientOffload gradients, bool offload_parameters, int eval_batches,
+                                          int loss_chunk_tokens,
                                           int mlp_tile_tokens, bool packed_documents, const FineTuning& tuning = {});
 
 // Saving and resuming a training state (optim/training_state.h: streamed tensor by tensor between the file and where
 // each tensor lives). Neither adds anything to the device: a save reads the model state where it is between steps
-// (ZeRO-1 gathers each tensor into its flat buffer), a resume writes into the freshly built trainer's tensors before
-// its first step. What they add is on the host: one pinned block of io::state_staging_bytes when a saved tensor
+// (ZeRO-1 gathers each tensor through its collective buffers), a resume writes into the freshly built trainer's
+// tensors before its first step. What they add is on the host: one pinned block of io::state_staging_bytes when a saved tensor
 // lives on a device (none on the CPU backend, none when offload_optimizer keeps every saved tensor on the host).
 // `step` is predict_memory's prediction for the run. Exact to the byte on the CPU and on the emulated device.
 struct StatePhasesPrediction {

@@ -214,7 +214,8 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
             if (options.eval_batches > 0 && plan.peak_bytes <= budget) {
                 plan.evaluation_peak_bytes =
                     predict_evaluation_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer, shards,
-                                              offload_optimizer, false, options.eval_batches, loss_chunk, mlp_tile,
+                                              offload_optimizer, gradients, false, options.eval_batches, loss_chunk,
+                                              mlp_tile,
                                               options.packed_documents, options.tuning)
                         .peak_on(options.device);
                 plan.peak_bytes = std::max(plan.peak_bytes, plan.evaluation_peak_bytes);

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
+#include "checkpoint/checkpoint.h"
 #include "engine/dtype.h"
 #include "nn/llama.h"
 
@@ -53,5 +55,8 @@ size_t llama_parameter_count(const nn::LlamaConfig& config);
 // The RoPE cos and sin tables (max_position_embeddings, head_dim/2) each, in compute_dtype(dtype): built with
 // the model and counted under `parameters` (engine/ops/llama.h), with no gradient and no optimizer state.
 size_t llama_rope_table_bytes(const nn::LlamaConfig& config, DType dtype);
+
+// "block 3" or "blocks 3-5" (1-based): a segment as the walk's moments and --plan's layout name it.
+std::string block_range(const checkpoint::Segment& segment);
 
 } // namespace engine::planner

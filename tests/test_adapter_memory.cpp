@@ -334,7 +334,8 @@ TEST(AdapterMemory, EvaluationPhasePeakIsExactToTheByte) {
             if (!run.targets.empty()) tuning.lora = lora_of(run), tuning.nf4 = run.nf4;
             const planner::PhasePrediction predicted = planner::predict_evaluation_memory(
                 run.config, run.micro_batch, run.length, run.policy, run.bf16 ? DType::bf16 : DType::f32,
-                planner::OptimizerKind::adamw, 1, false, false, eval_batches, run.loss_chunk, run.mlp_tile, false, tuning);
+                planner::OptimizerKind::adamw, 1, false, GradientOffload::window, false, eval_batches, run.loss_chunk,
+                run.mlp_tile, false, tuning);
             current_tape().clear();
             const size_t before = memory_stats(Device::cpu).current_bytes;
             size_t measured = 0;
@@ -443,7 +444,7 @@ TEST(AdapterMemory, PlannerKeepsTheEvaluationWithinTheBudget) {
     const size_t fastest_evaluation =
         planner::predict_evaluation_memory(config, fastest.shape.per_device_train_batch_size, length,
                                            fastest.shape.checkpointing, DType::f32, planner::OptimizerKind::adamw, 1,
-                                           false, false, eval_batches, fastest.shape.loss_chunk_tokens,
+                                           false, GradientOffload::window, false, eval_batches, fastest.shape.loss_chunk_tokens,
                                            fastest.shape.mlp_tile_tokens, false)
             .peak_bytes;
     ASSERT_GT(fastest_evaluation, budget) << "the evaluation must be what the budget binds";
@@ -536,7 +537,8 @@ TEST(AdapterMemory, RefusesWhatTheReplayDoesNotFollow) {
     expect_error([&] { predict(llama, 2, false, 0); }, {"the LoRA step", "ZeRO-1 (2 shards)"});
     const auto evaluation = [&](int shards, bool offload_optimizer, bool offload_parameters, int batches) {
         return planner::predict_evaluation_memory(llama, 2, 16, every, DType::f32, planner::OptimizerKind::adamw, shards,
-                                                  offload_optimizer, offload_parameters, batches, 0, 0, false, tuning);
+                                                  offload_optimizer, GradientOffload::window, offload_parameters,
+                                                  batches, 0, 0, false, tuning);
     };
     expect_error([&] { evaluation(2, false, false, 1); }, {"the LoRA step", "ZeRO-1 (2 shards)"});
     expect_error([&] { evaluation(1, true, false, 1); }, {"the LoRA step", "optimizer or parameters off the device"});

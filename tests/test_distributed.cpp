@@ -2,6 +2,7 @@
 // cursors that refuse another world size, the single-process communicator and the trainer's one reduction of
 // each kind per step. The multi-rank runs are tests/cli/train_gpt_mpi.sh (ctest train_gpt_mpi, label mpi).
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <set>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "planner/memory_model.h"
 #include "engine/distributed/communicator.h"
+#include "engine/distributed/zero_partition.h"
 #include "expect_error.h"
 #include "nn/io/token_data.h"
 #include "optim/trainer.h"
@@ -220,13 +222,47 @@ TEST(ZeroStage1, ShardedOptimizersTogetherEqualTheWholeOne) {
                  {"shard [5, 2)"});
 }
 
+// ZeRO-1's partition (engine/distributed/zero_partition.h): every element kept by exactly one rank, each part a whole
+// number of equal pieces padded by fewer elements than there are pieces, the ranks' pieces within the bucket.
+TEST(ZeroStage1, PartitionKeepsEveryElementOnceInPiecesWithinTheBucket) {
+    for (const char* bucket : {"8", "24", "4096", "33554432"}) {
+        ::setenv("ENGINE_ZERO_BUCKET_BYTES", bucket, 1);
+        const size_t bucket_bytes = std::stoull(bucket);
+        for (int64_t ranks = 1; ranks <= 9; ++ranks)
+            for (int64_t total : {1, 2, 7, 64, 601, 4194305, 8388610}) {
+                const auto partition = distributed::ZeroPartition::of(total, ranks, 4);
+                const std::string what = "bucket " + std::string(bucket) + ", " + std::to_string(ranks) + " ranks, " +
+                                         std::to_string(total) + " elements";
+                int64_t kept = 0;
+                for (int64_t rank = 0; rank < ranks; ++rank) {
+                    EXPECT_EQ(partition.begin(rank), std::min(total, rank * partition.part)) << what;
+                    EXPECT_LE(partition.begin(rank), partition.end(rank)) << what;
+                    if (rank > 0) EXPECT_EQ(partition.begin(rank), partition.end(rank - 1)) << what;
+                    kept += partition.end(rank) - partition.begin(rank);
+                }
+                EXPECT_EQ(kept, total) << what;
+                EXPECT_EQ(partition.part, partition.pieces * partition.piece) << what;
+                const int64_t even = (total + ranks - 1) / ranks;
+                EXPECT_GE(partition.part, even) << what;
+                EXPECT_LT(partition.part - even, partition.pieces) << what;
+                // The N pieces within the bucket, unless the bucket holds less than one element a rank.
+                const int64_t fitting = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes) / (ranks * 4));
+                EXPECT_LE(partition.piece, fitting) << what;
+                EXPECT_EQ(partition.buffer_elements(), (ranks + 1) * partition.piece) << what;
+            }
+    }
+    ::setenv("ENGINE_ZERO_BUCKET_BYTES", "-1", 1);
+    expect_error([] { distributed::ZeroPartition::of(10, 2, 4); }, {"ENGINE_ZERO_BUCKET_BYTES='-1'", "positive"});
+    ::unsetenv("ENGINE_ZERO_BUCKET_BYTES");
+}
+
 TEST(ZeroStage1, MemoryModelHalvesTheOptimizerStatePerRank) {
     const nn::GPTConfig config = nn::GPTConfig::named("tiny");
     const auto whole = planner::predict_memory(config, 2, 16, checkpoint::CheckpointPolicy{});
     const auto sharded = planner::predict_memory(config, 2, 16, checkpoint::CheckpointPolicy{}, DType::f32,
                                                     planner::OptimizerKind::adamw, 2);
     EXPECT_NEAR(static_cast<double>(sharded.of(MemoryCategory::optimizer_state)), whole.of(MemoryCategory::optimizer_state) / 2.0, 8.0);
-    EXPECT_GT(sharded.of(MemoryCategory::workspace), whole.of(MemoryCategory::workspace)); // the flat buffers
+    EXPECT_GT(sharded.of(MemoryCategory::workspace), whole.of(MemoryCategory::workspace)); // the collectives' buffers
     EXPECT_NE(planner::plan_report(config, 2, 16, checkpoint::CheckpointPolicy{}, DType::f32,
                                       planner::OptimizerKind::adamw, 2)
                   .find("ZeRO stage 1 over 2 ranks"),

@@ -273,9 +273,6 @@ TEST(Planner, SearchesPrecisionAndZeroOnlyWhereAllowed) {
     EXPECT_NE(planner::plan_table(both, config).find("why it lost"), std::string::npos);
 }
 
-// Streamed parameters save device memory and move more over the link: each such plan has a twin without them
-// that peaks no lower and moves fewer bytes; with no budget the planner streams nothing, and under one below
-// every other plan's peak it streams.
 // A run that saves or resumes (--out, --resume) streams a device's tensors through one pinned block on the host: the
 // planner keeps that within the host budget too (here by moving the optimizer to the host, where no block is needed),
 // and names the host budget when nothing fits it.
@@ -349,6 +346,9 @@ TEST(Planner, KeepsWhatItPinsWithinThePinnedBudget) {
     for (const planner::Plan& plan : cpu.plans) EXPECT_EQ(plan.pinned_peak_bytes, 0u);
 }
 
+// Streamed parameters save device memory and move more over the link: each such plan has a twin without them
+// that peaks no lower and moves fewer bytes; with no budget the planner streams nothing, and under one below
+// every other plan's peak it streams.
 TEST(Planner, StreamsParametersOnlyWhenTheBudgetNeedsIt) {
     const nn::GPTConfig config = nn::GPTConfig::named("gpt2-124M");
     planner::PlannerOptions options;

@@ -179,6 +179,24 @@ TEST(Safetensors, AcceptsTransformerPrefixSkipsMaskBuffersAndChecksTiedHead) {
     std::remove(path.c_str());
 }
 
+// The load streams a chunk at a time, but a tensor whose file dtype is its parameter's arrives as its bytes: a
+// signalling NaN's payload, negative zero and subnormals included (a round trip through double would quiet the NaN).
+TEST(Safetensors, StreamedLoadKeepsEveryBitOfAnF32Tensor) {
+    const std::string path = temp_path("bits.safetensors");
+    nn::GPT source(small_config(), 21);
+    std::vector<RawTensor> tensors = model_tensors(source);
+    const uint32_t patterns[] = {0x7f800001u, 0xffa00005u, 0x80000000u, 0x00000001u, 0x7fc01234u};
+    for (size_t index = 0; index < std::size(patterns); ++index)
+        std::memcpy(tensors[0].bytes.data() + 4 * index, &patterns[index], 4);
+    write_raw(path, tensors);
+    nn::GPT target(small_config(), 22);
+    nn::load_safetensors_into(target, path);
+    const Tensor& loaded = target.named_parameters().front().second;
+    ASSERT_EQ(loaded.nbytes(), tensors[0].bytes.size());
+    EXPECT_EQ(std::memcmp(loaded.raw_data(), tensors[0].bytes.data(), loaded.nbytes()), 0);
+    std::remove(path.c_str());
+}
+
 // Each case writes a damaged version of a valid file; loading must throw naming `parts` and leave the
 // model bitwise as it was.
 struct BadCase {

@@ -57,7 +57,7 @@ public:
     void broadcast(const Tensor& tensor, int root = 0);
     // Elements [first, first + count) of every rank's `tensor` take root's (ZeRO-1's save, a tensor's part at a time).
     void broadcast_range(const Tensor& tensor, int64_t first, int64_t count, int root);
-    // ZeRO-1's pair over a flat buffer of world_size equal parts (1-D, same device and dtype as `shard`):
+    // ZeRO-1's pair over a buffer of world_size equal parts (1-D, same device and dtype as `shard`):
     // reduce_scatter leaves in `shard` the sum over the ranks of part rank() of `flat`; all_gather fills part r
     // of `flat` with rank r's `shard`.
     void reduce_scatter(const Tensor& flat, const Tensor& shard);

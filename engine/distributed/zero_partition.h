@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 
@@ -12,9 +13,10 @@
 namespace engine::distributed {
 
 // The elements laid end to end are cut into `ranks` parts of `part` elements (the last ones padded), and each
-// collective moves one piece of every part: `piece` elements per rank, as many as keep the pieces of all the ranks
-// within zero_bucket_bytes, so that the buffers the collectives need stay that small whatever the model. `part` is a
-// whole number of pieces. Rank r keeps elements [min(total, r·part), min(total, (r+1)·part)).
+// collective moves one piece of every part: as few pieces as keep each rank's piece within zero_bucket_bytes / ranks
+// (so the N pieces within the bucket), all of one size, so that the buffers the collectives need stay that small
+// whatever the model: N + 1 pieces, (N + 1) / N of the bucket at most. `part` is a whole number of pieces, padded by
+// fewer elements than there are pieces. Rank r keeps elements [min(total, r·part), min(total, (r+1)·part)).
 inline constexpr size_t zero_bucket_bytes = size_t(32) << 20;
 
 // The bucket in use: zero_bucket_bytes, or the environment's ENGINE_ZERO_BUCKET_BYTES (a positive number of bytes):
@@ -22,9 +24,11 @@ inline constexpr size_t zero_bucket_bytes = size_t(32) << 20;
 inline size_t zero_bucket_bytes_in_use() {
     const char* text = std::getenv("ENGINE_ZERO_BUCKET_BYTES");
     if (text == nullptr || *text == '\0') return zero_bucket_bytes;
-    char* end = nullptr;
-    const unsigned long long bytes = std::strtoull(text, &end, 10);
-    ENGINE_CHECK(end != nullptr && *end == '\0' && bytes > 0 && text[0] != '-',
+    bool digits = true;
+    for (const char* at = text; *at != '\0'; ++at) digits = digits && *at >= '0' && *at <= '9';
+    errno = 0;
+    const unsigned long long bytes = digits ? std::strtoull(text, nullptr, 10) : 0;
+    ENGINE_CHECK(digits && errno != ERANGE && bytes > 0,
                  "ENGINE_ZERO_BUCKET_BYTES='" << text << "' is not a positive number of bytes");
     return static_cast<size_t>(bytes);
 }
@@ -40,11 +44,11 @@ struct ZeroPartition {
         ZeroPartition partition;
         partition.total = total;
         partition.ranks = ranks;
-        const int64_t even = (total + ranks - 1) / ranks; // the parts before padding to whole pieces
-        const auto fitting =
-            static_cast<int64_t>(zero_bucket_bytes_in_use() / (static_cast<size_t>(ranks) * element_bytes));
-        partition.piece = std::max<int64_t>(1, std::min(even, std::max<int64_t>(1, fitting)));
-        partition.pieces = (even + partition.piece - 1) / partition.piece;
+        const int64_t even = std::max<int64_t>(1, (total + ranks - 1) / ranks); // the parts before whole pieces
+        const int64_t fitting = std::max<int64_t>(
+            1, static_cast<int64_t>(zero_bucket_bytes_in_use() / (static_cast<size_t>(ranks) * element_bytes)));
+        partition.pieces = (even + fitting - 1) / fitting;
+        partition.piece = (even + partition.pieces - 1) / partition.pieces; // at most `fitting`, pieces equal
         partition.part = partition.pieces * partition.piece;
         return partition;
     }

@@ -19,6 +19,7 @@
 #include <zlib.h>
 
 #include "base/error.h"
+#include "engine/cuda/runtime.h"
 #include "engine/io/atomic_file.h"
 #include "engine/memory.h"
 
@@ -35,6 +36,7 @@ constexpr size_t header_bytes = 40;
 constexpr size_t record_head_bytes = 16;
 constexpr size_t checksum_bytes = 4; // trailing CRC32 of every byte before it
 constexpr uint32_t max_name_bytes = 4096;
+constexpr uint64_t max_metadata_bytes = uint64_t(64) << 20; // the run's config and cursors: kilobytes in practice
 constexpr uint32_t max_rank = 16;
 
 // On-disk dtype codes, independent of the enum's order so that reordering DType cannot change the format.
@@ -164,6 +166,8 @@ std::string walk_body(const uint8_t* head, uint64_t size, const std::string& whe
     const uint64_t metadata_bytes = get_u64(head + 24);
     ENGINE_CHECK(metadata_bytes <= remaining(),
                  where << "metadata length " << metadata_bytes << " runs past the end of the file");
+    ENGINE_CHECK(metadata_bytes <= max_metadata_bytes,
+                 where << "metadata length " << metadata_bytes << " is over the " << max_metadata_bytes << "-byte limit");
     std::string metadata(metadata_bytes, '\0');
     read_at(offset, metadata.data(), metadata_bytes);
     offset += metadata_bytes;
@@ -216,11 +220,16 @@ std::string walk_body(const uint8_t* head, uint64_t size, const std::string& whe
 } // namespace
 
 void write_state(const StateSource& source, const ByteSink& sink) {
+    ENGINE_CHECK(sink, "write_state: no sink to write the state to");
     check_metadata(source.metadata_json, "state file (being written): ");
+    ENGINE_CHECK(source.metadata_json.size() <= max_metadata_bytes,
+                 "state file (being written): metadata of " << source.metadata_json.size() << " bytes is over the "
+                                                            << max_metadata_bytes << "-byte limit");
     std::unordered_set<std::string_view> names;
     uint64_t file_bytes = header_bytes + source.metadata_json.size() + checksum_bytes;
     for (const StateTensorSource& tensor : source.tensors) {
         const uint64_t data_bytes = checked_record(tensor.name, tensor.dtype, tensor.shape);
+        ENGINE_CHECK(tensor.emit, "state tensor " << tensor.name << " has no source of its bytes");
         ENGINE_CHECK(names.insert(tensor.name).second, "state tensor name " << tensor.name << " appears twice");
         file_bytes += record_head_bytes + tensor.name.size() + 8 * tensor.shape.size() + 8 + data_bytes;
     }
@@ -259,12 +268,17 @@ void write_state(const StateSource& source, const ByteSink& sink) {
         put_u64(head, data_bytes);
         write(head.data(), head.size());
         uint64_t emitted = 0;
+        // After a failure the emits still run (their collectives), with an empty sink: nothing is copied to be dropped.
+        if (failure) {
+            tensor.emit({});
+            continue;
+        }
         tensor.emit([&](const void* bytes, size_t size) {
             emitted += size;
             write(bytes, size);
         });
         // A wrong count would make a file whose records do not parse: refused before the file is renamed.
-        ENGINE_CHECK(emitted == data_bytes, "state tensor " << tensor.name << " " << shape_string(tensor.shape) << " "
+        ENGINE_CHECK(failure || emitted == data_bytes, "state tensor " << tensor.name << " " << shape_string(tensor.shape) << " "
                                                             << dtype_name(tensor.dtype) << " needs " << data_bytes
                                                             << " bytes, its source gave " << emitted);
     }
@@ -313,6 +327,8 @@ void StateStaging::fill(void* destination, Device device, size_t size,
         const size_t piece = std::min(state_staging_bytes, size - done);
         read(block(), done, piece);
         copy_bytes(static_cast<uint8_t*>(destination) + done, device, block(), Device::cpu, piece);
+        // A copy up is ordered on the compute stream, not complete on return: the block is refilled only after it.
+        cuda::synchronize(device);
     }
 }
 
@@ -389,8 +405,7 @@ void StateFileReader::read(const Entry& entry, uint64_t first, void* destination
     const size_t index = address >= first_entry ? (address - first_entry) / sizeof(Entry) : entries_.size();
     ENGINE_CHECK(index < entries_.size() && &entries_[index] == &entry,
                  "state file " << path_ << ": tensor " << entry.name << " is not one of this file's entries");
-    StateStaging staging;
-    staging.fill(destination, device, size, [&](void* host, size_t offset, size_t bytes) {
+    staging_.fill(destination, device, size, [&](void* host, size_t offset, size_t bytes) {
         pread_exactly(descriptor_, path_, offsets_[index] + first + offset, host, bytes);
     });
 }

@@ -122,9 +122,11 @@ private:
 };
 
 // A state file opened in place. Opening validates the whole file as parse_state does (the same checks and
-// messages) in one pass through a 256 KiB buffer, keeping the metadata and an index of the tensors; reads then come
-// from the file at each tensor's offset, into host memory directly or to a device through one pinned block. The
-// file stays open, so a newer save renamed over its path does not change what is read.
+// messages) in two passes through a 256 KiB buffer (the checksum, then the records' heads), keeping the metadata and
+// an index of the tensors; reads then come from the file at each tensor's offset, into host memory directly or to a
+// device through one pinned block. The file stays open, so a newer save renamed over its path does not change what
+// is read; the data is not checksummed again when read (a file changed in place between the two would be read as it
+// is then).
 class StateFileReader : public StateReader {
 public:
     explicit StateFileReader(const std::string& path); // throws EngineError naming the path and what is wrong
@@ -142,6 +144,7 @@ private:
     std::string metadata_json_;
     std::vector<Entry> entries_;
     std::vector<uint64_t> offsets_; // each entry's data in the file
+    mutable StateStaging staging_;  // the pinned block a device's reads pass through, made at the first
 };
 
 // The file's bytes, checksum included.

@@ -25,7 +25,7 @@ ModelConfig read_pretrained_config(const std::string& directory);
 // when a shard is missing, or when neither exists.
 std::vector<std::string> pretrained_weight_files(const std::string& directory);
 
-// Loads DIR's weights into `model` all or nothing (load_safetensors_into): every parameter must be there, with
+// Loads DIR's weights into `model` (load_safetensors_into: a bad directory changes nothing): every parameter must be there, with
 // its shape; BF16 and F32 files both load into the model's f32 (or f64) parameters.
 void load_pretrained_into(CausalLM& model, const std::string& directory);
 

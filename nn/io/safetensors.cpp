@@ -1,5 +1,5 @@
-// safetensors reading (validated header, F32/BF16/F64 data), atomic saving, and all-or-nothing loading
-// into a module with the Hugging Face GPT-2 name mapping.
+// safetensors reading (validated header, F32/BF16/F64 data), atomic saving, and loading into a module (every check
+// before any change, then streamed a chunk at a time) with the Hugging Face GPT-2 name mapping.
 #include "nn/io/safetensors.h"
 
 #include <algorithm>
@@ -65,7 +65,6 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
     return entry;
 }
 
-// Host tensor of `dtype` with `source`'s values (a copy even when the dtype already matches).
 bool is_mask_buffer(const std::string& name) {
     auto ends_with = [&](const std::string& suffix) {
         return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -83,9 +82,9 @@ void check_loadable(const SafetensorsHeader& header, const SafetensorsEntry& ent
 // Elements a load converts at a time: 2 MiB of F64 in, at most 2 MiB out.
 constexpr int64_t load_chunk_elements = int64_t(1) << 18;
 
-// Elements of one file tensor converted to `dtype` (f32 and f64 as read_safetensors_tensor and a cast give them:
-// exact widening, F64 to f32 rounded to nearest; bf16 rounded to nearest even from f32), a chunk at a time through
-// two buffers of at most 2 MiB: the host never holds the tensor.
+// Elements of one file tensor converted to `dtype` (as read_safetensors_tensor and a cast give them: the same dtype's
+// bytes as they are, exact widening, F64 to f32 rounded to nearest, bf16 rounded to nearest even from f32), a chunk
+// at a time through two buffers of at most 2 MiB: the host never holds the tensor.
 class ChunkReader {
 public:
     ChunkReader(const SafetensorsHeader& header, const SafetensorsEntry& entry, DType dtype)
@@ -100,23 +99,44 @@ public:
                                                                             << "' ends beyond the file (it changed since open)");
         source_size_ = safetensors_dtype_size(entry.dtype);
         count_ = (entry.end - entry.begin) / source_size_;
+        const bool same = (entry.dtype == "F32" && dtype == DType::f32) || (entry.dtype == "F64" && dtype == DType::f64) ||
+                          (entry.dtype == "BF16" && dtype == DType::bf16);
+        conversion_ = same ? Conversion::same
+                      : entry.dtype == "BF16" && dtype == DType::f32 ? Conversion::bf16_to_f32
+                                                                      : Conversion::through_double;
         raw_.resize(static_cast<size_t>(std::min(count_, load_chunk_elements) * source_size_));
-        converted_.resize(static_cast<size_t>(std::min(count_, load_chunk_elements)) * dtype_size(dtype));
+        if (conversion_ != Conversion::same)
+            converted_.resize(static_cast<size_t>(std::min(count_, load_chunk_elements)) * dtype_size(dtype));
     }
     int64_t count() const { return count_; }
-    // Elements [first, first + chunk), chunk at most load_chunk_elements; valid until the next call.
+    // Elements [first, first + chunk), chunk at most load_chunk_elements; valid until the next call. A file dtype that
+    // is the parameter's is its bytes as they are (a NaN's payload too); BF16 into f32 is the exact shift.
     const void* read(int64_t first, int64_t chunk) {
         io_detail::read_exactly(file_, header_.path, header_.data_start + entry_.begin + first * source_size_, raw_.data(),
                                 chunk * source_size_, "tensor '" + entry_.name + "'");
+        if (conversion_ == Conversion::same) return raw_.data();
+        const size_t out_size = dtype_size(dtype_);
         for (int64_t index = 0; index < chunk; ++index) {
-            const uint8_t* at = raw_.data() + index * source_size_;
+            const uint8_t* in = raw_.data() + index * source_size_;
+            uint8_t* out = converted_.data() + static_cast<size_t>(index) * out_size;
+            if (conversion_ == Conversion::bf16_to_f32) {
+                const uint32_t bits = uint32_t{load_u16(in)} << 16; // bf16 is an f32's top half
+                std::memcpy(out, &bits, 4);
+                continue;
+            }
             double value = 0; // every F32, BF16 and F64 value exactly
-            if (entry_.dtype == "F64") std::memcpy(&value, at, 8);
-            else if (entry_.dtype == "F32") value = std::bit_cast<float>(load_u32(at));
-            else value = std::bit_cast<float>(uint32_t{load_u16(at)} << 16); // bf16: an f32's top half
-            if (dtype_ == DType::f64) reinterpret_cast<double*>(converted_.data())[index] = value;
-            else if (dtype_ == DType::f32) reinterpret_cast<float*>(converted_.data())[index] = static_cast<float>(value);
-            else reinterpret_cast<bfloat16*>(converted_.data())[index] = to_bfloat16(static_cast<float>(value));
+            if (entry_.dtype == "F64") std::memcpy(&value, in, 8);
+            else if (entry_.dtype == "F32") value = std::bit_cast<float>(load_u32(in));
+            else value = std::bit_cast<float>(uint32_t{load_u16(in)} << 16);
+            if (dtype_ == DType::f64) {
+                std::memcpy(out, &value, 8);
+            } else if (dtype_ == DType::f32) {
+                const float rounded = static_cast<float>(value); // F64 to f32: to nearest, as a cast
+                std::memcpy(out, &rounded, 4);
+            } else {
+                const bfloat16 rounded = to_bfloat16(static_cast<float>(value));
+                std::memcpy(out, &rounded, 2);
+            }
         }
         return converted_.data();
     }
@@ -128,6 +148,7 @@ private:
     const SafetensorsEntry& entry_;
     DType dtype_;
     std::ifstream file_;
+    enum class Conversion { same, bf16_to_f32, through_double } conversion_ = Conversion::same; // chosen per tensor
     int64_t source_size_ = 0, count_ = 0;
     std::vector<uint8_t> raw_, converted_;
 };

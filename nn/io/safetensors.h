@@ -1,5 +1,5 @@
 // Hugging Face safetensors: read any file into host tensors, save a module's parameters under their
-// GPT-2 names, and load a file into a module all-or-nothing. docs/FORMATS.md describes the mapping.
+// GPT-2 names, and load a file into a module (a bad file changes nothing). docs/FORMATS.md describes the mapping.
 #pragma once
 
 #include <map>
@@ -67,7 +67,7 @@ struct CheckpointNames {
     std::string accepted_prefix = "transformer."; // a name may carry it in front (stripped)
     std::string tied_table = "wte.weight"; // a file's lm_head.weight must equal it bitwise when the module has no lm_head
 };
-// The same all-or-nothing load over one or several files (a sharded checkpoint): every parameter must come from
+// The same load over one or several files (a sharded checkpoint): every parameter must come from
 // exactly one of them. Besides the GPT-2 mask buffers, Llama's old persistent `rotary_emb.inv_freq` buffers are
 // skipped (the model builds its own tables).
 void load_safetensors_into(Module& module, const std::vector<std::string>& paths, const CheckpointNames& names);

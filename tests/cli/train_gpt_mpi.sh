@@ -170,8 +170,8 @@ status=$?
 [ "$status" -ne 0 ] && grep -q "saved by a run of 2 data-parallel ranks and this run has 1" "$work/wrong_world.out"
 check "a resume with another world size is refused clearly" $? "exit $status: $(tail -2 "$work/wrong_world.out")"
 
-# 4b. Saving under ZeRO-1 gathers the optimizer state one tensor at a time, in the file's order, through the step's
-#     flat buffer, and streams it to the file: the account holds no gathered copy (the save adds 0 B), and the
+# 4b. Saving under ZeRO-1 gathers the optimizer state one tensor at a time, in the file's order, through the
+#     collectives' buffer, and streams it to the file: the account holds no gathered copy (the save adds 0 B), and the
 #     save's and the resume's peaks are --plan's (planner::predict_state_phases) to the byte. The state resumes.
 zero=("${common[@]}" --zero-stage 1 --per-device-train-batch-size 2)
 mpirun2 "$train_gpt" "${zero[@]}" --max-steps 2 --out "$work/zero_state" >"$work/zero_save.out" 2>&1
@@ -193,7 +193,7 @@ measured_resume=$(grep -o 'resumed from [^ ]* at step [0-9]* (peak [0-9]* B)' "$
 check "ZeRO-1: the save's and the resume's peaks as --plan predicts ($predicted_save B, $predicted_resume B)" $? \
   "measured $measured_save B and $measured_resume B; $(grep -E '^(save|resume)' "$work/zero_plan.out")"
 
-# 4c. The evaluation phase beside ZeRO-1's part of the optimizer state and its flat buffers: rank 0's measured peak
+# 4c. The evaluation phase beside ZeRO-1's part of the optimizer state and its collective buffers: rank 0's measured peak
 #     (eval_peak_total_bytes) is --plan's (planner::predict_evaluation_memory) to the byte.
 evaluated=("${zero[@]}" --eval-data "$work/docs.txt" --eval-steps 2 --max-steps 2)
 mpirun2 "$train_gpt" "${evaluated[@]}" --log "$work/zero_eval.jsonl" >"$work/zero_eval.out" 2>&1
