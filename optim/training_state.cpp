@@ -66,11 +66,13 @@ io::StateSource training_state_source(ModuleTrainer& trainer, const nn::DataLoad
     source.metadata_json = state_metadata(trainer, loader, config_json);
     // One pinned block for the whole save, made at the first tensor on a device and gone with the source.
     auto staging = std::make_shared<io::StateStaging>();
-    for (const auto& [name, parameter] : trainer.module().named_parameters())
-        source.tensors.push_back({model_prefix + name, parameter.dtype(), parameter.shape(),
+    for (const auto& named : trainer.module().named_parameters()) {
+        const Tensor parameter = named.second; // a handle of its own: the emit outlives this loop
+        source.tensors.push_back({model_prefix + named.first, parameter.dtype(), parameter.shape(),
                                   [parameter, staging](const io::ByteSink& sink) {
                                       staging->emit(parameter.raw_data(), parameter.device(), parameter.nbytes(), sink);
                                   }});
+    }
     const std::vector<std::pair<std::string, Tensor>> layout = trainer.whole_optimizer_state_layout();
     for (size_t index = 0; index < layout.size(); ++index) {
         const Tensor& like = layout[index].second;
