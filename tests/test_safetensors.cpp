@@ -191,7 +191,7 @@ TEST(Safetensors, StreamedLoadKeepsEveryBitOfAnF32Tensor) {
     write_raw(path, tensors);
     nn::GPT target(small_config(), 22);
     nn::load_safetensors_into(target, path);
-    const Tensor& loaded = target.named_parameters().front().second;
+    const Tensor loaded = target.named_parameters().front().second; // a handle: the list is a temporary
     ASSERT_EQ(loaded.nbytes(), tensors[0].bytes.size());
     EXPECT_EQ(std::memcmp(loaded.raw_data(), tensors[0].bytes.data(), loaded.nbytes()), 0);
     std::remove(path.c_str());
