@@ -88,6 +88,14 @@ void check(distributed::Backend backend) {
     const std::vector<float> gathered = flat.to(Device::cpu).to_vector<float>();
     for (size_t i = 0; i < gathered.size(); ++i)
         expect(gathered[i] == static_cast<float>((i + 1) * 0.5 * ranks_sum), "all_gather element " + std::to_string(i), rank);
+    // ZeRO-2's reduce onto one rank: the last rank receives the sum; every other rank's buffer is untouched.
+    const Tensor received = Tensor::full({4}, -1.0, DType::f32, device);
+    communicator->reduce(flat, received, 3, world - 1);
+    const std::vector<float> reduced_values = received.to(Device::cpu).to_vector<float>();
+    for (size_t i = 0; i < 3; ++i)
+        expect(reduced_values[i] == (rank == world - 1 ? static_cast<float>(world * (i + 1) * 0.5 * ranks_sum) : -1.0f),
+               "reduce element " + std::to_string(i), rank);
+    expect(reduced_values[3] == -1.0f, "reduce leaves the elements past its count", rank);
     communicator->barrier();
     bool refused = false;
     try {

@@ -204,6 +204,7 @@ nlohmann::json step_record(const optim::StepResult& result) {
             {"communication", {{"gradient_all_reduces", calls.gradient_all_reduces},
                                {"reduce_scatters", calls.reduce_scatters},
                                {"all_gathers", calls.all_gathers},
+                               {"reduces", calls.reduces},
                                {"count_all_reduces", calls.count_all_reduces},
                                {"value_all_reduces", calls.value_all_reduces},
                                {"broadcasts", calls.broadcasts},

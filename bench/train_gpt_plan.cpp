@@ -60,7 +60,7 @@ void check_host_budget(const Options& options) {
                                                         options.data_layout == nn::DataLayout::packed);
     const planner::MemoryPrediction predicted = planner::predict_memory(
         options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision), options.trainer.optimizer,
-        shape.zero_stage == 1 ? planned_world_size(options) : 1, shape.gradient_accumulation_steps, true,
+        engine::ZeroSharding::of(shape.zero_stage, planned_world_size(options)), shape.gradient_accumulation_steps, true,
         shape.offload_gradients,
         shape.offload_parameters, shape.loss_chunk_tokens, shape.mlp_tile_tokens,
         options.data_layout == nn::DataLayout::packed_documents);
@@ -175,7 +175,8 @@ std::string run_peaks_line(const std::vector<PhasePeak>& phases, Device device) 
 
 // --plan with --eval-data: the evaluation phase's peak (planner::predict_evaluation_memory) and the run's, the larger
 // of it and the step's; or why it is not predicted.
-std::string evaluation_report(const Options& options, int rows, int length, int shards, std::vector<PhasePeak>& peaks) {
+std::string evaluation_report(const Options& options, int rows, int length, engine::ZeroSharding shards,
+                              std::vector<PhasePeak>& peaks) {
     const StepShape& shape = options.trainer.shape;
     const int64_t batches = options.eval_steps.value_or(default_eval_steps);
     const planner::FineTuning tuning = fine_tuning(options).value_or(planner::FineTuning{});
@@ -258,7 +259,7 @@ std::optional<planner::MemoryPrediction> predicted_step_memory(const Options& op
     try {
         return planner::predict_memory(
             options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision),
-            options.trainer.optimizer, shape.zero_stage == 1 ? planned_world_size(options) : 1,
+            options.trainer.optimizer, engine::ZeroSharding::of(shape.zero_stage, planned_world_size(options)),
             shape.gradient_accumulation_steps, shape.offload_optimizer, shape.offload_gradients,
             shape.offload_parameters, shape.loss_chunk_tokens, shape.mlp_tile_tokens,
             options.data_layout == nn::DataLayout::packed_documents, tuning.value_or(planner::FineTuning{}));
@@ -274,7 +275,7 @@ int print_plan(const Options& options) {
     // printed once.
     const distributed::LaunchEnvironment launch = distributed::launch_environment();
     const StepShape& shape = options.trainer.shape;
-    const int shards = shape.zero_stage == 1 ? planned_world_size(options) : 1;
+    const engine::ZeroSharding shards = engine::ZeroSharding::of(shape.zero_stage, planned_world_size(options));
     const std::optional<planner::FineTuning> tuning = fine_tuning(options);
     if (tuning) {
         // The model state beside a full fine-tune's, then the step (the replay's refusal, if it does not follow
@@ -282,7 +283,7 @@ int print_plan(const Options& options) {
         std::string report;
         try {
             report = planner::model_state_report(options.model, precision_dtype(shape.precision), options.trainer.optimizer,
-                                                 shards, *tuning);
+                                                 shards.ranks, *tuning);
         } catch (const EngineError& error) {
             throw flag_error(options.lora ? "--lora-target-modules" : "--init-adapter", error);
         }

@@ -68,7 +68,7 @@ GradTarget::GradTarget(const Tensor& tensor)
         // (Ops describe their inputs under no-grad too, where nothing is recorded and nothing can be dropped.)
         ENGINE_CHECK(persistent_grad.defined() || !grad_enabled(),
                      "autograd: leaf " << tensor.describe() << " requires grad but has no gradient buffer now "
-                                       << "(streamed gradients give one only around its segment's backward)");
+                                       << "(streamed gradients and ZeRO-2 give one only around its segment's backward)");
     }
 }
 

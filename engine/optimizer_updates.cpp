@@ -7,14 +7,16 @@ namespace engine {
 using namespace detail;
 namespace {
 
-// The parameter's range [first, first + count) and every state tensor: one device, one dtype, state of `count`
-// elements. Checked before any kernel runs, so a bad call changes nothing.
-void check_update(const char* op, const Tensor& parameter, const Tensor& gradient,
+// The parameter's range [first, first + count), the gradient's [gradient_first, gradient_first + count) and every
+// state tensor: one device, one dtype, state of `count` elements. Checked before any kernel runs, so a bad call
+// changes nothing.
+void check_update(const char* op, const Tensor& parameter, const Tensor& gradient, int64_t gradient_first,
                   std::initializer_list<const Tensor*> states, int64_t first, int64_t count) {
     ENGINE_CHECK(parameter.defined() && gradient.defined(), op << ": parameter and gradient must be defined");
     ENGINE_CHECK(is_floating(parameter.dtype()), op << ": parameter " << parameter.describe() << " is not floating");
-    ENGINE_CHECK(gradient.numel() == parameter.numel(),
-                 op << ": gradient " << gradient.describe() << " does not match parameter " << parameter.describe());
+    ENGINE_CHECK(gradient_first >= 0 && count >= 0 && gradient_first + count <= gradient.numel(),
+                 op << ": gradient elements [" << gradient_first << ", " << gradient_first + count << ") are outside "
+                    << gradient.describe() << " (parameter " << parameter.describe() << ")");
     ENGINE_CHECK(first >= 0 && count >= 0 && first + count <= parameter.numel(),
                  op << ": range [" << first << ", " << first + count << ") is outside parameter "
                     << parameter.describe());
@@ -31,21 +33,21 @@ void check_update(const char* op, const Tensor& parameter, const Tensor& gradien
 
 } // namespace
 
-void adamw_update(const Tensor& parameter, const Tensor& gradient, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                  int64_t first, int64_t count, const AdamWUpdate& update) {
+void adamw_update(const Tensor& parameter, const Tensor& gradient, int64_t gradient_first, const Tensor& exp_avg,
+                  const Tensor& exp_avg_sq, int64_t first, int64_t count, const AdamWUpdate& update) {
     constexpr const char* op = "adamw";
-    check_update(op, parameter, gradient, {&exp_avg, &exp_avg_sq}, first, count);
+    check_update(op, parameter, gradient, gradient_first, {&exp_avg, &exp_avg_sq}, first, count);
     if (count == 0) return;
     const AdamWUpdate& u = update;
     if (parameter.device() == Device::cpu) {
         dispatch_floating(op, parameter.dtype(), [&]<typename T>() {
-            kernels::cpu::adamw_update<T>(parameter.data<T>() + first, gradient.data<T>() + first, exp_avg.data<T>(),
+            kernels::cpu::adamw_update<T>(parameter.data<T>() + first, gradient.data<T>() + gradient_first, exp_avg.data<T>(),
                                           exp_avg_sq.data<T>(), count, u.learning_rate, u.beta1, u.beta2, u.epsilon,
                                           u.weight_decay, u.bias_correction1, u.bias_correction2, u.grad_scale);
         });
     } else {
         ENGINE_ON_CUDA(op, parameter.dtype(),
-                       kernels::cuda::adamw_update(parameter.data<float>() + first, gradient.data<float>() + first,
+                       kernels::cuda::adamw_update(parameter.data<float>() + first, gradient.data<float>() + gradient_first,
                                                    exp_avg.data<float>(), exp_avg_sq.data<float>(), count,
                                                    u.learning_rate, u.beta1, u.beta2, u.epsilon, u.weight_decay,
                                                    u.bias_correction1, u.bias_correction2, u.grad_scale,
@@ -53,21 +55,21 @@ void adamw_update(const Tensor& parameter, const Tensor& gradient, const Tensor&
     }
 }
 
-void sgd_update(const Tensor& parameter, const Tensor& gradient, const Tensor& momentum_buffer, int64_t first,
-                int64_t count, const SGDUpdate& update) {
+void sgd_update(const Tensor& parameter, const Tensor& gradient, int64_t gradient_first, const Tensor& momentum_buffer,
+                int64_t first, int64_t count, const SGDUpdate& update) {
     constexpr const char* op = "sgd";
-    check_update(op, parameter, gradient, {&momentum_buffer}, first, count);
+    check_update(op, parameter, gradient, gradient_first, {&momentum_buffer}, first, count);
     if (count == 0) return;
     const SGDUpdate& u = update;
     if (parameter.device() == Device::cpu) {
         dispatch_floating(op, parameter.dtype(), [&]<typename T>() {
-            kernels::cpu::sgd_update<T>(parameter.data<T>() + first, gradient.data<T>() + first,
+            kernels::cpu::sgd_update<T>(parameter.data<T>() + first, gradient.data<T>() + gradient_first,
                                         momentum_buffer.data<T>(), count, u.learning_rate, u.momentum,
                                         u.weight_decay, u.grad_scale);
         });
     } else {
         ENGINE_ON_CUDA(op, parameter.dtype(),
-                       kernels::cuda::sgd_update(parameter.data<float>() + first, gradient.data<float>() + first,
+                       kernels::cuda::sgd_update(parameter.data<float>() + first, gradient.data<float>() + gradient_first,
                                                  momentum_buffer.data<float>(), count, u.learning_rate, u.momentum,
                                                  u.weight_decay, u.grad_scale, cuda::compute_stream()));
     }

@@ -1,6 +1,7 @@
 // The optimizers' update kernels on tensors: the checks and the CPU/CUDA dispatch, so that optim/ reaches the
 // kernels only through the engine, as every op does. Each updates one contiguous range of a parameter (the
-// whole tensor, or a ZeRO-1 shard) from the same range of its gradient and the range's own state tensors.
+// whole tensor, or a ZeRO shard) from as many gradient elements and the range's own state tensors. The gradient
+// elements are the same range of the parameter's gradient buffer, or (ZeRO-2) a run of a rank's shard gradient.
 #pragma once
 
 #include <cstdint>
@@ -22,10 +23,11 @@ struct AdamWUpdate {
     float grad_scale = 1.0f; // the clip coefficient (and the ranks' average), fused into the update
 };
 
-// p, grad: elements [first, first + count) of parameter and gradient; exp_avg, exp_avg_sq: count elements
-// (docs/TRAINING.md has the formula). All on one device, one floating dtype (f32 on CUDA).
-void adamw_update(const Tensor& parameter, const Tensor& gradient, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                  int64_t first, int64_t count, const AdamWUpdate& update);
+// p: elements [first, first + count) of parameter; grad: [gradient_first, gradient_first + count) of gradient (1-D,
+// or the parameter's shape); exp_avg, exp_avg_sq: count elements (docs/TRAINING.md has the formula). All on one
+// device, one floating dtype (f32 on CUDA).
+void adamw_update(const Tensor& parameter, const Tensor& gradient, int64_t gradient_first, const Tensor& exp_avg,
+                  const Tensor& exp_avg_sq, int64_t first, int64_t count, const AdamWUpdate& update);
 
 // SGD with momentum, PyTorch's semantics (coupled weight decay, no dampening, no Nesterov).
 struct SGDUpdate {
@@ -35,8 +37,9 @@ struct SGDUpdate {
     float grad_scale = 1.0f;
 };
 
-// p, grad: elements [first, first + count) of parameter and gradient; momentum_buffer: count elements.
-void sgd_update(const Tensor& parameter, const Tensor& gradient, const Tensor& momentum_buffer, int64_t first,
-                int64_t count, const SGDUpdate& update);
+// p: elements [first, first + count) of parameter; grad: [gradient_first, gradient_first + count) of gradient;
+// momentum_buffer: count elements.
+void sgd_update(const Tensor& parameter, const Tensor& gradient, int64_t gradient_first, const Tensor& momentum_buffer,
+                int64_t first, int64_t count, const SGDUpdate& update);
 
 } // namespace engine

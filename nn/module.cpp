@@ -149,8 +149,8 @@ Tensor Module::gradient_buffer_for(size_t index, const std::string& name) const 
     return Tensor::zeros(shape, engine::compute_dtype(parameter.dtype()), parameter.device(), MemoryCategory::gradients);
 }
 
-void Module::set_requires_grad_of(size_t index, const Tensor& buffer) {
-    Tensor parameter = parameters_[index].second;
+std::vector<Tensor> Module::handles_of(size_t index) const {
+    const Tensor& parameter = parameters_[index].second;
     // The tensors over this parameter's storage: its views, and its working copy beside it (bf16), whose
     // gradient buffer is the master's.
     std::vector<Tensor> handles = {parameter};
@@ -160,7 +160,11 @@ void Module::set_requires_grad_of(size_t index, const Tensor& buffer) {
         const WorkingCopy& copy = working_copies_[index];
         handles.insert(handles.end(), {copy.master_storage, copy.working_storage, copy.working});
     }
-    for (Tensor& handle : handles) {
+    return handles;
+}
+
+void Module::set_requires_grad_of(size_t index, const Tensor& buffer) {
+    for (Tensor& handle : handles_of(index)) {
         if (buffer.defined()) give_gradient_rows(handle, buffer);
         else handle.set_requires_grad(false);
     }
@@ -353,6 +357,28 @@ void Module::release_working_gradients() {
         copy.working.set_gradient_buffer(Tensor());
     }
     for (auto& [name, child] : children_) child->release_working_gradients();
+}
+
+void Module::attach_gradients() {
+    ENGINE_CHECK(!master_device_, "attach_gradients: the masters are apart from the working copies; use "
+                                  "attach_working_gradients");
+    for (size_t index = 0; index < parameters_.size(); ++index) {
+        const auto& [name, parameter] = parameters_[index];
+        if (!parameter.requires_grad() || parameter.grad().defined()) continue; // frozen, or attached already
+        set_requires_grad_of(index, gradient_buffer_for(index, name));
+    }
+    for (auto& [name, child] : children_) child->attach_gradients();
+}
+
+void Module::release_gradients() {
+    ENGINE_CHECK(!master_device_, "release_gradients: the masters are apart from the working copies; use "
+                                  "release_working_gradients");
+    for (size_t index = 0; index < parameters_.size(); ++index) {
+        if (!parameters_[index].second.requires_grad()) continue; // frozen: it holds none
+        for (Tensor& handle : handles_of(index))
+            if (handle.requires_grad()) handle.set_gradient_buffer(Tensor());
+    }
+    for (auto& [name, child] : children_) child->release_gradients();
 }
 
 void Module::collect_working_storage(std::vector<Tensor>& out) const {

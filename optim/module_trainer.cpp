@@ -1,6 +1,7 @@
 // The generic accumulation step: count the window, forward/backward per micro-batch, then one update.
 #include "optim/module_trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -33,8 +34,8 @@ void synchronize_device(Device device) {
 // where the step's gradients are when it is asked (with the optimizer on the host, gathered in the masters').
 std::string first_nonfinite_gradient(const nn::Module& model) {
     for (const auto& [name, parameter] : model.named_trainable_parameters())
-        if (!all_finite(parameter.grad())) return name;
-    return "none (the gradients are finite; the loss is not)";
+        if (parameter.grad().defined() && !all_finite(parameter.grad())) return name;
+    return "none among the whole gradient buffers (a ZeRO-2 segment's gradients are summed in the ranks' shards)";
 }
 
 // Every gradient buffer a list of leaves has now (streamed ones may have none) back to zero.
@@ -91,6 +92,10 @@ ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, dis
         ENGINE_CHECK(masters_apart || model_.compute_device() != Device::cpu,
                      "trainer: offload_optimizer moves the model state from the device to the host, but this model "
                      "is on the host already (cpu): there is nothing to move");
+    if (config_.shape.zero_stage == 2 && communicator_ != nullptr)
+        ENGINE_CHECK(dynamic_cast<nn::CausalLM*>(&model_) != nullptr,
+                     "trainer: zero_stage 2 reduces the gradients of checkpointed decoder layers as their backward "
+                     "ends, and this module is no causal LM (nn::CausalLM): use zero_stage 1");
     if (streamed())
         ENGINE_CHECK(dynamic_cast<nn::CausalLM*>(&model_) != nullptr,
                      "trainer: offload_gradients stream gives device gradient buffers to checkpointed decoder layers "
@@ -119,13 +124,14 @@ ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, dis
     streamed_leaves_.assign(parameters_.size(), false);
     device_ = model_.compute_device();
     loss_dtype_ = model_.compute_dtype() == DType::bf16 ? DType::f32 : parameters_.front().dtype();
-    // Without a communicator there is one process, whose one part is the whole: zero_stage 1 changes nothing.
-    if (config_.shape.zero_stage == 1 && communicator_ != nullptr)
-        zero_ = std::make_unique<ZeroShards>(parameters_, *communicator_);
+    // Without a communicator there is one process, whose one part is the whole: zero_stage 1 or 2 changes nothing.
+    if (config_.shape.zero_stage >= 1 && communicator_ != nullptr)
+        zero_ = std::make_unique<ZeroShards>(parameters_, *communicator_, config_.shape.zero_stage == 2);
     optimizer_ = make_optimizer(model_, config_, zero_ ? zero_->range() : ShardRange{});
+    if (gradients_sharded()) optimizer_->read_gradients_from(zero_->shard_gradients());
     // Last: it undoes itself when it fails and nothing after it can throw, so the hooks (which point at this
     // trainer) never outlive a failed construction.
-    if (streamed() || parameters_streamed()) start_streaming();
+    if (streamed() || parameters_streamed() || gradients_sharded()) start_streaming();
     manual_seed(config_.seed);
 }
 
@@ -138,6 +144,8 @@ ModuleTrainer::~ModuleTrainer() {
             for (int layer : streamed_layers_) layered_->block(layer).unpark_working_copies();
         if (streamed())
             for (int layer : streamed_layers_) layered_->block(layer).attach_working_gradients();
+        if (gradients_sharded())
+            for (int layer : streamed_layers_) layered_->block(layer).attach_gradients();
     } catch (...) {
         // Out of memory: they stay as they are; a forward through them then fails naming the tensor.
     }
@@ -145,11 +153,12 @@ ModuleTrainer::~ModuleTrainer() {
 
 void ModuleTrainer::set_communicator(distributed::Communicator* communicator) {
     ENGINE_CHECK(!zero_ || communicator == communicator_,
-                 "trainer: with zero_stage 1 the optimizer state is sharded over the constructor's communicator; "
-                 "it cannot change");
+                 "trainer: with zero_stage " << config_.shape.zero_stage
+                     << " the model state is sharded over the constructor's communicator; it cannot change");
     // Sharding is decided at construction: a communicator given later would silently train unsharded.
-    ENGINE_CHECK(zero_ || config_.shape.zero_stage != 1 || communicator == nullptr || communicator->world_size() == 1,
-                 "trainer: zero_stage 1 needs its communicator at construction (Trainer(model, config, communicator))");
+    ENGINE_CHECK(zero_ || config_.shape.zero_stage == 0 || communicator == nullptr || communicator->world_size() == 1,
+                 "trainer: zero_stage " << config_.shape.zero_stage
+                     << " needs its communicator at construction (Trainer(model, config, communicator))");
     communicator_ = communicator;
 }
 
@@ -270,11 +279,17 @@ ModuleTrainer::Evaluation ModuleTrainer::evaluate(const std::vector<MicroBatch>&
 
 void ModuleTrainer::zero_gradients() {
     optimizer_->zero_grad();
+    if (gradients_sharded()) {
+        // A failed window may have left a segment's buffers attached, and partial sums in the shard.
+        for (int layer : streamed_layers_) layered_->block(layer).release_gradients();
+        zero_->zero_shard_gradients();
+    }
     if (!offloaded()) return;
     zero_device_gradients();
 }
 
 void ModuleTrainer::zero_after_update() {
+    if (gradients_sharded()) zero_->zero_shard_gradients();
     if (!offloaded()) return optimizer_->zero_grad();
     // The masters' buffers of the window's leaves are overwritten by the next step's copy before anything
     // reads them: only the streamed ones, which the next window adds into, go back to zero.
@@ -317,6 +332,21 @@ void ModuleTrainer::start_streaming() {
     layered_ = layered;
     streamed_layers_ = std::move(layers);
     streamed_segments_ = std::move(segments);
+    if (gradients_sharded()) {
+        // Each segment's parameters by their index among the trainer's (the shards' order), for its reduction; then
+        // their buffers go until the segment's recompute.
+        for (const checkpoint::Segment& segment : streamed_segments_) {
+            std::vector<size_t>& indexes = segment_parameters_[segment.first_layer];
+            for (int layer = segment.first_layer; layer < segment.first_layer + segment.layer_count; ++layer)
+                for (const Tensor& parameter : layered_->block(layer).parameters())
+                    for (size_t index = 0; index < parameters_.size(); ++index)
+                        if (parameters_[index].shares_storage_with(parameter)) indexes.push_back(index);
+            std::sort(indexes.begin(), indexes.end());
+        }
+        for (int layer : streamed_layers_) layered_->block(layer).release_gradients();
+        for (size_t index = 0; index < parameters_.size(); ++index)
+            if (parameters_[index].grad().defined()) whole_gradient_indexes_.push_back(index);
+    }
     if (streamed()) {
         for (int layer : streamed_layers_) layered_->block(layer).release_working_gradients();
         for (size_t index = 0; index < gradient_leaves_.size(); ++index)
@@ -339,9 +369,18 @@ void ModuleTrainer::start_streaming() {
                 prefetch_neighbour(first_layer, -1);
             }
             if (streamed()) attach_segment_gradients(first_layer, layer_count);
+            if (gradients_sharded())
+                for (int layer = first_layer; layer < first_layer + layer_count; ++layer)
+                    layered_->block(layer).attach_gradients();
         };
         hooks.after_backward = [this, first_layer, layer_count] {
             if (streamed()) stream_segment_gradients(first_layer, layer_count);
+            if (gradients_sharded()) {
+                // This micro-batch's gradients of the segment, summed onto their owners; the buffers go.
+                zero_->reduce_gradients(segment_parameters_.at(first_layer));
+                for (int layer = first_layer; layer < first_layer + layer_count; ++layer)
+                    layered_->block(layer).release_gradients();
+            }
             if (parameters_streamed()) release_segment(first_layer, layer_count);
         };
         return hooks;
@@ -411,7 +450,9 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
             for (size_t index = 0; index < parameters_.size(); ++index)
                 if (!streamed_leaves_[index]) parameters_[index].grad().copy_from(gradient_leaves_[index].grad());
         }
-        if (zero_) {
+        if (gradients_sharded()) {
+            zero_->reduce_gradients(whole_gradient_indexes_); // ZeRO-2: the rest, onto their owners' shards
+        } else if (zero_) {
             zero_->reduce_scatter_gradients(); // ZeRO-1: each rank gets the summed gradients of its own part
         } else if (communicator_ != nullptr) {
             // The window's one gradient reduction: after its last backward, before the norm, so that the norm,

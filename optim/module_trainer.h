@@ -1,13 +1,14 @@
 // The generic gradient-accumulation trainer: any nn::Module, any batch type, a loss the user writes that
 // returns (sum of losses, number of items). It owns the optimizer step's boundaries: the window's item count
 // (all-reduced over data-parallel ranks), loss normalisation, the one clip, the update, the schedule, the
-// non-finite guard and ZeRO-1. What it is told is optim/trainer_config.h; optim/trainer.h builds the causal-LM
+// non-finite guard and ZeRO-1 and 2. What it is told is optim/trainer_config.h; optim/trainer.h builds the causal-LM
 // trainer on it; docs/TRAINING.md has the formulas.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -131,7 +132,8 @@ public:
     // model.named_trainable_parameters() (its state is allocated now) and the schedule. The model must outlive the
     // trainer and hold at least one trainable parameter (frozen ones, Module::set_requires_grad, get no gradient,
     // state, norm or reduction, and must be frozen before the trainer is built); its device is the one its forward runs on (Module::compute_device). With a communicator the trainer is data-parallel from
-    // the start (see set_communicator), and zero_stage 1 shards the optimizer state over its ranks.
+    // the start (see set_communicator), and zero_stage 1 shards the optimizer state over its ranks (2: and the
+    // gradients, which needs a causal LM with checkpointing).
     ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator = nullptr);
     virtual ~ModuleTrainer();
     ModuleTrainer(const ModuleTrainer&) = delete;
@@ -171,7 +173,7 @@ public:
     // first backward, the gradient buffers once after its last, and the loss sum once for the report, so
     // every rank takes the same step. Not owned; nullptr (the default) is one process. Every rank must make
     // the same calls: a rank that throws leaves the others waiting, so launch with mpirun, which ends them.
-    // With zero_stage 1 the communicator must be the constructor's, which sharded the optimizer state.
+    // With zero_stage 1 or 2 the communicator must be the constructor's, which sharded the model state.
     void set_communicator(distributed::Communicator* communicator);
     distributed::Communicator* communicator() const { return communicator_; }
 
@@ -208,6 +210,9 @@ private:
     bool offloaded() const { return config_.shape.offload_optimizer; }
     bool streamed() const { return offloaded() && config_.shape.offload_gradients == GradientOffload::stream; }
     bool parameters_streamed() const { return offloaded() && config_.shape.offload_parameters; }
+    // ZeRO-2 over several ranks: the checkpointed segments' layers hold gradient buffers from their recompute to
+    // the end of their backward, whose sums go to the owners' shards (ZeroShards::reduce_gradients).
+    bool gradients_sharded() const { return zero_ && config_.shape.zero_stage == 2; }
     // Streamed gradients, parameters or both, for the decoder layers of the checkpointed segments
     // (checkpoint::SegmentHooks): streamed gradients take away their device gradient buffers, which each
     // segment's backward gets for its duration; streamed parameters park their working copies on the host,
@@ -233,12 +238,14 @@ private:
     nn::CausalLM* layered_ = nullptr;     // the model as a causal LM, for its layers, when anything streams
     std::vector<int> streamed_layers_;    // the decoder layers of its checkpointed segments
     std::vector<checkpoint::Segment> streamed_segments_; // those segments, in forward order
+    std::map<int, std::vector<size_t>> segment_parameters_; // ZeRO-2: by first layer, its parameters' indexes
+    std::vector<size_t> whole_gradient_indexes_;            // ZeRO-2: the parameters whose buffers stay
     Device device_ = Device::cpu;         // where the forward runs
     DType loss_dtype_ = DType::f32; // the compute type mean mode's factor is formed in
     std::unique_ptr<Optimizer> optimizer_;
     LearningRateSchedule schedule_;
     distributed::Communicator* communicator_ = nullptr;
-    std::unique_ptr<ZeroShards> zero_; // zero_stage 1 with a communicator
+    std::unique_ptr<ZeroShards> zero_; // zero_stage 1 or 2 with a communicator
     distributed::CommunicatorCounters window_counters_; // the communicator's counters when the window began
     std::chrono::steady_clock::time_point window_start_;
     int64_t skipped_steps_ = 0;

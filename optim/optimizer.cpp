@@ -67,6 +67,8 @@ Optimizer::Optimizer(const NamedTensors& named_parameters, double learning_rate,
         const int64_t first = std::max(offset, shard.begin), last = std::min(offset + parameter.numel(), shard.end);
         slot.shard_begin = first - offset;
         slot.shard_count = std::max<int64_t>(0, last - first);
+        slot.range_offset = slot.shard_count > 0 ? first - shard.begin : 0;
+        range_elements_ += slot.shard_count;
         const bool whole = slot.shard_count == parameter.numel();
         sharded_ = sharded_ || !whole;
         offset += parameter.numel();
@@ -88,7 +90,25 @@ void Optimizer::check_state_devices(const char* optimizer) const {
 }
 
 void Optimizer::zero_grad() {
-    for (const Slot& slot : slots_) slot.parameter.grad().fill_zero();
+    for (const Slot& slot : slots_)
+        if (slot.parameter.grad().defined()) slot.parameter.grad().fill_zero();
+}
+
+void Optimizer::read_gradients_from(const Tensor& gradients) {
+    ENGINE_CHECK(gradients.defined() && gradients.dim() == 1 && gradients.numel() >= range_elements_,
+                 "optimizer: the range's gradients must be 1-D and hold its " << range_elements_ << " elements, got "
+                     << (gradients.defined() ? gradients.describe() : std::string("none")));
+    for (const Slot& slot : slots_)
+        ENGINE_CHECK(gradients.device() == slot.parameter.device() &&
+                         gradients.dtype() == compute_dtype(slot.parameter.dtype()),
+                     "optimizer: the range's gradients " << gradients.describe() << " are not where parameter '"
+                                                         << slot.name << "' " << slot.parameter.describe() << " is");
+    range_gradients_ = gradients;
+}
+
+std::pair<Tensor, int64_t> Optimizer::gradient_of(const Slot& slot) const {
+    if (range_gradients_.defined()) return {range_gradients_, slot.range_offset};
+    return {slot.parameter.grad(), slot.shard_begin};
 }
 
 void Optimizer::set_learning_rate(double learning_rate) {
@@ -142,7 +162,8 @@ void SGD::step(double grad_scale) {
     for (const Slot& slot : slots_) {
         if (slot.shard_count == 0) continue; // another rank's parameter
         const float decay = slot.decays ? static_cast<float>(weight_decay_) : 0.0f;
-        sgd_update(slot.parameter, slot.parameter.grad(), slot.state[0], slot.shard_begin, slot.shard_count,
+        const auto [gradient, gradient_first] = gradient_of(slot);
+        sgd_update(slot.parameter, gradient, gradient_first, slot.state[0], slot.shard_begin, slot.shard_count,
                    SGDUpdate{lr, momentum, decay, scale});
     }
     ++step_count_;
@@ -176,7 +197,8 @@ void AdamW::step(double grad_scale) {
     for (const Slot& slot : slots_) {
         if (slot.shard_count == 0) continue; // another rank's parameter
         const float decay = slot.decays ? static_cast<float>(weight_decay_) : 0.0f;
-        adamw_update(slot.parameter, slot.parameter.grad(), slot.state[0], slot.state[1], slot.shard_begin,
+        const auto [gradient, gradient_first] = gradient_of(slot);
+        adamw_update(slot.parameter, gradient, gradient_first, slot.state[0], slot.state[1], slot.shard_begin,
                      slot.shard_count,
                      AdamWUpdate{lr, beta1, beta2, epsilon, decay, bias_correction1, bias_correction2, scale});
     }

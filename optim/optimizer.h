@@ -46,7 +46,11 @@ public:
     // One update of every parameter from its gradient buffer multiplied by grad_scale (the clip
     // coefficient, fused into the update so the gradients need no extra pass). Advances step_count.
     virtual void step(double grad_scale = 1.0) = 0;
-    void zero_grad(); // memset of every gradient buffer
+    void zero_grad(); // memset of every gradient buffer (a parameter without one at the moment has nothing to zero)
+    // ZeRO-2: the gradients of this optimizer's range (its ShardRange) are read from `gradients` (1-D, the range's
+    // elements laid end to end, on the parameters' device in their gradient dtype), a rank's shard of the summed
+    // gradients, and not from the parameters' buffers, which then need not exist at the step. Checked here.
+    void read_gradients_from(const Tensor& gradients);
 
     double learning_rate() const { return learning_rate_; }
     void set_learning_rate(double learning_rate);
@@ -83,13 +87,18 @@ protected:
         std::vector<Tensor> state; // zero-initialised, same shape as the parameter (sharded: shard_count long)
         int64_t shard_begin = 0;   // the part of the parameter this optimizer updates
         int64_t shard_count = 0;
+        int64_t range_offset = 0;  // where that part starts among the range's elements (read_gradients_from)
     };
+    // The gradient a slot's update reads, and the element its part starts at there.
+    std::pair<Tensor, int64_t> gradient_of(const Slot& slot) const;
     // Before a step writes anything: every state tensor is on its parameter's device. A parameter moved by
     // Module::to after the optimizer was built is not (its state stayed behind): a clear error, not a kernel
     // reading the other device's memory.
     void check_state_devices(const char* optimizer) const;
     std::vector<Slot> slots_;
     bool sharded_ = false;
+    Tensor range_gradients_; // read_gradients_from, or undefined
+    int64_t range_elements_ = 0; // the elements of the range that are parameters' (read_gradients_from's minimum)
     double learning_rate_;
     double weight_decay_;
     int64_t step_count_ = 0;

@@ -1,4 +1,5 @@
-// ZeRO stage 1's three collectives around the sharded optimizer step, a piece of every rank's part at a time.
+// ZeRO stage 1's three collectives around the sharded optimizer step, a piece of every rank's part at a time, and
+// stage 2's reduction of a group of gradients onto their owners.
 #include "optim/zero.h"
 
 #include <algorithm>
@@ -7,7 +8,7 @@
 
 namespace engine::optim {
 
-ZeroShards::ZeroShards(std::vector<Tensor> parameters, distributed::Communicator& communicator)
+ZeroShards::ZeroShards(std::vector<Tensor> parameters, distributed::Communicator& communicator, bool shard_gradients)
     : parameters_(std::move(parameters)), communicator_(communicator) {
     ENGINE_CHECK(!parameters_.empty(), "ZeRO-1: no parameters");
     int64_t total = 0;
@@ -37,6 +38,9 @@ ZeroShards::ZeroShards(std::vector<Tensor> parameters, distributed::Communicator
     MemoryCategoryScope scope(MemoryCategory::workspace);
     gathered_ = Tensor::zeros({partition_.ranks * partition_.piece}, parameters_[0].dtype(), parameters_[0].device());
     piece_ = Tensor::zeros({partition_.piece}, parameters_[0].dtype(), parameters_[0].device());
+    if (shard_gradients)
+        shard_gradients_ = Tensor::zeros({partition_.part}, parameters_[0].dtype(), parameters_[0].device(),
+                                         MemoryCategory::gradients);
 }
 
 namespace {
@@ -91,8 +95,61 @@ void ZeroShards::reduce_scatter_gradients() {
 }
 
 double ZeroShards::gradient_sum_of_squares() {
+    if (shard_gradients_.defined()) {
+        // Stage 2: the same sums over the same pieces as stage 1's, each copied into the piece buffer first, so that
+        // the norm is stage 1's bit for bit when the shard holds the same values.
+        const size_t bytes = static_cast<size_t>(partition_.piece) * dtype_size(piece_.dtype());
+        sum_of_squares_ = 0.0;
+        for (int64_t piece = 0; piece < partition_.pieces; ++piece) {
+            copy_bytes(piece_.raw_data(), piece_.device(), at(shard_gradients_, piece * partition_.piece),
+                       shard_gradients_.device(), bytes);
+            sum_of_squares_ += sum_of_squares(piece_);
+        }
+    }
     // Each rank's sum over its pieces (reduce_scatter_gradients), summed over the ranks.
     return communicator_.all_reduce_value(sum_of_squares_);
+}
+
+void ZeroShards::reduce_gradients(const std::vector<size_t>& indexes) {
+    ENGINE_CHECK(shard_gradients_.defined(), "ZeRO: reduce_gradients is stage 2's; these shards keep no gradients");
+    std::vector<int64_t> offsets(parameters_.size() + 1, 0); // each parameter's first element in the flat layout
+    for (size_t index = 0; index < parameters_.size(); ++index) offsets[index + 1] = offsets[index] + parameters_[index].numel();
+    // The indexes' elements as runs of the flat layout, neighbours merged.
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (size_t index : indexes) {
+        ENGINE_CHECK(index < parameters_.size() && parameters_[index].grad().defined(),
+                     "ZeRO-2: parameter " << index << " of " << parameters_.size() << " has no gradient to reduce");
+        if (!runs.empty() && runs.back().second == offsets[index]) runs.back().second = offsets[index + 1];
+        else runs.emplace_back(offsets[index], offsets[index + 1]);
+    }
+    const Device device = piece_.device();
+    const size_t element = dtype_size(piece_.dtype());
+    const Tensor received = gathered_.with_rows(partition_.piece); // the first piece of the buffer
+    for (const auto& [run_begin, run_end] : runs)
+        for (int64_t owner = 0; owner < partition_.ranks; ++owner) {
+            const int64_t first = std::max(run_begin, partition_.begin(owner)), last = std::min(run_end, partition_.end(owner));
+            for (int64_t window = first; window < last; window += partition_.piece) {
+                const int64_t count = std::min(partition_.piece, last - window);
+                // Every rank packs its gradients of the window; their sum lands in the owner's buffer.
+                for_each_overlap(parameters_, window, window + count,
+                                 [&](const Tensor& parameter, int64_t from, int64_t flat, int64_t elements) {
+                                     copy_bytes(at(piece_, flat - window), device, at(parameter.grad(), from), device,
+                                                static_cast<size_t>(elements) * element);
+                                 });
+                communicator_.reduce(piece_, received, count, static_cast<int>(owner));
+                if (owner != communicator_.rank()) continue;
+                // Added into the shard, through the piece buffer (free again): shard += sum, elementwise.
+                char* shard = at(shard_gradients_, window - begin_);
+                const size_t bytes = static_cast<size_t>(count) * element;
+                copy_bytes(piece_.raw_data(), device, shard, device, bytes);
+                accumulate_into(piece_, received);
+                copy_bytes(shard, device, piece_.raw_data(), device, bytes);
+            }
+        }
+}
+
+void ZeroShards::zero_shard_gradients() {
+    if (shard_gradients_.defined()) shard_gradients_.fill_zero();
 }
 
 void ZeroShards::all_gather_parameters() {

@@ -9,7 +9,7 @@ namespace engine::planner {
 
 PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                           const checkpoint::CheckpointPolicy& policy, DType dtype,
-                                          OptimizerKind optimizer, int optimizer_shards, bool offload_optimizer,
+                                          OptimizerKind optimizer, ZeroSharding sharding, bool offload_optimizer,
                                           GradientOffload gradients, bool offload_parameters, int eval_batches, int loss_chunk_tokens, int mlp_tile_tokens,
                                           bool packed_documents, const FineTuning& tuning) {
     constexpr const char* what = "predict_evaluation_memory";
@@ -22,7 +22,7 @@ PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int bat
     // Between steps the trainer holds the model state only (its device copies of a micro-batch are gone): under
     // ZeRO-1 with the optimizer's part and the collectives' buffers, with the optimizer on the host the working copies and
     // the window's gradient buffers (predict_memory's between_steps_bytes).
-    const size_t state = predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, 1,
+    const size_t state = predict_memory(config, batch, seq_len, policy, dtype, optimizer, sharding, 1,
                                         offload_optimizer, gradients, false, loss_chunk_tokens,
                                         mlp_tile_tokens, packed_documents, tuning)
                              .between_steps_bytes;

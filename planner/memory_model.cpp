@@ -295,11 +295,15 @@ ParameterTerms parameter_terms(const nn::ModelConfig& config, DType dtype) {
 } // namespace
 
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
-                                DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
+                                DType dtype, OptimizerKind optimizer, ZeroSharding sharding, int accumulation_steps,
                                 bool offload_optimizer, GradientOffload gradients_where, bool offload_parameters,
                                 int loss_chunk_tokens, int mlp_tile_tokens, bool packed_documents,
                                 const FineTuning& tuning) {
     config.validate();
+    const int optimizer_shards = sharding.ranks;
+    const bool shard_gradients = sharding.gradients;
+    ENGINE_CHECK(!shard_gradients || (policy.enabled && !offload_optimizer),
+                 "predict_memory: ZeRO-2 needs gradient checkpointing and the model state on the device");
     ENGINE_CHECK(!offload_parameters || (offload_optimizer && policy.enabled),
                  "predict_memory: offload_parameters needs offload_optimizer and gradient checkpointing");
     ENGINE_CHECK(optimizer_shards >= 1, "predict_memory: optimizer_shards " << optimizer_shards << " must be >= 1");
@@ -356,7 +360,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     prediction.at(MemoryCategory::optimizer_state) = state_per_element * (shards > 1 ? part : counts.real * wide);
     // ZeRO-1's buffers (a piece of every rank's part and this rank's) live from the first step on, beside the step's
     // temporaries, where the optimizer's parameters are.
-    const size_t zero_buffers = shards > 1 ? static_cast<size_t>(partition.buffer_elements()) * wide : 0;
+    const size_t zero_buffers =
+        shards > 1 || shard_gradients ? static_cast<size_t>(partition.buffer_elements()) * wide : 0;
     prediction.zero_buffers = zero_buffers;
     size_t device_zero_buffers = zero_buffers;
     if (offload_optimizer) {
@@ -385,9 +390,13 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
         }
     // Streamed gradients: those layers keep no device buffer between their backwards; a segment holds its own
     // from its recompute to the end of its backward.
+    // ZeRO-2 likewise, its whole buffers' sums going to the ranks' parts as the segment's backward ends, and this
+    // rank's part of the summed gradients held for the whole run.
     const bool streamed = offload_optimizer && gradients_where == GradientOffload::stream;
-    const size_t layer_gradients = streamed ? layer_parameter_count(config) * wide : 0;
-    const size_t persistent_gradients = prediction.of(MemoryCategory::gradients) - checkpointed_layers * layer_gradients;
+    const size_t layer_gradients = streamed || shard_gradients ? layer_parameter_count(config) * wide : 0;
+    prediction.shard_gradient_bytes = shard_gradients ? static_cast<size_t>(partition.part) * wide : 0;
+    const size_t persistent_gradients = prediction.of(MemoryCategory::gradients) -
+                                        checkpointed_layers * layer_gradients + prediction.shard_gradient_bytes;
     prediction.at(MemoryCategory::gradients) = persistent_gradients + largest_segment * layer_gradients;
     // Streamed parameters: the same layers' working copies are parked on the host between their uses, and a
     // segment's come to the device for its forward and for its recompute and backward.

@@ -75,6 +75,8 @@ struct MemoryPrediction {
     // ZeRO-1's collective buffers (distributed::ZeroPartition: a piece of every rank's part and this rank's), in the
     // device's workspace, or the host's with the optimizer there.
     size_t zero_buffers = 0;
+    // ZeRO-2's buffer of this rank's part of the summed gradients (in `gradients`, for the whole run).
+    size_t shard_gradient_bytes = 0;
 
     // Model state off the device (offload_optimizer): what the host holds for the whole run, by category (on
     // the host's account), and its high-water mark during a step (with the update's transient). Zero without
@@ -134,9 +136,10 @@ struct MemoryPrediction {
 // The per-category peaks leave out bytes already live before the step (tokens, targets); peak_bytes counts
 // them as Trainer::train_step holds them: all `accumulation_steps` micro-batches (inputs and labels) for the
 // whole step, the current one's device copies, and the earlier micro-batches' reported losses.
-// optimizer_shards > 1 is ZeRO stage 1 over that many ranks (optim/zero.h): the optimizer state of one rank's
+// sharding.ranks > 1 is ZeRO stage 1 over that many ranks (optim/zero.h): the optimizer state of one rank's
 // part (the parameters padded to equal parts of whole pieces, distributed::ZeroPartition), and the collectives'
-// buffers (N + 1 pieces) in the workspace.
+// buffers (N + 1 pieces) in the workspace. sharding.gradients (stage 2): the gradients of that part in a buffer of
+// its own, and the checkpointed segments' layers without whole gradient buffers but during their backward.
 // offload_optimizer: the masters, their gradients and the optimizer state on the host; `gradients`: where a
 // window's gradients are summed then; offload_parameters: the checkpointed layers' working copies parked on the
 // host too, fetched one segment at a time (StepShape); loss_chunk_tokens > 0: the streaming LM head
@@ -149,7 +152,7 @@ struct MemoryPrediction {
 // optimizer or parameters off the device or ZeRO-1, which the replay does not follow yet.
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                 const checkpoint::CheckpointPolicy& policy, DType dtype = DType::f32,
-                                OptimizerKind optimizer = OptimizerKind::adamw, int optimizer_shards = 1,
+                                OptimizerKind optimizer = OptimizerKind::adamw, ZeroSharding sharding = {},
                                 int accumulation_steps = 1, bool offload_optimizer = false,
                                 GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
                                 int loss_chunk_tokens = 0, int mlp_tile_tokens = 0, bool packed_documents = false,
@@ -174,7 +177,7 @@ struct PhasePrediction {
 // not model yet, and for LoRA under ZeRO-1 or with the optimizer on the host, which the step's replay does not follow.
 PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                           const checkpoint::CheckpointPolicy& policy, DType dtype,
-                                          OptimizerKind optimizer, int optimizer_shards, bool offload_optimizer,
+                                          OptimizerKind optimizer, ZeroSharding sharding, bool offload_optimizer,
                                           GradientOffload gradients, bool offload_parameters, int eval_batches,
                                           int loss_chunk_tokens,
                                           int mlp_tile_tokens, bool packed_documents, const FineTuning& tuning = {});
@@ -235,7 +238,7 @@ size_t parameter_count(const nn::ModelConfig& config, int vocabulary_rows);
 // peak per category, next to the same prediction without checkpointing.
 std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len,
                         const checkpoint::CheckpointPolicy& policy, DType dtype = DType::f32,
-                        OptimizerKind optimizer = OptimizerKind::adamw, int optimizer_shards = 1,
+                        OptimizerKind optimizer = OptimizerKind::adamw, ZeroSharding sharding = {},
                         int accumulation_steps = 1, bool offload_optimizer = false,
                         GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
                         int loss_chunk_tokens = 0, int mlp_tile_tokens = 0, bool packed_documents = false,

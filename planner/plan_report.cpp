@@ -14,11 +14,12 @@ using checkpoint::Segment;
 using checkpoint::plan_segments;
 
 std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
-                        DType dtype, OptimizerKind optimizer, int optimizer_shards, int accumulation_steps,
+                        DType dtype, OptimizerKind optimizer, ZeroSharding sharding, int accumulation_steps,
                         bool offload_optimizer, GradientOffload gradients, bool offload_parameters,
                         int loss_chunk_tokens, int mlp_tile_tokens, bool packed_documents, const FineTuning& tuning) {
+    const int optimizer_shards = sharding.ranks;
     const MemoryPrediction planned = predict_memory(
-        config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps, offload_optimizer,
+        config, batch, seq_len, policy, dtype, optimizer, sharding, accumulation_steps, offload_optimizer,
         gradients, offload_parameters, loss_chunk_tokens, mlp_tile_tokens, packed_documents, tuning);
     // Streamed gradients need checkpointed segments: the plain comparison keeps the window.
     const MemoryPrediction plain = predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer,
@@ -41,9 +42,14 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
     text << "gradient checkpointing: " << policy.to_string() << "\n";
     if (optimizer_shards > 1) {
         const MemoryPrediction whole = predict_memory(config, batch, seq_len, policy, dtype, optimizer);
-        text << "ZeRO stage 1 over " << optimizer_shards << " ranks: optimizer_state per rank "
-             << mebibytes(planned.of(MemoryCategory::optimizer_state)) << " instead of " << mebibytes(whole.of(MemoryCategory::optimizer_state)) << ", for "
-             << mebibytes(planned.zero_buffers) << " of the collectives' buffers in "
+        text << "ZeRO stage " << (sharding.gradients ? 2 : 1) << " over " << optimizer_shards << " ranks: optimizer_state per rank "
+             << mebibytes(planned.of(MemoryCategory::optimizer_state)) << " instead of " << mebibytes(whole.of(MemoryCategory::optimizer_state));
+        if (sharding.gradients)
+            text << ", gradients per rank at their peak " << mebibytes(planned.of(MemoryCategory::gradients)) << " instead of "
+                 << mebibytes(whole.of(MemoryCategory::gradients)) << " (this rank's part "
+                 << mebibytes(planned.shard_gradient_bytes) << ", a segment's layers during its backward, the rest whole; "
+                 << accumulation_steps << " reduce pass" << (accumulation_steps == 1 ? "" : "es") << " per step over the segments)";
+        text << ", for " << mebibytes(planned.zero_buffers) << " of the collectives' buffers in "
              << (offload_optimizer ? "host memory" : "workspace") << "\n";
     }
     if (policy.enabled) {
@@ -106,7 +112,7 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
     if (loss_chunk_tokens > 0) {
         const size_t chunk = std::min(static_cast<size_t>(loss_chunk_tokens), rows);
         const MemoryPrediction whole =
-            predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps,
+            predict_memory(config, batch, seq_len, policy, dtype, optimizer, sharding, accumulation_steps,
                            offload_optimizer, gradients, offload_parameters, 0, mlp_tile_tokens, packed_documents, tuning);
         text << "loss: streaming head, " << (rows + chunk - 1) / chunk << " chunks of " << chunk << " tokens: one chunk's logits ("
              << chunk << "," << vocabulary << ") = " << mebibytes(chunk * logits_row) << " and d(hidden) "
@@ -123,7 +129,7 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
     if (mlp_tile_tokens > 0) {
         const size_t tile = std::min(static_cast<size_t>(mlp_tile_tokens), rows);
         const MemoryPrediction untiled =
-            predict_memory(config, batch, seq_len, policy, dtype, optimizer, optimizer_shards, accumulation_steps,
+            predict_memory(config, batch, seq_len, policy, dtype, optimizer, sharding, accumulation_steps,
                            offload_optimizer, gradients, offload_parameters, loss_chunk_tokens, 0, packed_documents,
                            tuning);
         text << "MLP: tiled, " << (rows + tile - 1) / tile << " tiles of " << tile << " tokens: a tile's intermediates "

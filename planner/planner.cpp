@@ -131,7 +131,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
     ENGINE_CHECK(options.eval_batches >= 0, "planner: eval_batches " << options.eval_batches << " must be >= 0");
     if (options.device != Device::cpu && options.allow_offload_optimizer && !lora) optimizer_tiers.push_back(true);
     std::vector<int> zero_stages = {0};
-    if (options.ranks > 1 && options.allow_zero && !lora) zero_stages.push_back(1);
+    if (options.ranks > 1 && options.allow_zero && !lora) zero_stages.insert(zero_stages.end(), {1, 2});
     const int per_rank = global_batch / options.ranks;
 
     PlanSearch search;
@@ -167,6 +167,8 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                         for (GradientOffload gradients : {GradientOffload::window, GradientOffload::stream}) {
                             // Streaming needs the optimizer on the host and checkpointed segments.
                             if (gradients == GradientOffload::stream && (!offload_optimizer || !policy.enabled)) continue;
+                            // ZeRO-2 reduces each checkpointed segment's gradients, on the device.
+                            if (zero_stage == 2 && (!policy.enabled || offload_optimizer)) continue;
                             for (bool offload_parameters : {false, true}) {
                                 if (offload_parameters && (!offload_optimizer || !policy.enabled)) continue;
                                 // The evaluation beside streamed parameters is not modelled: such plans wait.
@@ -183,7 +185,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
             std::find(options.precisions.begin(), options.precisions.end(), precision) - options.precisions.begin());
         const Ceilings& ceilings = ceilings_of[which];
         const int zero_stage = candidate.zero_stage, micro_batch = candidate.micro_batch;
-        const int shards = zero_stage == 1 ? options.ranks : 1;
+        const ZeroSharding shards = ZeroSharding::of(zero_stage, options.ranks);
         const CheckpointPolicy& policy = *candidate.policy;
         const bool offload_optimizer = candidate.offload_optimizer, offload_parameters = candidate.offload_parameters;
         const GradientOffload gradients = candidate.gradients;
@@ -199,7 +201,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                                shards, steps, offload_optimizer, gradients, offload_parameters,
                                loss_chunk, mlp_tile, options.packed_documents, options.tuning);
             plan.cost = predict_cost(config, micro_batch, steps, seq_len, policy, dtype,
-                                     options.optimizer, shards, ceilings, offload_optimizer,
+                                     options.optimizer, shards.ranks, ceilings, offload_optimizer,
                                      gradients, offload_parameters, loss_chunk, mlp_tile);
             plan.peak_bytes = plan.memory.peak_on(options.device);
             plan.host_peak_bytes = plan.memory.host_peak_bytes;

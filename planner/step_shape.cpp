@@ -50,8 +50,16 @@ std::optional<ConfigProblem> StepShape::problem() const {
         return ConfigProblem{"offload", "moves checkpointed segment inputs to host memory, so it needs gradient_checkpointing"};
     if (checkpointing.prefetch && !checkpointing.offload)
         return ConfigProblem{"prefetch", "prefetches offloaded inputs, so it needs offload"};
-    if (zero_stage != 0 && zero_stage != 1)
-        return ConfigProblem{"zero_stage", "must be 0 or 1, got " + std::to_string(zero_stage)};
+    if (zero_stage < 0 || zero_stage > 2)
+        return ConfigProblem{"zero_stage", "must be 0, 1 or 2, got " + std::to_string(zero_stage) +
+                                               (zero_stage == 3 ? " (stage 3, sharded parameters, is not built yet)" : "")};
+    if (zero_stage == 2 && !checkpointing.enabled)
+        return ConfigProblem{"zero_stage", "2 reduces each checkpointed segment's gradients onto their owners as its "
+                                           "backward ends, so it needs gradient_checkpointing"};
+    if (zero_stage == 2 && offload_optimizer)
+        return ConfigProblem{"zero_stage", "2 keeps each rank's shard of the gradients on the device, and "
+                                           "offload_optimizer moves them to the host: the two do not compose yet "
+                                           "(zero_stage 1 does)"};
     if (offload_gradients == GradientOffload::stream && !offload_optimizer)
         return ConfigProblem{"offload_gradients", "stream sums the gradients on the host, so it needs offload_optimizer"};
     if (offload_gradients == GradientOffload::stream && !checkpointing.enabled)

@@ -41,6 +41,24 @@ enum class GradientOffload { window, stream };
 GradientOffload parse_gradient_offload(const std::string& name); // "window" | "stream"
 const char* gradient_offload_name(GradientOffload where);
 
+// How a data-parallel run shards its model state over `ranks` ranks, as the memory model takes it: more than 1 rank
+// is ZeRO stage 1 (the optimizer state), and with `gradients` stage 2 (the summed gradients too; the checkpointed
+// segments' layers hold whole buffers only from their recompute to the end of their backward), which a trainer given
+// a one-rank communicator also builds (its shards and buffers are then real, over one part). An int converts to stage
+// 1 over that many ranks, what the memory model's `optimizer_shards` always meant.
+struct ZeroSharding {
+    int ranks = 1;
+    bool gradients = false;
+    constexpr ZeroSharding() = default;
+    constexpr ZeroSharding(int ranks) : ranks(ranks) {} // NOLINT: a rank count is stage 1 over them
+    constexpr ZeroSharding(int ranks, bool gradients) : ranks(ranks), gradients(gradients) {}
+    // What a step shape asks of `ranks` ranks: none at stage 0 or on one rank (train_gpt gives one process no
+    // communicator, so no shards).
+    static ZeroSharding of(int zero_stage, int ranks) {
+        return zero_stage == 0 || ranks <= 1 ? ZeroSharding{} : ZeroSharding{ranks, zero_stage == 2};
+    }
+};
+
 // The fields keep Hugging Face's TrainingArguments names, which are also train_gpt's flags.
 struct StepShape {
     int per_device_train_batch_size = 8;        // sequences per micro-batch (per rank)
@@ -48,7 +66,8 @@ struct StepShape {
     checkpoint::CheckpointPolicy checkpointing; // gradient_checkpointing, every_n_layers, segment_size, offload, prefetch
     Precision precision = Precision::fp32;
     // 1: ZeRO stage 1, each of the N data-parallel ranks keeping the optimizer state of 1/N of the parameters
-    // (optim/zero.h); 0: every rank keeps all of it.
+    // (optim/zero.h); 2: ZeRO stage 2, the summed gradients of 1/N too (the checkpointed segments' layers hold
+    // theirs only during their backward); 0: every rank keeps all of it.
     int zero_stage = 0;
     // Model state off the device (DeepSpeed's offload_optimizer; docs/MEMORY.md, "Model state off the
     // device"): the f32 masters, their gradient buffers and the optimizer state live in host memory and the

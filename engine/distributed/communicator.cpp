@@ -48,6 +48,7 @@ CommunicatorCounters CommunicatorCounters::operator-(const CommunicatorCounters&
     difference.value_all_reduces = value_all_reduces - earlier.value_all_reduces;
     difference.reduce_scatters = reduce_scatters - earlier.reduce_scatters;
     difference.all_gathers = all_gathers - earlier.all_gathers;
+    difference.reduces = reduces - earlier.reduces;
     difference.broadcasts = broadcasts - earlier.broadcasts;
     difference.barriers = barriers - earlier.barriers;
     difference.backend_calls = backend_calls - earlier.backend_calls;
@@ -180,6 +181,21 @@ void Communicator::all_gather(const Tensor& shard, const Tensor& flat) {
     all_gather_parts(shard.raw_data(), flat.raw_data(), shard.numel(), shard.dtype(), shard.device());
 }
 
+void Communicator::reduce(const Tensor& send, const Tensor& receive, int64_t count, int root) {
+    ENGINE_CHECK(root >= 0 && root < world_size_, where("reduce") << ": root " << root << " is not a rank");
+    ENGINE_CHECK(send.defined() && receive.defined() && send.device() == receive.device() &&
+                     send.dtype() == receive.dtype() && count >= 0 && count <= send.numel() && count <= receive.numel(),
+                 where("reduce") << ": " << count << " elements from "
+                                 << (send.defined() ? send.describe() : std::string("none")) << " into "
+                                 << (receive.defined() ? receive.describe() : std::string("none"))
+                                 << ": both must hold them, on one device, in one dtype");
+    element_of(send.dtype());
+    ++counters_.reduces;
+    ++counters_.backend_calls;
+    counters_.bytes_reduced += count * static_cast<int64_t>(dtype_size(send.dtype()));
+    reduce_to(send.raw_data(), receive.raw_data(), count, send.dtype(), send.device(), root);
+}
+
 void Communicator::barrier() {
     ++counters_.barriers;
     ++counters_.backend_calls;
@@ -202,6 +218,9 @@ protected:
     }
     void all_gather_parts(const void* shard, void* flat, int64_t count, DType dtype, Device device) override {
         if (flat != shard) copy_bytes(flat, device, shard, device, static_cast<size_t>(count) * dtype_size(dtype));
+    }
+    void reduce_to(const void* send, void* receive, int64_t count, DType dtype, Device device, int) override {
+        if (send != receive) copy_bytes(receive, device, send, device, static_cast<size_t>(count) * dtype_size(dtype));
     }
     void barrier_now() override {}
 };

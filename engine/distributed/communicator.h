@@ -25,6 +25,7 @@ struct CommunicatorCounters {
     int64_t value_all_reduces = 0;    // all_reduce_value calls (the step's loss sum, replica checks)
     int64_t reduce_scatters = 0;      // ZeRO-1: the gradients, one per step
     int64_t all_gathers = 0;          // ZeRO-1: the parameters, one per step
+    int64_t reduces = 0;              // ZeRO-2: a window of gradients summed onto the rank that owns it
     int64_t broadcasts = 0;
     int64_t barriers = 0;
     int64_t backend_calls = 0;  // MPI/NCCL collectives issued (buckets of a gradient reduction count one each)
@@ -62,6 +63,9 @@ public:
     // of `flat` with rank r's `shard`.
     void reduce_scatter(const Tensor& flat, const Tensor& shard);
     void all_gather(const Tensor& shard, const Tensor& flat);
+    // ZeRO-2's: the sum over the ranks of the first `count` elements of every rank's `send` lands in root's
+    // `receive` (its first `count`); the other ranks' `receive` is untouched. Same device and dtype, 1-D.
+    void reduce(const Tensor& send, const Tensor& receive, int64_t count, int root);
     void barrier();
 
     static constexpr size_t bucket_bytes = size_t{32} << 20;
@@ -74,6 +78,7 @@ protected:
     virtual void broadcast_bytes(void* data, size_t bytes, Device device, int root) = 0;
     virtual void reduce_scatter_parts(const void* flat, void* shard, int64_t count, DType dtype, Device device) = 0;
     virtual void all_gather_parts(const void* shard, void* flat, int64_t count, DType dtype, Device device) = 0;
+    virtual void reduce_to(const void* send, void* receive, int64_t count, DType dtype, Device device, int root) = 0;
     virtual void barrier_now() = 0;
     std::string where(const char* call) const; // "rank R of N, CALL" for error messages
 

@@ -105,6 +105,13 @@ void all_gather(const void* shard, void* flat, int64_t count, Element element, c
           where, "MPI_Allgather");
 }
 
+void reduce(const void* send, void* receive, int64_t count, Element element, int root, int rank, const std::string& where) {
+    ENGINE_CHECK(count >= 0 && count <= INT32_MAX, where << ": " << count << " elements exceed one MPI call");
+    check(MPI_Reduce(send, rank == root ? receive : nullptr, static_cast<int>(count), datatype(element), MPI_SUM, root,
+                     MPI_COMM_WORLD),
+          where, "MPI_Reduce");
+}
+
 } // namespace mpi
 
 namespace {
@@ -134,6 +141,10 @@ protected:
     void all_gather_parts(const void* shard, void* flat, int64_t count, DType dtype, Device device) override {
         require_host(device, "all_gather");
         mpi::all_gather(shard, flat, count, element_of(dtype), where("all_gather"));
+    }
+    void reduce_to(const void* send, void* receive, int64_t count, DType dtype, Device device, int root) override {
+        require_host(device, "reduce");
+        mpi::reduce(send, receive, count, element_of(dtype), root, rank(), where("reduce"));
     }
     void barrier_now() override { mpi::barrier(where("barrier")); }
 

@@ -79,6 +79,12 @@ protected:
         check_nccl(ncclAllGather(shard, flat, static_cast<size_t>(count), nccl_type(dtype), comm_, cuda::compute_stream()),
                    where("all_gather"), "ncclAllGather");
     }
+    void reduce_to(const void* send, void* receive, int64_t count, DType dtype, Device device, int root) override {
+        if (device == Device::cpu) return mpi::reduce(send, receive, count, element_of(dtype), root, rank(), where("reduce"));
+        check_nccl(ncclReduce(send, receive, static_cast<size_t>(count), nccl_type(dtype), ncclSum, root, comm_,
+                              cuda::compute_stream()),
+                   where("reduce"), "ncclReduce");
+    }
     void barrier_now() override {
         cuda::synchronize(); // what this rank queued is done before the others pass
         mpi::barrier(where("barrier"));
