@@ -12,6 +12,8 @@
 #include <sstream>
 #include <vector>
 
+#include "engine/distributed/communicator.h"
+#include "engine/distributed/zero_partition.h"
 #include "planner/step_terms.h"
 
 namespace engine::planner {
@@ -63,6 +65,9 @@ Ceilings measure_cpu() {
     ceilings.host_link_bytes_per_second = static_cast<double>(bytes) / copy;    // offload's copy is a memcpy
     ceilings.host_memory_bytes_per_second = ceilings.memory_bytes_per_second;
     ceilings.seconds_per_op = 2e-6; // dispatch, tape record and allocation of one op (a few microseconds)
+    // MPI ranks on one host move their collectives through shared memory: a copy in and a copy out, and the sum.
+    ceilings.collective_bytes_per_second = static_cast<double>(bytes) / copy / 3.0;
+    ceilings.seconds_per_collective = 20e-6;
     ceilings.source = "measured on this CPU (BLAS sgemm 256^3, dot loop, 16 MiB memcpy)";
     return ceilings;
 }
@@ -89,6 +94,10 @@ Ceilings cuda_ceilings(DType dtype) {
     // host (docs/PERF.md): AdamW's streaming passes at 50 GB/s.
     ceilings.host_memory_bytes_per_second = 50e9;
     ceilings.seconds_per_op = 2e-6;
+    // NCCL within an 8-GPU NVLink node: about 400 GB/s of bus bandwidth measured where NVLink 4 says 900
+    // (docs/DISTRIBUTED.md, "Communication volume"), and some 20 us a call.
+    ceilings.collective_bytes_per_second = 400e9;
+    ceilings.seconds_per_collective = 20e-6;
     ceilings.source = std::string("H200 constants (docs/PERF.md), ") + (bf16 ? "bf16" : "tf32") + " tensor cores";
     return ceilings;
 }
@@ -105,6 +114,9 @@ std::string StepCost::to_string() const {
          << " ms (GEMM " << gemm_seconds * 1e3 << ", attention " << attention_seconds * 1e3 << ", memory "
          << memory_seconds * 1e3 << ", transfer " << transfer_seconds * 1e3 << ", ops " << op_seconds * 1e3;
     if (host_seconds > 0) text << ", host update " << host_seconds * 1e3;
+    if (communication_seconds > 0)
+        text << ", collectives " << communication_seconds * 1e3 << " for " << communicated_bytes / (1 << 20) << " MiB in "
+             << collectives << " calls";
     if (hidden_transfer_seconds > 0) text << "; " << hidden_transfer_seconds * 1e3 << " of prefetch hidden";
     text << ")";
     return text.str();
@@ -284,6 +296,39 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
     cost.seconds = cost.gemm_seconds + cost.attention_seconds + cost.memory_seconds + cost.transfer_seconds +
                    cost.op_seconds + cost.host_seconds;
     return cost;
+}
+
+void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumulation_steps,
+                       const checkpoint::CheckpointPolicy& policy, int zero_stage, int ranks, const Ceilings& ceilings) {
+    if (ranks <= 1) return;
+    const double parameters = static_cast<double>(parameter_count(config, config.vocab_size()));
+    const double share = static_cast<double>(ranks - 1) / ranks; // of a payload through each rank's link
+    constexpr double gradient_bytes = 4.0;                        // f32 gradients and masters
+    double bytes = 0, calls = 0;
+    if (zero_stage == 0) {
+        bytes = 2 * share * parameters * gradient_bytes;
+        calls = std::ceil(parameters * gradient_bytes / static_cast<double>(distributed::Communicator::bucket_bytes));
+    } else {
+        const distributed::ZeroPartition partition =
+            distributed::ZeroPartition::of(static_cast<int64_t>(parameters), ranks, static_cast<size_t>(gradient_bytes));
+        bytes = 2 * share * parameters * gradient_bytes; // the gradients reduced once and the masters gathered
+        calls = 2.0 * static_cast<double>(partition.pieces);
+        if (zero_stage == 2) {
+            // The checkpointed layers' gradients go once per micro-batch, a piece-long window per owner at a time.
+            int checkpointed_layers = 0, segments = 0;
+            for (const checkpoint::Segment& segment : checkpoint::plan_segments(config.layers(), policy))
+                if (segment.checkpointed) checkpointed_layers += segment.layer_count, ++segments;
+            const double layers = static_cast<double>(checkpointed_layers) * static_cast<double>(layer_parameter_count(config));
+            bytes += (accumulation_steps - 1) * share * layers * gradient_bytes;
+            calls = static_cast<double>(partition.pieces) +
+                    accumulation_steps * (std::ceil(layers / static_cast<double>(partition.piece)) + segments) +
+                    std::ceil((parameters - layers) / static_cast<double>(partition.piece)) + ranks;
+        }
+    }
+    cost.communicated_bytes = bytes;
+    cost.collectives = calls;
+    cost.communication_seconds = bytes / ceilings.collective_bytes_per_second + calls * ceilings.seconds_per_collective;
+    cost.seconds += cost.communication_seconds;
 }
 
 } // namespace engine::planner

@@ -19,6 +19,8 @@ struct Ceilings {
     double host_link_bytes_per_second = 0; // offload's copies (pinned host <-> device; a copy on the CPU)
     double host_memory_bytes_per_second = 0; // the host's streaming kernels (optimizer offload's update)
     double seconds_per_op = 0;             // a fixed cost per op launched (dispatch, kernel launch)
+    double collective_bytes_per_second = 0; // the data-parallel ranks' collectives, bytes through each rank's link
+    double seconds_per_collective = 0;     // a fixed cost per collective call (latency)
     std::string source;                    // "measured on this CPU" or where the constants come from
 };
 
@@ -44,6 +46,9 @@ struct StepCost {
     double ops = 0;                // op launches
     double gemm_seconds = 0, attention_seconds = 0, memory_seconds = 0, transfer_seconds = 0, op_seconds = 0;
     double host_seconds = 0;
+    // Data parallelism over several ranks (predict_communication, added by the planner): the bytes through each
+    // rank's link in the step's collectives, their calls, and their time.
+    double communicated_bytes = 0, collectives = 0, communication_seconds = 0;
     // Streamed parameters: the part of the prefetched weight copies (on the copy stream) that the segment
     // computing meanwhile hides; transfer_seconds is net of it.
     double hidden_transfer_seconds = 0;
@@ -58,5 +63,15 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
                       int optimizer_shards, const Ceilings& ceilings, bool offload_optimizer = false,
                       GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
                       int loss_chunk_tokens = 0, int mlp_tile_tokens = 0);
+
+// The step's collectives over `ranks` data-parallel ranks at ZeRO stage `zero_stage` (nothing on one rank), added to
+// `cost` (its communicated bytes, collectives and seconds, and the total): ring algorithms, each moving (N − 1)/N of
+// its payload through every rank's link. Stage 0 all-reduces the f32 gradients once a step (twice that); stage 1
+// reduce-scatters them and all-gathers the masters, as many bytes, in pieces (distributed::ZeroPartition); stage 2
+// reduces the checkpointed layers' gradients once per micro-batch, the rest once, and all-gathers as stage 1: (A − 1)
+// times the layers' gradients more than stage 1. The scalar reductions are left out. Time: bytes over
+// collective_bytes_per_second plus seconds_per_collective a call.
+void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumulation_steps,
+                       const checkpoint::CheckpointPolicy& policy, int zero_stage, int ranks, const Ceilings& ceilings);
 
 } // namespace engine::planner

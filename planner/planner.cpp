@@ -67,6 +67,7 @@ std::string why_lost(const Plan& plan, const Plan& chosen, size_t budget, size_t
         reasons.push_back("slower GEMMs");
     if (shape.zero_stage != chosen.shape.zero_stage) reasons.push_back("ZeRO stage " + std::to_string(shape.zero_stage));
     if (plan.cost.host_seconds > chosen.cost.host_seconds) reasons.push_back("the optimizer on the host");
+    if (plan.cost.communication_seconds > chosen.cost.communication_seconds) reasons.push_back("more collectives");
     if (reasons.empty()) reasons.push_back("larger predicted time");
     for (size_t index = 0; index < reasons.size(); ++index) text << (index ? ", " : " ") << reasons[index];
     return text.str();
@@ -203,6 +204,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
             plan.cost = predict_cost(config, micro_batch, steps, seq_len, policy, dtype,
                                      options.optimizer, shards.ranks, ceilings, offload_optimizer,
                                      gradients, offload_parameters, loss_chunk, mlp_tile);
+            add_communication(plan.cost, config, steps, policy, zero_stage, options.ranks, ceilings);
             plan.peak_bytes = plan.memory.peak_on(options.device);
             plan.host_peak_bytes = plan.memory.host_peak_bytes;
             // Pinned memory is the device's page-locked host memory; the CPU backend pins nothing.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "planner/cost_model.h"
 #include "planner/memory_model.h"
 #include "engine/distributed/communicator.h"
 #include "engine/distributed/zero_partition.h"
@@ -405,6 +406,32 @@ TEST(ZeroStage2, OneRankTrainsAsWithoutShardsAndAsPredicted) {
                                                     1, accumulation).peak_bytes);
         EXPECT_EQ(peaks[1], planner::predict_memory(gpt, 2, 8, every_layer, DType::f32, planner::OptimizerKind::adamw,
                                                     ZeroSharding{1, true}, accumulation).peak_bytes);
+    }
+}
+
+// The collectives' cost (planner::add_communication): stages 0 and 1 move the same bytes (an all-reduce is a
+// reduce-scatter and an all-gather), stage 2 as many with one micro-batch and (A − 1) times the checkpointed layers'
+// gradients more with A; nothing on one rank. So the planner prefers stage 1 where both fit and A > 1.
+TEST(ZeroStage2, CostModelCountsTheReducesOfEveryMicroBatch) {
+    const nn::GPTConfig config = nn::GPTConfig::named("tiny");
+    const checkpoint::CheckpointPolicy every_layer{true, 1};
+    const planner::Ceilings ceilings = planner::cpu_ceilings();
+    const auto communication = [&](int stage, int ranks, int accumulation) {
+        planner::StepCost cost;
+        planner::add_communication(cost, config, accumulation, every_layer, stage, ranks, ceilings);
+        EXPECT_NEAR(cost.seconds, cost.communication_seconds, 1e-15);
+        return cost;
+    };
+    EXPECT_EQ(communication(2, 1, 4).communicated_bytes, 0.0);
+    const double parameters = static_cast<double>(planner::parameter_count(config, config.vocab_size));
+    const double layers = config.n_layer * static_cast<double>(planner::layer_parameter_count(config));
+    for (int ranks : {2, 8}) {
+        const double share = (ranks - 1.0) / ranks;
+        EXPECT_DOUBLE_EQ(communication(0, ranks, 4).communicated_bytes, 2 * share * parameters * 4);
+        EXPECT_DOUBLE_EQ(communication(1, ranks, 4).communicated_bytes, 2 * share * parameters * 4);
+        EXPECT_DOUBLE_EQ(communication(2, ranks, 1).communicated_bytes, 2 * share * parameters * 4);
+        EXPECT_DOUBLE_EQ(communication(2, ranks, 4).communicated_bytes, 2 * share * parameters * 4 + 3 * share * layers * 4);
+        EXPECT_GT(communication(2, ranks, 4).communication_seconds, communication(1, ranks, 4).communication_seconds);
     }
 }
 
