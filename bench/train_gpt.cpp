@@ -264,6 +264,12 @@ int run(const Options& flags) {
             throw train_gpt::UsageError("--resume", resumed.path + " was saved with --offload-optimizer " +
                                                         (saved_offload ? "cpu" : "none") + "; this run has " +
                                                         (config.shape.offload_optimizer ? "cpu" : "none"));
+        // So is the ZeRO stage: the stages sum the ranks' and the micro-batches' gradients in other orders, so a
+        // state resumed at another one would no longer continue its run bit for bit (the file itself is the same).
+        if (saved.is_object() && saved.contains("zero_stage") && saved["zero_stage"] != config.shape.zero_stage)
+            throw train_gpt::UsageError("--resume", resumed.path + " was saved at --zero-stage " + saved["zero_stage"].dump() +
+                                                        "; this run has " + std::to_string(config.shape.zero_stage) +
+                                                        ": resume at the stage the state was saved at");
         // The data cursor counts windows, and what a window is (documents, packs, the batches a token budget cuts)
         // depends on these: a state saved with others would read other data, silently.
         const nlohmann::json now = nlohmann::json::parse(run_config_json(options));

@@ -152,13 +152,15 @@ Tensor Module::gradient_buffer_for(size_t index, const std::string& name) const 
 std::vector<Tensor> Module::handles_of(size_t index) const {
     const Tensor& parameter = parameters_[index].second;
     // The tensors over this parameter's storage: its views, and its working copy beside it (bf16), whose
-    // gradient buffer is the master's.
+    // gradient buffer is the master's. With the masters apart, the working copy's buffer is its own: the
+    // master's side only.
     std::vector<Tensor> handles = {parameter};
     for (const Tensor& alias : aliases_)
         if (alias.shares_storage_with(parameter)) handles.push_back(alias);
     if (index < working_copies_.size()) {
         const WorkingCopy& copy = working_copies_[index];
-        handles.insert(handles.end(), {copy.master_storage, copy.working_storage, copy.working});
+        handles.push_back(copy.master_storage);
+        if (!master_device_) handles.insert(handles.end(), {copy.working_storage, copy.working});
     }
     return handles;
 }
@@ -360,8 +362,6 @@ void Module::release_working_gradients() {
 }
 
 void Module::attach_gradients() {
-    ENGINE_CHECK(!master_device_, "attach_gradients: the masters are apart from the working copies; use "
-                                  "attach_working_gradients");
     for (size_t index = 0; index < parameters_.size(); ++index) {
         const auto& [name, parameter] = parameters_[index];
         if (!parameter.requires_grad() || parameter.grad().defined()) continue; // frozen, or attached already
@@ -371,8 +371,6 @@ void Module::attach_gradients() {
 }
 
 void Module::release_gradients() {
-    ENGINE_CHECK(!master_device_, "release_gradients: the masters are apart from the working copies; use "
-                                  "release_working_gradients");
     for (size_t index = 0; index < parameters_.size(); ++index) {
         if (!parameters_[index].second.requires_grad()) continue; // frozen: it holds none
         for (Tensor& handle : handles_of(index))

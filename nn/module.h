@@ -105,11 +105,12 @@ public:
     // reads it fails naming it, and backward accumulates into the buffer the recorded nodes captured.
     void attach_working_gradients();
     void release_working_gradients();
-    // Sharded gradients (ZeRO-2), with the masters beside the working copies: every trainable parameter of this
-    // subtree, with its views and its working copy (which share its buffer), gets a zeroed gradient buffer
-    // (category gradients) or loses it, staying trainable; without one, a forward in grad mode that reads it fails
-    // naming it. The trainer gives a checkpointed segment's layers theirs from its recompute to the end of its
-    // backward.
+    // Sharded gradients (ZeRO-2): every trainable parameter of this subtree, with its views and its working copy
+    // beside it (which share its buffer), gets a zeroed gradient buffer (category gradients, where the master is) or
+    // loses it, staying trainable; without one, a forward in grad mode that reads it fails naming it. The trainer
+    // gives a checkpointed segment's layers theirs from its recompute to the end of its backward. With the masters
+    // apart (set_master_device) only the masters' side: the working copies' device buffers are
+    // attach_working_gradients'.
     void attach_gradients();
     void release_gradients();
     // Parameters streamed (offload_parameters; docs/MEMORY.md, "Parameters streamed"), with the masters apart:
@@ -174,7 +175,7 @@ private:
     // gradient_buffer_for unfreezes them over it.
     Tensor gradient_buffer_for(size_t index, const std::string& name) const; // name: the dotted one, for errors
     void set_requires_grad_of(size_t index, const Tensor& buffer);
-    // The tensors over parameters_[index]'s storage: it, its views, and its working copy beside it.
+    // The tensors over parameters_[index]'s storage: it, its views, and its working copy beside it (not one apart).
     std::vector<Tensor> handles_of(size_t index) const;
     // Copies in `dtype` on `device` (the masters' own device: sharing their gradient buffers; another: each
     // with a gradient buffer of its own).

@@ -207,6 +207,14 @@ Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batc
     // so a rank with more padding does not weigh more (Hugging Face's average_tokens_across_devices).
     window.rank_num_items_in_batch = window.num_items_in_batch;
     if (communicator_ != nullptr) window.num_items_in_batch = communicator_->all_reduce_count(window.num_items_in_batch);
+    // ZeRO-2 reduces each segment once per micro-batch: a rank with fewer would pair its step's reduces with another's
+    // segments'. Every rank checks (one more count reduction) and throws alike.
+    if (gradients_sharded()) {
+        const int64_t ranks = communicator_->world_size(), mine = window.micro_batches;
+        const int64_t total = communicator_->all_reduce_count(mine);
+        ENGINE_CHECK(total == ranks * mine, "trainer: zero_stage 2 needs as many micro-batches on every rank; this rank has "
+                                                << mine << " and the " << ranks << " ranks " << total << " together");
+    }
     ENGINE_CHECK(window.num_items_in_batch > 0,
                  "trainer: the " << micro_batches.size()
                                  << " micro-batches of this step hold no item to train on (for a causal LM: every "
@@ -313,6 +321,30 @@ void ModuleTrainer::start_streaming() {
     nn::CausalLM* layered = dynamic_cast<nn::CausalLM*>(&model_); // checked by the constructor
     std::vector<checkpoint::Segment> segments = checkpointed_segments(*layered);
     std::vector<int> layers = layers_of(segments);
+    // ZeRO-2: each segment's parameters by their index among the trainer's (the shards' order), for its reduction,
+    // and the rest, reduced at the step; made before anything is released, so that a failure here changes nothing.
+    std::map<int, std::vector<size_t>> segment_parameters;
+    std::vector<size_t> whole_gradient_indexes;
+    if (gradients_sharded()) {
+        std::vector<bool> in_segment(parameters_.size(), false);
+        for (const checkpoint::Segment& segment : segments) {
+            std::vector<size_t>& indexes = segment_parameters[segment.first_layer];
+            for (int layer = segment.first_layer; layer < segment.first_layer + segment.layer_count; ++layer)
+                for (const Tensor& parameter : layered->block(layer).parameters())
+                    for (size_t index = 0; index < parameters_.size(); ++index) {
+                        if (!parameters_[index].shares_storage_with(parameter)) continue;
+                        // A parameter in two places would be reduced twice.
+                        ENGINE_CHECK(!in_segment[index], "trainer: zero_stage 2: parameter '"
+                                                             << optimizer_->parameter_names()[index]
+                                                             << "' belongs to two checkpointed layers");
+                        in_segment[index] = true;
+                        indexes.push_back(index);
+                    }
+            std::sort(indexes.begin(), indexes.end());
+        }
+        for (size_t index = 0; index < parameters_.size(); ++index)
+            if (!in_segment[index]) whole_gradient_indexes.push_back(index);
+    }
     if (parameters_streamed()) {
         // Parked on the host, where the update refreshes them; all or nothing.
         size_t parked = 0;
@@ -333,19 +365,10 @@ void ModuleTrainer::start_streaming() {
     streamed_layers_ = std::move(layers);
     streamed_segments_ = std::move(segments);
     if (gradients_sharded()) {
-        // Each segment's parameters by their index among the trainer's (the shards' order), for its reduction; then
-        // their buffers go until the segment's recompute.
-        for (const checkpoint::Segment& segment : streamed_segments_) {
-            std::vector<size_t>& indexes = segment_parameters_[segment.first_layer];
-            for (int layer = segment.first_layer; layer < segment.first_layer + segment.layer_count; ++layer)
-                for (const Tensor& parameter : layered_->block(layer).parameters())
-                    for (size_t index = 0; index < parameters_.size(); ++index)
-                        if (parameters_[index].shares_storage_with(parameter)) indexes.push_back(index);
-            std::sort(indexes.begin(), indexes.end());
-        }
+        // The segments' layers' buffers go until each segment's recompute (the masters' side, with them apart).
+        segment_parameters_ = std::move(segment_parameters);
+        whole_gradient_indexes_ = std::move(whole_gradient_indexes);
         for (int layer : streamed_layers_) layered_->block(layer).release_gradients();
-        for (size_t index = 0; index < parameters_.size(); ++index)
-            if (parameters_[index].grad().defined()) whole_gradient_indexes_.push_back(index);
     }
     if (streamed()) {
         for (int layer : streamed_layers_) layered_->block(layer).release_working_gradients();
@@ -369,13 +392,13 @@ void ModuleTrainer::start_streaming() {
                 prefetch_neighbour(first_layer, -1);
             }
             if (streamed()) attach_segment_gradients(first_layer, layer_count);
-            if (gradients_sharded())
+            if (gradients_sharded() && !offloaded())
                 for (int layer = first_layer; layer < first_layer + layer_count; ++layer)
                     layered_->block(layer).attach_gradients();
         };
         hooks.after_backward = [this, first_layer, layer_count] {
             if (streamed()) stream_segment_gradients(first_layer, layer_count);
-            if (gradients_sharded()) {
+            if (gradients_sharded() && !offloaded()) {
                 // This micro-batch's gradients of the segment, summed onto their owners; the buffers go.
                 zero_->reduce_gradients(segment_parameters_.at(first_layer));
                 for (int layer = first_layer; layer < first_layer + layer_count; ++layer)
@@ -412,6 +435,20 @@ void ModuleTrainer::attach_segment_gradients(int first_layer, int layer_count) {
 }
 
 void ModuleTrainer::stream_segment_gradients(int first_layer, int layer_count) {
+    if (gradients_sharded()) {
+        // ZeRO-2 with the model state on the host: each parameter's gradient comes down and is lent to its master,
+        // whose own buffer is gone, for the reduce onto the ranks that own its elements (host tensors); then it goes.
+        // One parameter at a time, so the host holds one staged gradient, as without ZeRO.
+        for (size_t index : segment_parameters_.at(first_layer)) {
+            Tensor master = parameters_[index];
+            master.set_gradient_buffer(gradient_leaves_[index].grad().to(Device::cpu, MemoryCategory::workspace));
+            zero_->reduce_gradients({index});
+            master.set_gradient_buffer(Tensor());
+        }
+        for (int layer = first_layer; layer < first_layer + layer_count; ++layer)
+            layered_->block(layer).release_working_gradients();
+        return;
+    }
     for (int layer = first_layer; layer < first_layer + layer_count; ++layer) {
         nn::Module& block = layered_->block(layer);
         const std::vector<Tensor> masters = block.parameters();

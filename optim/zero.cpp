@@ -10,11 +10,11 @@ namespace engine::optim {
 
 ZeroShards::ZeroShards(std::vector<Tensor> parameters, distributed::Communicator& communicator, bool shard_gradients)
     : parameters_(std::move(parameters)), communicator_(communicator) {
-    ENGINE_CHECK(!parameters_.empty(), "ZeRO-1: no parameters");
+    ENGINE_CHECK(!parameters_.empty(), "ZeRO: no parameters");
     int64_t total = 0;
     for (const Tensor& parameter : parameters_) {
         ENGINE_CHECK(parameter.device() == parameters_[0].device() && parameter.dtype() == parameters_[0].dtype(),
-                     "ZeRO-1: parameter " << parameter.describe() << " differs in device or dtype from "
+                     "ZeRO: parameter " << parameter.describe() << " differs in device or dtype from "
                                           << parameters_[0].describe());
         total += parameter.numel();
     }
@@ -31,7 +31,7 @@ ZeroShards::ZeroShards(std::vector<Tensor> parameters, distributed::Communicator
     const int64_t sum = communicator_.all_reduce_count(partition_.piece);
     const int64_t scrambled_sum = communicator_.all_reduce_count(scrambled(mine));
     ENGINE_CHECK(sum == ranks * partition_.piece && scrambled_sum == ranks * scrambled(mine),
-                 "ZeRO-1: the ranks cut their parts differently (this rank: " << partition_.pieces << " pieces of "
+                 "ZeRO: the ranks cut their parts differently (this rank: " << partition_.pieces << " pieces of "
                      << partition_.piece << " elements): give every rank the same model and ENGINE_ZERO_BUCKET_BYTES");
     begin_ = partition_.begin(communicator_.rank());
     end_ = partition_.end(communicator_.rank());
@@ -138,11 +138,12 @@ void ZeroShards::reduce_gradients(const std::vector<size_t>& indexes) {
                                  });
                 communicator_.reduce(piece_, received, count, static_cast<int>(owner));
                 if (owner != communicator_.rank()) continue;
-                // Added into the shard, through the piece buffer (free again): shard += sum, elementwise.
+                // Added into the shard, through the piece buffer (free again): shard += sum, elementwise, over the
+                // window's elements only.
                 char* shard = at(shard_gradients_, window - begin_);
                 const size_t bytes = static_cast<size_t>(count) * element;
                 copy_bytes(piece_.raw_data(), device, shard, device, bytes);
-                accumulate_into(piece_, received);
+                accumulate_into(piece_.with_rows(count), received.with_rows(count));
                 copy_bytes(shard, device, piece_.raw_data(), device, bytes);
             }
         }

@@ -314,12 +314,14 @@ void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumu
         bytes = 2 * share * parameters * gradient_bytes; // the gradients reduced once and the masters gathered
         calls = 2.0 * static_cast<double>(partition.pieces);
         if (zero_stage == 2) {
-            // The checkpointed layers' gradients go once per micro-batch, a piece-long window per owner at a time.
+            // The gradients go by reduces onto their owners, a piece-long window at a time: a ring reduce moves its
+            // whole payload through every link, where a reduce-scatter moves (N − 1)/N of it. The checkpointed layers'
+            // once per micro-batch, the rest once; then the all-gather as stage 1.
             int checkpointed_layers = 0, segments = 0;
             for (const checkpoint::Segment& segment : checkpoint::plan_segments(config.layers(), policy))
                 if (segment.checkpointed) checkpointed_layers += segment.layer_count, ++segments;
             const double layers = static_cast<double>(checkpointed_layers) * static_cast<double>(layer_parameter_count(config));
-            bytes += (accumulation_steps - 1) * share * layers * gradient_bytes;
+            bytes = (accumulation_steps * layers + (parameters - layers)) * gradient_bytes + share * parameters * gradient_bytes;
             calls = static_cast<double>(partition.pieces) +
                     accumulation_steps * (std::ceil(layers / static_cast<double>(partition.piece)) + segments) +
                     std::ceil((parameters - layers) / static_cast<double>(partition.piece)) + ranks;

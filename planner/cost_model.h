@@ -46,7 +46,7 @@ struct StepCost {
     double ops = 0;                // op launches
     double gemm_seconds = 0, attention_seconds = 0, memory_seconds = 0, transfer_seconds = 0, op_seconds = 0;
     double host_seconds = 0;
-    // Data parallelism over several ranks (predict_communication, added by the planner): the bytes through each
+    // Data parallelism over several ranks (add_communication, called by the planner): the bytes through each
     // rank's link in the step's collectives, their calls, and their time.
     double communicated_bytes = 0, collectives = 0, communication_seconds = 0;
     // Streamed parameters: the part of the prefetched weight copies (on the copy stream) that the segment
@@ -65,11 +65,13 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
                       int loss_chunk_tokens = 0, int mlp_tile_tokens = 0);
 
 // The step's collectives over `ranks` data-parallel ranks at ZeRO stage `zero_stage` (nothing on one rank), added to
-// `cost` (its communicated bytes, collectives and seconds, and the total): ring algorithms, each moving (N − 1)/N of
-// its payload through every rank's link. Stage 0 all-reduces the f32 gradients once a step (twice that); stage 1
-// reduce-scatters them and all-gathers the masters, as many bytes, in pieces (distributed::ZeroPartition); stage 2
-// reduces the checkpointed layers' gradients once per micro-batch, the rest once, and all-gathers as stage 1: (A − 1)
-// times the layers' gradients more than stage 1. The scalar reductions are left out. Time: bytes over
+// `cost` (its communicated bytes, collectives and seconds, and the total): ring algorithms, bytes through every rank's
+// link. Stage 0 all-reduces the f32 gradients once a step (2(N − 1)/N of them); stage 1 reduce-scatters them and
+// all-gathers the masters, as many bytes, in pieces (distributed::ZeroPartition); stage 2 reduces the checkpointed
+// layers' gradients onto their owners once per micro-batch and the rest once (a reduce moves its whole payload), and
+// all-gathers as stage 1: more than stage 1 even with one micro-batch (N/(N − 1) times its reduce-scatter), and A
+// times the layers' gradients with A. Not modelled: the scalar reductions, a LoRA run's smaller reductions (the
+// whole model's are counted), the host's links under offload_optimizer (priced as the device's). Time: bytes over
 // collective_bytes_per_second plus seconds_per_collective a call.
 void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumulation_steps,
                        const checkpoint::CheckpointPolicy& policy, int zero_stage, int ranks, const Ceilings& ceilings);

@@ -302,8 +302,9 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     config.validate();
     const int optimizer_shards = sharding.ranks;
     const bool shard_gradients = sharding.gradients;
-    ENGINE_CHECK(!shard_gradients || (policy.enabled && !offload_optimizer),
-                 "predict_memory: ZeRO-2 needs gradient checkpointing and the model state on the device");
+    ENGINE_CHECK(!shard_gradients || (policy.enabled && (!offload_optimizer || gradients_where == GradientOffload::stream)),
+                 "predict_memory: ZeRO-2 needs gradient checkpointing, and with the optimizer on the host streamed "
+                 "gradients");
     ENGINE_CHECK(!offload_parameters || (offload_optimizer && policy.enabled),
                  "predict_memory: offload_parameters needs offload_optimizer and gradient checkpointing");
     ENGINE_CHECK(optimizer_shards >= 1, "predict_memory: optimizer_shards " << optimizer_shards << " must be >= 1");
@@ -395,8 +396,14 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     const bool streamed = offload_optimizer && gradients_where == GradientOffload::stream;
     const size_t layer_gradients = streamed || shard_gradients ? layer_parameter_count(config) * wide : 0;
     prediction.shard_gradient_bytes = shard_gradients ? static_cast<size_t>(partition.part) * wide : 0;
-    const size_t persistent_gradients = prediction.of(MemoryCategory::gradients) -
-                                        checkpointed_layers * layer_gradients + prediction.shard_gradient_bytes;
+    // With the optimizer on the host the shard is there, and the host masters of those layers hold no buffer: each
+    // staged gradient is lent to its master for its reduce.
+    const size_t device_shard = offload_optimizer ? 0 : prediction.shard_gradient_bytes;
+    if (shard_gradients && offload_optimizer)
+        prediction.host[static_cast<size_t>(MemoryCategory::gradients)] +=
+            prediction.shard_gradient_bytes - checkpointed_layers * layer_gradients;
+    const size_t persistent_gradients =
+        prediction.of(MemoryCategory::gradients) - checkpointed_layers * layer_gradients + device_shard;
     prediction.at(MemoryCategory::gradients) = persistent_gradients + largest_segment * layer_gradients;
     // Streamed parameters: the same layers' working copies are parked on the host between their uses, and a
     // segment's come to the device for its forward and for its recompute and backward.

@@ -168,8 +168,10 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                         for (GradientOffload gradients : {GradientOffload::window, GradientOffload::stream}) {
                             // Streaming needs the optimizer on the host and checkpointed segments.
                             if (gradients == GradientOffload::stream && (!offload_optimizer || !policy.enabled)) continue;
-                            // ZeRO-2 reduces each checkpointed segment's gradients, on the device.
-                            if (zero_stage == 2 && (!policy.enabled || offload_optimizer)) continue;
+                            // ZeRO-2 reduces each checkpointed segment's gradients as its backward ends: on the device,
+                            // or streamed to the host.
+                            if (zero_stage == 2 && (!policy.enabled || (offload_optimizer && gradients != GradientOffload::stream)))
+                                continue;
                             for (bool offload_parameters : {false, true}) {
                                 if (offload_parameters && (!offload_optimizer || !policy.enabled)) continue;
                                 // The evaluation beside streamed parameters is not modelled: such plans wait.

@@ -56,10 +56,10 @@ std::optional<ConfigProblem> StepShape::problem() const {
     if (zero_stage == 2 && !checkpointing.enabled)
         return ConfigProblem{"zero_stage", "2 reduces each checkpointed segment's gradients onto their owners as its "
                                            "backward ends, so it needs gradient_checkpointing"};
-    if (zero_stage == 2 && offload_optimizer)
-        return ConfigProblem{"zero_stage", "2 keeps each rank's shard of the gradients on the device, and "
-                                           "offload_optimizer moves them to the host: the two do not compose yet "
-                                           "(zero_stage 1 does)"};
+    if (zero_stage == 2 && offload_optimizer && offload_gradients != GradientOffload::stream)
+        return ConfigProblem{"zero_stage", "2 with offload_optimizer sums each checkpointed segment's gradients in the "
+                                           "ranks' host shards as its backward ends, so it needs offload_gradients "
+                                           "stream"};
     if (offload_gradients == GradientOffload::stream && !offload_optimizer)
         return ConfigProblem{"offload_gradients", "stream sums the gradients on the host, so it needs offload_optimizer"};
     if (offload_gradients == GradientOffload::stream && !checkpointing.enabled)

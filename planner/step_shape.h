@@ -67,7 +67,8 @@ struct StepShape {
     Precision precision = Precision::fp32;
     // 1: ZeRO stage 1, each of the N data-parallel ranks keeping the optimizer state of 1/N of the parameters
     // (optim/zero.h); 2: ZeRO stage 2, the summed gradients of 1/N too (the checkpointed segments' layers hold
-    // theirs only during their backward); 0: every rank keeps all of it.
+    // theirs only during their backward; with offload_optimizer, offload_gradients stream and the shard on the
+    // host); 0: every rank keeps all of it.
     int zero_stage = 0;
     // Model state off the device (DeepSpeed's offload_optimizer; docs/MEMORY.md, "Model state off the
     // device"): the f32 masters, their gradient buffers and the optimizer state live in host memory and the

@@ -410,8 +410,8 @@ TEST(ZeroStage2, OneRankTrainsAsWithoutShardsAndAsPredicted) {
 }
 
 // The collectives' cost (planner::add_communication): stages 0 and 1 move the same bytes (an all-reduce is a
-// reduce-scatter and an all-gather), stage 2 as many with one micro-batch and (A − 1) times the checkpointed layers'
-// gradients more with A; nothing on one rank. So the planner prefers stage 1 where both fit and A > 1.
+// reduce-scatter and an all-gather); stage 2's reduces move their whole payload (a reduce-scatter (N − 1)/N of it), the
+// checkpointed layers' once per micro-batch; nothing on one rank. So the planner prefers stage 1 where both fit.
 TEST(ZeroStage2, CostModelCountsTheReducesOfEveryMicroBatch) {
     const nn::GPTConfig config = nn::GPTConfig::named("tiny");
     const checkpoint::CheckpointPolicy every_layer{true, 1};
@@ -429,9 +429,11 @@ TEST(ZeroStage2, CostModelCountsTheReducesOfEveryMicroBatch) {
         const double share = (ranks - 1.0) / ranks;
         EXPECT_DOUBLE_EQ(communication(0, ranks, 4).communicated_bytes, 2 * share * parameters * 4);
         EXPECT_DOUBLE_EQ(communication(1, ranks, 4).communicated_bytes, 2 * share * parameters * 4);
-        EXPECT_DOUBLE_EQ(communication(2, ranks, 1).communicated_bytes, 2 * share * parameters * 4);
-        EXPECT_DOUBLE_EQ(communication(2, ranks, 4).communicated_bytes, 2 * share * parameters * 4 + 3 * share * layers * 4);
-        EXPECT_GT(communication(2, ranks, 4).communication_seconds, communication(1, ranks, 4).communication_seconds);
+        EXPECT_DOUBLE_EQ(communication(2, ranks, 1).communicated_bytes, parameters * 4 + share * parameters * 4);
+        EXPECT_DOUBLE_EQ(communication(2, ranks, 4).communicated_bytes,
+                         (4 * layers + parameters - layers) * 4 + share * parameters * 4);
+        EXPECT_GT(communication(2, ranks, 1).communication_seconds, communication(1, ranks, 1).communication_seconds);
+        EXPECT_GT(communication(2, ranks, 4).communication_seconds, communication(2, ranks, 1).communication_seconds);
     }
 }
 

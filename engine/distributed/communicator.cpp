@@ -189,6 +189,7 @@ void Communicator::reduce(const Tensor& send, const Tensor& receive, int64_t cou
                                  << (send.defined() ? send.describe() : std::string("none")) << " into "
                                  << (receive.defined() ? receive.describe() : std::string("none"))
                                  << ": both must hold them, on one device, in one dtype");
+    ENGINE_CHECK(!send.shares_storage_with(receive), where("reduce") << ": the send and receive buffers are one");
     element_of(send.dtype());
     ++counters_.reduces;
     ++counters_.backend_calls;

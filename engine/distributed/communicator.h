@@ -29,7 +29,7 @@ struct CommunicatorCounters {
     int64_t broadcasts = 0;
     int64_t barriers = 0;
     int64_t backend_calls = 0;  // MPI/NCCL collectives issued (buckets of a gradient reduction count one each)
-    int64_t bytes_reduced = 0;  // payload of the all-reduces, per rank
+    int64_t bytes_reduced = 0;  // payload of the all-reduces, reduce-scatters and reduces, per rank
     CommunicatorCounters operator-(const CommunicatorCounters& earlier) const;
 };
 

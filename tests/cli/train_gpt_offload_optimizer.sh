@@ -88,23 +88,29 @@ echo "ok: a state saved with streamed parameters resumes without them"
 [ -n "$mpiexec" ] || exit 0
 # As tests/cli/train_gpt_mpi.sh: CI runs as root, and the ranks share two cores.
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# ZeRO-1's run streams the parameters too: the same losses, since the weights the forward reads are the same.
-for zero in 0 1; do
+# ZeRO-1's and ZeRO-2's runs stream the parameters too: the same losses, since the weights the forward reads are the
+# same (ZeRO-2 sums each micro-batch over the ranks first: the same within rounding).
+for zero in 0 1 2; do
   streamed_parameters=()
-  [ "$zero" = 1 ] && streamed_parameters=(--offload-parameters cpu)
+  [ "$zero" != 0 ] && streamed_parameters=(--offload-parameters cpu)
   "$mpiexec" --oversubscribe -np 2 "$train_gpt" "${flags[@]}" --offload-optimizer cpu --offload-gradients stream \
       "${streamed_parameters[@]}" --zero-stage "$zero" --check-replicas --log "$work/ranks-zero$zero.jsonl" >"$work/ranks-zero$zero.out" 2>&1 ||
     { echo "FAIL: 2 ranks, ZeRO stage $zero:"; tail -5 "$work/ranks-zero$zero.out"; exit 1; }
 done
-"$python" - "$work/ranks-zero0.jsonl" "$work/ranks-zero1.jsonl" <<'PY' || exit 1
+"$python" - "$work/ranks-zero0.jsonl" "$work/ranks-zero1.jsonl" "$work/ranks-zero2.jsonl" <<'PY' || exit 1
 import json, sys
-whole, zero = ([json.loads(line) for line in open(path)] for path in sys.argv[1:3])
-assert len(whole) == len(zero) and whole
-for a, b in zip(whole, zero):
-    assert b["replicas_identical"] and a["replicas_identical"], f"step {a['step']}: replicas differ"
-    assert abs(a["loss"] - b["loss"]) <= 1e-6 * abs(a["loss"]), f"step {a['step']}: {a['loss']} vs {b['loss']}"
-    ratio = b["host_peak_mib"]["optimizer_state"] / a["host_peak_mib"]["optimizer_state"]
-    assert 0.49 < ratio < 0.51, f"step {a['step']}: ZeRO-1 keeps {ratio:.3f} of the host optimizer state"
-print(f"2 ranks, optimizer and gradients on the host: ZeRO-1 replicas identical, losses within 1e-6, host "
-      f"optimizer state {whole[-1]['host_peak_mib']['optimizer_state']:.3f} -> {zero[-1]['host_peak_mib']['optimizer_state']:.3f} MiB")
+whole, zero, zero2 = ([json.loads(line) for line in open(path)] for path in sys.argv[1:4])
+assert len(whole) == len(zero) == len(zero2) and whole
+for a, b, c in zip(whole, zero, zero2):
+    for run, name in ((b, "ZeRO-1"), (c, "ZeRO-2")):
+        assert run["replicas_identical"] and a["replicas_identical"], f"step {a['step']}: {name} replicas differ"
+        assert abs(a["loss"] - run["loss"]) <= 1e-6 * abs(a["loss"]), f"step {a['step']}: {a['loss']} vs {name} {run['loss']}"
+        ratio = run["host_peak_mib"]["optimizer_state"] / a["host_peak_mib"]["optimizer_state"]
+        assert 0.49 < ratio < 0.51, f"step {a['step']}: {name} keeps {ratio:.3f} of the host optimizer state"
+    # ZeRO-2 keeps the streamed layers' gradients as its part only, on the host.
+    assert c["host_peak_mib"]["gradients"] < b["host_peak_mib"]["gradients"], f"step {a['step']}: ZeRO-2's host gradients"
+    assert c["communication"]["reduces"] > 0 and c["communication"]["reduce_scatters"] == 0
+print(f"2 ranks, optimizer and gradients on the host: ZeRO-1 and 2 replicas identical, losses within 1e-6, host "
+      f"optimizer state {whole[-1]['host_peak_mib']['optimizer_state']:.3f} -> {zero[-1]['host_peak_mib']['optimizer_state']:.3f} MiB, "
+      f"host gradients {zero[-1]['host_peak_mib']['gradients']:.3f} (ZeRO-1) -> {zero2[-1]['host_peak_mib']['gradients']:.3f} MiB (ZeRO-2)")
 PY

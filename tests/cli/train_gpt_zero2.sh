@@ -4,7 +4,8 @@
 # a step: stages 0, 1 and 2 train bitwise the same weights on 2 ranks, and stages 1 and 2 on 3. Two micro-batches:
 # stage 2 sums each micro-batch over the ranks before the window (a stated reassociation), so SGD's weights agree
 # with stage 1's to 1e-6, not bitwise. The per-rank peak is --plan's to the byte and below stage 1's; the reduces
-# per step are one pass over the segments per micro-batch; a stage-2 state resumes bitwise; bad stages are refused.
+# per step are one pass over the segments per micro-batch; a stage-2 state resumes bitwise, and at stage 2 only; bad
+# stages are refused.
 # usage: train_gpt_zero2.sh TRAIN_GPT MPIEXEC WORK_DIR
 set -u
 train_gpt=$1
@@ -110,6 +111,13 @@ ranks 2 "$train_gpt" "${resumed[@]}" --max-steps 4 --resume "$work/state" --save
 check "stage 2 resumes" $? "$(tail -5 "$work/resumed.out")"
 cmp -s "$work/straight.safetensors" "$work/resumed.safetensors"
 check "stage 2: the resumed run's weights equal the straight run's bitwise" $? "they differ"
+
+# A state resumes at the stage it was saved at: another is refused, naming both.
+ranks 2 "$train_gpt" "${common[@]}" --zero-stage 1 --gradient-accumulation-steps 2 --max-steps 4 --resume "$work/state" \
+  >"$work/other_stage.out" 2>&1
+code=$?
+[ $code -eq 2 ] && grep -q "saved at --zero-stage 2; this run has 1" "$work/other_stage.out"
+check "a stage-2 state resumed at stage 1: exit 2 naming both stages" $? "exit $code: $(tail -3 "$work/other_stage.out")"
 
 # 6. Bad stages: one line each, exit 2, before anything trains.
 "$train_gpt" "${common[@]:0:20}" --zero-stage 2 --max-steps 1 >"$work/bad1.out" 2>&1

@@ -2,8 +2,9 @@
 // tensors, so this is where the device path runs in CI): the released layers, their buffers attached for each
 // segment's backward and reduced (a copy, on one rank) into the shard gradients, the optimizer reading them at an
 // offset, the norm from them. One micro-batch a step trains bitwise as stage 0 without a communicator, GPT-2 and
-// Llama, f32 and bf16; the model state's categories are predict_memory(ZeroSharding{1, true})'s to the byte, and the
-// step peak moves from stage 0's by what the model predicts.
+// Llama, f32 and bf16, with the model state on the device and on the host (the gradients streamed down and reduced
+// there); the model state's categories on both accounts are predict_memory(ZeroSharding{1, true})'s to the byte, and
+// the step peak moves from stage 0's by what the model predicts.
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -26,6 +27,7 @@ struct ZeroCase {
     const char* name;
     bool llama;
     Precision precision;
+    bool offload = false; // the optimizer and the shard on the host, the gradients streamed there
 };
 void PrintTo(const ZeroCase& zero_case, std::ostream* out) { *out << zero_case.name; }
 
@@ -42,7 +44,7 @@ constexpr int batch = 2, steps = 3;
 struct Trained {
     std::vector<uint8_t> weights;
     std::vector<double> norms;
-    MemoryStats memory; // the last step's
+    MemoryStats memory, host_memory; // the last step's
     planner::MemoryPrediction predicted;
 };
 
@@ -58,6 +60,8 @@ Trained train(const ZeroCase& run, bool stage2) {
     trainer_config.shape.precision = run.precision;
     trainer_config.shape.checkpointing.enabled = true;
     trainer_config.shape.zero_stage = stage2 ? 2 : 0;
+    trainer_config.shape.offload_optimizer = run.offload;
+    if (run.offload) trainer_config.shape.offload_gradients = GradientOffload::stream;
     trainer_config.max_grad_norm = 0.5;
     trainer_config.learning_rate = 3e-3;
     Trained out;
@@ -77,13 +81,15 @@ Trained train(const ZeroCase& run, bool stage2) {
             EXPECT_TRUE(result.has_value());
             out.norms.push_back(result->grad_norm);
             out.memory = result->memory;
+            out.host_memory = result->host_memory;
             if (stage2) EXPECT_GT(result->communication.reduces, 0);
         }
     }
     out.weights = testing::bytes_of(model->named_parameters());
     out.predicted = planner::predict_memory(config, batch, length, checkpoint::CheckpointPolicy{true, 1},
                                             precision_dtype(run.precision), OptimizerKind::adamw,
-                                            stage2 ? ZeroSharding{1, true} : ZeroSharding{});
+                                            stage2 ? ZeroSharding{1, true} : ZeroSharding{}, 1, run.offload,
+                                            run.offload ? GradientOffload::stream : GradientOffload::window);
     return out;
 }
 
@@ -96,8 +102,12 @@ TEST_P(ZeroStage2Device, OneMicroBatchTrainsBitwiseAsStageZeroWithThePredictedSt
     for (const Trained* measured : {&plain, &sharded})
         for (MemoryCategory category :
              {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer_state})
+        {
             EXPECT_EQ(measured->memory.peak(category), measured->predicted.of(category))
                 << (measured == &plain ? "stage 0 " : "stage 2 ") << memory_category_name(category);
+            EXPECT_EQ(measured->host_memory.peak(category), measured->predicted.host_of(category))
+                << (measured == &plain ? "stage 0, host " : "stage 2, host ") << memory_category_name(category);
+        }
     // The joint peak: the CUDA-only scratch the model leaves out is the same in both runs, so the difference is exact.
     const long long measured_change =
         static_cast<long long>(sharded.memory.peak_bytes) - static_cast<long long>(plain.memory.peak_bytes);
@@ -106,12 +116,24 @@ TEST_P(ZeroStage2Device, OneMicroBatchTrainsBitwiseAsStageZeroWithThePredictedSt
     EXPECT_EQ(measured_change, predicted_change);
     std::printf("  %s: stage 2 step peak %zu B against stage 0's %zu B (change %lld B, predicted %lld B)\n", run.name,
                 sharded.memory.peak_bytes, plain.memory.peak_bytes, measured_change, predicted_change);
+    if (run.offload) { // the host's joint peak: the shard and its buffers there, the released masters' buffers not
+        const long long host_change = static_cast<long long>(sharded.host_memory.peak_bytes) -
+                                      static_cast<long long>(plain.host_memory.peak_bytes);
+        const long long predicted_host_change = static_cast<long long>(sharded.predicted.host_peak_bytes) -
+                                                static_cast<long long>(plain.predicted.host_peak_bytes);
+        EXPECT_EQ(host_change, predicted_host_change);
+        std::printf("  %s: the host's step peak %zu B against stage 0's %zu B (change %lld B, predicted %lld B)\n",
+                    run.name, sharded.host_memory.peak_bytes, plain.host_memory.peak_bytes, host_change,
+                    predicted_host_change);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ZeroStage2Device,
                          ::testing::Values(ZeroCase{"gpt_f32", false, Precision::fp32},
                                            ZeroCase{"gpt_bf16", false, Precision::bf16},
-                                           ZeroCase{"llama_bf16", true, Precision::bf16}),
+                                           ZeroCase{"llama_bf16", true, Precision::bf16},
+                                           ZeroCase{"gpt_bf16_offload", false, Precision::bf16, true},
+                                           ZeroCase{"llama_f32_offload", true, Precision::fp32, true}),
                          [](const ::testing::TestParamInfo<ZeroCase>& info) { return std::string(info.param.name); });
 
 } // namespace
