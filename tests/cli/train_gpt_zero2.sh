@@ -21,9 +21,9 @@ common=(--data "$work/docs.txt" --data-layout padded --seq-len 48 --lr-scheduler
 # The value of every "communication" field named $2 in the log $1, one per line.
 field() { sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p" "$1" | sort -u; }
 
-# 1. One micro-batch a step, 8 steps: the three stages' weights and losses bit for bit on 2 ranks.
+# 1. One micro-batch a step, 20 steps: the three stages' weights and losses bit for bit on 2 ranks.
 for stage in 0 1 2; do
-  ranks 2 "$train_gpt" "${common[@]}" --zero-stage $stage --gradient-accumulation-steps 1 --max-steps 8 \
+  ranks 2 "$train_gpt" "${common[@]}" --zero-stage $stage --gradient-accumulation-steps 1 --max-steps 20 \
     --log "$work/one_$stage.jsonl" --save "$work/one_$stage.safetensors" >"$work/one_$stage.out" 2>&1
   check "2 ranks, stage $stage, one micro-batch a step" $? "$(tail -5 "$work/one_$stage.out")"
 done
@@ -38,14 +38,24 @@ check "2 ranks, one micro-batch: stages 0 and 2 log the same losses" $? "see one
 check "stage 2: reduces, one all-gather, no reduce-scatter or gradient all-reduce per step" $? \
   "$(grep -o '"communication":{[^}]*}' "$work/one_2.jsonl" | head -1)"
 
-# 2. On 3 ranks, stage 2 reduces onto each owner what stage 1's reduce-scatter sums: bitwise the same weights.
+# 2. On 3 ranks, stage 2 reduces onto each owner what stage 1's reduce-scatter sums: bitwise the same weights over 20
+#    steps. Stage 2's run also saves its state at step 10 (the gather's windows now cross three owners), and a run
+#    resumed from it ends bitwise where the straight one does.
 for stage in 1 2; do
-  ranks 3 "$train_gpt" "${common[@]}" --zero-stage $stage --gradient-accumulation-steps 1 --max-steps 6 \
-    --save "$work/three_$stage.safetensors" >"$work/three_$stage.out" 2>&1
+  ranks 3 "$train_gpt" "${common[@]}" --zero-stage $stage --gradient-accumulation-steps 1 --max-steps 20 \
+    --log "$work/three_$stage.jsonl" --save "$work/three_$stage.safetensors" >"$work/three_$stage.out" 2>&1
   check "3 ranks, stage $stage" $? "$(tail -5 "$work/three_$stage.out")"
 done
 cmp -s "$work/three_1.safetensors" "$work/three_2.safetensors"
 check "3 ranks, one micro-batch: stages 1 and 2 give bitwise the same weights" $? "the saved weights differ"
+ranks 3 "$train_gpt" "${common[@]}" --zero-stage 2 --gradient-accumulation-steps 1 --max-steps 10 \
+  --out "$work/three_state" >"$work/three_first.out" 2>&1
+check "3 ranks, stage 2, 10 steps saving a training state" $? "$(tail -5 "$work/three_first.out")"
+ranks 3 "$train_gpt" "${common[@]}" --zero-stage 2 --gradient-accumulation-steps 1 --max-steps 20 \
+  --resume "$work/three_state" --save "$work/three_resumed.safetensors" >"$work/three_resumed.out" 2>&1
+check "3 ranks, stage 2 resumes from step 10" $? "$(tail -5 "$work/three_resumed.out")"
+cmp -s "$work/three_2.safetensors" "$work/three_resumed.safetensors"
+check "3 ranks, stage 2: the resumed run's weights equal the straight run's bitwise" $? "they differ"
 
 # 3. Two micro-batches a step, SGD (whose update is linear in the gradient, so a rounding difference stays one):
 #    stage 2 adds each micro-batch's sum over the ranks, stage 1 each rank's window sum; weights within 1e-6.
@@ -78,6 +88,17 @@ for stage in 1 2; do
 done
 predicted=$(sed -n 's/^  step peak [^(]*(\([0-9]*\) B;.*/\1/p' "$work/plan_2.out")
 predicted_stage1=$(sed -n 's/^  step peak [^(]*(\([0-9]*\) B;.*/\1/p' "$work/plan_1.out")
+# And on 3 ranks (one micro-batch a step): the prediction to the byte, below 2 ranks' at the same flags.
+"$train_gpt" "${common[@]}" --zero-stage 2 --gradient-accumulation-steps 1 --plan --world-size 3 >"$work/plan_three.out" 2>&1
+"$train_gpt" "${common[@]}" --zero-stage 2 --gradient-accumulation-steps 1 --plan --world-size 2 >"$work/plan_two.out" 2>&1
+predicted_three=$(sed -n 's/^  step peak [^(]*(\([0-9]*\) B;.*/\1/p' "$work/plan_three.out")
+predicted_two=$(sed -n 's/^  step peak [^(]*(\([0-9]*\) B;.*/\1/p' "$work/plan_two.out")
+measured_three=$(field "$work/three_2.jsonl" peak_total_bytes | sort -n | tail -1)
+measured_two=$(field "$work/one_2.jsonl" peak_total_bytes | sort -n | tail -1)
+[ -n "$predicted_three" ] && [ "$predicted_three" = "$measured_three" ] && [ "$predicted_two" = "$measured_two" ] &&
+  [ "$measured_three" -lt "$measured_two" ]
+check "stage 2's step peak per rank as predicted on 3 ranks ($predicted_three B) and on 2 ($predicted_two B), falling with N" \
+  $? "measured $measured_three B and $measured_two B"
 measured=$(field "$work/two_2.jsonl" peak_total_bytes)
 measured_stage1=$(field "$work/two_1.jsonl" peak_total_bytes)
 [ -n "$predicted" ] && [ "$predicted" = "$measured" ] && [ "$predicted_stage1" = "$measured_stage1" ] &&
