@@ -93,6 +93,7 @@ void destroy_stream(StreamState* stream);
 // Queues `operation` after checking its accesses against every other stream's for races (an access not
 // ordered after a conflicting one by stream order, events or host synchronization). A race raises a fault.
 cudaError_t enqueue(StreamState& stream, Operation&& operation, const std::vector<Access>& accesses);
+void count_operation(const std::string& description); // enqueue's census (testing.h's stream_operations)
 // Running queued work early is always allowed (race detection goes by the clocks, not by what ran); only
 // the calls CUDA defines as synchronizing order the host after work, through order_host_after.
 void run_until(StreamState& stream, uint64_t sequence); // runs queued work, oldest first

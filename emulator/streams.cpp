@@ -5,6 +5,8 @@
 // synchronization orders after a conflicting access from another stream is reported as a race when it is
 // queued, whether or not the deferred execution would have shown it.
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -138,8 +140,35 @@ cudaError_t enqueue(StreamState& stream, Operation&& operation, const std::vecto
         }
     }
     stream.enqueued = sequence;
+    count_operation(*operation.description);
     stream.pending.push_back(std::move(operation));
     return cudaSuccess;
+}
+
+namespace {
+std::map<std::string, uint64_t>& operation_counts() {
+    static std::map<std::string, uint64_t> counts;
+    return counts;
+}
+} // namespace
+
+void count_operation(const std::string& description) {
+    // The kind: a kernel's name, the cuBLAS call, or the runtime call, without the sizes that follow.
+    std::string kind = description;
+    if (kind.rfind("kernel ", 0) == 0) kind = kind.substr(7);
+    const size_t cut = kind.find_first_of(" (");
+    if (cut != std::string::npos && description.rfind("kernel ", 0) != 0) kind = kind.substr(0, cut);
+    ++operation_counts()[kind];
+}
+
+std::map<std::string, uint64_t> stream_operations() {
+    std::lock_guard<std::recursive_mutex> lock(device_mutex());
+    return operation_counts();
+}
+
+void reset_stream_operations() {
+    std::lock_guard<std::recursive_mutex> lock(device_mutex());
+    operation_counts().clear();
 }
 
 void run_until(StreamState& stream, uint64_t sequence) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -33,5 +34,12 @@ struct EmulatorStatistics {
     uint64_t switches = 0; // fiber resumptions: one per thread start and one per sync point passed
 };
 EmulatorStatistics statistics();
+
+// Every operation queued on a stream since the last reset, by kind: a kernel's name, a cuBLAS or cuBLASLt call
+// ("cublasGemmEx", "cublasLtMatmul"), a runtime call ("cudaMemsetAsync", "cudaMemcpyAsync", "cudaEventRecord",
+// "cudaStreamWaitEvent"). On a GPU each but the event calls is a launch with its gap: the step's census
+// (bench/roofline.py counts from it).
+std::map<std::string, uint64_t> stream_operations();
+void reset_stream_operations();
 
 } // namespace engine::emulator
