@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cmath>
+#include <cstdio>
 #include <memory>
 #include <set>
 #include <string>
@@ -359,7 +361,7 @@ TEST(ZeroStage2, ModuleReleasesAndAttachesTheGradientBuffersOfALayer) {
 // The trainer at stage 2 over a one-rank communicator runs every part of it (the released layers, the hooks, the
 // reduces, the shard gradients the optimizer reads, the norm from them) with sums that are copies: one micro-batch a
 // step trains bitwise as stage 0 without a communicator; three differ only by where the micro-batches' sums are
-// added (the shard, not the buffers), within 1e-6.
+// added (the shard, not the buffers), within 2e-8 (observed 1.9e-9).
 TEST(ZeroStage2, OneRankTrainsAsWithoutShardsAndAsPredicted) {
     const std::vector<int32_t> tokens = documents(80);
     for (int accumulation : {1, 3}) {
@@ -389,15 +391,19 @@ TEST(ZeroStage2, OneRankTrainsAsWithoutShardsAndAsPredicted) {
         }
         // The norm's double sum goes over the shard's pieces, not tensor by tensor: equal to the last digits with the
         // same gradients; with three micro-batches the gradients themselves differ by f32 rounding.
-        const double tolerance = accumulation == 1 ? 1e-12 : 1e-6;
+        const double tolerance = accumulation == 1 ? 1e-12 : 1e-8;
         for (size_t step = 0; step < norms[0].size(); ++step)
             EXPECT_NEAR(norms[0][step], norms[1][step], tolerance * norms[0][step]) << accumulation << " micro-batches";
         if (accumulation == 1) {
             EXPECT_EQ(weights[0], weights[1]);
         } else {
+            double largest = 0.0;
             for (size_t index = 0; index < weights[0].size(); ++index)
                 for (size_t element = 0; element < weights[0][index].size(); ++element)
-                    ASSERT_NEAR(weights[0][index][element], weights[1][index][element], 1e-6) << "parameter " << index;
+                    largest = std::max(largest, std::fabs(static_cast<double>(weights[0][index][element]) -
+                                                          weights[1][index][element]));
+            std::printf("  one rank, %d micro-batches: largest weight difference from stage 0 %.3g\n", accumulation, largest);
+            EXPECT_LE(largest, 2e-8); // about ten float steps at these weights' size (0.02): the sums' last bits
         }
         // The step peak as predicted for each (the trainer's micro-batches are 2 x 8 of i32 ids and labels).
         const checkpoint::CheckpointPolicy every_layer{true, 1};

@@ -3,7 +3,7 @@
 # counts differ between ranks, a 6-layer tiny GPT checkpointed every layer, AdamW with clipping on. One micro-batch
 # a step: stages 0, 1 and 2 train bitwise the same weights on 2 ranks, and stages 1 and 2 on 3. Two micro-batches:
 # stage 2 sums each micro-batch over the ranks before the window (a stated reassociation), so SGD's weights agree
-# with stage 1's to 1e-6, not bitwise. The per-rank peak is --plan's to the byte and below stage 1's; the reduces
+# with stage 1's to 5e-8, not bitwise. The per-rank peak is --plan's to the byte and below stage 1's; the reduces
 # per step are one pass over the segments per micro-batch; a stage-2 state resumes bitwise, and at stage 2 only; bad
 # stages are refused.
 # usage: train_gpt_zero2.sh TRAIN_GPT MPIEXEC WORK_DIR
@@ -58,7 +58,7 @@ cmp -s "$work/three_2.safetensors" "$work/three_resumed.safetensors"
 check "3 ranks, stage 2: the resumed run's weights equal the straight run's bitwise" $? "they differ"
 
 # 3. Two micro-batches a step, SGD (whose update is linear in the gradient, so a rounding difference stays one):
-#    stage 2 adds each micro-batch's sum over the ranks, stage 1 each rank's window sum; weights within 1e-6.
+#    stage 2 adds each micro-batch's sum over the ranks, stage 1 each rank's window sum; weights within 5e-8 (3.7e-9 observed: a few float steps).
 for stage in 1 2; do
   ranks 2 "$train_gpt" "${common[@]}" --zero-stage $stage --gradient-accumulation-steps 2 --max-steps 6 \
     --optimizer sgd --log "$work/two_$stage.jsonl" --save "$work/two_$stage.safetensors" >"$work/two_$stage.out" 2>&1
@@ -76,9 +76,9 @@ def load(path):
 one, two = load(sys.argv[1]), load(sys.argv[2])
 worst = max(abs(a - b) for name in one for a, b in zip(one[name], two[name]))
 print(f"two micro-batches: largest weight difference between stages 1 and 2: {worst:.3g}")
-sys.exit(0 if worst <= 1e-6 and one.keys() == two.keys() else 1)
+sys.exit(0 if worst <= 5e-8 and one.keys() == two.keys() else 1)
 PY
-check "2 ranks, two micro-batches: stage 2's SGD weights within 1e-6 of stage 1's" $? "see above"
+check "2 ranks, two micro-batches: stage 2's SGD weights within 5e-8 of stage 1's" $? "see above"
 
 # 4. Memory: the per-rank step peak is --plan --world-size 2's to the byte, and below stage 1's.
 for stage in 1 2; do
