@@ -245,6 +245,14 @@ int run(const Options& flags) {
         model.set_master_device(Device::cpu, options.resolved_device);
     }
     if (!lora) load_init();
+    // Rank 0's weights everywhere: every rank starts from the same replica whatever each one loaded. At ZeRO-3 before
+    // the trainer takes each rank's shard of them (and releases the segments' storage); otherwise after a resume.
+    const auto broadcast_replica = [&] {
+        for (const Tensor& parameter : model.parameters()) communicator->broadcast(parameter, 0);
+        model.refresh_working_copies();
+    };
+    const bool sharded_parameters = world_size > 1 && config.shape.zero_stage == 3;
+    if (sharded_parameters) broadcast_replica();
     optim::Trainer trainer(model, config, world_size > 1 ? communicator.get() : nullptr);
     if (!options.resume.empty()) {
         optim::ResumedRun resumed;
@@ -287,12 +295,7 @@ int run(const Options& flags) {
                       << ", now " << run_config_json(options) << "\n";
     }
 
-    // Rank 0's weights everywhere: every rank starts from the same replica whatever each one loaded.
-    if (world_size > 1)
-    {
-        for (const Tensor& parameter : model.parameters()) communicator->broadcast(parameter, 0);
-        model.refresh_working_copies();
-    }
+    if (world_size > 1 && !sharded_parameters) broadcast_replica();
 
     {
         // Every output proven writable, with room for what it will hold, before the first step: a run must not train
@@ -475,6 +478,11 @@ int run(const Options& flags) {
                           << train_gpt::phase_peaks(device) << ")" << std::endl;
         }
     }
+    // ZeRO-3: --save and --merge read the whole model on rank 0, gathered on every rank (a collective) once the
+    // steps are over, as DeepSpeed gathers a stage-3 model to save it.
+    std::optional<optim::WholeParameters> whole;
+    if (trainer.releases_parameters() && (!options.save.empty() || !options.merge.empty() || !options.save_adapter.empty()))
+        whole.emplace(trainer);
     if (!lead) return 0;
     if (first_logged_step == 0) {
         std::printf("no step was trained (already at step %lld of %lld)\n", static_cast<long long>(trainer.step()),

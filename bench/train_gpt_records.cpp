@@ -22,7 +22,9 @@ uint64_t replica_hash(optim::Trainer& trainer) {
         const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
         for (size_t index = 0; index < host.nbytes(); ++index) hash = (hash ^ bytes[index]) * 0x100000001b3ull;
     };
-    for (const auto& [name, parameter] : trainer.model().named_parameters()) add(parameter);
+    // ZeRO-3's released parameters are each rank's shard, different by design: the ones kept whole.
+    for (const auto& [name, parameter] : trainer.model().named_parameters())
+        if (!parameter.storage_released()) add(parameter);
     // Sharded (ZeRO-1) optimizer state differs between ranks by design: then the weights alone.
     if (!trainer.optimizer().sharded())
         for (const auto& [name, state] : trainer.optimizer().named_state()) add(state);

@@ -40,7 +40,16 @@ Storage::Storage(Device device, size_t bytes, MemoryCategory category)
     data_ = allocate_bytes(device, bytes, category);
 }
 
-Storage::~Storage() { deallocate_bytes(device_, data_, bytes_, category_); }
+Storage::Storage(Device device, size_t bytes, MemoryCategory category, bool released)
+    : bytes_(bytes), released_(released), device_(device), category_(category) {}
+
+std::shared_ptr<Storage> Storage::released(Device device, size_t bytes, MemoryCategory category) {
+    return std::shared_ptr<Storage>(new Storage(device, bytes, category, true));
+}
+
+Storage::~Storage() {
+    if (!released_) deallocate_bytes(device_, data_, bytes_, category_);
+}
 
 void copy_bytes(void* destination, Device destination_device, const void* source, Device source_device,
                 size_t bytes) {
@@ -256,13 +265,52 @@ void move_storage_to(const std::vector<Tensor>& tensors, Device device, bool inc
         if (!seen.insert(holder).second || holder->storage->device() == device) continue;
         const Storage& old = *holder->storage;
         std::shared_ptr<Storage>& target = moved[&old];
-        if (!target) {
+        if (!target && old.is_released()) {
+            target = Storage::released(device, old.bytes(), category.value_or(old.category())); // no values to move
+        } else if (!target) {
             target = std::make_shared<Storage>(device, old.bytes(), category.value_or(old.category()));
             copy_bytes(target->data(), device, old.data(), old.device(), old.bytes());
         }
         rebinds.emplace_back(holder, target);
     }
     // Allocated and copied all: now rebind, which cannot fail.
+    for (auto& [holder, storage] : rebinds) holder->storage = storage;
+}
+
+void Tensor::fail_released() const {
+    ENGINE_FAIL("tensor " << describe() << " holds no values here: its storage is released (ZeRO-3 keeps them as the "
+                             "ranks' shards between uses); gather it first (the trainer's segment hooks, or "
+                             "optim::WholeParameters outside a step)");
+}
+
+void release_storage(const std::vector<Tensor>& tensors) {
+    std::map<const Storage*, std::shared_ptr<Storage>> released; // one per storage, so views stay views
+    std::vector<std::pair<TensorImpl*, std::shared_ptr<Storage>>> rebinds;
+    for (const Tensor& tensor : tensors) {
+        if (!tensor.defined()) continue;
+        TensorImpl& impl = detail::impl_of(tensor);
+        const Storage& old = *impl.storage;
+        if (old.is_released()) continue;
+        std::shared_ptr<Storage>& target = released[&old];
+        if (!target) target = Storage::released(old.device(), old.bytes(), old.category());
+        rebinds.emplace_back(&impl, target);
+    }
+    for (auto& [holder, storage] : rebinds) holder->storage = storage;
+}
+
+void allocate_storage(const std::vector<Tensor>& tensors) {
+    std::map<const Storage*, std::shared_ptr<Storage>> allocated; // one per released storage
+    std::vector<std::pair<TensorImpl*, std::shared_ptr<Storage>>> rebinds;
+    for (const Tensor& tensor : tensors) {
+        if (!tensor.defined()) continue;
+        TensorImpl& impl = detail::impl_of(tensor);
+        const Storage& old = *impl.storage;
+        if (!old.is_released()) continue;
+        std::shared_ptr<Storage>& target = allocated[&old];
+        if (!target) target = std::make_shared<Storage>(old.device(), old.bytes(), old.category());
+        rebinds.emplace_back(&impl, target);
+    }
+    // Allocated all: now rebind, which cannot fail.
     for (auto& [holder, storage] : rebinds) holder->storage = storage;
 }
 
@@ -331,6 +379,7 @@ StagedStorage::StagedStorage(const std::vector<Tensor>& tensors, Device device, 
             if (!seen.insert(&impl).second) continue;
             ENGINE_CHECK(impl.storage->device() != device,
                          "StagedStorage: " << tensor.describe() << " is on " << device_name(device) << " already");
+            if (impl.storage->is_released()) tensor.raw_data(); // throws, naming it: there is nothing to copy
             std::shared_ptr<Storage>& copy = copies[impl.storage.get()];
             if (!copy) {
                 const Storage& source = *impl.storage;

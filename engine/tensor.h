@@ -23,6 +23,9 @@ int64_t shape_numel(const Shape& shape);
 class Storage {
 public:
     Storage(Device device, size_t bytes, MemoryCategory category);
+    // ZeRO-3's released storage (release_storage): no allocation, but the bytes, device and category a fresh one
+    // would have (allocate_storage makes it). A tensor over it throws, naming itself, when its data is read.
+    static std::shared_ptr<Storage> released(Device device, size_t bytes, MemoryCategory category);
     ~Storage();
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
@@ -31,6 +34,7 @@ public:
     size_t bytes() const { return bytes_; }
     Device device() const { return device_; }
     MemoryCategory category() const { return category_; }
+    bool is_released() const { return released_; }
 
     // The values of an i32 device storage as the host uploaded them (Tensor::to_keeping_host_copy), so that
     // id checks and index building on the host need no device read (a synchronisation). Null when there is
@@ -40,8 +44,10 @@ public:
 
 private:
     std::shared_ptr<const std::vector<int32_t>> host_copy_;
+    Storage(Device device, size_t bytes, MemoryCategory category, bool released);
     void* data_ = nullptr;
     size_t bytes_ = 0;
+    bool released_ = false;
     Device device_;
     MemoryCategory category_;
 };
@@ -97,7 +103,13 @@ public:
     const std::string& name() const { return impl().name; }
     void set_name(std::string name) { impl().name = std::move(name); }
 
-    void* raw_data() const { return impl().storage->data(); }
+    void* raw_data() const {
+        const Storage& storage = *impl().storage;
+        if (storage.is_released()) [[unlikely]] fail_released();
+        return storage.data();
+    }
+    // ZeRO-3: whether this tensor's storage is released (release_storage), its values held elsewhere.
+    bool storage_released() const { return impl().storage->is_released(); }
     template <typename T>
     T* data() const {
         ENGINE_CHECK(dtype_of<T>() == dtype(), "tensor " << describe() << ": data<" << dtype_name(dtype_of<T>())
@@ -165,6 +177,7 @@ public:
 private:
     // The autograd and storage fields are the engine's own: code outside engine/ uses the methods above.
     friend TensorImpl& detail::impl_of(const Tensor& tensor);
+    [[noreturn]] void fail_released() const;
     TensorImpl& impl() const {
         ENGINE_CHECK(impl_ != nullptr, "use of an undefined tensor");
         return *impl_;
@@ -188,6 +201,16 @@ void move_storage_to(const std::vector<Tensor>& tensors, Device device, bool inc
 // nn::Module::set_compute_dtype); one with a buffer is refused, naming it. All new storage is allocated and
 // filled before any is swapped in, so a failure changes nothing.
 void convert_storage_to(const std::vector<Tensor>& tensors, DType dtype);
+
+// ZeRO-3 (docs/DISTRIBUTED.md, "Stage 3"): tensors whose values live as ranks' shards between their uses.
+// release_storage binds every tensor to released storage (one per storage shared before, so views stay views),
+// whose memory goes once nothing else (a recorded node's saved tensor) holds the old one; reading a released
+// tensor's data then throws, naming it. allocate_storage binds every released one to fresh storage of the bytes it
+// had, in its category, uninitialised (the caller writes it), again one per storage shared before; all are
+// allocated before any is bound, so a failure changes nothing. Gradient buffers are not touched; tensors already
+// released (or not) are left as they are.
+void release_storage(const std::vector<Tensor>& tensors);
+void allocate_storage(const std::vector<Tensor>& tensors);
 
 // Parameter streaming (docs/MEMORY.md, "Parameters streamed"): for one use, tensors see a copy of their
 // storage on another device. The constructor binds every tensor to a fresh copy of its storage on `device`

@@ -312,6 +312,7 @@ void Module::refresh(const WorkingCopy& copy) const {
     const Tensor& master = copy.master_storage;
     Tensor working = copy.working_storage; // a handle: copy_from writes through it
     if (working.shares_storage_with(master)) return; // the parameter itself: nothing to copy
+    if (master.storage_released()) return;           // ZeRO-3: refreshed when its values are gathered
     if (working.device() == master.device()) return convert_into(working, master);
     if (working.dtype() == master.dtype()) return working.copy_from(master);
     // Rounded where the master is, then copied: half the bytes cross to the device, and the rounding is the
@@ -377,6 +378,27 @@ void Module::release_gradients() {
             if (handle.requires_grad()) handle.set_gradient_buffer(Tensor());
     }
     for (auto& [name, child] : children_) child->release_gradients();
+}
+
+void Module::collect_trainable_handles(std::vector<Tensor>& out) const {
+    for (size_t index = 0; index < parameters_.size(); ++index)
+        if (parameters_[index].second.requires_grad())
+            for (const Tensor& handle : handles_of(index)) out.push_back(handle);
+    for (const auto& [name, child] : children_) child->collect_trainable_handles(out);
+}
+
+void Module::release_parameter_storage() {
+    ENGINE_CHECK(!master_device_, "release_parameter_storage: the masters are apart from the working copies "
+                                  "(set_master_device); ZeRO-3 with the model state on the host is not built");
+    std::vector<Tensor> handles;
+    collect_trainable_handles(handles);
+    release_storage(handles);
+}
+
+void Module::allocate_parameter_storage() {
+    std::vector<Tensor> handles;
+    collect_trainable_handles(handles);
+    allocate_storage(handles);
 }
 
 void Module::collect_working_storage(std::vector<Tensor>& out) const {

@@ -113,6 +113,15 @@ public:
     // attach_working_gradients'.
     void attach_gradients();
     void release_gradients();
+    // ZeRO-3 (docs/DISTRIBUTED.md, "Stage 3"): the trainable parameters of this subtree, with the views and working
+    // copies beside them, lose their storage (release_parameter_storage: their values are kept elsewhere, as the
+    // ranks' shards, and reading one throws naming it) or get fresh storage of their size again
+    // (allocate_parameter_storage), uninitialised: the caller writes the masters, then refresh_working_copies(),
+    // which passes over released masters. Gradient buffers and frozen parameters are left as they are. Refused with
+    // the masters apart (set_master_device).
+    void release_parameter_storage();
+    void allocate_parameter_storage();
+
     // Parameters streamed (offload_parameters; docs/MEMORY.md, "Parameters streamed"), with the masters apart:
     // park_working_copies() moves this subtree's working copies to the masters' device (the host, category
     // parameters), where refresh_working_copies() keeps them current; their gradient buffers stay where they
@@ -177,6 +186,7 @@ private:
     void set_requires_grad_of(size_t index, const Tensor& buffer);
     // The tensors over parameters_[index]'s storage: it, its views, and its working copy beside it (not one apart).
     std::vector<Tensor> handles_of(size_t index) const;
+    void collect_trainable_handles(std::vector<Tensor>& out) const; // handles_of every trainable parameter of the subtree
     // Copies in `dtype` on `device` (the masters' own device: sharing their gradient buffers; another: each
     // with a gradient buffer of its own).
     void make_working_copies(DType dtype, Device device,

@@ -48,34 +48,6 @@ void zero_attached(const std::vector<Tensor>& leaves) {
 
 } // namespace
 
-namespace {
-
-// What streams, in forward order: the checkpointed segments, and their layers.
-std::vector<checkpoint::Segment> checkpointed_segments(const nn::CausalLM& model) {
-    std::vector<checkpoint::Segment> out;
-    for (const checkpoint::Segment& segment : model.segments())
-        if (segment.checkpointed) out.push_back(segment);
-    return out;
-}
-
-std::vector<int> layers_of(const std::vector<checkpoint::Segment>& segments) {
-    std::vector<int> out;
-    for (const checkpoint::Segment& segment : segments)
-        for (int layer = segment.first_layer; layer < segment.first_layer + segment.layer_count; ++layer) out.push_back(layer);
-    return out;
-}
-
-} // namespace
-
-void mark_streamed_layers(nn::Module& model, const StepShape& shape) {
-    auto* layered = dynamic_cast<nn::CausalLM*>(&model);
-    const bool park = shape.offload_optimizer && shape.offload_parameters;
-    const bool without_gradients = shape.offload_optimizer && shape.offload_gradients == GradientOffload::stream;
-    if (layered == nullptr || !(park || without_gradients)) return;
-    for (int layer : layers_of(checkpointed_segments(*layered)))
-        layered->block(layer).set_streamed_placement(park, without_gradients);
-}
-
 ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator)
     : model_(model), config_(config), schedule_(schedule_config(config)), communicator_(communicator) {
     ENGINE_CHECK(!model_.parameters().empty(), "trainer: the module has no parameters to train");
@@ -92,10 +64,11 @@ ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, dis
         ENGINE_CHECK(masters_apart || model_.compute_device() != Device::cpu,
                      "trainer: offload_optimizer moves the model state from the device to the host, but this model "
                      "is on the host already (cpu): there is nothing to move");
-    if (config_.shape.zero_stage == 2 && communicator_ != nullptr)
+    if (config_.shape.zero_stage >= 2 && communicator_ != nullptr)
         ENGINE_CHECK(dynamic_cast<nn::CausalLM*>(&model_) != nullptr,
-                     "trainer: zero_stage 2 reduces the gradients of checkpointed decoder layers as their backward "
-                     "ends, and this module is no causal LM (nn::CausalLM): use zero_stage 1");
+                     "trainer: zero_stage " << config_.shape.zero_stage
+                                            << " shards the gradients of checkpointed decoder layers as their backward "
+                                               "ends, and this module is no causal LM (nn::CausalLM): use zero_stage 1");
     if (streamed())
         ENGINE_CHECK(dynamic_cast<nn::CausalLM*>(&model_) != nullptr,
                      "trainer: offload_gradients stream gives device gradient buffers to checkpointed decoder layers "
@@ -126,7 +99,7 @@ ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, dis
     loss_dtype_ = model_.compute_dtype() == DType::bf16 ? DType::f32 : parameters_.front().dtype();
     // Without a communicator there is one process, whose one part is the whole: zero_stage 1 or 2 changes nothing.
     if (config_.shape.zero_stage >= 1 && communicator_ != nullptr)
-        zero_ = std::make_unique<ZeroShards>(parameters_, *communicator_, config_.shape.zero_stage == 2);
+        zero_ = std::make_unique<ZeroShards>(parameters_, *communicator_, config_.shape.zero_stage >= 2);
     optimizer_ = make_optimizer(model_, config_, zero_ ? zero_->range() : ShardRange{});
     if (gradients_sharded()) optimizer_->read_gradients_from(zero_->shard_gradients());
     // Last: it undoes itself when it fails and nothing after it can throw, so the hooks (which point at this
@@ -146,6 +119,10 @@ ModuleTrainer::~ModuleTrainer() {
             for (int layer : streamed_layers_) layered_->block(layer).attach_working_gradients();
         if (gradients_sharded())
             for (int layer : streamed_layers_) layered_->block(layer).attach_gradients();
+        // ZeRO-3's released layers stay released: their values are the ranks' shards, and gathering them is a
+        // collective, which a destructor must not make (a rank that threw would leave the others waiting). A
+        // WholeParameters before the trainer goes keeps the model whole; a forward through it otherwise fails
+        // naming the tensor.
     } catch (...) {
         // Out of memory: they stay as they are; a forward through them then fails naming the tensor.
     }
@@ -212,7 +189,7 @@ Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batc
     if (gradients_sharded()) {
         const int64_t ranks = communicator_->world_size(), mine = window.micro_batches;
         const int64_t total = communicator_->all_reduce_count(mine);
-        ENGINE_CHECK(total == ranks * mine, "trainer: zero_stage 2 needs as many micro-batches on every rank; this rank has "
+        ENGINE_CHECK(total == ranks * mine, "trainer: zero_stage " << config_.shape.zero_stage << " needs as many micro-batches on every rank; this rank has "
                                                 << mine << " and the " << ranks << " ranks " << total << " together");
     }
     ENGINE_CHECK(window.num_items_in_batch > 0,
@@ -292,6 +269,8 @@ void ModuleTrainer::zero_gradients() {
         for (int layer : streamed_layers_) layered_->block(layer).release_gradients();
         zero_->zero_shard_gradients();
     }
+    if (parameters_sharded()) // a failed window may have left a segment gathered
+        for (int layer : streamed_layers_) layered_->block(layer).release_parameter_storage();
     if (!offloaded()) return;
     zero_device_gradients();
 }
@@ -314,152 +293,6 @@ void ModuleTrainer::zero_device_gradients() {
     for (int layer : streamed_layers_) {
         if (streamed()) layered_->block(layer).release_working_gradients();
         if (parameters_streamed()) layered_->block(layer).release_fetched_copies();
-    }
-}
-
-void ModuleTrainer::start_streaming() {
-    nn::CausalLM* layered = dynamic_cast<nn::CausalLM*>(&model_); // checked by the constructor
-    std::vector<checkpoint::Segment> segments = checkpointed_segments(*layered);
-    std::vector<int> layers = layers_of(segments);
-    // ZeRO-2: each segment's parameters by their index among the trainer's (the shards' order), for its reduction,
-    // and the rest, reduced at the step; made before anything is released, so that a failure here changes nothing.
-    std::map<int, std::vector<size_t>> segment_parameters;
-    std::vector<size_t> whole_gradient_indexes;
-    if (gradients_sharded()) {
-        std::vector<bool> in_segment(parameters_.size(), false);
-        for (const checkpoint::Segment& segment : segments) {
-            std::vector<size_t>& indexes = segment_parameters[segment.first_layer];
-            for (int layer = segment.first_layer; layer < segment.first_layer + segment.layer_count; ++layer)
-                for (const Tensor& parameter : layered->block(layer).parameters())
-                    for (size_t index = 0; index < parameters_.size(); ++index) {
-                        if (!parameters_[index].shares_storage_with(parameter)) continue;
-                        // A parameter in two places would be reduced twice.
-                        ENGINE_CHECK(!in_segment[index], "trainer: zero_stage 2: parameter '"
-                                                             << optimizer_->parameter_names()[index]
-                                                             << "' belongs to two checkpointed layers");
-                        in_segment[index] = true;
-                        indexes.push_back(index);
-                    }
-            std::sort(indexes.begin(), indexes.end());
-        }
-        for (size_t index = 0; index < parameters_.size(); ++index)
-            if (!in_segment[index]) whole_gradient_indexes.push_back(index);
-    }
-    if (parameters_streamed()) {
-        // Parked on the host, where the update refreshes them; all or nothing.
-        size_t parked = 0;
-        try {
-            for (; parked < layers.size(); ++parked) layered->block(layers[parked]).park_working_copies();
-        } catch (...) {
-            for (size_t index = 0; index < parked; ++index) {
-                try {
-                    layered->block(layers[index]).unpark_working_copies();
-                } catch (...) {
-                }
-            }
-            throw;
-        }
-    }
-    // Nothing below throws.
-    layered_ = layered;
-    streamed_layers_ = std::move(layers);
-    streamed_segments_ = std::move(segments);
-    if (gradients_sharded()) {
-        // The segments' layers' buffers go until each segment's recompute (the masters' side, with them apart).
-        segment_parameters_ = std::move(segment_parameters);
-        whole_gradient_indexes_ = std::move(whole_gradient_indexes);
-        for (int layer : streamed_layers_) layered_->block(layer).release_gradients();
-    }
-    if (streamed()) {
-        for (int layer : streamed_layers_) layered_->block(layer).release_working_gradients();
-        for (size_t index = 0; index < gradient_leaves_.size(); ++index)
-            streamed_leaves_[index] = !gradient_leaves_[index].grad().defined();
-    }
-    layered_->set_segment_hooks([this](int first_layer, int layer_count) {
-        checkpoint::SegmentHooks hooks;
-        // Streamed parameters: the next segment to run (in forward order during the forward, in backward order
-        // during the backward) is prefetched on the copy stream while this one computes.
-        if (parameters_streamed()) {
-            hooks.before_forward = [this, first_layer, layer_count] {
-                fetch_segment(first_layer, layer_count);
-                prefetch_neighbour(first_layer, +1);
-            };
-            hooks.after_forward = [this, first_layer, layer_count] { release_segment(first_layer, layer_count); };
-        }
-        hooks.before_recompute = [this, first_layer, layer_count] {
-            if (parameters_streamed()) {
-                fetch_segment(first_layer, layer_count);
-                prefetch_neighbour(first_layer, -1);
-            }
-            if (streamed()) attach_segment_gradients(first_layer, layer_count);
-            if (gradients_sharded() && !offloaded())
-                for (int layer = first_layer; layer < first_layer + layer_count; ++layer)
-                    layered_->block(layer).attach_gradients();
-        };
-        hooks.after_backward = [this, first_layer, layer_count] {
-            if (streamed()) stream_segment_gradients(first_layer, layer_count);
-            if (gradients_sharded() && !offloaded()) {
-                // This micro-batch's gradients of the segment, summed onto their owners; the buffers go.
-                zero_->reduce_gradients(segment_parameters_.at(first_layer));
-                for (int layer = first_layer; layer < first_layer + layer_count; ++layer)
-                    layered_->block(layer).release_gradients();
-            }
-            if (parameters_streamed()) release_segment(first_layer, layer_count);
-        };
-        return hooks;
-    });
-}
-
-void ModuleTrainer::fetch_segment(int first_layer, int layer_count) {
-    for (int layer = first_layer; layer < first_layer + layer_count; ++layer) layered_->block(layer).fetch_working_copies();
-}
-
-void ModuleTrainer::prefetch_neighbour(int first_layer, int direction) {
-    for (size_t index = 0; index < streamed_segments_.size(); ++index) {
-        if (streamed_segments_[index].first_layer != first_layer) continue;
-        const size_t neighbour = index + static_cast<size_t>(direction); // wraps past the ends: refused below
-        if (neighbour >= streamed_segments_.size()) return;
-        const checkpoint::Segment& next = streamed_segments_[neighbour];
-        for (int layer = next.first_layer; layer < next.first_layer + next.layer_count; ++layer)
-            layered_->block(layer).prefetch_working_copies();
-        return;
-    }
-}
-
-void ModuleTrainer::release_segment(int first_layer, int layer_count) {
-    for (int layer = first_layer; layer < first_layer + layer_count; ++layer) layered_->block(layer).release_fetched_copies();
-}
-
-void ModuleTrainer::attach_segment_gradients(int first_layer, int layer_count) {
-    for (int layer = first_layer; layer < first_layer + layer_count; ++layer) layered_->block(layer).attach_working_gradients();
-}
-
-void ModuleTrainer::stream_segment_gradients(int first_layer, int layer_count) {
-    if (gradients_sharded()) {
-        // ZeRO-2 with the model state on the host: each parameter's gradient comes down and is lent to its master,
-        // whose own buffer is gone, for the reduce onto the ranks that own its elements (host tensors); then it goes.
-        // One parameter at a time, so the host holds one staged gradient, as without ZeRO.
-        for (size_t index : segment_parameters_.at(first_layer)) {
-            Tensor master = parameters_[index];
-            master.set_gradient_buffer(gradient_leaves_[index].grad().to(Device::cpu, MemoryCategory::workspace));
-            zero_->reduce_gradients({index});
-            master.set_gradient_buffer(Tensor());
-        }
-        for (int layer = first_layer; layer < first_layer + layer_count; ++layer)
-            layered_->block(layer).release_working_gradients();
-        return;
-    }
-    for (int layer = first_layer; layer < first_layer + layer_count; ++layer) {
-        nn::Module& block = layered_->block(layer);
-        const std::vector<Tensor> masters = block.parameters();
-        const std::vector<Tensor> working = block.working_parameters();
-        for (size_t index = 0; index < masters.size(); ++index) {
-            if (!masters[index].requires_grad()) continue; // frozen: no gradient
-            // Down, then added in f32 into the master's buffer: one micro-batch after the other, in order.
-            const Tensor staged = working[index].grad().to(Device::cpu, MemoryCategory::workspace);
-            accumulate_into(masters[index].grad(), staged);
-        }
-        block.release_working_gradients();
     }
 }
 
@@ -529,7 +362,10 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
         const profiling::PhaseScope phase(profiling::Phase::optimizer); // the update, as the op profiler files it
         optimizer_->set_learning_rate(result.learning_rate);
         optimizer_->step(clip_coefficient(result.grad_norm, config_.max_grad_norm) * gradient_scale); // the one clip
-        if (zero_) zero_->all_gather_parameters(); // every rank's updated part, to every replica
+        // Every rank's updated part, to every replica; at stage 3 to the parameters kept whole only (the
+        // segments' are gathered as they run).
+        if (parameters_sharded()) zero_->gather_parameters(whole_gradient_indexes_);
+        else if (zero_) zero_->all_gather_parameters();
         model_.refresh_working_copies();           // bf16, or the host masters: the forward's copies of them
         zero_after_update();
     }

@@ -196,6 +196,23 @@ public:
         consume(named[index].first, named[index].second, named[index].second.raw_data(), named[index].second.nbytes(),
                 named[index].second.device());
     }
+    // ZeRO-3: the parameters released between uses (the checkpointed segments' layers') get storage and their whole
+    // values on every rank (gather_released_parameters, a collective every rank calls), for what reads or writes the
+    // model outside a step, and go again (release_gathered_parameters; `written`: their values changed meanwhile, so
+    // each rank first takes its part of them into its shard, which the update reads; local). Nothing at other
+    // stages. WholeParameters scopes the pair. At stage 3 a released parameter written outside a step without
+    // `written` is overwritten from the shards at its next gather.
+    void gather_released_parameters();
+    void release_gathered_parameters(bool written);
+    bool releases_parameters() const { return parameters_sharded(); }
+    // A parameter of the model whole, for a save: `consume` gets its bytes on `device` (valid during the call), in
+    // order: its own storage in one piece, or at stage 3 for a released one, gathered from the owners' shards a
+    // window of the collectives' buffer at a time, allocating nothing (a collective every rank calls alike).
+    using ByteConsumer = std::function<void(const void* bytes, size_t byte_count, Device device)>;
+    void visit_whole_parameter(const Tensor& parameter, const ByteConsumer& consume);
+    // Stage 3, for a restore: where this rank keeps its part of a released parameter (ZeroShards::parameter_part;
+    // count 0 where it has none), or nullopt for a parameter with its own storage, which is written whole.
+    std::optional<ZeroShards::ParameterPart> released_part(const Tensor& parameter) const;
     const LearningRateSchedule& schedule() const { return schedule_; }
     const TrainerConfig& config() const { return config_; }
     nn::Module& module() { return model_; }
@@ -212,7 +229,13 @@ private:
     bool parameters_streamed() const { return offloaded() && config_.shape.offload_parameters; }
     // ZeRO-2 over several ranks: the checkpointed segments' layers hold gradient buffers from their recompute to
     // the end of their backward, whose sums go to the owners' shards (ZeroShards::reduce_gradients).
-    bool gradients_sharded() const { return zero_ && config_.shape.zero_stage == 2; }
+    bool gradients_sharded() const { return zero_ && config_.shape.zero_stage >= 2; }
+    // ZeRO-3 over several ranks: those layers also hold their parameters only while a segment is gathered (its
+    // forward; its recompute and backward), each rank keeping the masters of its part (ZeroShards::shard_parameters).
+    bool parameters_sharded() const { return zero_ && config_.shape.zero_stage == 3; }
+    void gather_segment(int first_layer, int layer_count);  // storage, the owners' values, the working copies
+    void release_segment_parameters(int first_layer, int layer_count);
+    std::optional<size_t> released_index(const Tensor& parameter) const; // among parameters_, if released
     // Streamed gradients, parameters or both, for the decoder layers of the checkpointed segments
     // (checkpoint::SegmentHooks): streamed gradients take away their device gradient buffers, which each
     // segment's backward gets for its duration; streamed parameters park their working copies on the host,
@@ -240,6 +263,7 @@ private:
     std::vector<checkpoint::Segment> streamed_segments_; // those segments, in forward order
     std::map<int, std::vector<size_t>> segment_parameters_; // ZeRO-2: by first layer, its parameters' indexes
     std::vector<size_t> whole_gradient_indexes_;            // ZeRO-2: the parameters whose buffers stay
+    std::vector<size_t> released_indexes_;                  // ZeRO-3: every segment's, in order
     Device device_ = Device::cpu;         // where the forward runs
     DType loss_dtype_ = DType::f32; // the compute type mean mode's factor is formed in
     std::unique_ptr<Optimizer> optimizer_;
@@ -249,6 +273,23 @@ private:
     distributed::CommunicatorCounters window_counters_; // the communicator's counters when the window began
     std::chrono::steady_clock::time_point window_start_;
     int64_t skipped_steps_ = 0;
+};
+
+// ZeRO-3: the model whole for the scope's life on every rank (ModuleTrainer::gather_released_parameters), released
+// again at its end, after each rank took its part of the values into its shard when `written` (a resume writes the
+// whole model on every rank). A collective: every rank makes one at the same point. Nothing at other stages.
+class WholeParameters {
+public:
+    explicit WholeParameters(ModuleTrainer& trainer, bool written = false) : trainer_(trainer), written_(written) {
+        trainer_.gather_released_parameters();
+    }
+    ~WholeParameters() { trainer_.release_gathered_parameters(written_); }
+    WholeParameters(const WholeParameters&) = delete;
+    WholeParameters& operator=(const WholeParameters&) = delete;
+
+private:
+    ModuleTrainer& trainer_;
+    bool written_;
 };
 
 } // namespace engine::optim

@@ -106,6 +106,28 @@ void Optimizer::read_gradients_from(const Tensor& gradients) {
     range_gradients_ = gradients;
 }
 
+void Optimizer::write_parameters_in(const Tensor& parameters, const std::vector<int64_t>& offsets) {
+    ENGINE_CHECK(offsets.size() == slots_.size(),
+                 "optimizer: " << offsets.size() << " parameter offsets for " << slots_.size() << " parameters");
+    for (size_t index = 0; index < slots_.size(); ++index) {
+        const Slot& slot = slots_[index];
+        if (offsets[index] < 0 || slot.shard_count == 0) continue;
+        ENGINE_CHECK(parameters.defined() && parameters.dim() == 1 && offsets[index] + slot.shard_count <= parameters.numel() &&
+                         parameters.device() == slot.parameter.device() && parameters.dtype() == slot.parameter.dtype(),
+                     "optimizer: parameter '" << slot.name << "' " << slot.parameter.describe() << ": its "
+                         << slot.shard_count << " elements from element " << offsets[index] << " are not in "
+                         << (parameters.defined() ? parameters.describe() : std::string("none")));
+    }
+    range_parameters_ = parameters;
+    parameter_offsets_ = offsets;
+}
+
+std::pair<Tensor, int64_t> Optimizer::parameter_of(const Slot& slot) const {
+    const size_t index = static_cast<size_t>(&slot - slots_.data());
+    if (!parameter_offsets_.empty() && parameter_offsets_[index] >= 0) return {range_parameters_, parameter_offsets_[index]};
+    return {slot.parameter, slot.shard_begin};
+}
+
 std::pair<Tensor, int64_t> Optimizer::gradient_of(const Slot& slot) const {
     if (range_gradients_.defined()) return {range_gradients_, slot.range_offset};
     return {slot.parameter.grad(), slot.shard_begin};
@@ -163,7 +185,8 @@ void SGD::step(double grad_scale) {
         if (slot.shard_count == 0) continue; // another rank's parameter
         const float decay = slot.decays ? static_cast<float>(weight_decay_) : 0.0f;
         const auto [gradient, gradient_first] = gradient_of(slot);
-        sgd_update(slot.parameter, gradient, gradient_first, slot.state[0], slot.shard_begin, slot.shard_count,
+        const auto [parameter, first] = parameter_of(slot);
+        sgd_update(parameter, gradient, gradient_first, slot.state[0], first, slot.shard_count,
                    SGDUpdate{lr, momentum, decay, scale});
     }
     ++step_count_;
@@ -198,8 +221,8 @@ void AdamW::step(double grad_scale) {
         if (slot.shard_count == 0) continue; // another rank's parameter
         const float decay = slot.decays ? static_cast<float>(weight_decay_) : 0.0f;
         const auto [gradient, gradient_first] = gradient_of(slot);
-        adamw_update(slot.parameter, gradient, gradient_first, slot.state[0], slot.state[1], slot.shard_begin,
-                     slot.shard_count,
+        const auto [parameter, first] = parameter_of(slot);
+        adamw_update(parameter, gradient, gradient_first, slot.state[0], slot.state[1], first, slot.shard_count,
                      AdamWUpdate{lr, beta1, beta2, epsilon, decay, bias_correction1, bias_correction2, scale});
     }
     step_count_ = t;

@@ -51,6 +51,11 @@ public:
     // elements laid end to end, on the parameters' device in their gradient dtype), a rank's shard of the summed
     // gradients, and not from the parameters' buffers, which then need not exist at the step. Checked here.
     void read_gradients_from(const Tensor& gradients);
+    // ZeRO-3: the parameters whose `offsets` entry (one per parameter, in order) is >= 0 have their part read and
+    // updated in `parameters` (1-D, on their device in their dtype) from that element on, a rank's shard of the
+    // masters, and not in their own storage, which then need hold nothing at the step; the others (-1) in their
+    // own storage, as before. Checked here.
+    void write_parameters_in(const Tensor& parameters, const std::vector<int64_t>& offsets);
 
     double learning_rate() const { return learning_rate_; }
     void set_learning_rate(double learning_rate);
@@ -91,6 +96,8 @@ protected:
     };
     // The gradient a slot's update reads, and the element its part starts at there.
     std::pair<Tensor, int64_t> gradient_of(const Slot& slot) const;
+    // The parameter a slot's update writes, and the element its part starts at there.
+    std::pair<Tensor, int64_t> parameter_of(const Slot& slot) const;
     // Before a step writes anything: every state tensor is on its parameter's device. A parameter moved by
     // Module::to after the optimizer was built is not (its state stayed behind): a clear error, not a kernel
     // reading the other device's memory.
@@ -98,6 +105,8 @@ protected:
     std::vector<Slot> slots_;
     bool sharded_ = false;
     Tensor range_gradients_; // read_gradients_from, or undefined
+    Tensor range_parameters_; // write_parameters_in's, or undefined
+    std::vector<int64_t> parameter_offsets_; // write_parameters_in's, per slot, or empty
     int64_t range_elements_ = 0; // the elements of the range that are parameters' (read_gradients_from's minimum)
     double learning_rate_;
     double weight_decay_;

@@ -68,9 +68,13 @@ io::StateSource training_state_source(ModuleTrainer& trainer, const nn::DataLoad
     auto staging = std::make_shared<io::StateStaging>();
     for (const auto& named : trainer.module().named_parameters()) {
         const Tensor parameter = named.second; // a handle of its own: the emit outlives this loop
+        // At ZeRO-3 a released parameter is gathered from the ranks' shards as it is written (a collective per emit).
         source.tensors.push_back({model_prefix + named.first, parameter.dtype(), parameter.shape(),
-                                  [parameter, staging](const io::ByteSink& sink) {
-                                      staging->emit(parameter.raw_data(), parameter.device(), parameter.nbytes(), sink);
+                                  [&trainer, parameter, staging](const io::ByteSink& sink) {
+                                      trainer.visit_whole_parameter(parameter, [&](const void* bytes, size_t byte_count,
+                                                                                   Device device) {
+                                          staging->emit(bytes, device, byte_count, sink);
+                                      });
                                   }});
     }
     const std::vector<std::pair<std::string, Tensor>> layout = trainer.whole_optimizer_state_layout();
@@ -132,13 +136,15 @@ void restore_training_state(const io::StateReader& state, ModuleTrainer& trainer
         Tensor destination;
         Tensor whole; // the shape stored: the destination, or for a shard its parameter
         int64_t first = 0;
+        // ZeRO-3: a released parameter is read straight into this rank's part of the shard of the masters.
+        std::optional<ZeroShards::ParameterPart> part;
     };
     std::vector<Target> targets;
     for (const auto& [name, parameter] : trainer.module().named_parameters())
-        targets.push_back({model_prefix + name, parameter, parameter, 0});
+        targets.push_back({model_prefix + name, parameter, parameter, 0, trainer.released_part(parameter)});
     for (const Optimizer::StateShard& shard : trainer.optimizer().state_shards())
         targets.push_back({optimizer_prefix + shard.name, shard.state,
-                           trainer.optimizer().sharded() ? shard.parameter : shard.state, shard.first});
+                           trainer.optimizer().sharded() ? shard.parameter : shard.state, shard.first, std::nullopt});
     // Every parameter, frozen ones too (the file restores the whole model), and the state of the trainable ones.
     const size_t parameters = trainer.module().named_parameters().size();
     const size_t trainable = trainer.module().named_trainable_parameters().size();
@@ -177,6 +183,13 @@ void restore_training_state(const io::StateReader& state, ModuleTrainer& trainer
     // disk, not the file: it was validated) can stop it part way: then the loader is put back, the tensors are not.
     try {
         for (Target& target : targets) {
+            if (target.part) {
+                if (target.part->count == 0) continue; // another rank's part
+                const size_t element = dtype_size(target.whole.dtype());
+                state.read(*state.find(target.name), static_cast<size_t>(target.part->first) * element, target.part->data,
+                           target.destination.device(), static_cast<size_t>(target.part->count) * element);
+                continue;
+            }
             const size_t offset = static_cast<size_t>(target.first) * dtype_size(target.whole.dtype());
             detail::impl_of(target.destination).storage->set_host_copy(nullptr); // written behind any host copy
             state.read(*state.find(target.name), offset, target.destination.raw_data(), target.destination.device(),

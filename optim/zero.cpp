@@ -41,6 +41,9 @@ ZeroShards::ZeroShards(std::vector<Tensor> parameters, distributed::Communicator
     if (shard_gradients)
         shard_gradients_ = Tensor::zeros({partition_.part}, parameters_[0].dtype(), parameters_[0].device(),
                                          MemoryCategory::gradients);
+    flat_offsets_.assign(parameters_.size() + 1, 0);
+    for (size_t index = 0; index < parameters_.size(); ++index)
+        flat_offsets_[index + 1] = flat_offsets_[index] + parameters_[index].numel();
 }
 
 namespace {
@@ -112,16 +115,10 @@ double ZeroShards::gradient_sum_of_squares() {
 
 void ZeroShards::reduce_gradients(const std::vector<size_t>& indexes) {
     ENGINE_CHECK(shard_gradients_.defined(), "ZeRO: reduce_gradients is stage 2's; these shards keep no gradients");
-    std::vector<int64_t> offsets(parameters_.size() + 1, 0); // each parameter's first element in the flat layout
-    for (size_t index = 0; index < parameters_.size(); ++index) offsets[index + 1] = offsets[index] + parameters_[index].numel();
-    // The indexes' elements as runs of the flat layout, neighbours merged.
-    std::vector<std::pair<int64_t, int64_t>> runs;
-    for (size_t index : indexes) {
-        ENGINE_CHECK(index < parameters_.size() && parameters_[index].grad().defined(),
+    for (size_t index : indexes)
+        ENGINE_CHECK(index >= parameters_.size() || parameters_[index].grad().defined(),
                      "ZeRO-2: parameter " << index << " of " << parameters_.size() << " has no gradient to reduce");
-        if (!runs.empty() && runs.back().second == offsets[index]) runs.back().second = offsets[index + 1];
-        else runs.emplace_back(offsets[index], offsets[index + 1]);
-    }
+    const std::vector<std::pair<int64_t, int64_t>> runs = runs_of(indexes, "reduce_gradients");
     const Device device = piece_.device();
     const size_t element = dtype_size(piece_.dtype());
     const Tensor received = gathered_.with_rows(partition_.piece); // the first piece of the buffer
@@ -147,6 +144,88 @@ void ZeroShards::reduce_gradients(const std::vector<size_t>& indexes) {
                 copy_bytes(shard, device, piece_.raw_data(), device, bytes);
             }
         }
+}
+
+std::vector<std::pair<int64_t, int64_t>> ZeroShards::runs_of(const std::vector<size_t>& indexes, const char* what) const {
+    const std::vector<int64_t>& offsets = flat_offsets_;
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (size_t index : indexes) {
+        ENGINE_CHECK(index < parameters_.size(), "ZeRO: " << what << ": parameter " << index << " of " << parameters_.size());
+        if (!runs.empty() && runs.back().second == offsets[index]) runs.back().second = offsets[index + 1];
+        else runs.emplace_back(offsets[index], offsets[index + 1]);
+    }
+    return runs;
+}
+
+void ZeroShards::keep_shards_of(const std::vector<size_t>& indexes) {
+    ENGINE_CHECK(shard_offsets_.empty(), "ZeRO-3: keep_shards_of is called once");
+    std::vector<int64_t> offsets(parameters_.size(), -1);
+    int64_t count = 0; // this rank's elements of them, laid end to end in flat order
+    std::vector<bool> kept(parameters_.size(), false);
+    for (size_t index : indexes) {
+        ENGINE_CHECK(index < parameters_.size(), "ZeRO-3: keep_shards_of: parameter " << index << " of " << parameters_.size());
+        kept[index] = true;
+    }
+    for (size_t index = 0; index < parameters_.size(); ++index) {
+        if (!kept[index]) continue;
+        offsets[index] = count;
+        count += std::max<int64_t>(0, std::min(flat_offsets_[index + 1], end_) - std::max(flat_offsets_[index], begin_));
+    }
+    Tensor shard;
+    if (count > 0)
+        shard = Tensor::empty({count}, parameters_[0].dtype(), parameters_[0].device(), MemoryCategory::parameters);
+    // Nothing below throws.
+    shard_parameters_ = shard;
+    shard_offsets_ = std::move(offsets);
+    take_parameters(indexes);
+}
+
+char* ZeroShards::owned(size_t index, int64_t flat) const {
+    const int64_t part_first = std::max(flat_offsets_[index], begin_); // the first element this rank owns of it
+    if (shard_offsets_.empty() || shard_offsets_[index] < 0) return at(parameters_[index], flat - flat_offsets_[index]);
+    return at(shard_parameters_, shard_offsets_[index] + flat - part_first);
+}
+
+void ZeroShards::gather_parameters(const std::vector<size_t>& indexes) {
+    const Device device = piece_.device();
+    const size_t element = dtype_size(piece_.dtype());
+    for (const auto& [run_begin, run_end] : runs_of(indexes, "gather_parameters"))
+        for (int64_t owner = 0; owner < partition_.ranks; ++owner) {
+            const int64_t first = std::max(run_begin, partition_.begin(owner)), last = std::min(run_end, partition_.end(owner));
+            for (int64_t window = first; window < last; window += partition_.piece) {
+                const int64_t count = std::min(partition_.piece, last - window);
+                // The owner's values of the window, from its shard (or the parameters kept whole, which its update
+                // wrote) to every rank's piece buffer, and on into the parameters.
+                if (owner == communicator_.rank()) {
+                    int64_t flat = window;
+                    for (size_t index = 0; index < parameters_.size() && flat < window + count; ++index) {
+                        if (flat_offsets_[index + 1] <= flat) continue;
+                        const int64_t elements = std::min(flat_offsets_[index + 1], window + count) - flat;
+                        copy_bytes(at(piece_, flat - window), device, owned(index, flat), device,
+                                   static_cast<size_t>(elements) * element);
+                        flat += elements;
+                    }
+                }
+                communicator_.broadcast_range(piece_, 0, count, static_cast<int>(owner));
+                for_each_overlap(parameters_, window, window + count,
+                                 [&](const Tensor& parameter, int64_t to, int64_t flat, int64_t elements) {
+                                     copy_bytes(at(parameter, to), device, at(piece_, flat - window), device,
+                                                static_cast<size_t>(elements) * element);
+                                 });
+            }
+        }
+}
+
+void ZeroShards::take_parameters(const std::vector<size_t>& indexes) {
+    const size_t element = dtype_size(parameters_[0].dtype());
+    for (size_t index : indexes) {
+        ENGINE_CHECK(index < parameters_.size(), "ZeRO-3: take_parameters: parameter " << index << " of " << parameters_.size());
+        if (shard_offsets_.empty() || shard_offsets_[index] < 0) continue; // kept whole: nothing to take
+        const int64_t first = std::max(flat_offsets_[index], begin_), last = std::min(flat_offsets_[index + 1], end_);
+        if (first >= last) continue;
+        copy_bytes(owned(index, first), shard_parameters_.device(), at(parameters_[index], first - flat_offsets_[index]),
+                   parameters_[index].device(), static_cast<size_t>(last - first) * element);
+    }
 }
 
 void ZeroShards::zero_shard_gradients() {
@@ -195,26 +274,54 @@ void ZeroShards::gather_state_tensor(const Optimizer& optimizer, size_t index, c
     for (const auto& [name, state] : optimizer.named_state())
         if (name == layout[index].first) mine = state;
     const int64_t mine_first = std::max(offset, begin_); // the flat element mine starts at
+    if (mine.defined())
+        ENGINE_CHECK(mine.numel() == std::min(offset + parameter.numel(), end_) - mine_first,
+                     "ZeRO-1: this rank's part of " << layout[index].first << " is not its elements [" << mine_first
+                                                    << ", " << end_ << ")");
+    gather_windows(offset, parameter.numel(), mine, mine_first, [&](const void* bytes, size_t byte_count) {
+        consume(layout[index].first, parameter, bytes, byte_count, gathered_.device());
+    });
+}
+
+void ZeroShards::gather_parameter(size_t index, const std::function<void(const void*, size_t)>& consume) {
+    ENGINE_CHECK(index < parameters_.size(), "ZeRO: gather_parameter: parameter " << index << " of " << parameters_.size());
+    const int64_t offset = flat_offsets_[index], part_first = std::max(offset, begin_);
+    const bool sharded = !shard_offsets_.empty() && shard_offsets_[index] >= 0;
+    // What gather_windows reads this rank's elements from: mine, holding flat element mine_first at its element 0.
+    if (sharded) {
+        gather_windows(offset, parameters_[index].numel(), shard_parameters_, part_first - shard_offsets_[index], consume);
+    } else {
+        gather_windows(offset, parameters_[index].numel(), parameters_[index], offset, consume);
+    }
+}
+
+ZeroShards::ParameterPart ZeroShards::parameter_part(size_t index) const {
+    ENGINE_CHECK(index < parameters_.size() && !shard_offsets_.empty() && shard_offsets_[index] >= 0,
+                 "ZeRO-3: parameter " << index << " of " << parameters_.size() << " is not kept as shards");
+    const int64_t first = std::max(flat_offsets_[index], begin_), last = std::min(flat_offsets_[index + 1], end_);
+    if (first >= last) return {};
+    return {first - flat_offsets_[index], last - first, owned(index, first)};
+}
+
+void ZeroShards::gather_windows(int64_t offset, int64_t count, const Tensor& mine, int64_t mine_first,
+                                const std::function<void(const void*, size_t)>& consume) {
     const size_t element = dtype_size(gathered_.dtype());
-    // A window of the tensor at a time, as large as the collectives' buffer: each rank's part of it broadcast by its
-    // owner into the buffer, then handed on. The device holds no more of the state than the buffer it has.
+    // A window at a time, as large as the collectives' buffer: each rank's part of it broadcast by its owner into the
+    // buffer, then handed on. The device holds no more of the tensor than the buffer it has.
     const int64_t window = gathered_.numel();
-    for (int64_t from = offset; from < offset + parameter.numel(); from += window) {
-        const int64_t to = std::min(from + window, offset + parameter.numel());
+    for (int64_t from = offset; from < offset + count; from += window) {
+        const int64_t to = std::min(from + window, offset + count);
         for (int64_t rank = 0; rank < partition_.ranks; ++rank) {
             const int64_t first = std::max(from, partition_.begin(rank)), last = std::min(to, partition_.end(rank));
             if (first >= last) continue;
             if (rank == communicator_.rank()) {
-                ENGINE_CHECK(mine.defined() && mine.numel() == std::min(offset + parameter.numel(), end_) - mine_first,
-                             "ZeRO-1: this rank's part of " << layout[index].first << " is not its elements ["
-                                                            << mine_first << ", " << end_ << ")");
+                ENGINE_CHECK(mine.defined(), "ZeRO: this rank holds no part of elements [" << first << ", " << last << ")");
                 copy_bytes(at(gathered_, first - from), gathered_.device(), at(mine, first - mine_first), mine.device(),
                            static_cast<size_t>(last - first) * element);
             }
             communicator_.broadcast_range(gathered_, first - from, last - first, static_cast<int>(rank));
         }
-        consume(layout[index].first, parameter, gathered_.raw_data(), static_cast<size_t>(to - from) * element,
-                gathered_.device());
+        consume(gathered_.raw_data(), static_cast<size_t>(to - from) * element);
     }
 }
 

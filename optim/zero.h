@@ -4,7 +4,10 @@
 // squares, the local update, and the parameters all-gathered piece by piece, after which every replica is bitwise
 // the same again. Stage 2 also keeps the summed gradients of its part only, in a buffer of its own: a group of
 // parameters' gradients (a checkpointed segment's, as its backward ends) is reduced onto the ranks that own them and
-// added there, so that the group's whole buffers can go until its next backward.
+// added there, so that the group's whole buffers can go until its next backward. Stage 3 also keeps the masters of
+// its part only of the parameters it is told (keep_shards_of: the checkpointed segments'), which the optimizer
+// updates there: a group of them is gathered from their owners into storage given to it just before a use (a
+// segment's forward, its recompute), and the storage goes after it.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +45,35 @@ public:
     // and piece-long window of the indexes' elements, through the collectives' buffers. The buffers are read only.
     void reduce_gradients(const std::vector<size_t>& indexes);
     void zero_shard_gradients();
+    // Stage 3. parameters[indexes] (every rank passes the same) keep their masters as the ranks' shards only: this
+    // rank's elements of them, in flat order, are copied now into a buffer of their own (category parameters; none
+    // when it owns none of them), where the optimizer updates them (Optimizer::write_parameters_in with
+    // parameter_offsets), and the caller may release their storage. The other parameters stay whole, each rank
+    // updating its part of them in place. Once.
+    void keep_shards_of(const std::vector<size_t>& indexes);
+    const Tensor& shard_parameters() const { return shard_parameters_; }
+    // Per parameter: where this rank's part of it starts in shard_parameters, or -1 where it is not kept there.
+    const std::vector<int64_t>& parameter_offsets() const { return shard_offsets_; }
+    // Every rank's part of parameters[indexes] (each with storage; every rank passes the same indexes) into every
+    // rank's parameters: one broadcast per owner and piece-long window of the indexes' elements, packed by the owner
+    // from its shard (or from the parameter, for one kept whole) into the collectives' piece buffer. Afterwards
+    // every rank's copies are the owners' values bit for bit.
+    void gather_parameters(const std::vector<size_t>& indexes);
+    // The values the sharded parameters among parameters[indexes] hold now (written whole on every rank: a resume)
+    // become this rank's shard of them. Local: no collective.
+    void take_parameters(const std::vector<size_t>& indexes);
+    // parameters[index] whole, from its owners, a window of the collectives' buffer at a time, as gather_state_tensor
+    // gathers a state tensor: `consume` gets each window's bytes (on the parameters' device, valid during the call),
+    // in order. Nothing is allocated. A collective every rank calls with the same index.
+    void gather_parameter(size_t index, const std::function<void(const void* bytes, size_t byte_count)>& consume);
+    // This rank's elements of a sharded parameters[index] in its shard: (first element of the parameter, count,
+    // where they are); count 0 where it owns none.
+    struct ParameterPart {
+        int64_t first = 0;
+        int64_t count = 0;
+        void* data = nullptr;
+    };
+    ParameterPart parameter_part(size_t index) const;
     // Every rank's updated part into every rank's parameters.
     void all_gather_parameters();
     // The optimizer's sharded state is gathered whole one tensor at a time, in a state file's order (parameter by
@@ -58,6 +90,13 @@ public:
 
 private:
     int64_t piece_start(int64_t rank, int64_t piece) const; // the flat element where rank's piece begins
+    // parameters[indexes]' elements as runs [begin, end) of the flat layout, neighbours merged; `what` names the
+    // caller for the error on an index out of range.
+    std::vector<std::pair<int64_t, int64_t>> runs_of(const std::vector<size_t>& indexes, const char* what) const;
+    // The flat elements [offset, offset + count), gathered a window at a time: each owner copies its part from `mine`
+    // (which holds this rank's elements from flat element mine_first on) and broadcasts it; then `consume`.
+    void gather_windows(int64_t offset, int64_t count, const Tensor& mine, int64_t mine_first,
+                        const std::function<void(const void*, size_t)>& consume);
     std::vector<Tensor> parameters_;
     distributed::Communicator& communicator_;
     distributed::ZeroPartition partition_;
@@ -66,6 +105,12 @@ private:
     Tensor piece_;                 // (piece) elements: this rank's
     double sum_of_squares_ = 0.0;  // of this rank's summed gradients, from the last reduce_scatter_gradients
     Tensor shard_gradients_;       // stage 2: (part) elements
+    Tensor shard_parameters_;      // stage 3: this rank's elements of the sharded parameters
+    std::vector<int64_t> shard_offsets_; // stage 3: per parameter, its part's first element in it, or -1
+    std::vector<int64_t> flat_offsets_;  // each parameter's first element in the flat layout
+    // Where this rank's elements of parameters[index] from flat element `flat` on are: its shard for a sharded one,
+    // else its own storage.
+    char* owned(size_t index, int64_t flat) const;
 };
 
 } // namespace engine::optim

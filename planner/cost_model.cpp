@@ -313,7 +313,7 @@ void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumu
             distributed::ZeroPartition::of(static_cast<int64_t>(parameters), ranks, static_cast<size_t>(gradient_bytes));
         bytes = 2 * share * parameters * gradient_bytes; // the gradients reduced once and the masters gathered
         calls = 2.0 * static_cast<double>(partition.pieces);
-        if (zero_stage == 2) {
+        if (zero_stage >= 2) {
             // The gradients go by reduces onto their owners, a piece-long window at a time: a ring reduce moves its
             // whole payload through every link, where a reduce-scatter moves (N − 1)/N of it. The checkpointed layers'
             // once per micro-batch, the rest once; then the all-gather as stage 1.
@@ -325,6 +325,16 @@ void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumu
             calls = static_cast<double>(partition.pieces) +
                     accumulation_steps * (std::ceil(layers / static_cast<double>(partition.piece)) + segments) +
                     std::ceil((parameters - layers) / static_cast<double>(partition.piece)) + ranks;
+            if (zero_stage == 3) {
+                // No all-gather: the checkpointed layers' masters are broadcast by their owners (a ring broadcast moves
+                // the whole payload through every link) a piece-long window at a time, for each segment's forward and
+                // again for its recompute: twice per micro-batch.
+                // The parameters kept whole are broadcast the same way once, after the update.
+                const double windows = std::ceil(layers / static_cast<double>(partition.piece)) + segments;
+                const double rest = std::ceil((parameters - layers) / static_cast<double>(partition.piece)) + ranks;
+                bytes += (2 * accumulation_steps * layers + (parameters - layers) - share * parameters) * gradient_bytes;
+                calls += 2 * accumulation_steps * windows + rest - static_cast<double>(partition.pieces);
+            }
         }
     }
     cost.communicated_bytes = bytes;

@@ -19,6 +19,9 @@ PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int bat
                       << config.max_seq_len());
     ENGINE_CHECK(!offload_parameters,
                  what << ": the evaluation with parameters streamed from the host is not modelled yet");
+    ENGINE_CHECK(!sharding.parameters,
+                 what << ": the evaluation at ZeRO-3 (each segment's weights gathered for its forward) is not modelled "
+                         "yet");
     // Between steps the trainer holds the model state only (its device copies of a micro-batch are gone): under
     // ZeRO-1 with the optimizer's part and the collectives' buffers, with the optimizer on the host the working copies and
     // the window's gradient buffers (predict_memory's between_steps_bytes).

@@ -114,6 +114,37 @@ size_t layer_parameter_count(const nn::ModelConfig& model_config) {
     return 12 * width * width + 13 * width; // ln_1, c_attn, c_proj, ln_2, c_fc, c_proj
 }
 
+namespace {
+
+// The trainable parameters laid end to end in model order (the trainer's, and ZeRO's flat layout): the elements
+// before the first decoder layer (GPT-2: wte's real rows and wpe; Llama: embed_tokens).
+size_t elements_before_layers(const nn::ModelConfig& model_config) {
+    if (model_config.is_llama()) {
+        const nn::LlamaConfig& config = model_config.llama();
+        return static_cast<size_t>(config.vocab_size) * static_cast<size_t>(config.hidden_size);
+    }
+    const nn::GPTConfig& config = model_config.gpt();
+    return (static_cast<size_t>(config.vocab_size) + static_cast<size_t>(config.max_seq_len)) *
+           static_cast<size_t>(config.n_embd);
+}
+
+} // namespace
+
+size_t sharded_layer_elements(const nn::ModelConfig& config, const std::vector<checkpoint::Segment>& segments,
+                              const distributed::ZeroPartition& partition, int64_t rank) {
+    const int64_t first = elements_before_layers(config), layer = static_cast<int64_t>(layer_parameter_count(config));
+    const int64_t begin = partition.begin(rank), end = partition.end(rank);
+    size_t held = 0;
+    for (const checkpoint::Segment& segment : segments) {
+        if (!segment.checkpointed) continue;
+        for (int index = segment.first_layer; index < segment.first_layer + segment.layer_count; ++index) {
+            const int64_t from = first + index * layer;
+            held += static_cast<size_t>(std::max<int64_t>(0, std::min(from + layer, end) - std::max(from, begin)));
+        }
+    }
+    return held;
+}
+
 size_t largest_layer_parameter(const nn::ModelConfig& model_config) {
     if (model_config.is_llama()) {
         const nn::LlamaConfig& config = model_config.llama();
@@ -174,8 +205,10 @@ struct Walk {
 // streamed parameters, the working-copy bytes of one layer, which a checkpointed segment holds during its
 // forward and again from its recompute to the end of its backward, each time beside the copies of the segment
 // that runs next, prefetched (checkpointed_neighbours).
+// `gathered_layer_weights`: at ZeRO-3, the bytes of one layer's weights gathered from the ranks, which a checkpointed
+// segment holds during its forward and again from its recompute to the end of its backward (no neighbour's).
 Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, bool offload, bool pinned_in_account,
-               size_t streamed_layer_gradients = 0, size_t streamed_layer_weights = 0) {
+               size_t streamed_layer_gradients = 0, size_t streamed_layer_weights = 0, size_t gathered_layer_weights = 0) {
     Walk walk;
     auto activation = [&](size_t bytes, const std::string& moment) {
         if (bytes > walk.activations) walk.activations = bytes, walk.activations_moment = moment;
@@ -215,7 +248,11 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
         // The segment input stays alive (the caller's argument); from the 2nd block on, so does that block's input.
         const size_t block_input = segment.layer_count > 1 ? A : 0;
         const size_t weights = (static_cast<size_t>(segment.layer_count) + next_layers[index]) * streamed_layer_weights;
-        forward(kept + A + block_input + terms.no_grad_layer_peak + weights, "no-grad forward of " + block_range(segment));
+        // The gathered weights are `parameters`: in the joint peak only.
+        const size_t gathered = static_cast<size_t>(segment.layer_count) * gathered_layer_weights;
+        const size_t no_grad_forward = kept + A + block_input + terms.no_grad_layer_peak + weights;
+        activation(no_grad_forward, "no-grad forward of " + block_range(segment));
+        joint(no_grad_forward + gathered, "no-grad forward of " + block_range(segment));
         if (!offload || pinned_in_account) kept += A; // the one activation a checkpointed segment keeps
     }
     // The final norm's output and statistics, beside its input.
@@ -248,7 +285,8 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
         activation(kept_before[index] + terms.scalar + saved + terms.layer_transient,
                    "recompute of " + block_range(segment) + " in backward");
         const size_t gradients = static_cast<size_t>(segment.layer_count) * streamed_layer_gradients +
-                                 (static_cast<size_t>(segment.layer_count) + previous_layers[index]) * streamed_layer_weights;
+                                 (static_cast<size_t>(segment.layer_count) + previous_layers[index]) * streamed_layer_weights +
+                                 static_cast<size_t>(segment.layer_count) * gathered_layer_weights;
         joint(kept_before[index] + saved + losses + terms.recomputed_layer_backward + gradients,
               "backward of recomputed " + block_range(segment));
         joint(kept_before[index] + saved + losses + terms.layer_transient + A + gradients,
@@ -302,6 +340,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     config.validate();
     const int optimizer_shards = sharding.ranks;
     const bool shard_gradients = sharding.gradients;
+    ENGINE_CHECK(!sharding.parameters || !offload_optimizer,
+                 "predict_memory: ZeRO-3 with the optimizer on the host is not built");
     ENGINE_CHECK(!shard_gradients || (policy.enabled && (!offload_optimizer || gradients_where == GradientOffload::stream)),
                  "predict_memory: ZeRO-2 needs gradient checkpointing, and with the optimizer on the host streamed "
                  "gradients");
@@ -409,16 +449,33 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     // segment's come to the device for its forward and for its recompute and backward.
     const size_t layer_weights = offload_parameters ? layer_parameter_count(config) * element : 0;
     const size_t parked_layers = offload_parameters ? checkpointed_layers : 0;
-    const size_t persistent_parameters = prediction.of(MemoryCategory::parameters) - parked_layers * layer_weights;
+    size_t persistent_parameters = prediction.of(MemoryCategory::parameters) - parked_layers * layer_weights;
     prediction.at(MemoryCategory::parameters) = persistent_parameters + largest_pair * layer_weights;
     prediction.parked_working_copies = parked_layers * layer_weights; // pinned host memory, for the whole run
+    // ZeRO-3: those layers' masters (and bf16 copies) exist only while their segment is gathered, one segment at a
+    // time (no prefetch); this rank's part of every master is kept in a buffer of its own.
+    const size_t gathered_layer = sharding.parameters ? layer_parameter_count(config) * (wide + (element == wide ? 0 : element)) : 0;
+    prediction.gathered_layer_bytes = gathered_layer;
+    if (sharding.parameters) {
+        // Rank 0's elements of those layers' masters (the trainer's flat layout: the embeddings, then the layers in
+        // order, then the rest), and the most any rank holds.
+        size_t largest = 0;
+        for (int64_t rank = 0; rank < partition.ranks; ++rank) {
+            const size_t held = sharded_layer_elements(config, segments, partition, rank) * wide;
+            if (rank == 0) prediction.shard_parameter_bytes = held;
+            largest = std::max(largest, held);
+        }
+        prediction.largest_rank_extra_bytes = largest - prediction.shard_parameter_bytes;
+        persistent_parameters = persistent_parameters - checkpointed_layers * gathered_layer + prediction.shard_parameter_bytes;
+        prediction.at(MemoryCategory::parameters) = persistent_parameters + largest_segment * gathered_layer;
+    }
 
     for (const Segment& segment : segments) {
         if (!segment.checkpointed) continue;
         ++prediction.checkpointed_segments;
         prediction.recomputed_blocks += segment.layer_count;
     }
-    const Walk walk = walk_step(segments, terms, offload, false, layer_gradients, layer_weights);
+    const Walk walk = walk_step(segments, terms, offload, false, layer_gradients, layer_weights, gathered_layer);
     prediction.at(MemoryCategory::activations) = walk.activations;
     prediction.activations_peak_moment = walk.activations_moment;
 
@@ -449,7 +506,7 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     prediction.peak_bytes = before_forward + walk.joint;
     prediction.peak_moment = walk.joint_moment;
     prediction.unified_peak_bytes =
-        before_forward + walk_step(segments, terms, offload, true, layer_gradients, layer_weights).joint;
+        before_forward + walk_step(segments, terms, offload, true, layer_gradients, layer_weights, gathered_layer).joint;
     prediction.between_steps_bytes = persistent_parameters + persistent_gradients +
                                      prediction.of(MemoryCategory::optimizer_state) + device_zero_buffers;
     prediction.pinned_peak_bytes =

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "checkpoint/checkpoint.h"
+#include "engine/distributed/zero_partition.h"
 #include "engine/memory.h"
 #include "nn/lora.h"
 #include "nn/model_config.h"
@@ -77,6 +78,13 @@ struct MemoryPrediction {
     size_t zero_buffers = 0;
     // ZeRO-2's buffer of this rank's part of the summed gradients (in `gradients`, for the whole run).
     size_t shard_gradient_bytes = 0;
+    // ZeRO-3's buffer of this rank's part of the masters (in `parameters`, for the whole run), and the bytes one
+    // checkpointed layer's gathered weights take while its segment runs (its masters, and their bf16 copies).
+    size_t shard_parameter_bytes = 0;
+    size_t gathered_layer_bytes = 0;
+    // The ranks' parts differ in how much of those layers they hold: what the rank holding the most keeps beyond
+    // rank 0 (whose figures these are). The planner fits that rank.
+    size_t largest_rank_extra_bytes = 0;
 
     // Model state off the device (offload_optimizer): what the host holds for the whole run, by category (on
     // the host's account), and its high-water mark during a step (with the update's transient). Zero without
@@ -140,6 +148,8 @@ struct MemoryPrediction {
 // part (the parameters padded to equal parts of whole pieces, distributed::ZeroPartition), and the collectives'
 // buffers (N + 1 pieces) in the workspace. sharding.gradients (stage 2): the gradients of that part in a buffer of
 // its own, and the checkpointed segments' layers without whole gradient buffers but during their backward.
+// sharding.parameters (stage 3): the masters of that part in a buffer of its own, and those layers without their
+// weights (masters and working copies) but while their segment runs its forward, and its recompute and backward.
 // offload_optimizer: the masters, their gradients and the optimizer state on the host; `gradients`: where a
 // window's gradients are summed then; offload_parameters: the checkpointed layers' working copies parked on the
 // host too, fetched one segment at a time (StepShape); loss_chunk_tokens > 0: the streaming LM head
@@ -246,6 +256,10 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len,
 
 // One decoder layer's parameters (what streamed gradients hold per layer), and the largest of them.
 size_t layer_parameter_count(const nn::ModelConfig& config);
+// ZeRO-3: of the checkpointed segments' layers' parameters, the elements in `rank`'s part of the flat layout (the
+// trainable parameters in model order, as the trainer lays them out).
+size_t sharded_layer_elements(const nn::ModelConfig& config, const std::vector<checkpoint::Segment>& segments,
+                              const distributed::ZeroPartition& partition, int64_t rank);
 size_t largest_layer_parameter(const nn::ModelConfig& config);
 
 std::string mebibytes(size_t bytes); // "12.34 MiB"

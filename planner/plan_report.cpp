@@ -42,13 +42,22 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
     text << "gradient checkpointing: " << policy.to_string() << "\n";
     if (optimizer_shards > 1) {
         const MemoryPrediction whole = predict_memory(config, batch, seq_len, policy, dtype, optimizer);
-        text << "ZeRO stage " << (sharding.gradients ? 2 : 1) << " over " << optimizer_shards << " ranks: optimizer_state per rank "
+        text << "ZeRO stage " << (sharding.parameters ? 3 : sharding.gradients ? 2 : 1) << " over " << optimizer_shards << " ranks: optimizer_state per rank "
              << mebibytes(planned.of(MemoryCategory::optimizer_state)) << " instead of " << mebibytes(whole.of(MemoryCategory::optimizer_state));
         if (sharding.gradients)
             text << ", gradients per rank at their peak " << mebibytes(planned.of(MemoryCategory::gradients)) << " instead of "
                  << mebibytes(whole.of(MemoryCategory::gradients)) << " (this rank's part "
                  << mebibytes(planned.shard_gradient_bytes) << ", a segment's layers during its backward, the rest whole; "
                  << accumulation_steps << " reduce pass" << (accumulation_steps == 1 ? "" : "es") << " per step over the segments)";
+        if (sharding.parameters)
+            text << ", parameters per rank at their peak " << mebibytes(planned.of(MemoryCategory::parameters))
+                 << " instead of " << mebibytes(whole.of(MemoryCategory::parameters)) << " (this rank's part of the masters "
+                 << mebibytes(planned.shard_parameter_bytes) << ", a segment's layers gathered while it runs, "
+                 << mebibytes(planned.gathered_layer_bytes) << " a layer, the rest whole; " << 2 * accumulation_steps
+                 << " gather passes per step over the segments)";
+        if (sharding.parameters && planned.largest_rank_extra_bytes > 0)
+            text << "; these are rank 0's figures, and the rank whose part holds the most of the layers keeps "
+                 << mebibytes(planned.largest_rank_extra_bytes) << " more (the search fits that rank)";
         text << ", for " << mebibytes(planned.zero_buffers) << " of the collectives' buffers in "
              << (offload_optimizer ? "host memory" : "workspace") << "\n";
     }

@@ -133,6 +133,8 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
     if (options.device != Device::cpu && options.allow_offload_optimizer && !lora) optimizer_tiers.push_back(true);
     std::vector<int> zero_stages = {0};
     if (options.ranks > 1 && options.allow_zero && !lora) zero_stages.insert(zero_stages.end(), {1, 2});
+    // Stage 3's evaluation phase is not modelled: with one to fit, the search leaves it out.
+    if (options.ranks > 1 && options.allow_zero && !lora && options.eval_batches == 0) zero_stages.push_back(3);
     const int per_rank = global_batch / options.ranks;
 
     PlanSearch search;
@@ -170,8 +172,9 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                             if (gradients == GradientOffload::stream && (!offload_optimizer || !policy.enabled)) continue;
                             // ZeRO-2 reduces each checkpointed segment's gradients as its backward ends: on the device,
                             // or streamed to the host.
-                            if (zero_stage == 2 && (!policy.enabled || (offload_optimizer && gradients != GradientOffload::stream)))
+                            if (zero_stage >= 2 && (!policy.enabled || (offload_optimizer && gradients != GradientOffload::stream)))
                                 continue;
+                            if (zero_stage == 3 && offload_optimizer) continue; // not built
                             for (bool offload_parameters : {false, true}) {
                                 if (offload_parameters && (!offload_optimizer || !policy.enabled)) continue;
                                 // The evaluation beside streamed parameters is not modelled: such plans wait.
@@ -207,7 +210,8 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                                      options.optimizer, shards.ranks, ceilings, offload_optimizer,
                                      gradients, offload_parameters, loss_chunk, mlp_tile);
             add_communication(plan.cost, config, steps, policy, zero_stage, options.ranks, ceilings);
-            plan.peak_bytes = plan.memory.peak_on(options.device);
+            // The rank that holds the most (ZeRO-3's parts differ in how much of the sharded layers they hold).
+            plan.peak_bytes = plan.memory.peak_on(options.device) + plan.memory.largest_rank_extra_bytes;
             plan.host_peak_bytes = plan.memory.host_peak_bytes;
             // Pinned memory is the device's page-locked host memory; the CPU backend pins nothing.
             plan.pinned_peak_bytes = options.device == Device::cpu ? 0 : plan.memory.pinned_peak_bytes;

@@ -50,12 +50,15 @@ std::optional<ConfigProblem> StepShape::problem() const {
         return ConfigProblem{"offload", "moves checkpointed segment inputs to host memory, so it needs gradient_checkpointing"};
     if (checkpointing.prefetch && !checkpointing.offload)
         return ConfigProblem{"prefetch", "prefetches offloaded inputs, so it needs offload"};
-    if (zero_stage < 0 || zero_stage > 2)
-        return ConfigProblem{"zero_stage", "must be 0, 1 or 2, got " + std::to_string(zero_stage) +
-                                               (zero_stage == 3 ? " (stage 3, sharded parameters, is not built yet)" : "")};
-    if (zero_stage == 2 && !checkpointing.enabled)
-        return ConfigProblem{"zero_stage", "2 reduces each checkpointed segment's gradients onto their owners as its "
-                                           "backward ends, so it needs gradient_checkpointing"};
+    if (zero_stage < 0 || zero_stage > 3)
+        return ConfigProblem{"zero_stage", "must be 0, 1, 2 or 3, got " + std::to_string(zero_stage)};
+    if (zero_stage >= 2 && !checkpointing.enabled)
+        return ConfigProblem{"zero_stage", std::to_string(zero_stage) +
+                                               " reduces each checkpointed segment's gradients onto their owners as its "
+                                               "backward ends, so it needs gradient_checkpointing"};
+    if (zero_stage == 3 && offload_optimizer)
+        return ConfigProblem{"zero_stage", "3 with offload_optimizer (each rank's shard of the masters on the host) is "
+                                           "not built; use zero_stage 2 with the model state on the host"};
     if (zero_stage == 2 && offload_optimizer && offload_gradients != GradientOffload::stream)
         return ConfigProblem{"zero_stage", "2 with offload_optimizer sums each checkpointed segment's gradients in the "
                                            "ranks' host shards as its backward ends, so it needs offload_gradients "

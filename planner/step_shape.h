@@ -46,16 +46,21 @@ const char* gradient_offload_name(GradientOffload where);
 // segments' layers hold whole buffers only from their recompute to the end of their backward), which a trainer given
 // a one-rank communicator also builds (its shards and buffers are then real, over one part). An int converts to stage
 // 1 over that many ranks, what the memory model's `optimizer_shards` always meant.
+// With `parameters` (stage 3, which has `gradients` too) the checkpointed segments' layers also hold their parameters
+// (masters and working copies) only while a segment is gathered for its forward or its recompute and backward, each
+// rank keeping the masters of its part.
 struct ZeroSharding {
     int ranks = 1;
     bool gradients = false;
+    bool parameters = false;
     constexpr ZeroSharding() = default;
     constexpr ZeroSharding(int ranks) : ranks(ranks) {} // NOLINT: a rank count is stage 1 over them
-    constexpr ZeroSharding(int ranks, bool gradients) : ranks(ranks), gradients(gradients) {}
+    constexpr ZeroSharding(int ranks, bool gradients, bool parameters = false)
+        : ranks(ranks), gradients(gradients || parameters), parameters(parameters) {}
     // What a step shape asks of `ranks` ranks: none at stage 0 or on one rank (train_gpt gives one process no
     // communicator, so no shards).
     static ZeroSharding of(int zero_stage, int ranks) {
-        return zero_stage == 0 || ranks <= 1 ? ZeroSharding{} : ZeroSharding{ranks, zero_stage == 2};
+        return zero_stage == 0 || ranks <= 1 ? ZeroSharding{} : ZeroSharding{ranks, zero_stage >= 2, zero_stage == 3};
     }
 };
 
@@ -68,7 +73,8 @@ struct StepShape {
     // 1: ZeRO stage 1, each of the N data-parallel ranks keeping the optimizer state of 1/N of the parameters
     // (optim/zero.h); 2: ZeRO stage 2, the summed gradients of 1/N too (the checkpointed segments' layers hold
     // theirs only during their backward; with offload_optimizer, offload_gradients stream and the shard on the
-    // host); 0: every rank keeps all of it.
+    // host); 3: ZeRO stage 3, the masters of 1/N too (the checkpointed segments' layers hold their weights only while
+    // a segment runs, gathered from the ranks); 0: every rank keeps all of it.
     int zero_stage = 0;
     // Model state off the device (DeepSpeed's offload_optimizer; docs/MEMORY.md, "Model state off the
     // device"): the f32 masters, their gradient buffers and the optimizer state live in host memory and the

@@ -1,5 +1,6 @@
-# Sourced by the MPI ctests (train_gpt_mpi.sh, train_gpt_zero2.sh), after they set $work and $mpiexec: the check
-# counter, Open MPI's settings for this machine, `ranks N COMMAND...`, and `write_documents FILE SEED`.
+# Sourced by the MPI ctests (train_gpt_mpi.sh, train_gpt_zero2.sh, train_gpt_zero3.sh), after they set $work and
+# $mpiexec: the check counter, Open MPI's settings for this machine, `ranks N COMMAND...`, `write_documents FILE
+# SEED`, and the resume checks `check_resume` and `check_other_stage`.
 failures=0
 total=0
 python=$(command -v python3 || echo /usr/bin/python3) # json, struct, array and sys only
@@ -25,4 +26,33 @@ with open(sys.argv[1], "w") as out:
     for _ in range(600):
         out.write("".join(random.choice(letters) for _ in range(random.randint(2, 79))) + "\n")
 PY
+}
+
+# check_resume RANKS NAME HALF STEPS ARGS...: train_gpt ARGS on RANKS ranks saved at step HALF (--out $work/NAME_state)
+# and resumed to step STEPS saves bitwise the weights of a run of STEPS straight (four checks; $train_gpt and $work set).
+check_resume() {
+  local count=$1 name=$2 half=$3 steps=$4
+  shift 4
+  ranks "$count" "$train_gpt" "$@" --max-steps "$steps" --save "$work/${name}_straight.safetensors" \
+    >"$work/${name}_straight.out" 2>&1
+  check "$name: $steps steps straight" $? "$(tail -5 "$work/${name}_straight.out")"
+  ranks "$count" "$train_gpt" "$@" --max-steps "$half" --out "$work/${name}_state" >"$work/${name}_first.out" 2>&1
+  check "$name: $half steps saving a training state" $? "$(tail -5 "$work/${name}_first.out")"
+  ranks "$count" "$train_gpt" "$@" --max-steps "$steps" --resume "$work/${name}_state" \
+    --save "$work/${name}_resumed.safetensors" >"$work/${name}_resumed.out" 2>&1
+  check "$name: resumes from step $half" $? "$(tail -5 "$work/${name}_resumed.out")"
+  cmp -s "$work/${name}_straight.safetensors" "$work/${name}_resumed.safetensors"
+  check "$name: the resumed run's weights equal the straight run's bitwise" $? "they differ"
+}
+
+# check_other_stage RANKS STATE SAVED OTHER ARGS...: a state saved at --zero-stage SAVED, resumed at OTHER, is refused
+# with exit 2 naming both stages.
+check_other_stage() {
+  local count=$1 state=$2 saved=$3 other=$4
+  shift 4
+  ranks "$count" "$train_gpt" "$@" --zero-stage "$other" --resume "$state" >"$work/other_stage.out" 2>&1
+  local code=$?
+  [ $code -eq 2 ] && grep -q "saved at --zero-stage $saved; this run has $other" "$work/other_stage.out"
+  check "a stage-$saved state resumed at stage $other: exit 2 naming both stages" $? \
+    "exit $code: $(tail -3 "$work/other_stage.out")"
 }

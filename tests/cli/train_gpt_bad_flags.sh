@@ -48,7 +48,7 @@ expect --dropout --dropout 1.5
 expect --data-layout --data-layout ragged
 expect --eot-token --eot-token 256
 expect --communicator --communicator gloo
-expect --zero-stage --zero-stage 3
+expect --zero-stage --zero-stage 4
 expect --offload-optimizer --offload-optimizer cpu
 expect --offload-optimizer --offload-optimizer gpu
 expect --max-host-memory --max-host-memory lots

@@ -4,8 +4,8 @@
 # a step: stages 0, 1 and 2 train bitwise the same weights on 2 ranks, and stages 1 and 2 on 3. Two micro-batches:
 # stage 2 sums each micro-batch over the ranks before the window (a stated reassociation), so SGD's weights agree
 # with stage 1's to 5e-8, not bitwise. The per-rank peak is --plan's to the byte and below stage 1's; the reduces
-# per step are one pass over the segments per micro-batch; a stage-2 state resumes bitwise, and at stage 2 only; bad
-# stages are refused.
+# per step are one pass over the segments per micro-batch; a stage-2 state resumes bitwise, and at stage 2 only;
+# stage 2 without checkpointing is refused. (Stage 3: train_gpt_zero3.sh.)
 # usage: train_gpt_zero2.sh TRAIN_GPT MPIEXEC WORK_DIR
 set -u
 train_gpt=$1
@@ -122,33 +122,15 @@ PY
 check "stage 2 reduces the segments once per micro-batch and the whole buffers once per step" $? "see above"
 
 # 5. Resume: a stage-2 run saved at step 2 and resumed to step 4 equals the straight run bit for bit.
-resumed=("${common[@]}" --zero-stage 2 --gradient-accumulation-steps 2)
-ranks 2 "$train_gpt" "${resumed[@]}" --max-steps 4 --save "$work/straight.safetensors" >"$work/straight.out" 2>&1
-check "stage 2, 4 steps straight" $? "$(tail -5 "$work/straight.out")"
-ranks 2 "$train_gpt" "${resumed[@]}" --max-steps 2 --out "$work/state" >"$work/first.out" 2>&1
-check "stage 2, 2 steps saving a training state" $? "$(tail -5 "$work/first.out")"
-ranks 2 "$train_gpt" "${resumed[@]}" --max-steps 4 --resume "$work/state" --save "$work/resumed.safetensors" \
-  >"$work/resumed.out" 2>&1
-check "stage 2 resumes" $? "$(tail -5 "$work/resumed.out")"
-cmp -s "$work/straight.safetensors" "$work/resumed.safetensors"
-check "stage 2: the resumed run's weights equal the straight run's bitwise" $? "they differ"
+check_resume 2 stage2 2 4 "${common[@]}" --zero-stage 2 --gradient-accumulation-steps 2
 
 # A state resumes at the stage it was saved at: another is refused, naming both.
-ranks 2 "$train_gpt" "${common[@]}" --zero-stage 1 --gradient-accumulation-steps 2 --max-steps 4 --resume "$work/state" \
-  >"$work/other_stage.out" 2>&1
-code=$?
-[ $code -eq 2 ] && grep -q "saved at --zero-stage 2; this run has 1" "$work/other_stage.out"
-check "a stage-2 state resumed at stage 1: exit 2 naming both stages" $? "exit $code: $(tail -3 "$work/other_stage.out")"
+check_other_stage 2 "$work/stage2_state" 2 1 "${common[@]}" --gradient-accumulation-steps 2 --max-steps 4
 
 # 6. Bad stages: one line each, exit 2, before anything trains.
 "$train_gpt" "${common[@]:0:20}" --zero-stage 2 --max-steps 1 >"$work/bad1.out" 2>&1
 code=$?
 [ $code -eq 2 ] && grep -q "zero-stage.*needs gradient_checkpointing\|zero-stage.*needs --gradient-checkpointing" "$work/bad1.out"
 check "--zero-stage 2 without checkpointing: exit 2 naming the flag" $? "exit $code: $(cat "$work/bad1.out")"
-"$train_gpt" "${common[@]}" --zero-stage 3 --max-steps 1 >"$work/bad3.out" 2>&1
-code=$?
-[ $code -eq 2 ] && grep -q "zero-stage.*stage 3.*not built" "$work/bad3.out" && [ "$(wc -l <"$work/bad3.out")" -le 2 ]
-check "--zero-stage 3: exit 2, one line saying it is not built" $? "exit $code: $(cat "$work/bad3.out")"
-
 echo "train_gpt_zero2: $((total - failures)) of $total checks passed"
 [ $failures -eq 0 ]

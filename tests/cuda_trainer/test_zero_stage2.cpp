@@ -4,7 +4,9 @@
 // offset, the norm from them. One micro-batch a step trains bitwise as stage 0 without a communicator, GPT-2 and
 // Llama, f32 and bf16, with the model state on the device and on the host (the gradients streamed down and reduced
 // there); the model state's categories on both accounts are predict_memory(ZeroSharding{1, true})'s to the byte, and
-// the step peak moves from stage 0's by what the model predicts.
+// the step peak moves from stage 0's by what the model predicts. Stage 3 (the Stage3 cases, the model state on the device)
+// likewise: its segments' weights released between uses and gathered (a copy, on one rank) from the shard of the
+// masters the optimizer updates, bitwise as stage 0, its categories predict_memory(ZeroSharding{1, true, true})'s.
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -28,6 +30,7 @@ struct ZeroCase {
     bool llama;
     Precision precision;
     bool offload = false; // the optimizer and the shard on the host, the gradients streamed there
+    int stage = 2;
 };
 void PrintTo(const ZeroCase& zero_case, std::ostream* out) { *out << zero_case.name; }
 
@@ -48,7 +51,7 @@ struct Trained {
     planner::MemoryPrediction predicted;
 };
 
-Trained train(const ZeroCase& run, bool stage2) {
+Trained train(const ZeroCase& run, bool sharded) {
     const nn::ModelConfig config =
         run.llama ? nn::ModelConfig(small_llama_config(false)) : nn::ModelConfig(small_gpt_config());
     const int length = config.max_seq_len();
@@ -59,14 +62,14 @@ Trained train(const ZeroCase& run, bool stage2) {
     trainer_config.shape.gradient_accumulation_steps = 1;
     trainer_config.shape.precision = run.precision;
     trainer_config.shape.checkpointing.enabled = true;
-    trainer_config.shape.zero_stage = stage2 ? 2 : 0;
+    trainer_config.shape.zero_stage = sharded ? run.stage : 0;
     trainer_config.shape.offload_optimizer = run.offload;
     if (run.offload) trainer_config.shape.offload_gradients = GradientOffload::stream;
     trainer_config.max_grad_norm = 0.5;
     trainer_config.learning_rate = 3e-3;
     Trained out;
     {
-        optim::Trainer trainer(*model, trainer_config, stage2 ? communicator.get() : nullptr);
+        optim::Trainer trainer(*model, trainer_config, sharded ? communicator.get() : nullptr);
         int cursor = 0;
         const nn::BatchSource source = [&]() -> std::optional<nn::Batch> {
             const std::vector<MicroBatch> made =
@@ -82,13 +85,15 @@ Trained train(const ZeroCase& run, bool stage2) {
             out.norms.push_back(result->grad_norm);
             out.memory = result->memory;
             out.host_memory = result->host_memory;
-            if (stage2) EXPECT_GT(result->communication.reduces, 0);
+            if (sharded) EXPECT_GT(result->communication.reduces, 0);
+            if (sharded && run.stage == 3) EXPECT_GT(result->communication.broadcasts, 0);
         }
+        const optim::WholeParameters whole(trainer); // stage 3: the released layers, gathered
+        out.weights = testing::bytes_of(model->named_parameters());
     }
-    out.weights = testing::bytes_of(model->named_parameters());
     out.predicted = planner::predict_memory(config, batch, length, checkpoint::CheckpointPolicy{true, 1},
                                             precision_dtype(run.precision), OptimizerKind::adamw,
-                                            stage2 ? ZeroSharding{1, true} : ZeroSharding{}, 1, run.offload,
+                                            sharded ? ZeroSharding{1, true, run.stage == 3} : ZeroSharding{}, 1, run.offload,
                                             run.offload ? GradientOffload::stream : GradientOffload::window);
     return out;
 }
@@ -104,9 +109,9 @@ TEST_P(ZeroStage2Device, OneMicroBatchTrainsBitwiseAsStageZeroWithThePredictedSt
              {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer_state})
         {
             EXPECT_EQ(measured->memory.peak(category), measured->predicted.of(category))
-                << (measured == &plain ? "stage 0 " : "stage 2 ") << memory_category_name(category);
+                << (measured == &plain ? "stage 0 " : "sharded ") << memory_category_name(category);
             EXPECT_EQ(measured->host_memory.peak(category), measured->predicted.host_of(category))
-                << (measured == &plain ? "stage 0, host " : "stage 2, host ") << memory_category_name(category);
+                << (measured == &plain ? "stage 0, host " : "sharded, host ") << memory_category_name(category);
         }
     // The joint peak: the CUDA-only scratch the model leaves out is the same in both runs, so the difference is exact.
     const long long measured_change =
@@ -114,7 +119,7 @@ TEST_P(ZeroStage2Device, OneMicroBatchTrainsBitwiseAsStageZeroWithThePredictedSt
     const long long predicted_change = static_cast<long long>(sharded.predicted.peak_on(Device::cuda)) -
                                        static_cast<long long>(plain.predicted.peak_on(Device::cuda));
     EXPECT_EQ(measured_change, predicted_change);
-    std::printf("  %s: stage 2 step peak %zu B against stage 0's %zu B (change %lld B, predicted %lld B)\n", run.name,
+    std::printf("  %s: stage %d step peak %zu B against stage 0's %zu B (change %lld B, predicted %lld B)\n", run.name, run.stage,
                 sharded.memory.peak_bytes, plain.memory.peak_bytes, measured_change, predicted_change);
     if (run.offload) { // the host's joint peak: the shard and its buffers there, the released masters' buffers not
         const long long host_change = static_cast<long long>(sharded.host_memory.peak_bytes) -
@@ -134,6 +139,11 @@ INSTANTIATE_TEST_SUITE_P(Models, ZeroStage2Device,
                                            ZeroCase{"llama_bf16", true, Precision::bf16},
                                            ZeroCase{"gpt_bf16_offload", false, Precision::bf16, true},
                                            ZeroCase{"llama_f32_offload", true, Precision::fp32, true}),
+                         [](const ::testing::TestParamInfo<ZeroCase>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Stage3, ZeroStage2Device,
+                         ::testing::Values(ZeroCase{"gpt_f32", false, Precision::fp32, false, 3},
+                                           ZeroCase{"gpt_bf16", false, Precision::bf16, false, 3},
+                                           ZeroCase{"llama_bf16", true, Precision::bf16, false, 3}),
                          [](const ::testing::TestParamInfo<ZeroCase>& info) { return std::string(info.param.name); });
 
 } // namespace
