@@ -119,10 +119,10 @@ ModuleTrainer::~ModuleTrainer() {
             for (int layer : streamed_layers_) layered_->block(layer).attach_working_gradients();
         if (gradients_sharded())
             for (int layer : streamed_layers_) layered_->block(layer).attach_gradients();
-        // ZeRO-3's released layers stay released: their values are the ranks' shards, and gathering them is a
-        // collective, which a destructor must not make (a rank that threw would leave the others waiting). A
-        // WholeParameters before the trainer goes keeps the model whole; a forward through it otherwise fails
-        // naming the tensor.
+        // ZeRO-3's released layers stay released: their values are the ranks' shards, which go with the trainer, and
+        // gathering them is a collective, which a destructor must not make (a rank that threw would leave the others
+        // waiting). To keep the model, call gather_released_parameters() on every rank before the trainer goes (the
+        // layers then keep their storage); a forward through released layers fails naming the tensor.
     } catch (...) {
         // Out of memory: they stay as they are; a forward through them then fails naming the tensor.
     }
@@ -153,6 +153,7 @@ Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batc
                  "trainer: the tape holds " << current_tape().size()
                      << " nodes of a forward that was never backpropagated; run evaluation under NoGradGuard");
     ENGINE_CHECK(!micro_batches.empty(), "trainer: an accumulation window needs at least one micro-batch");
+    refuse_inside_whole_parameters("a step");
     // The trainable parameters were listed when the trainer was built; one frozen since has no buffer to step.
     for (size_t index = 0; index < parameters_.size(); ++index)
         if (!parameters_[index].requires_grad())
@@ -227,6 +228,7 @@ Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batc
 }
 
 ModuleTrainer::Evaluation ModuleTrainer::evaluate(const std::vector<MicroBatch>& micro_batches) {
+    refuse_inside_whole_parameters("an evaluation");
     Evaluation evaluation;
     int64_t rank_items = 0;
     for (const MicroBatch& micro : micro_batches) rank_items += micro.items;
@@ -302,7 +304,15 @@ double ModuleTrainer::rank_gradient_scale() const {
                                                                 : 1.0 / static_cast<double>(communicator_->world_size());
 }
 
+void ModuleTrainer::refuse_inside_whole_parameters(const char* what) const {
+    ENGINE_CHECK(!parameters_gathered(), "trainer: " << what << " inside optim::WholeParameters (ZeRO-3): the segment "
+                                                        "hooks would gather and release the layers under the scope, "
+                                                        "and the update would leave the gathered copies stale; end "
+                                                        "the scope first");
+}
+
 StepResult ModuleTrainer::apply_update(const Accumulation& window) {
+    refuse_inside_whole_parameters("an update");
     StepResult result;
     result.learning_rate = schedule_.at(step());
     const double gradient_scale = rank_gradient_scale(); // folded into the norm and the update kernel

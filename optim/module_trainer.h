@@ -204,6 +204,10 @@ public:
     // `written` is overwritten from the shards at its next gather.
     void gather_released_parameters();
     void release_gathered_parameters(bool written);
+    // While some are gathered this way a step or an evaluation is refused (its hooks would gather and release them
+    // under the scope's feet).
+    bool parameters_gathered() const { return whole_scopes_ > 0; }
+    void refuse_inside_whole_parameters(const char* what) const;
     bool releases_parameters() const { return parameters_sharded(); }
     // A parameter of the model whole, for a save: `consume` gets its bytes on `device` (valid during the call), in
     // order: its own storage in one piece, or at stage 3 for a released one, gathered from the owners' shards a
@@ -264,6 +268,7 @@ private:
     std::map<int, std::vector<size_t>> segment_parameters_; // ZeRO-2: by first layer, its parameters' indexes
     std::vector<size_t> whole_gradient_indexes_;            // ZeRO-2: the parameters whose buffers stay
     std::vector<size_t> released_indexes_;                  // ZeRO-3: every segment's, in order
+    int whole_scopes_ = 0;                                  // ZeRO-3: gather_released_parameters not yet released
     Device device_ = Device::cpu;         // where the forward runs
     DType loss_dtype_ = DType::f32; // the compute type mean mode's factor is formed in
     std::unique_ptr<Optimizer> optimizer_;
@@ -276,14 +281,25 @@ private:
 };
 
 // ZeRO-3: the model whole for the scope's life on every rank (ModuleTrainer::gather_released_parameters), released
-// again at its end, after each rank took its part of the values into its shard when `written` (a resume writes the
-// whole model on every rank). A collective: every rank makes one at the same point. Nothing at other stages.
+// again at its end, after each rank took its part of the values into its shard when `written`. A collective: every
+// rank makes one at the same point. No step or evaluation runs inside one (refused). It must not outlive the
+// trainer. Nothing at other stages.
 class WholeParameters {
 public:
     explicit WholeParameters(ModuleTrainer& trainer, bool written = false) : trainer_(trainer), written_(written) {
         trainer_.gather_released_parameters();
     }
-    ~WholeParameters() { trainer_.release_gathered_parameters(written_); }
+    ~WholeParameters() {
+        try {
+            trainer_.release_gathered_parameters(written_);
+        } catch (...) {
+            // Taking the written values failed (the device): they are lost, the shards keep the last ones.
+            try {
+                trainer_.release_gathered_parameters(false);
+            } catch (...) {
+            }
+        }
+    }
     WholeParameters(const WholeParameters&) = delete;
     WholeParameters& operator=(const WholeParameters&) = delete;
 

@@ -152,6 +152,8 @@ void ModuleTrainer::start_streaming() {
 }
 
 void ModuleTrainer::gather_segment(int first_layer, int layer_count) {
+    // A layer allocated but not gathered (a failure part way) is released again by the hook that follows a failure
+    // (after_forward, or the window's zero_gradients).
     for (int layer = first_layer; layer < first_layer + layer_count; ++layer)
         layered_->block(layer).allocate_parameter_storage();
     zero_->gather_parameters(segment_parameters_.at(first_layer));
@@ -166,14 +168,24 @@ void ModuleTrainer::release_segment_parameters(int first_layer, int layer_count)
 
 void ModuleTrainer::gather_released_parameters() {
     if (!parameters_sharded()) return;
-    for (int layer : streamed_layers_) layered_->block(layer).allocate_parameter_storage();
-    zero_->gather_parameters(released_indexes_);
-    for (int layer : streamed_layers_) layered_->block(layer).refresh_working_copies();
+    if (whole_scopes_++ > 0) return; // gathered already (a nested scope)
+    try {
+        // All or nothing: a layer left with storage but no values would pass for whole.
+        for (int layer : streamed_layers_) layered_->block(layer).allocate_parameter_storage();
+        zero_->gather_parameters(released_indexes_);
+        for (int layer : streamed_layers_) layered_->block(layer).refresh_working_copies();
+    } catch (...) {
+        --whole_scopes_;
+        for (int layer : streamed_layers_) layered_->block(layer).release_parameter_storage();
+        throw;
+    }
 }
 
 void ModuleTrainer::release_gathered_parameters(bool written) {
-    if (!parameters_sharded()) return;
+    if (!parameters_sharded() || whole_scopes_ == 0) return;
+    // The outermost scope releases; a `written` nested one takes its values now, the outer one's are the same storage.
     if (written) zero_->take_parameters(released_indexes_); // the ones kept whole were written in place
+    if (--whole_scopes_ > 0) return;
     for (int layer : streamed_layers_) layered_->block(layer).release_parameter_storage();
 }
 

@@ -174,10 +174,9 @@ void ZeroShards::keep_shards_of(const std::vector<size_t>& indexes) {
     Tensor shard;
     if (count > 0)
         shard = Tensor::empty({count}, parameters_[0].dtype(), parameters_[0].device(), MemoryCategory::parameters);
-    // Nothing below throws.
     shard_parameters_ = shard;
     shard_offsets_ = std::move(offsets);
-    take_parameters(indexes);
+    take_parameters(indexes); // local copies: a failure here is the device's, and the trainer's construction fails
 }
 
 char* ZeroShards::owned(size_t index, int64_t flat) const {
@@ -187,31 +186,25 @@ char* ZeroShards::owned(size_t index, int64_t flat) const {
 }
 
 void ZeroShards::gather_parameters(const std::vector<size_t>& indexes) {
-    const Device device = piece_.device();
     const size_t element = dtype_size(piece_.dtype());
     for (const auto& [run_begin, run_end] : runs_of(indexes, "gather_parameters"))
         for (int64_t owner = 0; owner < partition_.ranks; ++owner) {
             const int64_t first = std::max(run_begin, partition_.begin(owner)), last = std::min(run_end, partition_.end(owner));
-            for (int64_t window = first; window < last; window += partition_.piece) {
-                const int64_t count = std::min(partition_.piece, last - window);
-                // The owner's values of the window, from its shard (or the parameters kept whole, which its update
-                // wrote) to every rank's piece buffer, and on into the parameters.
+            // One broadcast per parameter the owner's elements of the run touch, straight into the parameters'
+            // storage (no piece buffer, so as few calls as there are tensors): the owner first copies its values
+            // there from its shard (a parameter kept whole holds them already, its update wrote them).
+            for (size_t index = 0; index < parameters_.size() && first < last; ++index) {
+                const int64_t from = std::max(first, flat_offsets_[index]), to = std::min(last, flat_offsets_[index + 1]);
+                if (from >= to) continue;
+                const Tensor& parameter = parameters_[index];
                 if (owner == communicator_.rank()) {
-                    int64_t flat = window;
-                    for (size_t index = 0; index < parameters_.size() && flat < window + count; ++index) {
-                        if (flat_offsets_[index + 1] <= flat) continue;
-                        const int64_t elements = std::min(flat_offsets_[index + 1], window + count) - flat;
-                        copy_bytes(at(piece_, flat - window), device, owned(index, flat), device,
-                                   static_cast<size_t>(elements) * element);
-                        flat += elements;
-                    }
+                    char* destination = at(parameter, from - flat_offsets_[index]);
+                    const char* source = owned(index, from);
+                    if (source != destination)
+                        copy_bytes(destination, parameter.device(), source, parameter.device(),
+                                   static_cast<size_t>(to - from) * element);
                 }
-                communicator_.broadcast_range(piece_, 0, count, static_cast<int>(owner));
-                for_each_overlap(parameters_, window, window + count,
-                                 [&](const Tensor& parameter, int64_t to, int64_t flat, int64_t elements) {
-                                     copy_bytes(at(parameter, to), device, at(piece_, flat - window), device,
-                                                static_cast<size_t>(elements) * element);
-                                 });
+                communicator_.broadcast_range(parameter, from - flat_offsets_[index], to - from, static_cast<int>(owner));
             }
         }
 }

@@ -55,12 +55,12 @@ public:
     // Per parameter: where this rank's part of it starts in shard_parameters, or -1 where it is not kept there.
     const std::vector<int64_t>& parameter_offsets() const { return shard_offsets_; }
     // Every rank's part of parameters[indexes] (each with storage; every rank passes the same indexes) into every
-    // rank's parameters: one broadcast per owner and piece-long window of the indexes' elements, packed by the owner
-    // from its shard (or from the parameter, for one kept whole) into the collectives' piece buffer. Afterwards
-    // every rank's copies are the owners' values bit for bit.
+    // rank's parameters: one broadcast per parameter and owner of some of its elements, in place in the parameter's
+    // storage, where the owner first copies its values from its shard (a parameter kept whole holds them already).
+    // Afterwards every rank's copies are the owners' values bit for bit.
     void gather_parameters(const std::vector<size_t>& indexes);
-    // The values the sharded parameters among parameters[indexes] hold now (written whole on every rank: a resume)
-    // become this rank's shard of them. Local: no collective.
+    // The values the sharded parameters among parameters[indexes] hold now (given storage and written on every rank:
+    // keep_shards_of's start, WholeParameters with `written`) become this rank's shard of them. Local: no collective.
     void take_parameters(const std::vector<size_t>& indexes);
     // parameters[index] whole, from its owners, a window of the collectives' buffer at a time, as gather_state_tensor
     // gathers a state tensor: `consume` gets each window's bytes (on the parameters' device, valid during the call),

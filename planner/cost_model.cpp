@@ -298,6 +298,20 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
     return cost;
 }
 
+namespace {
+
+// The parameter tensors of one decoder layer, and of the whole model: the calls a per-tensor collective makes.
+int layer_tensor_count(const nn::ModelConfig& config) {
+    return config.is_llama() ? 9 : 12; // Llama: 2 norms, q k v o, gate up down; GPT-2: 2 norms and 4 biased linears
+}
+
+int parameter_tensor_count(const nn::ModelConfig& config) {
+    if (config.is_llama()) return 2 + (config.llama().tie_word_embeddings ? 0 : 1) + 9 * config.layers();
+    return 4 + 12 * config.layers(); // wte, wpe, ln_f's weight and bias
+}
+
+} // namespace
+
 void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumulation_steps,
                        const checkpoint::CheckpointPolicy& policy, int zero_stage, int ranks, const Ceilings& ceilings) {
     if (ranks <= 1) return;
@@ -327,13 +341,15 @@ void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumu
                     std::ceil((parameters - layers) / static_cast<double>(partition.piece)) + ranks;
             if (zero_stage == 3) {
                 // No all-gather: the checkpointed layers' masters are broadcast by their owners (a ring broadcast moves
-                // the whole payload through every link) a piece-long window at a time, for each segment's forward and
-                // again for its recompute: twice per micro-batch.
-                // The parameters kept whole are broadcast the same way once, after the update.
-                const double windows = std::ceil(layers / static_cast<double>(partition.piece)) + segments;
-                const double rest = std::ceil((parameters - layers) / static_cast<double>(partition.piece)) + ranks;
+                // the whole payload through every link), one call per tensor and owner of part of it, for each
+                // segment's forward and again for its recompute: twice per micro-batch. The parameters kept whole are
+                // broadcast the same way once, after the update. (A tensor split between two owners is one call more.)
+                const double layer_tensors = static_cast<double>(layer_tensor_count(config));
+                const double kept_tensors =
+                    static_cast<double>(parameter_tensor_count(config)) - checkpointed_layers * layer_tensors;
                 bytes += (2 * accumulation_steps * layers + (parameters - layers) - share * parameters) * gradient_bytes;
-                calls += 2 * accumulation_steps * windows + rest - static_cast<double>(partition.pieces);
+                calls += 2 * accumulation_steps * (checkpointed_layers * layer_tensors + ranks - 1) + kept_tensors +
+                         ranks - 1 - static_cast<double>(partition.pieces);
             }
         }
     }

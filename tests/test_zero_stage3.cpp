@@ -134,9 +134,9 @@ TEST(ZeroStage3, OneRankTrainsBitwiseAsStageTwoAndAsPredicted) {
                     const optim::StepResult result = *trainer.train_step(loader.source());
                     losses[stage3].push_back(result.loss);
                     peaks[stage3] = std::max(peaks[stage3], result.memory.peak_bytes);
-                    // One rank owns everything: one broadcast per segment and use (3 segments, 2 uses a micro-batch),
-                    // and one for the parameters kept whole (the embeddings and the final norm, one run of each).
-                    if (stage3) EXPECT_EQ(result.communication.broadcasts, 6 * accumulation + 2);
+                    // One broadcast per tensor: a segment's 12 for each of its 2 uses a micro-batch (3 segments),
+                    // and the 4 kept whole (wte, wpe, ln_f's weight and bias) after the update.
+                    if (stage3) EXPECT_EQ(result.communication.broadcasts, 72 * accumulation + 4);
                 }
                 {
                     const optim::WholeParameters whole(trainer);
@@ -224,6 +224,15 @@ TEST(ZeroStage3, WholeParametersKeepsWhatWasWrittenOnlyWhenTold) {
     }
     const optim::WholeParameters whole(trainer);
     EXPECT_EQ(weight.to_vector<float>(), std::vector<float>(static_cast<size_t>(weight.numel()), 0.5f));
+    {
+        const optim::WholeParameters nested(trainer); // gathered already: nothing more, and the outer scope releases
+        EXPECT_FALSE(weight.storage_released());
+    }
+    EXPECT_FALSE(weight.storage_released());
+    // A step inside the scope is refused: its hooks would release the layers under it.
+    nn::DataLoader loader(documents(20), padded_options(2));
+    expect_error([&] { trainer.train_step(loader.source()); }, {"WholeParameters", "end the scope"});
+    EXPECT_FALSE(weight.storage_released());
 }
 
 // The memory model: the checkpointed layers' masters and copies leave `parameters` for this rank's part of them and
@@ -279,7 +288,8 @@ TEST(ZeroStage3, MemoryModelShardsTheCheckpointedLayersWeights) {
 }
 
 // The collectives' cost: stage 3 reduces the gradients as stage 2 does, and broadcasts the checkpointed layers'
-// masters twice per micro-batch (their forward and their recompute) and the rest once, instead of the all-gather.
+// masters twice per micro-batch (their forward and their recompute) and the rest once, instead of the all-gather,
+// one call per tensor (and one more where a tensor is split between two owners).
 TEST(ZeroStage3, CostModelCountsTwoGathersOfEveryMicroBatch) {
     const nn::GPTConfig config = nn::GPTConfig::named("tiny");
     const checkpoint::CheckpointPolicy every_layer{true, 1};
@@ -295,6 +305,13 @@ TEST(ZeroStage3, CostModelCountsTwoGathersOfEveryMicroBatch) {
                              gradients + (2 * accumulation * layers + parameters - layers) * 4);
             EXPECT_GT(communication(3, ranks, accumulation).communication_seconds,
                       communication(2, ranks, accumulation).communication_seconds);
+            // The calls: stage 2's without its all-gather's pieces, plus 12 tensors a layer for each of the 2A passes
+            // (ranks − 1 splits each) and the 4 tensors kept whole (ranks − 1 splits).
+            const distributed::ZeroPartition partition =
+                distributed::ZeroPartition::of(static_cast<int64_t>(parameters), ranks, 4);
+            EXPECT_DOUBLE_EQ(communication(3, ranks, accumulation).collectives,
+                             communication(2, ranks, accumulation).collectives - partition.pieces +
+                                 2 * accumulation * (config.n_layer * 12 + ranks - 1) + 4 + ranks - 1);
         }
     EXPECT_EQ(communication(3, 1, 4).communicated_bytes, 0.0);
 }
