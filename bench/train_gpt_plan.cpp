@@ -313,6 +313,15 @@ int print_plan(const Options& options) {
     if (const std::optional<planner::MemoryPrediction> step = predicted_step_memory(options))
         peaks.push_back({"step", step->peak_on(options.resolved_device),
                          options.resolved_device == Device::cpu ? 0 : step->host_peak_bytes});
+    if (shards.parameters) {
+        // ZeRO-3 shards the model as the trainer starts: every rank builds it whole first, with its gradient buffers
+        // (and under bf16 its working copies as the trainer makes them), which the step's figures leave out.
+        const planner::LoadPhasePrediction built = planner::predict_load_phase(options.model, options.resolved_device, false);
+        peaks.push_back({"build", built.device_peak, built.host_peak}); // a lower bound, as the line says
+        report += "build (ZeRO-3: every rank builds the model whole before the trainer shards it): at least " +
+                  planner::mebibytes(built.device_peak) + " (" + std::to_string(built.device_peak) +
+                  " B), the parameters and gradients as built\n";
+    }
     if (!options.eval_data.empty()) report += evaluation_report(options, rows, length, shards, peaks);
     if (!options.out.empty() || !options.resume.empty() || !options.init.empty())
         report += state_phases_report(options, peaks);
