@@ -1,7 +1,7 @@
 // The generic gradient-accumulation trainer: any nn::Module, any batch type, a loss the user writes that
 // returns (sum of losses, number of items). It owns the optimizer step's boundaries: the window's item count
 // (all-reduced over data-parallel ranks), loss normalisation, the one clip, the update, the schedule, the
-// non-finite guard and ZeRO-1 and 2. What it is told is optim/trainer_config.h; optim/trainer.h builds the causal-LM
+// non-finite guard and ZeRO-1, 2 and 3. What it is told is optim/trainer_config.h; optim/trainer.h builds the causal-LM
 // trainer on it; docs/TRAINING.md has the formulas.
 #pragma once
 
@@ -133,7 +133,7 @@ public:
     // trainer and hold at least one trainable parameter (frozen ones, Module::set_requires_grad, get no gradient,
     // state, norm or reduction, and must be frozen before the trainer is built); its device is the one its forward runs on (Module::compute_device). With a communicator the trainer is data-parallel from
     // the start (see set_communicator), and zero_stage 1 shards the optimizer state over its ranks (2: and the
-    // gradients, which needs a causal LM with checkpointing).
+    // gradients, 3: and the checkpointed layers' masters; both need a causal LM with checkpointing).
     ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator = nullptr);
     virtual ~ModuleTrainer();
     ModuleTrainer(const ModuleTrainer&) = delete;

@@ -65,7 +65,8 @@ struct TrainerConfig {
     // Module::set_checkpointing; precision bf16 gives the model bf16 working copies of its f32 parameters
     // (Module::set_compute_dtype), while the optimizer updates the f32 masters from f32 gradient buffers
     // (docs/TRAINING.md, "bf16"); fp32 leaves the model's own dtype (a GPT built with DType::bf16 is mixed
-    // precision already). zero_stage 1 shards the optimizer state over the constructor's communicator.
+    // precision already). zero_stage 1 shards the optimizer state over the constructor's communicator, 2 the summed
+    // gradients too, 3 the checkpointed layers' masters too (StepShape::zero_stage).
     StepShape shape;
     double learning_rate = 1e-3;
     double weight_decay = 0.0; // applied to 2-D weights only (optim/optimizer.h)
