@@ -207,7 +207,6 @@ public:
     // While some are gathered this way a step or an evaluation is refused (its hooks would gather and release them
     // under the scope's feet).
     bool parameters_gathered() const { return whole_scopes_ > 0; }
-    void refuse_inside_whole_parameters(const char* what) const;
     bool releases_parameters() const { return parameters_sharded(); }
     // A parameter of the model whole, for a save: `consume` gets its bytes on `device` (valid during the call), in
     // order: its own storage in one piece, or at stage 3 for a released one, gathered from the owners' shards a
@@ -239,6 +238,7 @@ private:
     bool parameters_sharded() const { return zero_ && config_.shape.zero_stage == 3; }
     void gather_segment(int first_layer, int layer_count);  // storage, the owners' values, the working copies
     void release_segment_parameters(int first_layer, int layer_count);
+    void refuse_inside_whole_parameters(const char* what) const; // a step's parts, inside a WholeParameters
     std::optional<size_t> released_index(const Tensor& parameter) const; // among parameters_, if released
     // Streamed gradients, parameters or both, for the decoder layers of the checkpointed segments
     // (checkpoint::SegmentHooks): streamed gradients take away their device gradient buffers, which each
