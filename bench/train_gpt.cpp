@@ -241,7 +241,7 @@ int run(const Options& flags) {
         // the same precision and policy again, which changes nothing).
         if (config.shape.precision == Precision::bf16) model.set_compute_dtype(DType::bf16);
         model.set_checkpointing(config.shape.checkpointing);
-        optim::mark_streamed_layers(model, config.shape);
+        optim::mark_streamed_layers(model, config.shape, world_size > 1);
         model.set_master_device(Device::cpu, options.resolved_device);
     }
     if (!lora) load_init();

@@ -316,11 +316,16 @@ int print_plan(const Options& options) {
     if (shards.parameters) {
         // ZeRO-3 shards the model as the trainer starts: every rank builds it whole first, with its gradient buffers
         // (and under bf16 its working copies as the trainer makes them), which the step's figures leave out.
-        const planner::LoadPhasePrediction built = planner::predict_load_phase(options.model, options.resolved_device, false);
+        // With the optimizer on the host it is built there, and placed a module's working copies at a time.
+        const bool on_host = options.trainer.shape.offload_optimizer;
+        const planner::LoadPhasePrediction built =
+            planner::predict_load_phase(options.model, options.resolved_device, on_host);
         peaks.push_back({"build", built.device_peak, built.host_peak}); // a lower bound, as the line says
-        report += "build (ZeRO-3: every rank builds the model whole before the trainer shards it): at least " +
-                  planner::mebibytes(built.device_peak) + " (" + std::to_string(built.device_peak) +
-                  " B), the parameters and gradients as built\n";
+        const size_t bound = on_host ? built.host_peak : built.device_peak;
+        report += std::string("build (ZeRO-3: every rank builds the model whole") + (on_host ? " in host memory" : "") +
+                  " before the trainer shards it): at least " + planner::mebibytes(bound) + " (" + std::to_string(bound) +
+                  " B)" + (on_host && options.resolved_device != Device::cpu ? " on the host" : "") +
+                  ", the parameters and gradients as built\n";
     }
     if (!options.eval_data.empty()) report += evaluation_report(options, rows, length, shards, peaks);
     if (!options.out.empty() || !options.resume.empty() || !options.init.empty())

@@ -41,7 +41,9 @@ data parallelism (mpirun -np N train_gpt ...; docs/DISTRIBUTED.md):
   --zero-stage 0|1|2|3           1: each rank keeps the optimizer state of 1/N of the parameters (ZeRO-1);
                                  2: and their summed gradients (ZeRO-2; needs --gradient-checkpointing);
                                  3: and their f32 masters, the checkpointed layers' weights gathered from the ranks
-                                 for each use (ZeRO-3; needs --gradient-checkpointing, not --offload-optimizer)
+                                 for each use (ZeRO-3; needs --gradient-checkpointing; with --offload-optimizer
+                                 cpu the masters' parts on the host, --offload-gradients stream, no
+                                 --offload-parameters)
   --world-size N                 with --plan: plan for N data-parallel ranks without launching them (default: the
                                  launcher's, 1 without one)
   --offload-optimizer none|cpu   cpu: the f32 masters, their gradients and the optimizer state live in host

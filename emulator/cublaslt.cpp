@@ -96,7 +96,10 @@ cublasStatus_t shape_of(const MatmulDescription& description, const Layout* a, c
 
 uint32_t alignment_of(const void* pointer) {
     const auto address = reinterpret_cast<uintptr_t>(pointer);
-    return address == 0 ? 256u : static_cast<uint32_t>(address & (~address + 1)); // the lowest set bit
+    // The lowest set bit, capped at 256 (the most an algorithm asks for): an address on a 4 GiB boundary would
+    // otherwise truncate to 0 in 32 bits and pass for unaligned.
+    const uintptr_t lowest = address & (~address + 1);
+    return address == 0 || lowest >= 256 ? 256u : static_cast<uint32_t>(lowest);
 }
 
 } // namespace

@@ -299,6 +299,13 @@ void Module::make_working_copies(DType dtype, Device device,
             copy.working_storage.set_gradient_buffer(Tensor());
             copy.working.set_gradient_buffer(Tensor());
         }
+    if (apart && release_on_placement_) {
+        // ZeRO-3 takes these layers' values as the ranks' shards: their copies come back when a segment is gathered.
+        std::vector<Tensor> trainable;
+        for (const WorkingCopy& copy : copies)
+            if (copy.working_storage.requires_grad()) trainable.push_back(copy.working_storage), trainable.push_back(copy.working);
+        release_storage(trainable);
+    }
     if (apart && park_on_placement_) {
         std::vector<Tensor> working;
         for (const WorkingCopy& copy : copies) working.push_back(copy.working_storage), working.push_back(copy.working);
@@ -312,7 +319,8 @@ void Module::refresh(const WorkingCopy& copy) const {
     const Tensor& master = copy.master_storage;
     Tensor working = copy.working_storage; // a handle: copy_from writes through it
     if (working.shares_storage_with(master)) return; // the parameter itself: nothing to copy
-    if (master.storage_released()) return;           // ZeRO-3: refreshed when its values are gathered
+    // ZeRO-3: refreshed when its values are gathered (the master), or when its segment is (the copy apart).
+    if (master.storage_released() || working.storage_released()) return;
     if (working.device() == master.device()) return convert_into(working, master);
     if (working.dtype() == master.dtype()) return working.copy_from(master);
     // Rounded where the master is, then copied: half the bytes cross to the device, and the rounding is the
@@ -387,9 +395,24 @@ void Module::collect_trainable_handles(std::vector<Tensor>& out) const {
     for (const auto& [name, child] : children_) child->collect_trainable_handles(out);
 }
 
+void Module::collect_trainable_copies_apart(std::vector<Tensor>& out) const {
+    if (master_device_)
+        for (size_t index = 0; index < working_copies_.size(); ++index)
+            if (parameters_[index].second.requires_grad())
+                out.insert(out.end(), {working_copies_[index].working_storage, working_copies_[index].working});
+    for (const auto& [name, child] : children_) child->collect_trainable_copies_apart(out);
+}
+
 void Module::release_parameter_storage() {
-    ENGINE_CHECK(!master_device_, "release_parameter_storage: the masters are apart from the working copies "
-                                  "(set_master_device); ZeRO-3 with the model state on the host is not built");
+    ENGINE_CHECK(!any_parked(), "release_parameter_storage: the working copies are parked on the host "
+                                "(park_working_copies); ZeRO-3 gathers a segment's copies itself");
+    std::vector<Tensor> handles;
+    collect_trainable_handles(handles);
+    collect_trainable_copies_apart(handles);
+    release_storage(handles);
+}
+
+void Module::release_master_storage() {
     std::vector<Tensor> handles;
     collect_trainable_handles(handles);
     release_storage(handles);
@@ -399,6 +422,12 @@ void Module::allocate_parameter_storage() {
     std::vector<Tensor> handles;
     collect_trainable_handles(handles);
     allocate_storage(handles);
+}
+
+void Module::allocate_working_storage() {
+    std::vector<Tensor> copies;
+    collect_trainable_copies_apart(copies);
+    allocate_storage(copies);
 }
 
 void Module::collect_working_storage(std::vector<Tensor>& out) const {
@@ -416,7 +445,7 @@ bool Module::any_parked() const {
     return false;
 }
 
-void Module::set_streamed_placement(bool park, bool without_gradients) {
+void Module::set_streamed_placement(bool park, bool without_gradients, bool released) {
     ENGINE_CHECK(!master_device_, "set_streamed_placement: the masters are placed already (set_master_device); "
                                   "use park_working_copies and release_working_gradients");
     std::vector<Module*> tree;
@@ -424,6 +453,7 @@ void Module::set_streamed_placement(bool park, bool without_gradients) {
     for (Module* module : tree) {
         module->park_on_placement_ = park;
         module->no_gradients_on_placement_ = without_gradients;
+        module->release_on_placement_ = released;
     }
 }
 

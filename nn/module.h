@@ -117,10 +117,16 @@ public:
     // copies beside them, lose their storage (release_parameter_storage: their values are kept elsewhere, as the
     // ranks' shards, and reading one throws naming it) or get fresh storage of their size again
     // (allocate_parameter_storage), uninitialised: the caller writes the masters, then refresh_working_copies(),
-    // which passes over released masters. Gradient buffers and frozen parameters are left as they are. Refused with
-    // the masters apart (set_master_device).
+    // which passes over released masters and released copies. Gradient buffers and frozen parameters are left as they
+    // are. With the masters apart (set_master_device, the model state on the host) release_parameter_storage releases
+    // the working copies on the compute device too, allocate_parameter_storage allocates the masters' side only (what a
+    // save reads), allocate_working_storage the copies apart, and release_master_storage lets the masters' side go
+    // while the copies stay (a segment gathered on the host, rounded up, then run from its device copies). Refused
+    // while the copies are parked (park_working_copies).
     void release_parameter_storage();
     void allocate_parameter_storage();
+    void allocate_working_storage();
+    void release_master_storage();
 
     // Parameters streamed (offload_parameters; docs/MEMORY.md, "Parameters streamed"), with the masters apart:
     // park_working_copies() moves this subtree's working copies to the masters' device (the host, category
@@ -133,11 +139,12 @@ public:
     // are not parked or are fetched already); the fetch_working_copies() that follows orders the compute stream
     // after them instead of copying.
     // The parked copies are pinned host memory (category pinned_host), so that a copy up is a DMA at the link's
-    // rate. set_streamed_placement(park, without_gradients), called before set_master_device, makes this
-    // subtree's copies parked as soon as each module's are made (park) and without device gradient buffers
-    // (without_gradients: streamed gradients attach them for a use), so that placing a model never holds more
-    // than one module's copies on the device beyond what the plan keeps there.
-    void set_streamed_placement(bool park, bool without_gradients);
+    // rate. set_streamed_placement(park, without_gradients, released), called before set_master_device, makes this
+    // subtree's copies parked as soon as each module's are made (park), without device gradient buffers
+    // (without_gradients: streamed gradients attach them for a use), or the trainable ones released (released: ZeRO-3
+    // gathers them for each use), so that placing a model never holds more than one module's copies on the device
+    // beyond what the plan keeps there.
+    void set_streamed_placement(bool park, bool without_gradients, bool released = false);
     void park_working_copies();
     void unpark_working_copies();
     void fetch_working_copies();
@@ -187,6 +194,7 @@ private:
     // The tensors over parameters_[index]'s storage: it, its views, and its working copy beside it (not one apart).
     std::vector<Tensor> handles_of(size_t index) const;
     void collect_trainable_handles(std::vector<Tensor>& out) const; // handles_of every trainable parameter of the subtree
+    void collect_trainable_copies_apart(std::vector<Tensor>& out) const; // their working copies apart, masters apart
     // Copies in `dtype` on `device` (the masters' own device: sharing their gradient buffers; another: each
     // with a gradient buffer of its own).
     void make_working_copies(DType dtype, Device device,
@@ -207,6 +215,7 @@ private:
     bool parked_ = false;                 // park_working_copies's, for the subtree it was called on
     bool park_on_placement_ = false;      // set_streamed_placement's
     bool no_gradients_on_placement_ = false;
+    bool release_on_placement_ = false;
     StagedStorage fetched_;               // fetch_working_copies's copies, on the module it was called on
     std::vector<std::pair<std::string, Module*>> children_;
     bool training_ = true;

@@ -83,7 +83,7 @@ ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, dis
     // Before the optimizer, whose state goes where the masters are. (A model placed already, as train_gpt does
     // to build its masters on the host, keeps its placement.)
     if (config_.shape.offload_optimizer && !masters_apart) {
-        mark_streamed_layers(model_, config_.shape);
+        mark_streamed_layers(model_, config_.shape, config_.shape.zero_stage == 3 && communicator_ != nullptr);
         model_.set_master_device(Device::cpu);
     }
     // The trainable parameters only: a frozen one has no gradient, no optimizer state and no part in the norm or

@@ -119,11 +119,12 @@ struct Accumulation {
 
 // Before a model with checkpointing set (set_checkpointing) has its masters placed on the host
 // (Module::set_master_device): the layers that `shape` streams (those of the checkpointed segments of a causal
-// LM) get their working copies parked on the host as they are made (offload_parameters) and no device
-// gradient buffers (offload_gradients stream), so placing never holds on the device what the plan took off
-// it. Nothing for other shapes or modules. The trainer calls it for a model it places; train_gpt for the one it
-// builds on the host.
-void mark_streamed_layers(nn::Module& model, const StepShape& shape);
+// LM) get their working copies parked on the host as they are made (offload_parameters), no device
+// gradient buffers (offload_gradients stream), and at zero_stage 3 with `parameters_sharded` (the trainer will
+// have a communicator) the copies released as they are made, so placing never holds on the device what the plan
+// took off it. Nothing for other shapes or modules. The trainer calls it for a model it places; train_gpt for the
+// one it builds on the host.
+void mark_streamed_layers(nn::Module& model, const StepShape& shape, bool parameters_sharded);
 
 class ModuleTrainer {
 public:
@@ -172,7 +173,8 @@ public:
     // Data parallelism (docs/DISTRIBUTED.md): each window's item count is summed over the ranks before its
     // first backward, the gradient buffers once after its last, and the loss sum once for the report, so
     // every rank takes the same step. Not owned; nullptr (the default) is one process. Every rank must make
-    // the same calls: a rank that throws leaves the others waiting, so launch with mpirun, which ends them.
+    // the same calls: a rank that throws leaves the others waiting, so launch with mpirun, which ends them
+    // once the failed rank exits (it does not finalise MPI while unwinding; engine/distributed/backends.h).
     // With zero_stage 1 or 2 the communicator must be the constructor's, which sharded the model state.
     void set_communicator(distributed::Communicator* communicator);
     distributed::Communicator* communicator() const { return communicator_; }
@@ -201,7 +203,9 @@ public:
     // model outside a step, and go again (release_gathered_parameters; `written`: their values changed meanwhile, so
     // each rank first takes its part of them into its shard, which the update reads; local). Nothing at other
     // stages. WholeParameters scopes the pair. At stage 3 a released parameter written outside a step without
-    // `written` is overwritten from the shards at its next gather.
+    // `written` is overwritten from the shards at its next gather. With the model state on the host (offload_optimizer)
+    // the masters are gathered there and the layers' working copies on the device stay released: a save reads the
+    // masters, and a forward inside the scope fails naming the released copy.
     void gather_released_parameters();
     void release_gathered_parameters(bool written);
     // While some are gathered this way a step or an evaluation is refused (its hooks would gather and release them

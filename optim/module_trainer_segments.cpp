@@ -26,13 +26,14 @@ std::vector<int> layers_of(const std::vector<checkpoint::Segment>& segments) {
 
 } // namespace
 
-void mark_streamed_layers(nn::Module& model, const StepShape& shape) {
+void mark_streamed_layers(nn::Module& model, const StepShape& shape, bool parameters_sharded) {
     auto* layered = dynamic_cast<nn::CausalLM*>(&model);
     const bool park = shape.offload_optimizer && shape.offload_parameters;
     const bool without_gradients = shape.offload_optimizer && shape.offload_gradients == GradientOffload::stream;
-    if (layered == nullptr || !(park || without_gradients)) return;
+    const bool released = shape.offload_optimizer && shape.zero_stage == 3 && parameters_sharded;
+    if (layered == nullptr || !(park || without_gradients || released)) return;
     for (int layer : layers_of(checkpointed_segments(*layered)))
-        layered->block(layer).set_streamed_placement(park, without_gradients);
+        layered->block(layer).set_streamed_placement(park, without_gradients, released);
 }
 
 void ModuleTrainer::start_streaming() {
@@ -157,8 +158,14 @@ void ModuleTrainer::gather_segment(int first_layer, int layer_count) {
     for (int layer = first_layer; layer < first_layer + layer_count; ++layer)
         layered_->block(layer).allocate_parameter_storage();
     zero_->gather_parameters(segment_parameters_.at(first_layer));
-    for (int layer = first_layer; layer < first_layer + layer_count; ++layer)
-        layered_->block(layer).refresh_working_copies(); // bf16: rounded from the gathered masters
+    for (int layer = first_layer; layer < first_layer + layer_count; ++layer) {
+        nn::Module& block = layered_->block(layer);
+        // With the model state on the host the masters were gathered there: the device copies are made from them
+        // (rounded on the host for bf16, as the update's refresh does), and the host's whole masters go again.
+        if (offloaded()) block.allocate_working_storage();
+        block.refresh_working_copies(); // bf16: rounded from the gathered masters
+        if (offloaded()) block.release_master_storage();
+    }
 }
 
 void ModuleTrainer::release_segment_parameters(int first_layer, int layer_count) {

@@ -49,6 +49,7 @@ public:
     const size_t mlp_tile;     // 0: the whole MLP
     size_t vocabulary = 0;     // the head's real columns (V <= head_columns)
     bool training = true;      // train mode: dropout draws; eval mode returns its input
+    size_t gathered_layer = 0; // ZeRO-3: a checkpointed layer's weights, gathered for each use of its segment
 
     virtual Sym layer_forward(const Sym& input, int index) const = 0;
     virtual Sym forward_hidden() const = 0;
@@ -190,7 +191,14 @@ public:
     // checkpoint::checkpoint over one segment: its forward under no-grad, the input kept (a pinned copy with
     // offload); in backward the input back on the device, the segment recomputed on a tape of its own and walked.
     Sym checkpoint_segment(const Sym& input, const checkpoint::Segment& segment) const {
-        if (!r.grad_enabled) return run_blocks(input, segment.first_layer, segment.layer_count); // nothing to keep
+        if (!r.grad_enabled) {
+            // Nothing to keep. At ZeRO-3 the segment hooks gather its weights before and release them after.
+            const size_t gathered = gathered_layer * static_cast<size_t>(segment.layer_count);
+            r.ledger.hold(gathered);
+            Sym output = run_blocks(input, segment.first_layer, segment.layer_count);
+            r.ledger.let_go(gathered);
+            return output;
+        }
         Sym output;
         {
             const bool previous = r.grad_enabled;
@@ -431,7 +439,8 @@ AdapterStepWalk walk_adapter_step(const nn::ModelConfig& config, int batch, int 
 
 AdapterStepWalk walk_evaluation(const nn::ModelConfig& config, int batch, int seq_len,
                                 const checkpoint::CheckpointPolicy& policy, DType dtype, const FineTuning& tuning,
-                                int loss_chunk_tokens, int mlp_tile_tokens, std::vector<AdapterStepEvent>* events) {
+                                int loss_chunk_tokens, int mlp_tile_tokens, std::vector<AdapterStepEvent>* events,
+                                size_t gathered_layer_bytes) {
     Replay replay(dtype);
     replay.ledger.record_events(events);
     replay.every_tile = events != nullptr;
@@ -441,6 +450,7 @@ AdapterStepWalk walk_evaluation(const nn::ModelConfig& config, int batch, int se
     const std::unique_ptr<DecoderReplay> model = model_replay(
         replay, config, batch, seq_len, policy, tuning.lora ? *tuning.lora : no_adapters, tuning.nf4, mlp_tile_tokens);
     model->training = false;
+    model->gathered_layer = gathered_layer_bytes;
     return run_micro_batch(replay, *model, loss_chunk_tokens, true);
 }
 

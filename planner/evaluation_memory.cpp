@@ -19,23 +19,22 @@ PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int bat
                       << config.max_seq_len());
     ENGINE_CHECK(!offload_parameters,
                  what << ": the evaluation with parameters streamed from the host is not modelled yet");
-    ENGINE_CHECK(!sharding.parameters,
-                 what << ": the evaluation at ZeRO-3 (each segment's weights gathered for its forward) is not modelled "
-                         "yet");
     // Between steps the trainer holds the model state only (its device copies of a micro-batch are gone): under
     // ZeRO-1 with the optimizer's part and the collectives' buffers, with the optimizer on the host the working copies and
-    // the window's gradient buffers (predict_memory's between_steps_bytes).
-    const size_t state = predict_memory(config, batch, seq_len, policy, dtype, optimizer, sharding, 1,
-                                        offload_optimizer, gradients, false, loss_chunk_tokens,
-                                        mlp_tile_tokens, packed_documents, tuning)
-                             .between_steps_bytes;
+    // the window's gradient buffers (predict_memory's between_steps_bytes); at ZeRO-3 this rank's part of the
+    // segments' masters, and during each segment's forward its gathered weights (as in the step's forward).
+    const MemoryPrediction step = predict_memory(config, batch, seq_len, policy, dtype, optimizer, sharding, 1,
+                                                 offload_optimizer, gradients, false, loss_chunk_tokens,
+                                                 mlp_tile_tokens, packed_documents, tuning);
+    const size_t state = step.between_steps_bytes;
     // The evaluation's batches (ids and labels, and positions for packed documents) for its whole length, and the
     // current micro-batch's device copies (its ids and shifted targets, and positions).
     const size_t per_batch = packed_documents ? 3 : 2;
     const size_t ids = static_cast<size_t>(batch) * static_cast<size_t>(seq_len) * sizeof(int32_t);
     const size_t batches = (static_cast<size_t>(eval_batches) + 1) * per_batch * ids;
     const AdapterStepWalk walk =
-        walk_evaluation(config, batch, seq_len, policy, dtype, tuning, loss_chunk_tokens, mlp_tile_tokens);
+        walk_evaluation(config, batch, seq_len, policy, dtype, tuning, loss_chunk_tokens, mlp_tile_tokens, nullptr,
+                        sharding.parameters ? step.gathered_layer_bytes : 0);
     PhasePrediction phase;
     phase.peak_bytes = state + batches + walk.joint;
     phase.moment = walk.joint_moment;

@@ -340,8 +340,9 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     config.validate();
     const int optimizer_shards = sharding.ranks;
     const bool shard_gradients = sharding.gradients;
-    ENGINE_CHECK(!sharding.parameters || !offload_optimizer,
-                 "predict_memory: ZeRO-3 with the optimizer on the host is not built");
+    ENGINE_CHECK(!sharding.parameters || !offload_parameters,
+                 "predict_memory: ZeRO-3 gathers the segments' weights for each use itself: offload_parameters is "
+                 "refused with it");
     ENGINE_CHECK(!shard_gradients || (policy.enabled && (!offload_optimizer || gradients_where == GradientOffload::stream)),
                  "predict_memory: ZeRO-2 needs gradient checkpointing, and with the optimizer on the host streamed "
                  "gradients");
@@ -453,9 +454,14 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     prediction.at(MemoryCategory::parameters) = persistent_parameters + largest_pair * layer_weights;
     prediction.parked_working_copies = parked_layers * layer_weights; // pinned host memory, for the whole run
     // ZeRO-3: those layers' masters (and bf16 copies) exist only while their segment is gathered, one segment at a
-    // time (no prefetch); this rank's part of every master is kept in a buffer of its own.
-    const size_t gathered_layer = sharding.parameters ? layer_parameter_count(config) * (wide + (element == wide ? 0 : element)) : 0;
+    // time (no prefetch); this rank's part of every master is kept in a buffer of its own. With the model state on
+    // the host the masters and the part are there, and the device holds a gathered segment's working copies only.
+    const size_t gathered_layer =
+        !sharding.parameters ? 0
+        : offload_optimizer  ? layer_parameter_count(config) * element
+                             : layer_parameter_count(config) * (wide + (element == wide ? 0 : element));
     prediction.gathered_layer_bytes = gathered_layer;
+    size_t host_gathered_masters = 0; // a segment's whole masters on the host, during its gather only
     if (sharding.parameters) {
         // Rank 0's elements of those layers' masters (the trainer's flat layout: the embeddings, then the layers in
         // order, then the rest), and the most any rank holds.
@@ -465,9 +471,19 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
             if (rank == 0) prediction.shard_parameter_bytes = held;
             largest = std::max(largest, held);
         }
-        prediction.largest_rank_extra_bytes = largest - prediction.shard_parameter_bytes;
-        persistent_parameters = persistent_parameters - checkpointed_layers * gathered_layer + prediction.shard_parameter_bytes;
+        persistent_parameters -= checkpointed_layers * gathered_layer;
         prediction.at(MemoryCategory::parameters) = persistent_parameters + largest_segment * gathered_layer;
+        if (offload_optimizer) {
+            size_t& host_parameters = prediction.host[static_cast<size_t>(MemoryCategory::parameters)];
+            host_gathered_masters = largest_segment * layer_parameter_count(config) * wide;
+            host_parameters = host_parameters - checkpointed_layers * layer_parameter_count(config) * wide +
+                              prediction.shard_parameter_bytes + host_gathered_masters;
+            prediction.host_largest_rank_extra_bytes = largest - prediction.shard_parameter_bytes;
+        } else {
+            prediction.largest_rank_extra_bytes = largest - prediction.shard_parameter_bytes;
+            persistent_parameters += prediction.shard_parameter_bytes;
+            prediction.at(MemoryCategory::parameters) += prediction.shard_parameter_bytes;
+        }
     }
 
     for (const Segment& segment : segments) {
@@ -518,10 +534,13 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     if (offload_optimizer) {
         // The host's high-water mark: the state, the offloaded segment inputs at the end of forward, and during
         // the update the one rounded copy of the largest master on its way to the device (bf16 only).
-        const bool layers_on_device = parked_layers < static_cast<size_t>(config.layers());
+        // Parked copies are refreshed where they are, and released layers when they are gathered: no rounded copy.
+        const size_t unrefreshed = sharding.parameters ? checkpointed_layers : parked_layers;
+        const bool layers_on_device = unrefreshed < static_cast<size_t>(config.layers());
         const size_t rounding = element == wide ? 0 : largest_parameter_elements(config, layers_on_device) * element;
         size_t state = prediction.parked_working_copies;
         for (size_t bytes : prediction.host) state += bytes;
+        state -= host_gathered_masters; // the persistent part: a gathered segment is a transient, below
         prediction.host[static_cast<size_t>(MemoryCategory::pinned_host)] =
             prediction.of(MemoryCategory::pinned_host) + prediction.parked_working_copies;
         prediction.host_peak_bytes = state + std::max(prediction.of(MemoryCategory::pinned_host), rounding);
@@ -531,6 +550,14 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
             const size_t pinned = offload ? static_cast<size_t>(prediction.checkpointed_segments - 1) * terms.stream : 0;
             prediction.host_peak_bytes =
                 std::max(prediction.host_peak_bytes, state + pinned + largest_layer_parameter(config) * wide);
+        }
+        if (host_gathered_masters > 0) {
+            // ZeRO-3: a segment's gather, at its highest at the first recompute (every offloaded input still pinned):
+            // its whole masters, and one tensor rounded on its way to the device (bf16 only).
+            const size_t gather_rounding = element == wide ? 0 : largest_layer_parameter(config) * element;
+            prediction.host_peak_bytes =
+                std::max(prediction.host_peak_bytes,
+                         state + prediction.of(MemoryCategory::pinned_host) + host_gathered_masters + gather_rounding);
         }
         // On one account (the CPU backend) there is nothing to offload: the trainer refuses it.
         prediction.unified_peak_bytes = prediction.peak_bytes + state;

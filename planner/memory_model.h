@@ -78,13 +78,17 @@ struct MemoryPrediction {
     size_t zero_buffers = 0;
     // ZeRO-2's buffer of this rank's part of the summed gradients (in `gradients`, for the whole run).
     size_t shard_gradient_bytes = 0;
-    // ZeRO-3's buffer of this rank's part of the masters (in `parameters`, for the whole run), and the bytes one
-    // checkpointed layer's gathered weights take while its segment runs (its masters, and their bf16 copies).
+    // ZeRO-3's buffer of this rank's part of the masters (in `parameters`, for the whole run; on the host with
+    // offload_optimizer), and the bytes one checkpointed layer's gathered weights take on the device while its segment
+    // runs (its masters and their bf16 copies; with offload_optimizer its working copies, the masters gathered on the
+    // host).
     size_t shard_parameter_bytes = 0;
     size_t gathered_layer_bytes = 0;
     // The ranks' parts differ in how much of those layers they hold: what the rank holding the most keeps beyond
-    // rank 0 (whose figures these are). The planner fits that rank.
+    // rank 0 (whose figures these are), on the device, or with the model state on the host (offload_optimizer) on
+    // the host (host_largest_rank_extra_bytes). The planner fits that rank.
     size_t largest_rank_extra_bytes = 0;
+    size_t host_largest_rank_extra_bytes = 0;
 
     // Model state off the device (offload_optimizer): what the host holds for the whole run, by category (on
     // the host's account), and its high-water mark during a step (with the update's transient). Zero without

@@ -52,12 +52,14 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
         if (sharding.parameters)
             text << ", parameters per rank at their peak " << mebibytes(planned.of(MemoryCategory::parameters))
                  << " instead of " << mebibytes(whole.of(MemoryCategory::parameters)) << " (this rank's part of the masters "
-                 << mebibytes(planned.shard_parameter_bytes) << ", a segment's layers gathered while it runs, "
+                 << mebibytes(planned.shard_parameter_bytes) << (offload_optimizer ? " in host memory" : "")
+                 << ", a segment's layers gathered while it runs, "
                  << mebibytes(planned.gathered_layer_bytes) << " a layer, the rest whole; " << 2 * accumulation_steps
                  << " gather passes per step over the segments)";
-        if (sharding.parameters && planned.largest_rank_extra_bytes > 0)
+        if (sharding.parameters && planned.largest_rank_extra_bytes + planned.host_largest_rank_extra_bytes > 0)
             text << "; these are rank 0's figures, and the rank whose part holds the most of the layers keeps "
-                 << mebibytes(planned.largest_rank_extra_bytes) << " more (the search fits that rank)";
+                 << mebibytes(planned.largest_rank_extra_bytes + planned.host_largest_rank_extra_bytes) << " more"
+                 << (offload_optimizer ? " in host memory" : "") << " (the search fits that rank)";
         text << ", for " << mebibytes(planned.zero_buffers) << " of the collectives' buffers in "
              << (offload_optimizer ? "host memory" : "workspace") << "\n";
     }
@@ -86,7 +88,9 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
             text << ", " << mebibytes(planned.host_of(MemoryCategory::workspace)) << " of ZeRO-1's collective buffers";
         text << "; host peak " << mebibytes(planned.host_peak_bytes) << " (" << planned.host_peak_bytes
              << " B); the device keeps the " << (dtype == DType::bf16 ? "bf16" : dtype_name(dtype))
-             << " working copies (" << mebibytes(planned.working_copies) << ") and "
+             << " working copies (" << mebibytes(planned.working_copies)
+             << (sharding.parameters ? "; at ZeRO-3 those of the checkpointed layers only while their segment runs" : "")
+             << ") and "
              << (gradients == GradientOffload::stream
                      ? "the gradients of the layers outside checkpointed segments, the embeddings and the head, plus "
                        "one segment's during its backward (streamed: summed on the host)"

@@ -133,8 +133,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
     if (options.device != Device::cpu && options.allow_offload_optimizer && !lora) optimizer_tiers.push_back(true);
     std::vector<int> zero_stages = {0};
     if (options.ranks > 1 && options.allow_zero && !lora) zero_stages.insert(zero_stages.end(), {1, 2});
-    // Stage 3's evaluation phase is not modelled: with one to fit, the search leaves it out.
-    if (options.ranks > 1 && options.allow_zero && !lora && options.eval_batches == 0) zero_stages.push_back(3);
+    if (options.ranks > 1 && options.allow_zero && !lora) zero_stages.push_back(3);
     const int per_rank = global_batch / options.ranks;
 
     PlanSearch search;
@@ -174,9 +173,10 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                             // or streamed to the host.
                             if (zero_stage >= 2 && (!policy.enabled || (offload_optimizer && gradients != GradientOffload::stream)))
                                 continue;
-                            if (zero_stage == 3 && offload_optimizer) continue; // not built
                             for (bool offload_parameters : {false, true}) {
                                 if (offload_parameters && (!offload_optimizer || !policy.enabled)) continue;
+                                // ZeRO-3 brings the segments' weights for each use itself.
+                                if (offload_parameters && zero_stage == 3) continue;
                                 // The evaluation beside streamed parameters is not modelled: such plans wait.
                                 if (offload_parameters && options.eval_batches > 0) continue;
                                 candidates.push_back({precision, zero_stage, micro_batch, &policy, offload_optimizer,
@@ -206,13 +206,21 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                 predict_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer,
                                shards, steps, offload_optimizer, gradients, offload_parameters,
                                loss_chunk, mlp_tile, options.packed_documents, options.tuning);
+            // ZeRO-3 with the model state on the host: each segment's working copies cross up from the masters
+            // gathered on the host for its forward and its recompute, as streamed parameters do, but with no prefetch.
+            const bool gathered_on_host = zero_stage == 3 && offload_optimizer;
             plan.cost = predict_cost(config, micro_batch, steps, seq_len, policy, dtype,
                                      options.optimizer, shards.ranks, ceilings, offload_optimizer,
-                                     gradients, offload_parameters, loss_chunk, mlp_tile);
+                                     gradients, offload_parameters || gathered_on_host, loss_chunk, mlp_tile);
+            if (gathered_on_host) {
+                plan.cost.transfer_seconds += plan.cost.hidden_transfer_seconds;
+                plan.cost.seconds += plan.cost.hidden_transfer_seconds;
+                plan.cost.hidden_transfer_seconds = 0;
+            }
             add_communication(plan.cost, config, steps, policy, zero_stage, options.ranks, ceilings);
             // The rank that holds the most (ZeRO-3's parts differ in how much of the sharded layers they hold).
             plan.peak_bytes = plan.memory.peak_on(options.device) + plan.memory.largest_rank_extra_bytes;
-            plan.host_peak_bytes = plan.memory.host_peak_bytes;
+            plan.host_peak_bytes = plan.memory.host_peak_bytes + plan.memory.host_largest_rank_extra_bytes;
             // Pinned memory is the device's page-locked host memory; the CPU backend pins nothing.
             plan.pinned_peak_bytes = options.device == Device::cpu ? 0 : plan.memory.pinned_peak_bytes;
             if (options.state_phases) {
@@ -227,7 +235,8 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                                               offload_optimizer, gradients, false, options.eval_batches, loss_chunk,
                                               mlp_tile,
                                               options.packed_documents, options.tuning)
-                        .peak_on(options.device);
+                        .peak_on(options.device) +
+                    plan.memory.largest_rank_extra_bytes; // ZeRO-3: the rank holding the most, as for the step
                 plan.peak_bytes = std::max(plan.peak_bytes, plan.evaluation_peak_bytes);
             }
             return plan;

@@ -29,9 +29,15 @@ public:
         if (activations > walk_.activations) walk_.activations = activations, compose(walk_.activations_moment);
         walk_.workspace = std::max(walk_.workspace, workspace);
         walk_.pinned_host = std::max(walk_.pinned_host, current(Account::pinned_host));
-        if (activations + workspace > walk_.joint) walk_.joint = activations + workspace, compose(walk_.joint_moment);
-        walk_.unified_joint = std::max(walk_.unified_joint, activations + workspace + current(Account::pinned_host));
+        note_joint();
     }
+    // Bytes of another category held for a while (ZeRO-3: a segment's gathered weights during its forward): in the
+    // joint peak, in no account's own, and no event (the allocator's timeline compared with the events has them apart).
+    void hold(size_t bytes) {
+        held_ += bytes;
+        note_joint();
+    }
+    void let_go(size_t bytes) { held_ -= bytes; }
     void release(Account account, size_t bytes) {
         if (events_ != nullptr) events_->push_back({static_cast<int>(account), -static_cast<int64_t>(bytes)});
         current_[static_cast<int>(account)] -= bytes;
@@ -49,7 +55,13 @@ public:
 
 private:
     void compose(std::string& moment) const { moment.assign(prefix_).append(where_).append(suffix_); }
+    void note_joint() {
+        const size_t joint = current(Account::activations) + current(Account::workspace) + held_;
+        if (joint > walk_.joint) walk_.joint = joint, compose(walk_.joint_moment);
+        walk_.unified_joint = std::max(walk_.unified_joint, joint + current(Account::pinned_host));
+    }
     size_t current_[3] = {0, 0, 0};
+    size_t held_ = 0;
     std::string prefix_, where_, suffix_;
     AdapterStepWalk walk_;
     std::vector<AdapterStepEvent>* events_ = nullptr;

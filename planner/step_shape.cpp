@@ -56,13 +56,16 @@ std::optional<ConfigProblem> StepShape::problem() const {
         return ConfigProblem{"zero_stage", std::to_string(zero_stage) +
                                                " reduces each checkpointed segment's gradients onto their owners as its "
                                                "backward ends, so it needs gradient_checkpointing"};
-    if (zero_stage == 3 && offload_optimizer)
-        return ConfigProblem{"zero_stage", "3 with offload_optimizer (each rank's shard of the masters on the host) is "
-                                           "not built; use zero_stage 2 with the model state on the host"};
-    if (zero_stage == 2 && offload_optimizer && offload_gradients != GradientOffload::stream)
-        return ConfigProblem{"zero_stage", "2 with offload_optimizer sums each checkpointed segment's gradients in the "
-                                           "ranks' host shards as its backward ends, so it needs offload_gradients "
-                                           "stream"};
+    if (zero_stage >= 2 && offload_optimizer && offload_gradients != GradientOffload::stream)
+        return ConfigProblem{"zero_stage", std::to_string(zero_stage) +
+                                               " with offload_optimizer sums each checkpointed segment's gradients in "
+                                               "the ranks' host shards as its backward ends, so it needs "
+                                               "offload_gradients stream"};
+    if (zero_stage == 3 && offload_parameters)
+        return ConfigProblem{"offload_parameters", "with zero_stage 3 the checkpointed segments' weights are on the "
+                                                   "device only while their segment runs already (gathered from the "
+                                                   "ranks' shards, on the host with offload_optimizer): leave "
+                                                   "offload_parameters off"};
     if (offload_gradients == GradientOffload::stream && !offload_optimizer)
         return ConfigProblem{"offload_gradients", "stream sums the gradients on the host, so it needs offload_optimizer"};
     if (offload_gradients == GradientOffload::stream && !checkpointing.enabled)

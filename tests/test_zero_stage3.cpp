@@ -270,16 +270,21 @@ TEST(ZeroStage3, MemoryModelShardsTheCheckpointedLayersWeights) {
     EXPECT_TRUE(ZeroSharding::of(3, 4).gradients);
     EXPECT_FALSE(ZeroSharding::of(3, 1).parameters);
     expect_error([&] { planner::predict_memory(config, 2, 16, every_layer, DType::bf16, planner::OptimizerKind::adamw,
-                                               ZeroSharding{2, true, true}, 1, true, GradientOffload::stream); },
-                 {"ZeRO-3", "host", "not built"});
+                                               ZeroSharding{2, true, true}, 1, true, GradientOffload::stream, true); },
+                 {"ZeRO-3", "offload_parameters"});
     StepShape shape;
     shape.checkpointing = every_layer;
     shape.zero_stage = 3;
     EXPECT_FALSE(shape.problem().has_value());
     shape.offload_optimizer = true;
+    ASSERT_TRUE(shape.problem().has_value()); // the segments' gradients are summed in the host shards as they end
+    EXPECT_NE(shape.problem()->reason.find("offload_gradients stream"), std::string::npos) << shape.problem()->reason;
     shape.offload_gradients = GradientOffload::stream;
+    EXPECT_FALSE(shape.problem().has_value());
+    shape.offload_parameters = true;
     ASSERT_TRUE(shape.problem().has_value());
-    EXPECT_NE(shape.problem()->reason.find("not built"), std::string::npos);
+    EXPECT_EQ(shape.problem()->field, "offload_parameters");
+    shape.offload_parameters = false;
     shape.offload_optimizer = false;
     shape.offload_gradients = GradientOffload::window;
     shape.checkpointing = {};

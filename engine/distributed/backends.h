@@ -17,7 +17,9 @@ size_t element_size(Element element);
 #if ENGINE_HAS_MPI
 std::unique_ptr<Communicator> make_mpi_communicator();
 
-// MPI_COMM_WORLD, initialised on first use and finalised when the last holder of a session goes.
+// MPI_COMM_WORLD, initialised on first use and finalised when the last holder of a session goes, unless it goes while
+// an exception unwinds: a failed rank must not wait in MPI_Finalize for ranks that wait for it in a collective; it
+// exits unfinalised and the launcher ends the job.
 namespace mpi {
 struct Session {
     Session();

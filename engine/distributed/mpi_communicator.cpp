@@ -5,6 +5,7 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <exception>
 #include <mutex>
 
 #include "base/error.h"
@@ -68,6 +69,10 @@ Session::Session() {
 Session::~Session() {
     std::lock_guard<std::mutex> lock(session_mutex);
     if (--session_holders == 0 && initialised_here) {
+        // Going while an exception unwinds (this rank failed, the others may wait in a collective for it): no
+        // MPI_Finalize, which would wait for them in turn. The process exits without it, and the launcher (mpirun)
+        // ends the other ranks instead of the job hanging.
+        if (std::uncaught_exceptions() > 0) return;
         int finalised = 0;
         MPI_Finalized(&finalised);
         if (!finalised) MPI_Finalize();

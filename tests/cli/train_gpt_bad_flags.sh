@@ -49,6 +49,11 @@ expect --data-layout --data-layout ragged
 expect --eot-token --eot-token 256
 expect --communicator --communicator gloo
 expect --zero-stage --zero-stage 4
+# ZeRO-3 with the model state on the host: the segments' gradients summed in the host shards need streaming, and it
+# gathers the segments' weights itself (streamed parameters beside it are refused).
+expect --zero-stage --zero-stage 3 --gradient-checkpointing --offload-optimizer cpu
+expect --offload-parameters --zero-stage 3 --gradient-checkpointing --offload-optimizer cpu --offload-gradients stream \
+  --offload-parameters cpu
 expect --offload-optimizer --offload-optimizer cpu
 expect --offload-optimizer --offload-optimizer gpu
 expect --max-host-memory --max-host-memory lots

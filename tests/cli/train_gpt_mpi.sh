@@ -4,7 +4,7 @@
 # mean mode must differ; replicas are bitwise equal after every step; each step makes one count, one gradient
 # and one loss all-reduce whatever the accumulation; a 2-rank resume is bitwise; a resume with another world
 # size is refused; ZeRO stage 1 gives the same training with half the optimizer state per rank; --eval-data
-# evaluates over both ranks as one process does. usage: train_gpt_mpi.sh TRAIN_GPT CHECK_COMMUNICATOR MPIEXEC WORK_DIR
+# evaluates over both ranks as one process does; one rank's failure ends the job. usage: train_gpt_mpi.sh TRAIN_GPT CHECK_COMMUNICATOR MPIEXEC WORK_DIR
 set -u
 train_gpt=$1
 check_communicator=$2
@@ -330,6 +330,17 @@ print("eval on 2 ranks (2 ranks, 1 process, targets):",
       [(a["eval_loss"], b["eval_loss"], a["eval_num_items"]) for a, b in pairs])
 PY
 check "2-rank eval loss is one process's; training unchanged" $? "see above"
+
+# A rank that fails while the other waits in a collective (rank 1 alone runs out of its --memory-limit in its first
+# forward; rank 0 is in the step's reductions): the failing rank says why and exits without MPI_Finalize, which
+# would wait for rank 0, so mpirun ends the job instead of both hanging until the test's timeout.
+start=$SECONDS
+timeout 120 "$mpiexec" --oversubscribe -np 1 "$train_gpt" "${common[@]}" --max-steps 3 : \
+  -np 1 "$train_gpt" "${common[@]}" --max-steps 3 --memory-limit 3000000 >"$work/one_fails.out" 2>&1
+status=$?
+[ "$status" -ne 0 ] && [ "$status" -ne 124 ] && grep -q "train_gpt: error: out of memory" "$work/one_fails.out"
+check "one rank's failure ends the job (exit $status after $((SECONDS - start)) s) instead of hanging" $? \
+  "$(tail -5 "$work/one_fails.out")"
 
 echo "$((total - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -9,7 +9,8 @@
 # on the host or without checkpointing.
 # With MPIEXEC: 2 ranks with the optimizer on the host, ZeRO-1 and streamed gradients (the gradients reduced
 # on the host, over MPI): replicas bitwise equal after every step, each rank's host holding half the optimizer
-# state, and the losses of the same 2-rank run without ZeRO-1 within 1e-6.
+# state, and the losses of the same 2-rank run without ZeRO-1 within 1e-6; ZeRO-3 bitwise ZeRO-2 (weights, losses,
+# norms), its host keeping its part of the segments' masters.
 # usage: train_gpt_offload_optimizer.sh TRAIN_GPT WORK_DIR [MPIEXEC]
 set -u
 train_gpt=$1
@@ -90,13 +91,36 @@ echo "ok: a state saved with streamed parameters resumes without them"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # ZeRO-1's and ZeRO-2's runs stream the parameters too: the same losses, since the weights the forward reads are the
 # same (ZeRO-2 sums each micro-batch over the ranks first: the same within rounding).
-for zero in 0 1 2; do
+# ZeRO-3 gathers the segments' weights itself (streamed parameters are refused beside it). Four layers, so that a
+# rank's part of the segments' masters and one gathered segment are less than all of them.
+for zero in 0 1 2 3; do
   streamed_parameters=()
-  [ "$zero" != 0 ] && streamed_parameters=(--offload-parameters cpu)
-  "$mpiexec" --oversubscribe -np 2 "$train_gpt" "${flags[@]}" --offload-optimizer cpu --offload-gradients stream \
-      "${streamed_parameters[@]}" --zero-stage "$zero" --check-replicas --log "$work/ranks-zero$zero.jsonl" >"$work/ranks-zero$zero.out" 2>&1 ||
+  [ "$zero" = 1 ] || [ "$zero" = 2 ] && streamed_parameters=(--offload-parameters cpu)
+  "$mpiexec" --oversubscribe -np 2 "$train_gpt" "${flags[@]}" --n-layer 4 --offload-optimizer cpu --offload-gradients stream \
+      "${streamed_parameters[@]}" --zero-stage "$zero" --check-replicas --log "$work/ranks-zero$zero.jsonl" \
+      --save "$work/ranks-zero$zero.safetensors" >"$work/ranks-zero$zero.out" 2>&1 ||
     { echo "FAIL: 2 ranks, ZeRO stage $zero:"; tail -5 "$work/ranks-zero$zero.out"; exit 1; }
 done
+# ZeRO-3 with the model state on the host sums as stage 2 does and gathers each segment's masters on the host from
+# their owners, bit for bit: the same weights and losses, and on the device a segment's working copies at a time.
+cmp -s "$work/ranks-zero2.safetensors" "$work/ranks-zero3.safetensors" ||
+  { echo "FAIL: 2 ranks with the model state on the host: ZeRO-3's weights differ from ZeRO-2's"; exit 1; }
+"$python" - "$work/ranks-zero2.jsonl" "$work/ranks-zero3.jsonl" <<'PY' || exit 1
+import json, sys
+zero2, zero3 = ([json.loads(line) for line in open(path)] for path in sys.argv[1:3])
+assert len(zero2) == len(zero3) and zero3
+for two, three in zip(zero2, zero3):
+    step = two["step"]
+    assert two["loss"] == three["loss"] and two["grad_norm"] == three["grad_norm"], f"step {step}: {two} vs {three}"
+    assert three["replicas_identical"], f"step {step}: ZeRO-3's replicas of what it keeps whole differ"
+    assert three["communication"]["broadcasts"] > 0, f"step {step}: ZeRO-3 gathered nothing"
+    assert three["peak_mib"]["optimizer_state"] == 0 and three["host_peak_mib"]["optimizer_state"] == two["host_peak_mib"]["optimizer_state"]
+    # The host keeps this rank's part of the segments' masters instead of all of them.
+    assert three["host_peak_mib"]["parameters"] < two["host_peak_mib"]["parameters"], f"step {step}: host parameters"
+print(f"2 ranks, ZeRO-3 with the model state on the host: bitwise ZeRO-2's weights, losses and norms; host parameters "
+      f"{zero2[-1]['host_peak_mib']['parameters']:.3f} -> {zero3[-1]['host_peak_mib']['parameters']:.3f} MiB, device "
+      f"parameters {zero2[-1]['peak_mib']['parameters']:.3f} (ZeRO-2, streamed) -> {zero3[-1]['peak_mib']['parameters']:.3f} MiB")
+PY
 "$python" - "$work/ranks-zero0.jsonl" "$work/ranks-zero1.jsonl" "$work/ranks-zero2.jsonl" <<'PY' || exit 1
 import json, sys
 whole, zero, zero2 = ([json.loads(line) for line in open(path)] for path in sys.argv[1:4])

@@ -3,9 +3,10 @@
 # counts differ between ranks. Stage 3 sums the gradients exactly as stage 2 does and gathers each segment's weights
 # bit for bit from their owners, so it trains bitwise as stage 2: a 6-layer tiny GPT checkpointed every layer (two
 # micro-batches a step, AdamW with clipping, 2 ranks; bf16 with evaluation on 3 ranks) and a Llama with kept layers
-# beside the sharded ones and offloaded inputs. The per-rank peak is --plan's to the byte, below stage 2's and falling
-# from 2 to 3 ranks; the gathers per step are two passes over the segments per micro-batch; a stage-3 state resumes
-# bitwise (also with the parts cut into many pieces), and at stage 3 only; stage 3 without checkpointing is refused.
+# beside the sharded ones and offloaded inputs. The per-rank peak is --plan's to the byte (the evaluation's too),
+# below stage 2's and falling from 2 to 3 ranks; the gathers per step are two passes over the segments per
+# micro-batch; a stage-3 state resumes bitwise (also with the parts cut into many pieces), and at stage 3 only; stage 3
+# without checkpointing is refused.
 # usage: train_gpt_zero3.sh TRAIN_GPT MPIEXEC WORK_DIR
 set -u
 train_gpt=$1
@@ -50,6 +51,14 @@ cmp -s "$work/three_2.safetensors" "$work/three_3.safetensors" &&
   [ -n "$(grep '^eval step' "$work/three_3.out")" ]
 check "3 ranks, bf16: stages 2 and 3 give bitwise the same weights and evaluation losses" $? \
   "$(grep '^eval step' "$work/three_2.out" "$work/three_3.out")"
+# The evaluation's peak at stage 3 (each segment's weights gathered for its no-grad forward) is --plan's to the byte.
+"$train_gpt" "${gpt[@]}" --zero-stage 3 --precision bf16 --gradient-accumulation-steps 1 --eval-data "$work/docs.txt" \
+  --eval-steps 4 --plan --world-size 3 >"$work/plan_three_eval.out" 2>&1
+eval_predicted=$(sed -n 's/^evaluation (.*): peak [^(]*(\([0-9]*\) B).*/\1/p' "$work/plan_three_eval.out")
+eval_measured=$(sed -n 's/.*"eval_peak_total_bytes":\([0-9]*\).*/\1/p' "$work/three_3.jsonl" | sort -u)
+[ -n "$eval_predicted" ] && [ "$eval_predicted" = "$eval_measured" ]
+check "3 ranks, bf16, stage 3: the evaluation's peak, predicted $eval_predicted B, measured $(echo $eval_measured)" $? \
+  "$(grep '^evaluation' "$work/plan_three_eval.out")"
 
 # 3. Llama, a checkpointed layer and a kept one in turn (the kept ones stay whole), inputs offloaded, clipping at 0.5.
 llama=("${common[@]}" --model llama-tiny --every-n-layers 2 --offload --max-grad-norm 0.5)

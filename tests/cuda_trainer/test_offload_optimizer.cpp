@@ -411,7 +411,7 @@ TEST(OffloadOptimizerInput, StreamedPlacementKeepsTheStreamedLayersOffTheDevice)
     shape.offload_parameters = true;
     model.set_compute_dtype(DType::bf16);
     model.set_checkpointing(shape.checkpointing);
-    optim::mark_streamed_layers(model, shape);
+    optim::mark_streamed_layers(model, shape, false);
     cuda::synchronize(Device::cuda);
     const size_t before = memory_stats(Device::cuda).current_bytes;
     reset_peak(Device::cuda);

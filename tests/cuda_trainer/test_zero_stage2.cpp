@@ -6,7 +6,9 @@
 // there); the model state's categories on both accounts are predict_memory(ZeroSharding{1, true})'s to the byte, and
 // the step peak moves from stage 0's by what the model predicts. Stage 3 (the Stage3 cases, the model state on the device)
 // likewise: its segments' weights released between uses and gathered (a copy, on one rank) from the shard of the
-// masters the optimizer updates, bitwise as stage 0, its categories predict_memory(ZeroSharding{1, true, true})'s.
+// masters the optimizer updates, bitwise as stage 0, its categories predict_memory(ZeroSharding{1, true, true})'s; with
+// the model state on the host the shard and a gathered segment's masters are there, and the device holds that
+// segment's working copies only.
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -143,7 +145,10 @@ INSTANTIATE_TEST_SUITE_P(Models, ZeroStage2Device,
 INSTANTIATE_TEST_SUITE_P(Stage3, ZeroStage2Device,
                          ::testing::Values(ZeroCase{"gpt_f32", false, Precision::fp32, false, 3},
                                            ZeroCase{"gpt_bf16", false, Precision::bf16, false, 3},
-                                           ZeroCase{"llama_bf16", true, Precision::bf16, false, 3}),
+                                           ZeroCase{"llama_bf16", true, Precision::bf16, false, 3},
+                                           ZeroCase{"gpt_bf16_offload", false, Precision::bf16, true, 3},
+                                           ZeroCase{"llama_f32_offload", true, Precision::fp32, true, 3},
+                                           ZeroCase{"llama_bf16_offload", true, Precision::bf16, true, 3}),
                          [](const ::testing::TestParamInfo<ZeroCase>& info) { return std::string(info.param.name); });
 
 } // namespace
