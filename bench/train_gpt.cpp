@@ -538,6 +538,15 @@ int run(const Options& flags) {
 
 } // namespace
 
+// A rank that failed on its own: the others may wait in a collective for it, so the whole job ends now
+// (distributed::abort_job) rather than whenever the launcher notices this rank's exit. A usage error is every rank's
+// alike and exits with its one line.
+int end_other_ranks(int exit_code) {
+    std::cerr.flush();
+    if (distributed::launch_environment().world_size > 1) distributed::abort_job(exit_code);
+    return exit_code;
+}
+
 int main(int argc, char** argv) {
     try {
         const Options options = train_gpt::parse_options(std::vector<std::string>(argv + 1, argv + argc));
@@ -558,9 +567,9 @@ int main(int argc, char** argv) {
         }
         std::cerr << "train_gpt: error: " << (steps_started ? "" : "before the first step, building the model: ")
                   << error.what() << "\n";
-        return 1;
+        return end_other_ranks(1);
     } catch (const std::exception& error) {
         std::cerr << "train_gpt: error: " << error.what() << "\n";
-        return 1;
+        return end_other_ranks(1);
     }
 }

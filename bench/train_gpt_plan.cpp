@@ -65,10 +65,12 @@ void check_host_budget(const Options& options) {
         shape.offload_parameters, shape.loss_chunk_tokens, shape.mlp_tile_tokens,
         options.data_layout == nn::DataLayout::packed_documents);
     const size_t budget = host_budget(options);
-    if (predicted.host_peak_bytes > budget)
+    // ZeRO-3: the rank whose part holds the most of the layers' masters, whichever rank this is.
+    const size_t needed = predicted.host_peak_bytes + predicted.host_largest_rank_extra_bytes;
+    if (needed > budget)
         throw UsageError(
-            "--max-host-memory", "the offloaded model state needs " + planner::format_bytes(predicted.host_peak_bytes) +
-                                     " (" + std::to_string(predicted.host_peak_bytes) + " B) of host memory; the budget is " +
+            "--max-host-memory", "the offloaded model state needs " + planner::format_bytes(needed) +
+                                     " (" + std::to_string(needed) + " B) of host memory; the budget is " +
                                      planner::format_bytes(budget) + " (" + std::to_string(budget) + " B)");
 }
 

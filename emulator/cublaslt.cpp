@@ -96,10 +96,11 @@ cublasStatus_t shape_of(const MatmulDescription& description, const Layout* a, c
 
 uint32_t alignment_of(const void* pointer) {
     const auto address = reinterpret_cast<uintptr_t>(pointer);
-    // The lowest set bit, capped at 256 (the most an algorithm asks for): an address on a 4 GiB boundary would
-    // otherwise truncate to 0 in 32 bits and pass for unaligned.
+    // The lowest set bit, capped at 2^31: an address on a 4 GiB boundary would otherwise truncate to 0 in 32 bits and
+    // pass for unaligned.
+    constexpr uintptr_t cap = uintptr_t{1} << 31;
     const uintptr_t lowest = address & (~address + 1);
-    return address == 0 || lowest >= 256 ? 256u : static_cast<uint32_t>(lowest);
+    return address == 0 || lowest >= cap ? static_cast<uint32_t>(cap) : static_cast<uint32_t>(lowest);
 }
 
 } // namespace

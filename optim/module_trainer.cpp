@@ -60,6 +60,14 @@ ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, dis
                  "trainer: the model's masters are on " << device_name(*model_.master_device())
                      << " apart from its working copies (set_master_device), so its gradients would never reach "
                         "them: train it with offload_optimizer");
+    // Released weights (a model placed for ZeRO-3, mark_streamed_layers with parameters_sharded, or left released by
+    // a stage-3 trainer) come back only through a stage-3 trainer's gathers.
+    if (!(config_.shape.zero_stage == 3 && communicator_ != nullptr))
+        for (const Tensor& copy : model_.working_parameters())
+            ENGINE_CHECK(!copy.storage_released(),
+                         "trainer: " << copy.describe() << " is released (ZeRO-3: placed for it, or left so by a stage-3 "
+                                        "trainer), and this trainer gathers nothing: zero_stage 3 with a communicator, "
+                                        "or a model placed without it");
     if (config_.shape.offload_optimizer)
         ENGINE_CHECK(masters_apart || model_.compute_device() != Device::cpu,
                      "trainer: offload_optimizer moves the model state from the device to the host, but this model "
@@ -122,7 +130,13 @@ ModuleTrainer::~ModuleTrainer() {
         // ZeRO-3's released layers stay released: their values are the ranks' shards, which go with the trainer, and
         // gathering them is a collective, which a destructor must not make (a rank that threw would leave the others
         // waiting). To keep the model, call gather_released_parameters() on every rank before the trainer goes (the
-        // layers then keep their storage); a forward through released layers fails naming the tensor.
+        // layers then keep their storage); a forward through released layers fails naming the tensor. With the
+        // model state on the host that gather brings the masters only: their device copies are made here (local).
+        if (parameters_sharded() && offloaded() && whole_scopes_ > 0)
+            for (int layer : streamed_layers_) {
+                layered_->block(layer).allocate_working_storage();
+                layered_->block(layer).refresh_working_copies();
+            }
     } catch (...) {
         // Out of memory: they stay as they are; a forward through them then fails naming the tensor.
     }

@@ -183,7 +183,8 @@ LayerWork llama_work(const nn::LlamaConfig& config, double batch, double seq_len
 StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumulation_steps, int seq_len,
                       const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
                       int optimizer_shards, const Ceilings& ceilings, bool offload_optimizer,
-                      GradientOffload gradients, bool offload_parameters, int loss_chunk_tokens, int mlp_tile_tokens) {
+                      GradientOffload gradients, bool offload_parameters, int loss_chunk_tokens, int mlp_tile_tokens,
+                      bool gathered_on_host) {
     const double rows = static_cast<double>(micro_batch) * seq_len; // N = B*T per micro-batch
     const double width = config.width(), layers = config.layers();
     const double steps = accumulation_steps;
@@ -260,6 +261,14 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
             const double streamed = recomputed * static_cast<double>(layer_parameter_count(config)) * wide;
             cost.host_device_bytes += (steps - 1.0) * streamed;
             cost.host_bytes += steps * 3.0 * streamed + streamed; // and their buffers zeroed once a step
+        }
+        if (gathered_on_host) {
+            // ZeRO-3 with the state on the host (the collectives priced apart): the checkpointed layers' copies are not
+            // refreshed by the update; each segment's gathered masters are rounded on the host (bf16; fp32 copies go
+            // up as they are) and cross up for every micro-batch's forward and again for its recompute, unhidden.
+            const double elements = recomputed * static_cast<double>(layer_parameter_count(config));
+            cost.host_device_bytes += steps * 2.0 * elements * element - elements * element;
+            if (element != wide) cost.host_bytes += (steps * 2.0 - 1.0) * elements * (wide + element);
         }
         if (offload_parameters) {
             // The checkpointed layers' working copies are refreshed where they are parked (no upload in the

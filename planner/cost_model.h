@@ -62,7 +62,7 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
                       const checkpoint::CheckpointPolicy& policy, DType dtype, OptimizerKind optimizer,
                       int optimizer_shards, const Ceilings& ceilings, bool offload_optimizer = false,
                       GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
-                      int loss_chunk_tokens = 0, int mlp_tile_tokens = 0);
+                      int loss_chunk_tokens = 0, int mlp_tile_tokens = 0, bool gathered_on_host = false);
 
 // The step's collectives over `ranks` data-parallel ranks at ZeRO stage `zero_stage` (nothing on one rank), added to
 // `cost` (its communicated bytes, collectives and seconds, and the total): ring algorithms, bytes through every rank's

@@ -552,12 +552,13 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
                 std::max(prediction.host_peak_bytes, state + pinned + largest_layer_parameter(config) * wide);
         }
         if (host_gathered_masters > 0) {
-            // ZeRO-3: a segment's gather, at its highest at the first recompute (every offloaded input still pinned):
-            // its whole masters, and one tensor rounded on its way to the device (bf16 only).
+            // ZeRO-3: a segment's gather, at its highest for the last segment's forward and the first recompute (the
+            // other segments' inputs pinned: the recompute's own came back to the device before its hook): its whole
+            // masters, and one tensor rounded on its way to the device (bf16 only).
             const size_t gather_rounding = element == wide ? 0 : largest_layer_parameter(config) * element;
+            const size_t pinned = offload ? static_cast<size_t>(prediction.checkpointed_segments - 1) * terms.stream : 0;
             prediction.host_peak_bytes =
-                std::max(prediction.host_peak_bytes,
-                         state + prediction.of(MemoryCategory::pinned_host) + host_gathered_masters + gather_rounding);
+                std::max(prediction.host_peak_bytes, state + pinned + host_gathered_masters + gather_rounding);
         }
         // On one account (the CPU backend) there is nothing to offload: the trainer refuses it.
         prediction.unified_peak_bytes = prediction.peak_bytes + state;

@@ -82,7 +82,8 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
          << mebibytes(plain.device_total_bound()) << "]\n";
     if (offload_optimizer) {
         text << "optimizer offload: on the host " << mebibytes(planned.host_of(MemoryCategory::parameters))
-             << " of f32 masters, " << mebibytes(planned.host_of(MemoryCategory::gradients)) << " of their gradients, "
+             << " of f32 masters" << (sharding.parameters ? " (at their peak: this rank's part and a gathered segment)" : "")
+             << ", " << mebibytes(planned.host_of(MemoryCategory::gradients)) << " of their gradients, "
              << mebibytes(planned.host_of(MemoryCategory::optimizer_state)) << " of optimizer state";
         if (planned.host_of(MemoryCategory::workspace) > 0)
             text << ", " << mebibytes(planned.host_of(MemoryCategory::workspace)) << " of ZeRO-1's collective buffers";

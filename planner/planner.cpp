@@ -206,17 +206,12 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                 predict_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer,
                                shards, steps, offload_optimizer, gradients, offload_parameters,
                                loss_chunk, mlp_tile, options.packed_documents, options.tuning);
-            // ZeRO-3 with the model state on the host: each segment's working copies cross up from the masters
-            // gathered on the host for its forward and its recompute, as streamed parameters do, but with no prefetch.
+            // ZeRO-3 with the model state on the host: each segment's working copies are rounded on the host from the
+            // masters gathered there and cross up, for its forward and its recompute.
             const bool gathered_on_host = zero_stage == 3 && offload_optimizer;
             plan.cost = predict_cost(config, micro_batch, steps, seq_len, policy, dtype,
                                      options.optimizer, shards.ranks, ceilings, offload_optimizer,
-                                     gradients, offload_parameters || gathered_on_host, loss_chunk, mlp_tile);
-            if (gathered_on_host) {
-                plan.cost.transfer_seconds += plan.cost.hidden_transfer_seconds;
-                plan.cost.seconds += plan.cost.hidden_transfer_seconds;
-                plan.cost.hidden_transfer_seconds = 0;
-            }
+                                     gradients, offload_parameters, loss_chunk, mlp_tile, gathered_on_host);
             add_communication(plan.cost, config, steps, policy, zero_stage, options.ranks, ceilings);
             // The rank that holds the most (ZeRO-3's parts differ in how much of the sharded layers they hold).
             plan.peak_bytes = plan.memory.peak_on(options.device) + plan.memory.largest_rank_extra_bytes;

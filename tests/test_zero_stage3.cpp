@@ -235,6 +235,28 @@ TEST(ZeroStage3, WholeParametersKeepsWhatWasWrittenOnlyWhenTold) {
     EXPECT_FALSE(weight.storage_released());
 }
 
+// A stage-3 trainer leaves its layers released when it goes (gathering is a collective): a trainer that gathers nothing
+// (another stage, or no communicator) refuses such a model naming the tensor, before it changes anything; a stage-3 one
+// over the same communicator takes it, and gather_released_parameters() before the first trainer goes keeps it whole.
+TEST(ZeroStage3, ATrainerThatGathersNothingRefusesReleasedWeights) {
+    const auto communicator = distributed::make_communicator(distributed::Backend::none);
+    nn::GPT model(tiny_gpt, 3, Device::cpu, DType::f32);
+    { optim::Trainer first(model, stage_config(3, 1, Precision::fp32), communicator.get()); }
+    EXPECT_TRUE(model.block(0).parameters().front().storage_released());
+    expect_error([&] { optim::Trainer plain(model, stage_config(2, 1, Precision::fp32), communicator.get()); },
+                 {"h.0.", "released", "gathers nothing"});
+    expect_error([&] { optim::Trainer alone(model, stage_config(3, 1, Precision::fp32)); }, {"released", "gathers nothing"});
+    nn::GPT kept(tiny_gpt, 3, Device::cpu, DType::f32);
+    {
+        optim::Trainer first(kept, stage_config(3, 1, Precision::fp32), communicator.get());
+        first.gather_released_parameters();
+    }
+    EXPECT_FALSE(kept.block(0).parameters().front().storage_released());
+    optim::Trainer plain(kept, stage_config(0, 1, Precision::fp32));
+    nn::DataLoader loader(documents(20), padded_options(2));
+    EXPECT_TRUE(plain.train_step(loader.source()).has_value());
+}
+
 // The memory model: the checkpointed layers' masters and copies leave `parameters` for this rank's part of them and
 // one gathered segment; the parts of the ranks add up to those layers; the rank holding the most is named; the rules.
 TEST(ZeroStage3, MemoryModelShardsTheCheckpointedLayersWeights) {

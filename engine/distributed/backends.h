@@ -35,6 +35,7 @@ struct Session {
 void sum_in_place(void* data, int64_t count, Element element, const std::string& where);
 void broadcast_bytes(void* data, size_t bytes, int root, const std::string& where);
 void barrier(const std::string& where);
+void abort_job(int exit_code); // MPI_Abort when MPI runs; nothing otherwise
 void reduce_scatter(const void* flat, void* shard, int64_t count, Element element, const std::string& where);
 void all_gather(const void* shard, void* flat, int64_t count, Element element, const std::string& where);
 void reduce(const void* send, void* receive, int64_t count, Element element, int root, int rank, const std::string& where);

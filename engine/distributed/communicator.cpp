@@ -252,6 +252,14 @@ LaunchEnvironment launch_environment() {
     return environment;
 }
 
+void abort_job(int exit_code) {
+#if ENGINE_HAS_MPI
+    mpi::abort_job(exit_code);
+#else
+    (void)exit_code;
+#endif
+}
+
 std::unique_ptr<Communicator> make_communicator(Backend backend) {
     switch (backend) {
     case Backend::none: return std::make_unique<SingleProcessCommunicator>();

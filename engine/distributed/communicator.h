@@ -107,4 +107,10 @@ LaunchEnvironment launch_environment();
 // when the ranks on a host outnumber its GPUs. A backend missing from this build throws "built without ...".
 std::unique_ptr<Communicator> make_communicator(Backend backend);
 
+// Ends every rank of the job now (MPI_Abort on the world communicator, with `exit_code`), for a rank that failed on
+// its own while the others may be waiting for it in a collective, whatever the launcher does with a rank that exits.
+// Returns, doing nothing, where no MPI runs (one process, a build without MPI, MPI not initialised or finalised).
+// A communicator that goes while an exception unwinds leaves MPI initialised for this (engine/distributed/backends.h).
+void abort_job(int exit_code);
+
 } // namespace engine::distributed

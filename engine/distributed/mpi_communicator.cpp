@@ -79,6 +79,13 @@ Session::~Session() {
     }
 }
 
+void abort_job(int exit_code) {
+    int initialised = 0, finalised = 0;
+    MPI_Initialized(&initialised);
+    MPI_Finalized(&finalised);
+    if (initialised && !finalised) MPI_Abort(MPI_COMM_WORLD, exit_code);
+}
+
 void sum_in_place(void* data, int64_t count, Element element, const std::string& where) {
     ENGINE_CHECK(count >= 0 && count <= INT32_MAX, where << ": " << count << " elements exceed one MPI call");
     check(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), datatype(element), MPI_SUM, MPI_COMM_WORLD), where,

@@ -2,6 +2,8 @@
 // rank. Bootstrapped over MPI as llm.c does (rank 0 makes the ncclUniqueId, MPI_Bcast, ncclCommInitRank); host
 // scalars (the token count, the loss sum) go over MPI, which needs no device round trip for a number the host
 // already holds. Compiled only in real CUDA builds: the emulated device has no NCCL.
+#include <exception>
+
 #include <nccl.h>
 
 #include "base/cuda/check.h"
@@ -43,7 +45,9 @@ public:
         check_nccl(ncclCommInitRank(&comm_, world_size(), id, rank()), where("startup"), "ncclCommInitRank");
     }
     ~NcclCommunicator() override {
-        if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
+        // While an exception unwinds the other ranks may never join this communicator's pending work: abort it
+        // instead of waiting for that work to finish.
+        if (comm_ != nullptr) (void)(std::uncaught_exceptions() > 0 ? ncclCommAbort(comm_) : ncclCommDestroy(comm_));
     }
 
 protected:

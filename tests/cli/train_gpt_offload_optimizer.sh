@@ -10,7 +10,7 @@
 # With MPIEXEC: 2 ranks with the optimizer on the host, ZeRO-1 and streamed gradients (the gradients reduced
 # on the host, over MPI): replicas bitwise equal after every step, each rank's host holding half the optimizer
 # state, and the losses of the same 2-rank run without ZeRO-1 within 1e-6; ZeRO-3 bitwise ZeRO-2 (weights, losses,
-# norms), its host keeping its part of the segments' masters.
+# norms), its host keeping its part of the segments' masters, its host peak --plan's to the byte, resumed bitwise.
 # usage: train_gpt_offload_optimizer.sh TRAIN_GPT WORK_DIR [MPIEXEC]
 set -u
 train_gpt=$1
@@ -117,10 +117,36 @@ for two, three in zip(zero2, zero3):
     assert three["peak_mib"]["optimizer_state"] == 0 and three["host_peak_mib"]["optimizer_state"] == two["host_peak_mib"]["optimizer_state"]
     # The host keeps this rank's part of the segments' masters instead of all of them.
     assert three["host_peak_mib"]["parameters"] < two["host_peak_mib"]["parameters"], f"step {step}: host parameters"
+zero0 = [json.loads(line) for line in open(sys.argv[1].replace("zero2", "zero0"))]
+for whole, three in zip(zero0, zero3): # the device holds a segment's copies at a time instead of every layer's
+    assert three["peak_mib"]["parameters"] < whole["peak_mib"]["parameters"], f"step {three['step']}: device parameters"
 print(f"2 ranks, ZeRO-3 with the model state on the host: bitwise ZeRO-2's weights, losses and norms; host parameters "
       f"{zero2[-1]['host_peak_mib']['parameters']:.3f} -> {zero3[-1]['host_peak_mib']['parameters']:.3f} MiB, device "
-      f"parameters {zero2[-1]['peak_mib']['parameters']:.3f} (ZeRO-2, streamed) -> {zero3[-1]['peak_mib']['parameters']:.3f} MiB")
+      f"parameters {zero0[-1]['peak_mib']['parameters']:.3f} (stage 0) / {zero2[-1]['peak_mib']['parameters']:.3f} "
+      f"(ZeRO-2, streamed) -> {zero3[-1]['peak_mib']['parameters']:.3f} MiB")
 PY
+# Its host peak on rank 0 is --plan's to the byte, with the inputs on the device and offloaded (the gather's transient
+# beside the other segments' pinned inputs); and a state it saves resumes bitwise.
+stage3=("${flags[@]}" --n-layer 4 --offload-optimizer cpu --offload-gradients stream --zero-stage 3)
+"$mpiexec" --oversubscribe -np 2 "$train_gpt" "${stage3[@]}" --offload --log "$work/ranks-zero3-offload.jsonl" \
+    >"$work/ranks-zero3-offload.out" 2>&1 || { echo "FAIL: 2 ranks, ZeRO-3, --offload:"; tail -5 "$work/ranks-zero3-offload.out"; exit 1; }
+for run in "ranks-zero3" "ranks-zero3-offload --offload"; do
+  set -- $run
+  log=$1
+  shift
+  predicted=$("$train_gpt" "${stage3[@]}" "$@" --plan --world-size 2 2>&1 | sed -n 's/.*; host peak [^(]*(\([0-9]*\) B).*/\1/p')
+  measured=$(sed -n 's/.*"host_peak_total_bytes":\([0-9]*\).*/\1/p' "$work/$log.jsonl" | sort -n | tail -1)
+  [ -n "$predicted" ] && [ "$predicted" = "$measured" ] ||
+    { echo "FAIL: 2 ranks, ZeRO-3 with the state on the host ($*): host peak predicted $predicted B, measured $measured B"; exit 1; }
+  echo "ok: 2 ranks, ZeRO-3 with the state on the host $*: the host peak $measured B is --plan's"
+done
+"$mpiexec" --oversubscribe -np 2 "$train_gpt" "${stage3[@]}" --max-steps 2 --out "$work/state-zero3" >"$work/zero3-half.out" 2>&1 &&
+  "$mpiexec" --oversubscribe -np 2 "$train_gpt" "${stage3[@]}" --resume "$work/state-zero3" \
+    --save "$work/resumed-zero3.safetensors" >"$work/zero3-resumed.out" 2>&1 ||
+  { echo "FAIL: 2 ranks, ZeRO-3 with the state on the host: save and resume"; tail -5 "$work/zero3-half.out" "$work/zero3-resumed.out"; exit 1; }
+cmp -s "$work/ranks-zero3.safetensors" "$work/resumed-zero3.safetensors" ||
+  { echo "FAIL: 2 ranks, ZeRO-3 with the state on the host: the resumed run's weights differ from the straight run's"; exit 1; }
+echo "ok: 2 ranks, ZeRO-3 with the state on the host: saved at step 2 and resumed, bitwise the straight run"
 "$python" - "$work/ranks-zero0.jsonl" "$work/ranks-zero1.jsonl" "$work/ranks-zero2.jsonl" <<'PY' || exit 1
 import json, sys
 whole, zero, zero2 = ([json.loads(line) for line in open(path)] for path in sys.argv[1:4])
