@@ -94,6 +94,9 @@ Tensor multiply(const Tensor& input, double factor); // input * factor, in input
 Tensor cast(const Tensor& input, DType dtype);
 // Non-differentiable: writes input, converted, into out (same element count and device).
 void convert_into(const Tensor& out, const Tensor& input);
+// The same over raw ranges of `count` elements on one device (ZeRO-3's owners rounding their part of a master into
+// the working copy they broadcast): the kernels convert_into runs, so the same rounding.
+void convert_elements(void* out, DType out_dtype, const void* input, DType input_dtype, int64_t count, Device device);
 
 } // namespace engine
 

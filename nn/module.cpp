@@ -395,12 +395,13 @@ void Module::collect_trainable_handles(std::vector<Tensor>& out) const {
     for (const auto& [name, child] : children_) child->collect_trainable_handles(out);
 }
 
-void Module::collect_trainable_copies_apart(std::vector<Tensor>& out) const {
-    if (master_device_)
-        for (size_t index = 0; index < working_copies_.size(); ++index)
-            if (parameters_[index].second.requires_grad())
-                out.insert(out.end(), {working_copies_[index].working_storage, working_copies_[index].working});
-    for (const auto& [name, child] : children_) child->collect_trainable_copies_apart(out);
+void Module::collect_trainable_copies(std::vector<Tensor>& out) const {
+    for (size_t index = 0; index < working_copies_.size(); ++index) {
+        const WorkingCopy& copy = working_copies_[index];
+        if (parameters_[index].second.requires_grad() && !copy.working_storage.shares_storage_with(copy.master_storage))
+            out.insert(out.end(), {copy.working_storage, copy.working});
+    }
+    for (const auto& [name, child] : children_) child->collect_trainable_copies(out);
 }
 
 void Module::release_parameter_storage() {
@@ -408,7 +409,7 @@ void Module::release_parameter_storage() {
                                 "(park_working_copies); ZeRO-3 gathers a segment's copies itself");
     std::vector<Tensor> handles;
     collect_trainable_handles(handles);
-    collect_trainable_copies_apart(handles);
+    collect_trainable_copies(handles); // beside the masters (among the handles already) or apart
     release_storage(handles);
 }
 
@@ -426,7 +427,7 @@ void Module::allocate_parameter_storage() {
 
 void Module::allocate_working_storage() {
     std::vector<Tensor> copies;
-    collect_trainable_copies_apart(copies);
+    collect_trainable_copies(copies);
     allocate_storage(copies);
 }
 

@@ -120,9 +120,10 @@ public:
     // which passes over released masters and released copies. Gradient buffers and frozen parameters are left as they
     // are. With the masters apart (set_master_device, the model state on the host) release_parameter_storage releases
     // the working copies on the compute device too, allocate_parameter_storage allocates the masters' side only (what a
-    // save reads), allocate_working_storage the copies apart, and release_master_storage lets the masters' side go
-    // while the copies stay (a segment gathered on the host, rounded up, then run from its device copies). Refused
-    // while the copies are parked (park_working_copies).
+    // save reads), and release_master_storage lets the masters' side go while the copies stay (a segment gathered on
+    // the host, rounded up, then run from its device copies). allocate_working_storage allocates the working copies
+    // that are not the masters themselves (bf16 copies beside them, or copies apart) and nothing else: a forward reads
+    // only those (ZeroShards::gather_rounded fills them). Refused while the copies are parked (park_working_copies).
     void release_parameter_storage();
     void allocate_parameter_storage();
     void allocate_working_storage();
@@ -194,7 +195,7 @@ private:
     // The tensors over parameters_[index]'s storage: it, its views, and its working copy beside it (not one apart).
     std::vector<Tensor> handles_of(size_t index) const;
     void collect_trainable_handles(std::vector<Tensor>& out) const; // handles_of every trainable parameter of the subtree
-    void collect_trainable_copies_apart(std::vector<Tensor>& out) const; // their working copies apart, masters apart
+    void collect_trainable_copies(std::vector<Tensor>& out) const; // their working copies that are not the masters
     // Copies in `dtype` on `device` (the masters' own device: sharing their gradient buffers; another: each
     // with a gradient buffer of its own).
     void make_working_copies(DType dtype, Device device,

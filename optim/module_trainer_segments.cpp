@@ -155,6 +155,13 @@ void ModuleTrainer::start_streaming() {
 void ModuleTrainer::gather_segment(int first_layer, int layer_count) {
     // A layer allocated but not gathered (a failure part way) is released again by the hook that follows a failure
     // (after_forward, or the window's zero_gradients).
+    if (!offloaded() && model_.compute_dtype() != parameters_.front().dtype()) {
+        // bf16 copies beside the masters: the forward reads only them, so only they get storage, each owner rounding
+        // its part into them before the broadcast (half a master's bytes travel; the masters stay released).
+        for (int layer = first_layer; layer < first_layer + layer_count; ++layer)
+            layered_->block(layer).allocate_working_storage();
+        return zero_->gather_rounded(segment_parameters_.at(first_layer), gradient_leaves_);
+    }
     for (int layer = first_layer; layer < first_layer + layer_count; ++layer)
         layered_->block(layer).allocate_parameter_storage();
     zero_->gather_parameters(segment_parameters_.at(first_layer));

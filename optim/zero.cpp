@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "engine/elementwise.h"
+#include "engine/ops.h"
 
 namespace engine::optim {
 
@@ -205,6 +206,27 @@ void ZeroShards::gather_parameters(const std::vector<size_t>& indexes) {
                                    static_cast<size_t>(to - from) * element);
                 }
                 communicator_.broadcast_range(parameter, from - flat_offsets_[index], to - from, static_cast<int>(owner));
+            }
+        }
+}
+
+void ZeroShards::gather_rounded(const std::vector<size_t>& indexes, const std::vector<Tensor>& copies) {
+    ENGINE_CHECK(copies.size() == parameters_.size(),
+                 "ZeRO-3: gather_rounded: " << copies.size() << " copies for " << parameters_.size() << " parameters");
+    for (const auto& [run_begin, run_end] : runs_of(indexes, "gather_rounded"))
+        for (int64_t owner = 0; owner < partition_.ranks; ++owner) {
+            const int64_t first = std::max(run_begin, partition_.begin(owner)), last = std::min(run_end, partition_.end(owner));
+            for (size_t index = 0; index < parameters_.size() && first < last; ++index) {
+                const int64_t from = std::max(first, flat_offsets_[index]), to = std::min(last, flat_offsets_[index + 1]);
+                if (from >= to) continue;
+                const Tensor& copy = copies[index];
+                ENGINE_CHECK(copy.numel() == parameters_[index].numel() && copy.device() == parameters_[index].device(),
+                             "ZeRO-3: gather_rounded: " << copy.describe() << " is no working copy of "
+                                                        << parameters_[index].describe());
+                if (owner == communicator_.rank())
+                    convert_elements(at(copy, from - flat_offsets_[index]), copy.dtype(), owned(index, from),
+                                     parameters_[index].dtype(), to - from, copy.device());
+                communicator_.broadcast_range(copy, from - flat_offsets_[index], to - from, static_cast<int>(owner));
             }
         }
 }

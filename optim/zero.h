@@ -59,6 +59,11 @@ public:
     // storage, where the owner first copies its values from its shard (a parameter kept whole holds them already).
     // Afterwards every rank's copies are the owners' values bit for bit.
     void gather_parameters(const std::vector<size_t>& indexes);
+    // The same into working copies in another dtype (bf16 copies of f32 masters, `copies` parallel to the parameters,
+    // each with storage, the masters' may be released): each owner rounds its part from its shard into the copy and
+    // broadcasts that, so half the bytes of a master travel and no master needs storage. Every rank's copies are then
+    // the ones refresh_working_copies would round from the gathered masters, bit for bit.
+    void gather_rounded(const std::vector<size_t>& indexes, const std::vector<Tensor>& copies);
     // The values the sharded parameters among parameters[indexes] hold now (given storage and written on every rank:
     // keep_shards_of's start, WholeParameters with `written`) become this rank's shard of them. Local: no collective.
     void take_parameters(const std::vector<size_t>& indexes);

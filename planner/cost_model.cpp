@@ -322,7 +322,8 @@ int parameter_tensor_count(const nn::ModelConfig& config) {
 } // namespace
 
 void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumulation_steps,
-                       const checkpoint::CheckpointPolicy& policy, int zero_stage, int ranks, const Ceilings& ceilings) {
+                       const checkpoint::CheckpointPolicy& policy, int zero_stage, int ranks, const Ceilings& ceilings,
+                       int gathered_element_bytes) {
     if (ranks <= 1) return;
     const double parameters = static_cast<double>(parameter_count(config, config.vocab_size()));
     const double share = static_cast<double>(ranks - 1) / ranks; // of a payload through each rank's link
@@ -349,14 +350,16 @@ void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumu
                     accumulation_steps * (std::ceil(layers / static_cast<double>(partition.piece)) + segments) +
                     std::ceil((parameters - layers) / static_cast<double>(partition.piece)) + ranks;
             if (zero_stage == 3) {
-                // No all-gather: the checkpointed layers' masters are broadcast by their owners (a ring broadcast moves
-                // the whole payload through every link), one call per tensor and owner of part of it, for each
+                // No all-gather: the checkpointed layers' weights (bf16 copies rounded by their owners, or f32 masters)
+                // are broadcast by their owners (a ring broadcast moves the whole payload through every link), one call
+                // per tensor and owner of part of it, for each
                 // segment's forward and again for its recompute: twice per micro-batch. The parameters kept whole are
                 // broadcast the same way once, after the update. (A tensor split between two owners is one call more.)
                 const double layer_tensors = static_cast<double>(layer_tensor_count(config));
                 const double kept_tensors =
                     static_cast<double>(parameter_tensor_count(config)) - checkpointed_layers * layer_tensors;
-                bytes += (2 * accumulation_steps * layers + (parameters - layers) - share * parameters) * gradient_bytes;
+                bytes += 2 * accumulation_steps * layers * gathered_element_bytes +
+                         ((parameters - layers) - share * parameters) * gradient_bytes;
                 calls += 2 * accumulation_steps * (checkpointed_layers * layer_tensors + ranks - 1) + kept_tensors +
                          ranks - 1 - static_cast<double>(partition.pieces);
             }

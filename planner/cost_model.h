@@ -73,7 +73,10 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
 // times the layers' gradients with A. Not modelled: the scalar reductions, a LoRA run's smaller reductions (the
 // whole model's are counted), the host's links under offload_optimizer (priced as the device's). Time: bytes over
 // collective_bytes_per_second plus seconds_per_collective a call.
+// gathered_element_bytes: what one element of a ZeRO-3 segment's gathered weights takes on the wire (4: f32 masters,
+// in fp32 or gathered on the host; 2: bf16 copies its owners rounded).
 void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumulation_steps,
-                       const checkpoint::CheckpointPolicy& policy, int zero_stage, int ranks, const Ceilings& ceilings);
+                       const checkpoint::CheckpointPolicy& policy, int zero_stage, int ranks, const Ceilings& ceilings,
+                       int gathered_element_bytes = 4);
 
 } // namespace engine::planner

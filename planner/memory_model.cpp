@@ -453,13 +453,11 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     size_t persistent_parameters = prediction.of(MemoryCategory::parameters) - parked_layers * layer_weights;
     prediction.at(MemoryCategory::parameters) = persistent_parameters + largest_pair * layer_weights;
     prediction.parked_working_copies = parked_layers * layer_weights; // pinned host memory, for the whole run
-    // ZeRO-3: those layers' masters (and bf16 copies) exist only while their segment is gathered, one segment at a
-    // time (no prefetch); this rank's part of every master is kept in a buffer of its own. With the model state on
-    // the host the masters and the part are there, and the device holds a gathered segment's working copies only.
-    const size_t gathered_layer =
-        !sharding.parameters ? 0
-        : offload_optimizer  ? layer_parameter_count(config) * element
-                             : layer_parameter_count(config) * (wide + (element == wide ? 0 : element));
+    // ZeRO-3: those layers' weights exist only while their segment is gathered, one segment at a time (no prefetch);
+    // this rank's part of every master is kept in a buffer of its own. What is gathered is what the forward reads: the
+    // f32 masters in fp32, the bf16 copies alone under bf16 (their owners round before the broadcast); with the model
+    // state on the host the masters and the part are there, and the device holds a gathered segment's copies.
+    const size_t gathered_layer = sharding.parameters ? layer_parameter_count(config) * element : 0;
     prediction.gathered_layer_bytes = gathered_layer;
     size_t host_gathered_masters = 0; // a segment's whole masters on the host, during its gather only
     if (sharding.parameters) {
@@ -471,7 +469,11 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
             if (rank == 0) prediction.shard_parameter_bytes = held;
             largest = std::max(largest, held);
         }
-        persistent_parameters -= checkpointed_layers * gathered_layer;
+        // Those layers held their masters and bf16 copies on the device (their copies only, with the state on the
+        // host) before the trainer released them.
+        const size_t released_layer =
+            layer_parameter_count(config) * (offload_optimizer ? element : wide + (element == wide ? 0 : element));
+        persistent_parameters -= checkpointed_layers * released_layer;
         prediction.at(MemoryCategory::parameters) = persistent_parameters + largest_segment * gathered_layer;
         if (offload_optimizer) {
             size_t& host_parameters = prediction.host[static_cast<size_t>(MemoryCategory::parameters)];

@@ -80,8 +80,8 @@ struct MemoryPrediction {
     size_t shard_gradient_bytes = 0;
     // ZeRO-3's buffer of this rank's part of the masters (in `parameters`, for the whole run; on the host with
     // offload_optimizer), and the bytes one checkpointed layer's gathered weights take on the device while its segment
-    // runs (its masters and their bf16 copies; with offload_optimizer its working copies, the masters gathered on the
-    // host).
+    // runs: what the forward reads (the f32 masters in fp32, the bf16 copies alone under bf16; with offload_optimizer
+    // the working copies, the masters gathered on the host).
     size_t shard_parameter_bytes = 0;
     size_t gathered_layer_bytes = 0;
     // The ranks' parts differ in how much of those layers they hold: what the rank holding the most keeps beyond

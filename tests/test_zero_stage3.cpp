@@ -156,10 +156,12 @@ TEST(ZeroStage3, OneRankTrainsBitwiseAsStageTwoAndAsPredicted) {
             EXPECT_EQ(peaks[0], stage2.peak_bytes);
             EXPECT_EQ(peaks[1], stage3.peak_bytes) << dtype_name(dtype) << ", " << accumulation << " micro-batches";
             // On one rank the part is everything: the shard holds every layer's masters, and a segment is gathered
-            // besides, so stage 3 saves nothing there (its peak is stage 2's where that comes outside the segments:
-            // at the loss head).
+            // besides, so in f32 stage 3 saves nothing there (its peak is stage 2's where that comes outside the
+            // segments: at the loss head); under bf16 only the segment's bf16 copies come, and the other layers'
+            // copies are gone, so it peaks lower even on one rank.
             EXPECT_EQ(stage3.shard_parameter_bytes, 3 * planner::layer_parameter_count(tiny_gpt) * sizeof(float));
-            EXPECT_GE(stage3.peak_bytes, stage2.peak_bytes);
+            if (precision == Precision::fp32) EXPECT_GE(stage3.peak_bytes, stage2.peak_bytes);
+            else EXPECT_LT(stage3.peak_bytes, stage2.peak_bytes);
         }
 }
 
@@ -264,15 +266,18 @@ TEST(ZeroStage3, MemoryModelShardsTheCheckpointedLayersWeights) {
     const checkpoint::CheckpointPolicy every_layer{true, 1};
     const size_t layer_elements = planner::layer_parameter_count(config);
     for (const DType dtype : {DType::f32, DType::bf16}) {
+        // What a layer holds at stage 2 (its f32 masters, and under bf16 their copies) and what comes back for a use
+        // at stage 3 (what the forward reads: the masters in f32, the bf16 copies alone under bf16).
         const size_t layer = layer_elements * (dtype == DType::bf16 ? 6 : 4);
+        const size_t gathered = layer_elements * dtype_size(dtype);
         for (int ranks : {2, 3}) {
             const planner::MemoryPrediction stage2 = planner::predict_memory(
                 config, 2, 16, every_layer, dtype, planner::OptimizerKind::adamw, ZeroSharding{ranks, true}, 2);
             const planner::MemoryPrediction stage3 = planner::predict_memory(
                 config, 2, 16, every_layer, dtype, planner::OptimizerKind::adamw, ZeroSharding{ranks, true, true}, 2);
-            EXPECT_EQ(stage3.gathered_layer_bytes, layer);
+            EXPECT_EQ(stage3.gathered_layer_bytes, gathered);
             EXPECT_EQ(stage3.of(MemoryCategory::parameters),
-                      stage2.of(MemoryCategory::parameters) - config.n_layer * layer + stage3.shard_parameter_bytes + layer);
+                      stage2.of(MemoryCategory::parameters) - config.n_layer * layer + stage3.shard_parameter_bytes + gathered);
             EXPECT_EQ(stage3.of(MemoryCategory::gradients), stage2.of(MemoryCategory::gradients));
             EXPECT_LT(stage3.peak_bytes, stage2.peak_bytes) << ranks << " ranks";
             const distributed::ZeroPartition partition = distributed::ZeroPartition::of(
@@ -332,6 +337,12 @@ TEST(ZeroStage3, CostModelCountsTwoGathersOfEveryMicroBatch) {
                              gradients + (2 * accumulation * layers + parameters - layers) * 4);
             EXPECT_GT(communication(3, ranks, accumulation).communication_seconds,
                       communication(2, ranks, accumulation).communication_seconds);
+            // Under bf16 the owners broadcast the rounded copies: the segments' gathers move half the bytes.
+            planner::StepCost rounded;
+            planner::add_communication(rounded, config, accumulation, every_layer, 3, ranks, planner::cpu_ceilings(), 2);
+            EXPECT_DOUBLE_EQ(rounded.communicated_bytes,
+                             gradients + 2 * accumulation * layers * 2 + (parameters - layers) * 4);
+            EXPECT_EQ(rounded.collectives, communication(3, ranks, accumulation).collectives);
             // The calls: stage 2's without its all-gather's pieces, plus 12 tensors a layer for each of the 2A passes
             // (ranks − 1 splits each) and the 4 tensors kept whole (ranks − 1 splits).
             const distributed::ZeroPartition partition =

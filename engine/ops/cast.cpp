@@ -36,6 +36,29 @@ void convert_into(const Tensor& out, const Tensor& input) {
     }
 }
 
+void convert_elements(void* out, DType out_dtype, const void* input, DType input_dtype, int64_t count, Device device) {
+    constexpr const char* op = "cast";
+    ENGINE_CHECK(count >= 0, op << ": " << count << " elements");
+    if (count == 0) return;
+    if (out_dtype == input_dtype) return copy_bytes(out, device, input, device, static_cast<size_t>(count) * dtype_size(out_dtype));
+    if (device == Device::cpu) {
+        dispatch_cpu(op, out_dtype, [&]<typename To>() {
+            dispatch_cpu(op, input_dtype, [&]<typename From>() {
+                if constexpr (!std::is_same_v<To, From>)
+                    kernels::cpu::convert<To, From>(static_cast<To*>(out), static_cast<const From*>(input), count);
+            });
+        });
+    } else {
+        ENGINE_DISPATCH_CUDA(op, out_dtype, [&]<typename To>() {
+            ENGINE_DISPATCH_CUDA(op, input_dtype, [&]<typename From>() {
+                if constexpr (!std::is_same_v<To, From>)
+                    kernels::cuda::convert<To, From>(static_cast<To*>(out), static_cast<const From*>(input), count,
+                                                     cuda::compute_stream());
+            });
+        });
+    }
+}
+
 Tensor cast(const Tensor& input, DType dtype) {
     constexpr const char* op = "cast";
     ENGINE_CHECK(is_floating(dtype) && is_floating(input.dtype()),

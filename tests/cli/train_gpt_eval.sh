@@ -132,7 +132,8 @@ eval_peak_matches() { # NAME LOG FLAGS...
   local measured
   measured=$(sed -n 's/.*"eval_peak_total_bytes":\([0-9]*\).*/\1/p' "$log" | sort -u)
   [ -n "$predicted" ] && [ "$measured" = "$predicted" ]
-  check "$name: the evaluation's peak, predicted $predicted B, measured $(echo "$measured" | tr '\n' ' ')" $? \
+  local status=$? # before the check's arguments expand: the command substitution in its name would reset $? to 0
+  check "$name: the evaluation's peak, predicted $predicted B, measured $(echo "$measured" | tr '\n' ' ')" $status \
     "--plan and the log differ"
 }
 eval_peak_matches "full run" "$work/eval.jsonl" "${common[@]}" "${evaluation[@]}"

@@ -339,7 +339,8 @@ timeout 120 "$mpiexec" --oversubscribe -np 1 "$train_gpt" "${common[@]}" --max-s
   -np 1 "$train_gpt" "${common[@]}" --max-steps 3 --memory-limit 3000000 >"$work/one_fails.out" 2>&1
 status=$?
 [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && grep -q "train_gpt: error: out of memory" "$work/one_fails.out"
-check "one rank's failure ends the job (exit $status after $((SECONDS - start)) s) instead of hanging" $? \
+ended=$?
+check "one rank's failure ends the job (exit $status after $((SECONDS - start)) s) instead of hanging" $ended \
   "$(tail -5 "$work/one_fails.out")"
 
 echo "$((total - failures)) passed, $failures failed"

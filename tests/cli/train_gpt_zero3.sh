@@ -57,7 +57,8 @@ check "3 ranks, bf16: stages 2 and 3 give bitwise the same weights and evaluatio
 eval_predicted=$(sed -n 's/^evaluation (.*): peak [^(]*(\([0-9]*\) B).*/\1/p' "$work/plan_three_eval.out")
 eval_measured=$(sed -n 's/.*"eval_peak_total_bytes":\([0-9]*\).*/\1/p' "$work/three_3.jsonl" | sort -u)
 [ -n "$eval_predicted" ] && [ "$eval_predicted" = "$eval_measured" ]
-check "3 ranks, bf16, stage 3: the evaluation's peak, predicted $eval_predicted B, measured $(echo $eval_measured)" $? \
+eval_status=$? # before the check's arguments expand (a command substitution there would reset $?)
+check "3 ranks, bf16, stage 3: the evaluation's peak, predicted $eval_predicted B, measured $(echo $eval_measured)" $eval_status \
   "$(grep '^evaluation' "$work/plan_three_eval.out")"
 
 # 3. Llama, a checkpointed layer and a kept one in turn (the kept ones stay whole), inputs offloaded, clipping at 0.5.
