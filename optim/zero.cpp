@@ -186,49 +186,48 @@ char* ZeroShards::owned(size_t index, int64_t flat) const {
     return at(shard_parameters_, shard_offsets_[index] + flat - part_first);
 }
 
-void ZeroShards::gather_parameters(const std::vector<size_t>& indexes) {
-    const size_t element = dtype_size(piece_.dtype());
-    for (const auto& [run_begin, run_end] : runs_of(indexes, "gather_parameters"))
+void ZeroShards::for_each_owned_range(const std::vector<size_t>& indexes, const char* what,
+                                      const std::function<void(size_t, int64_t, int64_t, int)>& broadcast) const {
+    // One broadcast per parameter the owner's elements of a run touch, straight into the destination's storage (no
+    // piece buffer, so as few calls as there are tensors).
+    for (const auto& [run_begin, run_end] : runs_of(indexes, what))
         for (int64_t owner = 0; owner < partition_.ranks; ++owner) {
             const int64_t first = std::max(run_begin, partition_.begin(owner)), last = std::min(run_end, partition_.end(owner));
-            // One broadcast per parameter the owner's elements of the run touch, straight into the parameters'
-            // storage (no piece buffer, so as few calls as there are tensors): the owner first copies its values
-            // there from its shard (a parameter kept whole holds them already, its update wrote them).
             for (size_t index = 0; index < parameters_.size() && first < last; ++index) {
                 const int64_t from = std::max(first, flat_offsets_[index]), to = std::min(last, flat_offsets_[index + 1]);
-                if (from >= to) continue;
-                const Tensor& parameter = parameters_[index];
-                if (owner == communicator_.rank()) {
-                    char* destination = at(parameter, from - flat_offsets_[index]);
-                    const char* source = owned(index, from);
-                    if (source != destination)
-                        copy_bytes(destination, parameter.device(), source, parameter.device(),
-                                   static_cast<size_t>(to - from) * element);
-                }
-                communicator_.broadcast_range(parameter, from - flat_offsets_[index], to - from, static_cast<int>(owner));
+                if (from < to) broadcast(index, from, to, static_cast<int>(owner));
             }
         }
+}
+
+void ZeroShards::gather_parameters(const std::vector<size_t>& indexes) {
+    const size_t element = dtype_size(piece_.dtype());
+    for_each_owned_range(indexes, "gather_parameters", [&](size_t index, int64_t from, int64_t to, int owner) {
+        // The owner first copies its values there from its shard (a parameter kept whole holds them already, its
+        // update wrote them).
+        const Tensor& parameter = parameters_[index];
+        if (owner == communicator_.rank()) {
+            char* destination = at(parameter, from - flat_offsets_[index]);
+            const char* source = owned(index, from);
+            if (source != destination)
+                copy_bytes(destination, parameter.device(), source, parameter.device(), static_cast<size_t>(to - from) * element);
+        }
+        communicator_.broadcast_range(parameter, from - flat_offsets_[index], to - from, owner);
+    });
 }
 
 void ZeroShards::gather_rounded(const std::vector<size_t>& indexes, const std::vector<Tensor>& copies) {
     ENGINE_CHECK(copies.size() == parameters_.size(),
                  "ZeRO-3: gather_rounded: " << copies.size() << " copies for " << parameters_.size() << " parameters");
-    for (const auto& [run_begin, run_end] : runs_of(indexes, "gather_rounded"))
-        for (int64_t owner = 0; owner < partition_.ranks; ++owner) {
-            const int64_t first = std::max(run_begin, partition_.begin(owner)), last = std::min(run_end, partition_.end(owner));
-            for (size_t index = 0; index < parameters_.size() && first < last; ++index) {
-                const int64_t from = std::max(first, flat_offsets_[index]), to = std::min(last, flat_offsets_[index + 1]);
-                if (from >= to) continue;
-                const Tensor& copy = copies[index];
-                ENGINE_CHECK(copy.numel() == parameters_[index].numel() && copy.device() == parameters_[index].device(),
-                             "ZeRO-3: gather_rounded: " << copy.describe() << " is no working copy of "
-                                                        << parameters_[index].describe());
-                if (owner == communicator_.rank())
-                    convert_elements(at(copy, from - flat_offsets_[index]), copy.dtype(), owned(index, from),
-                                     parameters_[index].dtype(), to - from, copy.device());
-                communicator_.broadcast_range(copy, from - flat_offsets_[index], to - from, static_cast<int>(owner));
-            }
-        }
+    for_each_owned_range(indexes, "gather_rounded", [&](size_t index, int64_t from, int64_t to, int owner) {
+        const Tensor& copy = copies[index];
+        ENGINE_CHECK(copy.numel() == parameters_[index].numel() && copy.device() == parameters_[index].device(),
+                     "ZeRO-3: gather_rounded: " << copy.describe() << " is no working copy of " << parameters_[index].describe());
+        if (owner == communicator_.rank())
+            convert_elements(at(copy, from - flat_offsets_[index]), copy.dtype(), owned(index, from),
+                             parameters_[index].dtype(), to - from, copy.device());
+        communicator_.broadcast_range(copy, from - flat_offsets_[index], to - from, owner);
+    });
 }
 
 void ZeroShards::take_parameters(const std::vector<size_t>& indexes) {

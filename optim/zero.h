@@ -98,6 +98,10 @@ private:
     // parameters[indexes]' elements as runs [begin, end) of the flat layout, neighbours merged; `what` names the
     // caller for the error on an index out of range.
     std::vector<std::pair<int64_t, int64_t>> runs_of(const std::vector<size_t>& indexes, const char* what) const;
+    // For the gathers: per run of parameters[indexes], per owner, per parameter its elements touch, in that order (the
+    // same on every rank): broadcast(index, first flat element, end, owner).
+    void for_each_owned_range(const std::vector<size_t>& indexes, const char* what,
+                              const std::function<void(size_t, int64_t, int64_t, int)>& broadcast) const;
     // The flat elements [offset, offset + count), gathered a window at a time: each owner copies its part from `mine`
     // (which holds this rank's elements from flat element mine_first on) and broadcasts it; then `consume`.
     void gather_windows(int64_t offset, int64_t count, const Tensor& mine, int64_t mine_first,
