@@ -72,7 +72,10 @@ void ModuleTrainer::start_streaming() {
         zero_->keep_shards_of(released);
         // Their dotted names, so that a read of one while it is released names it in the model.
         const std::vector<std::string> names = optimizer_->parameter_names();
-        for (size_t index : released) parameters_[index].set_name(names[index]);
+        for (size_t index : released) { // and what the forward reads of them (a working copy, the master in f32)
+            parameters_[index].set_name(names[index]);
+            gradient_leaves_[index].set_name(names[index]);
+        }
         optimizer_->write_parameters_in(zero_->shard_parameters(), zero_->parameter_offsets());
         released_indexes_ = std::move(released);
     }

@@ -433,5 +433,26 @@ TEST(ZeroStage3, CostModelCountsTwoGathersOfEveryMicroBatch) {
     EXPECT_EQ(communication(3, 1, 4).communicated_bytes, 0.0);
 }
 
+// With the model state on the host a gathered segment's copies cross up for each of its 2A uses (the update refreshes
+// none of them) and, under bf16, are rounded on the host each time (read f32, write bf16): what the search prices.
+TEST(ZeroStage3, CostModelPricesTheGathersOnTheHost) {
+    const nn::GPTConfig config = nn::GPTConfig::named("tiny");
+    const checkpoint::CheckpointPolicy every_layer{true, 1};
+    const double elements = config.n_layer * static_cast<double>(planner::layer_parameter_count(config));
+    for (const DType dtype : {DType::f32, DType::bf16})
+        for (int accumulation : {1, 3}) {
+            const auto cost = [&](bool gathered_on_host) {
+                return planner::predict_cost(config, 2, accumulation, 16, every_layer, dtype, planner::OptimizerKind::adamw,
+                                             2, planner::cpu_ceilings(), true, GradientOffload::stream, false, 0, 0,
+                                             gathered_on_host);
+            };
+            const planner::StepCost plain = cost(false), gathered = cost(true);
+            const double element = static_cast<double>(dtype_size(dtype)), uses = 2.0 * accumulation - 1.0;
+            EXPECT_DOUBLE_EQ(gathered.host_device_bytes - plain.host_device_bytes, uses * elements * element);
+            EXPECT_DOUBLE_EQ(gathered.host_bytes - plain.host_bytes, dtype == DType::bf16 ? uses * elements * 6.0 : 0.0);
+            EXPECT_GT(gathered.seconds, plain.seconds);
+        }
+}
+
 } // namespace
 } // namespace engine::testing

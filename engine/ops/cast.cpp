@@ -18,22 +18,7 @@ void convert_into(const Tensor& out, const Tensor& input) {
         destination.copy_from(input.reshape(out.shape()));
         return;
     }
-    const int64_t count = input.numel();
-    if (out.device() == Device::cpu) {
-        dispatch_cpu(op, out.dtype(), [&]<typename To>() {
-            dispatch_cpu(op, input.dtype(), [&]<typename From>() {
-                if constexpr (!std::is_same_v<To, From>)
-                    kernels::cpu::convert<To, From>(out.data<To>(), input.data<From>(), count);
-            });
-        });
-    } else {
-        ENGINE_DISPATCH_CUDA(op, out.dtype(), [&]<typename To>() {
-            ENGINE_DISPATCH_CUDA(op, input.dtype(), [&]<typename From>() {
-                if constexpr (!std::is_same_v<To, From>)
-                    kernels::cuda::convert<To, From>(out.data<To>(), input.data<From>(), count, cuda::compute_stream());
-            });
-        });
-    }
+    convert_elements(out.raw_data(), out.dtype(), input.raw_data(), input.dtype(), input.numel(), out.device());
 }
 
 void convert_elements(void* out, DType out_dtype, const void* input, DType input_dtype, int64_t count, Device device) {

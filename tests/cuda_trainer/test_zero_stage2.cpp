@@ -48,6 +48,7 @@ constexpr int batch = 2, steps = 3;
 
 struct Trained {
     std::vector<uint8_t> weights;
+    std::vector<float> logits; // a forward once the trainer is gone
     std::vector<double> norms;
     MemoryStats memory, host_memory; // the last step's
     planner::MemoryPrediction predicted;
@@ -90,8 +91,16 @@ Trained train(const ZeroCase& run, bool sharded) {
             if (sharded) EXPECT_GT(result->communication.reduces, 0);
             if (sharded && run.stage == 3) EXPECT_GT(result->communication.broadcasts, 0);
         }
-        const optim::WholeParameters whole(trainer); // stage 3: the released layers, gathered
+        // Stage 3: the released layers gathered for good before the trainer goes (with the model state on the host the
+        // masters there, and the device copies made by the trainer's destructor), so the model runs after it.
+        trainer.gather_released_parameters();
         out.weights = testing::bytes_of(model->named_parameters());
+    }
+    {
+        const NoGradGuard no_grad;
+        const std::vector<MicroBatch> made = make_token_micro_batches(config.vocab_size(), length, 1, batch, 7u);
+        const Tensor logits = model->forward(Tensor::from_vector<int32_t>(made[0].tokens, {batch, length}, Device::cuda));
+        out.logits = cast(logits, DType::f32).to_vector<float>();
     }
     out.predicted = planner::predict_memory(config, batch, length, checkpoint::CheckpointPolicy{true, 1},
                                             precision_dtype(run.precision), OptimizerKind::adamw,
@@ -104,6 +113,7 @@ TEST_P(ZeroStage2Device, OneMicroBatchTrainsBitwiseAsStageZeroWithThePredictedSt
     const ZeroCase& run = GetParam();
     const Trained plain = train(run, false), sharded = train(run, true);
     EXPECT_TRUE(plain.weights == sharded.weights) << "the weights after " << steps << " steps";
+    EXPECT_EQ(plain.logits, sharded.logits) << "a forward after the trainer went";
     for (size_t step = 0; step < plain.norms.size(); ++step) // summed over the shard's pieces: the last digits
         EXPECT_NEAR(plain.norms[step], sharded.norms[step], 1e-12 * plain.norms[step]);
     for (const Trained* measured : {&plain, &sharded})
