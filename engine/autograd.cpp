@@ -225,10 +225,25 @@ Tensor as_non_leaf(const Tensor& tensor, bool requires_grad) {
     return view;
 }
 
+Tensor on_backward(const Tensor& input, std::function<void()> action) {
+    if (!grad_enabled() || !input.requires_grad()) return input;
+    Tensor out = input.detach(); // the same storage under a new id, so that the gradient reaches the node below
+    GradTarget input_target(input);
+    record_node("on_backward", {&input}, {&out},
+                [input_target, output_id = out.id(), action = std::move(action)](BackwardContext& context) {
+                    action();
+                    const Tensor dout = context.output_grad(output_id);
+                    if (!dout.defined() || context.adopt_input_grad(input_target, dout)) return;
+                    accumulate_into(context.input_grad(input_target), dout);
+                });
+    return out;
+}
+
 void zero_grad(const std::vector<Tensor>& parameters) {
     for (const Tensor& parameter : parameters) {
         Tensor gradient = parameter.grad();
-        if (gradient.defined()) gradient.fill_zero();
+        // A released buffer (ZeRO-3's token table and head between their uses) holds nothing to zero.
+        if (gradient.defined() && !gradient.storage_released()) gradient.fill_zero();
     }
 }
 

@@ -169,7 +169,14 @@ bool record_node(const std::string& op, const std::vector<const Tensor*>& inputs
 // graph on a local tape (checkpoint recompute).
 Tensor as_non_leaf(const Tensor& tensor, bool requires_grad);
 
-// Zeroes gradient buffers in place (a memset, never a free).
+// An identity over `input` (its storage under a new id) whose node, when the backward walk reaches it, runs `action`
+// and then passes the gradient through: for code that must act at that point of the backward, after every node
+// recorded later and before every one recorded earlier (ZeRO-3 gives the token table its gradient storage just
+// before the lookup's backward, and reduces the LM head's gradient just after the classifier's). Under no-grad, or
+// for an input that requires no grad, nothing is recorded, `input` itself comes back and the action never runs.
+Tensor on_backward(const Tensor& input, std::function<void()> action);
+
+// Zeroes gradient buffers in place (a memset, never a free); released ones (release_storage) are passed over.
 void zero_grad(const std::vector<Tensor>& parameters);
 
 } // namespace engine

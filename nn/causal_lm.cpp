@@ -4,12 +4,26 @@
 namespace engine::nn {
 
 Tensor CausalLM::forward_padded(const Tensor& tokens, const Tensor& positions) const {
-    return matmul(forward_hidden(tokens, positions), head_weight(), /*transpose_b=*/true); // (B,T,Vp)
+    return padded_logits(forward_hidden(tokens, positions));
 }
 
 Tensor CausalLM::forward(const Tensor& tokens, const Tensor& positions) const {
-    const Tensor logits = forward_padded(tokens, positions); // (B,T,Vp)
-    return padded_vocab_size() == vocab_size() ? logits : first_columns(logits, vocab_size());
+    return logits(forward_hidden(tokens, positions));
+}
+
+Tensor CausalLM::padded_logits(const Tensor& hidden) const {
+    return matmul(hidden, head_weight(), /*transpose_b=*/true); // (B,T,Vp)
+}
+
+Tensor CausalLM::logits(const Tensor& hidden) const {
+    const Tensor padded = padded_logits(hidden); // (B,T,Vp)
+    return padded_vocab_size() == vocab_size() ? padded : first_columns(padded, vocab_size());
+}
+
+Tensor CausalLM::look_up(const std::function<Tensor()>& lookup) const {
+    if (table_hooks_.before_lookup) table_hooks_.before_lookup();
+    Tensor out = lookup();
+    return table_hooks_.after_lookup ? table_hooks_.after_lookup(out) : out;
 }
 
 void CausalLM::set_checkpointing(const checkpoint::CheckpointPolicy& policy) {

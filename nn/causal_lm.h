@@ -30,6 +30,10 @@ public:
     // tokens (B,T) i32 -> logits (B,T,V): the real vocabulary (a copy of the padded logits' first V columns
     // when the model pads it).
     Tensor forward(const Tensor& tokens, const Tensor& positions = Tensor()) const;
+    // The head over forward_hidden's output: (B,T,C) -> padded logits (B,T,Vp), and the real (B,T,V). The two above
+    // are these over forward_hidden; the trainer calls them apart, to gather a sharded head in between.
+    Tensor padded_logits(const Tensor& hidden) const;
+    Tensor logits(const Tensor& hidden) const;
 
     virtual int vocab_size() const = 0;
     virtual int padded_vocab_size() const { return vocab_size(); }
@@ -58,6 +62,20 @@ public:
     using SegmentHooksFor = std::function<checkpoint::SegmentHooks(int first_layer, int layer_count)>;
     void set_segment_hooks(SegmentHooksFor hooks) { segment_hooks_ = std::move(hooks); }
 
+    // ZeRO-3 shards the token table and the LM head too when each is a module of its own, read in one place: an untied
+    // model's (Llama's embed_tokens and lm_head). Tied ones (GPT-2's wte, a tied Llama's) are read twice a step, by
+    // the lookup and by the head, and stay whole. nullptr: not separable.
+    virtual Module* untied_token_table() { return nullptr; }
+    virtual Module* untied_head() { return nullptr; }
+    // What runs around the token table's lookup in forward_hidden (the trainer's ZeRO-3 gather before it; after it,
+    // the release, and the hook that gives the table gradient storage before the lookup's backward, which gets the
+    // lookup's output and returns what the decoder reads). Empty: nothing.
+    struct TableHooks {
+        std::function<void()> before_lookup;
+        std::function<Tensor(const Tensor&)> after_lookup;
+    };
+    void set_table_hooks(TableHooks hooks) { table_hooks_ = std::move(hooks); }
+
     // Where the forward runs: the parameters' device (Module::to moves them), or with the masters on the host
     // (set_master_device) the working copies'.
     virtual Device device() const = 0;
@@ -70,6 +88,8 @@ protected:
     // Takes its input by value and drops it after the first segment: callers move their handle in, so that an
     // offloaded first segment's input (the embedding output) leaves the device as soon as it is copied out.
     Tensor run_decoder(Tensor input, const Tensor& positions = Tensor()) const;
+    // The token table's lookup `lookup` between the table hooks (set_table_hooks).
+    Tensor look_up(const std::function<Tensor()>& lookup) const;
     // Refuses tokens that are not (B,T) or longer than max_seq_len(), naming `model`, and positions (when defined)
     // that are not packed documents' for them (engine::check_document_positions).
     void check_tokens(const char* model, const Tensor& tokens, const Tensor& positions = Tensor()) const;
@@ -78,6 +98,7 @@ private:
     checkpoint::CheckpointPolicy policy_;
     std::vector<checkpoint::Segment> segments_;
     SegmentHooksFor segment_hooks_;
+    TableHooks table_hooks_;
     int mlp_tile_tokens_ = 0;
 };
 

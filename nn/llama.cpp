@@ -201,7 +201,7 @@ Tensor Llama::run_blocks(const Tensor& input, int first_block, int count, const 
 
 Tensor Llama::forward_hidden(const Tensor& tokens, const Tensor& positions) const {
     check_tokens("Llama", tokens, positions);
-    Tensor x = model.embed_tokens.forward(tokens); // (B,T,C)
+    Tensor x = look_up([&] { return model.embed_tokens.forward(tokens); }); // (B,T,C)
     return model.norm.forward(run_decoder(std::move(x), positions));
 }
 

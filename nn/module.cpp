@@ -425,6 +425,23 @@ void Module::allocate_parameter_storage() {
     allocate_storage(handles);
 }
 
+std::vector<Tensor> Module::gradient_handles() const {
+    std::vector<Tensor> handles, out;
+    collect_trainable_handles(handles);
+    collect_trainable_copies(handles);
+    for (const Tensor& handle : handles)
+        if (handle.grad().defined()) out.push_back(handle.grad());
+    return out;
+}
+
+void Module::release_gradient_storage() { release_storage(gradient_handles()); }
+
+void Module::allocate_gradient_storage() {
+    const std::vector<Tensor> buffers = gradient_handles();
+    allocate_storage(buffers);
+    for (const Tensor& buffer : buffers) Tensor(buffer).fill_zero(); // views of one storage: zeroed twice, harmlessly
+}
+
 void Module::allocate_working_storage() {
     std::vector<Tensor> copies;
     collect_trainable_copies(copies);

@@ -126,6 +126,11 @@ public:
     // only those (ZeroShards::gather_rounded fills them). Refused while the copies are parked (park_working_copies).
     void release_parameter_storage();
     void allocate_parameter_storage();
+    // ZeRO-3's token table and head: the gradient buffers of this subtree's trainable parameters, their views and
+    // working copies keep their handles (what a recorded node captured) but lose their storage, or get it back zeroed
+    // (one storage per storage shared before, so a copy's buffer stays its master's).
+    void release_gradient_storage();
+    void allocate_gradient_storage();
     void allocate_working_storage();
     void release_master_storage();
 
@@ -196,6 +201,7 @@ private:
     std::vector<Tensor> handles_of(size_t index) const;
     void collect_trainable_handles(std::vector<Tensor>& out) const; // handles_of every trainable parameter of the subtree
     void collect_trainable_copies(std::vector<Tensor>& out) const; // their working copies that are not the masters
+    std::vector<Tensor> gradient_handles() const; // the gradient buffers of both, each handle
     // Copies in `dtype` on `device` (the masters' own device: sharing their gradient buffers; another: each
     // with a gradient buffer of its own).
     void make_working_copies(DType dtype, Device device,

@@ -34,7 +34,8 @@ void synchronize_device(Device device) {
 // where the step's gradients are when it is asked (with the optimizer on the host, gathered in the masters').
 std::string first_nonfinite_gradient(const nn::Module& model) {
     for (const auto& [name, parameter] : model.named_trainable_parameters())
-        if (parameter.grad().defined() && !all_finite(parameter.grad())) return name;
+        if (parameter.grad().defined() && !parameter.grad().storage_released() && !all_finite(parameter.grad()))
+            return name;
     return "none among the whole gradient buffers (a ZeRO-2 segment's gradients are summed in the ranks' shards)";
 }
 
@@ -119,6 +120,7 @@ ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, dis
 ModuleTrainer::~ModuleTrainer() {
     if (layered_ == nullptr) return;
     layered_->set_segment_hooks({}); // they point at this trainer
+    layered_->set_table_hooks({});
     // The streamed layers get their weights and buffers back, so that the model runs as before.
     try {
         if (parameters_streamed())
@@ -127,6 +129,10 @@ ModuleTrainer::~ModuleTrainer() {
             for (int layer : streamed_layers_) layered_->block(layer).attach_working_gradients();
         if (gradients_sharded())
             for (int layer : streamed_layers_) layered_->block(layer).attach_gradients();
+        if (table_gradients_sharded()) { // their gradient buffers hold storage again (zeroed), as the model's others
+            token_table_->allocate_gradient_storage();
+            head_->allocate_gradient_storage();
+        }
         // ZeRO-3's released layers stay released: their values are the ranks' shards, which go with the trainer, and
         // gathering them is a collective, which a destructor must not make (a rank that threw would leave the others
         // waiting). To keep the model, call gather_released_parameters() on every rank before the trainer goes (the
@@ -231,6 +237,12 @@ Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batc
                                                  << " before its forward; the count must match the loss");
             window.reported_losses.push_back(result.sum.detach());
             backward(multiply(result.sum, scale.factor));
+            if (table_gradients_sharded()) {
+                // ZeRO-2 and 3: the token table's gradient, given storage just before the lookup's backward (the last node),
+                // onto its owners; then the storage goes, so no whole buffer lives between micro-batches.
+                zero_->reduce_gradients(token_table_indexes_);
+                token_table_->release_gradient_storage();
+            }
         }
     } catch (...) {
         // Leave the model as the step found it: no half-accumulated gradients, no dangling tape.
@@ -270,6 +282,7 @@ ModuleTrainer::Evaluation ModuleTrainer::evaluate(const std::vector<MicroBatch>&
         }
     } catch (...) {
         model_.train(was_training);
+        release_tables(); // ZeRO-3: a failure may have left the token table or the head gathered
         throw;
     }
     model_.train(was_training);
@@ -287,6 +300,7 @@ void ModuleTrainer::zero_gradients() {
     }
     if (parameters_sharded()) // a failed window may have left a segment gathered
         for (int layer : streamed_layers_) layered_->block(layer).release_parameter_storage();
+    release_tables(); // and the token table or the head, or their gradient storage
     if (!offloaded()) return;
     zero_device_gradients();
 }

@@ -225,6 +225,16 @@ public:
     nn::Module& module() { return model_; }
     Device device() const { return device_; }
 
+protected:
+    // ZeRO-2 and 3 with the model state on the device and an untied head (table_gradients_sharded): the head gathered
+    // before the classifier reads it (stage 3), its gradient storage given, zeroed (in grad mode), and the identity over
+    // `hidden` that comes back carries its end: once the classifier's backward has run, its gradient is reduced onto
+    // the owners and its gradient storage (and at stage 3 the head) go. `hidden` itself otherwise. Every rank calls it
+    // alike (a collective).
+    Tensor gather_head(const Tensor& hidden);
+    // After the loss under no-grad (an evaluation), the head gathered by gather_head goes again; nothing otherwise.
+    void release_head_after_no_grad();
+
 private:
     // The factor that turns the ranks' summed gradients into this step's: 1 when each rank's loss is divided
     // by the global item count, 1/world_size for per-rank means (DDP's average).
@@ -240,6 +250,16 @@ private:
     // ZeRO-3 over several ranks: those layers also hold their parameters only while a segment is gathered (its
     // forward; its recompute and backward), each rank keeping the masters of its part (ZeroShards::shard_parameters).
     bool parameters_sharded() const { return zero_ && config_.shape.zero_stage == 3; }
+    // ZeRO-2 and 3 with the model state on the device: an untied token table and LM head (CausalLM::untied_token_table,
+    // untied_head) have gradient buffers over released storage, given for their backward (the lookup's, the
+    // classifier's) and reduced onto the owners right after it (the table's once backward() returns, the head's as the
+    // classifier's backward ends), once per micro-batch as a segment's; at stage 3 their weights are released too,
+    // gathered for the lookup (CausalLM::TableHooks) and for the loss (gather_head). docs/DISTRIBUTED.md.
+    bool table_gradients_sharded() const { return token_table_ != nullptr; }
+    bool table_weights_released() const { return token_table_ != nullptr && parameters_sharded(); }
+    void gather_table(nn::Module& table, const std::vector<size_t>& indexes);
+    void release_tables(); // the tables' weights and gradient storage (after a failure)
+    std::vector<nn::Module*> released_modules() const; // every module whose weights are released between uses
     void gather_segment(int first_layer, int layer_count);  // storage, the owners' values, the working copies
     void release_segment_parameters(int first_layer, int layer_count);
     void refuse_inside_whole_parameters(const char* what) const; // a step's parts, inside a WholeParameters
@@ -273,6 +293,9 @@ private:
     std::vector<size_t> whole_gradient_indexes_;            // ZeRO-2: the parameters whose buffers stay
     std::vector<size_t> released_indexes_;                  // ZeRO-3: every segment's, in order
     int whole_scopes_ = 0;                                  // ZeRO-3: gather_released_parameters not yet released
+    nn::Module* token_table_ = nullptr;                     // ZeRO-2, 3 (table_gradients_sharded): the token table
+    nn::Module* head_ = nullptr;                            // and the LM head,
+    std::vector<size_t> token_table_indexes_, head_indexes_; // their parameters' indexes
     Device device_ = Device::cpu;         // where the forward runs
     DType loss_dtype_ = DType::f32; // the compute type mean mode's factor is formed in
     std::unique_ptr<Optimizer> optimizer_;

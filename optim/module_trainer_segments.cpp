@@ -3,6 +3,7 @@
 // weights before each use; and the gathers outside a step that stage 3 needs (a save, a resume).
 #include <algorithm>
 
+#include "engine/autograd.h"
 #include "engine/elementwise.h"
 #include "optim/module_trainer.h"
 
@@ -64,11 +65,39 @@ void ModuleTrainer::start_streaming() {
         for (size_t index = 0; index < parameters_.size(); ++index)
             if (!in_segment[index]) whole_gradient_indexes.push_back(index);
     }
+    // ZeRO-2 and 3 with the state on the device: an untied token table and head, each read in one place, have their
+    // gradients sharded too (stage 3: and their weights).
+    nn::Module* token_table = nullptr;
+    nn::Module* head = nullptr;
+    std::vector<size_t> token_table_indexes, head_indexes;
+    if (gradients_sharded() && !offloaded() && layered->untied_token_table() != nullptr &&
+        layered->untied_head() != nullptr) {
+        token_table = layered->untied_token_table();
+        head = layered->untied_head();
+        const auto indexes_of = [&](const nn::Module& module) {
+            std::vector<size_t> out;
+            for (const Tensor& parameter : module.parameters())
+                for (size_t index = 0; index < parameters_.size(); ++index)
+                    if (parameters_[index].shares_storage_with(parameter)) out.push_back(index);
+            std::sort(out.begin(), out.end());
+            return out;
+        };
+        token_table_indexes = indexes_of(*token_table);
+        head_indexes = indexes_of(*head);
+        // A frozen table (no index) stays whole: it has no shard, no gradient and nothing to reduce.
+        if (token_table_indexes.empty() || head_indexes.empty()) token_table = head = nullptr;
+    }
     if (parameters_sharded()) {
-        // ZeRO-3: the segments' masters kept as each rank's part only, which the optimizer updates there.
+        // ZeRO-3: the segments' masters (and the tables') kept as each rank's part only, which the optimizer updates
+        // there.
         std::vector<size_t> released;
         for (const auto& [first_layer, indexes] : segment_parameters)
             released.insert(released.end(), indexes.begin(), indexes.end());
+        if (token_table != nullptr) {
+            released.insert(released.end(), token_table_indexes.begin(), token_table_indexes.end());
+            released.insert(released.end(), head_indexes.begin(), head_indexes.end());
+            std::sort(released.begin(), released.end());
+        }
         zero_->keep_shards_of(released);
         // Their dotted names, so that a read of one while it is released names it in the model.
         const std::vector<std::string> names = optimizer_->parameter_names();
@@ -106,6 +135,27 @@ void ModuleTrainer::start_streaming() {
     }
     if (parameters_sharded()) // their values are the shards' now (keep_shards_of): the storage goes
         for (int layer : streamed_layers_) layered_->block(layer).release_parameter_storage();
+    if (token_table != nullptr) {
+        token_table_ = token_table;
+        head_ = head;
+        token_table_indexes_ = std::move(token_table_indexes);
+        head_indexes_ = std::move(head_indexes);
+        // Reduced once per micro-batch as their backward ends (and at stage 3 gathered for each use): not at the step.
+        std::erase_if(whole_gradient_indexes_, [&](size_t index) {
+            return std::find(token_table_indexes_.begin(), token_table_indexes_.end(), index) != token_table_indexes_.end() ||
+                   std::find(head_indexes_.begin(), head_indexes_.end(), index) != head_indexes_.end();
+        });
+        release_tables(); // their gradient buffers' storage, and at stage 3 their weights
+        // Stage 3: the table is gathered for its lookup and goes right after it (its backward, a scatter-add, never reads
+        // it). Its gradient storage comes just before that backward, and is reduced once backward() returns (accumulate).
+        layered_->set_table_hooks({[this] {
+                                       if (table_weights_released()) gather_table(*token_table_, token_table_indexes_);
+                                   },
+                                   [this](const Tensor& looked_up) {
+                                       if (table_weights_released()) token_table_->release_parameter_storage();
+                                       return on_backward(looked_up, [this] { token_table_->allocate_gradient_storage(); });
+                                   }});
+    }
     if (streamed()) {
         for (int layer : streamed_layers_) layered_->block(layer).release_working_gradients();
         for (size_t index = 0; index < gradient_leaves_.size(); ++index)
@@ -178,6 +228,53 @@ void ModuleTrainer::gather_segment(int first_layer, int layer_count) {
     }
 }
 
+void ModuleTrainer::gather_table(nn::Module& table, const std::vector<size_t>& indexes) {
+    // As a segment's: under bf16 the copies alone, rounded by their owners; else the masters. Storage allocated but not
+    // gathered (a failure part way) is released again by what follows a failure (release_tables).
+    if (model_.compute_dtype() != parameters_.front().dtype()) {
+        table.allocate_working_storage();
+        return zero_->gather_rounded(indexes, gradient_leaves_);
+    }
+    table.allocate_parameter_storage();
+    zero_->gather_parameters(indexes);
+}
+
+void ModuleTrainer::release_tables() {
+    if (!table_gradients_sharded()) return;
+    if (table_weights_released()) {
+        token_table_->release_parameter_storage();
+        head_->release_parameter_storage();
+    }
+    token_table_->release_gradient_storage();
+    head_->release_gradient_storage();
+}
+
+Tensor ModuleTrainer::gather_head(const Tensor& hidden) {
+    if (!table_gradients_sharded()) return hidden;
+    if (table_weights_released()) gather_table(*head_, head_indexes_);
+    if (!grad_enabled()) return hidden; // an evaluation: release_head_after_no_grad
+    head_->allocate_gradient_storage(); // the classifier's node captures the buffer now (the streaming head fills it)
+    return on_backward(hidden, [this] {
+        // The classifier's backward has run: this micro-batch's head gradient onto its owners, and the head goes.
+        zero_->reduce_gradients(head_indexes_);
+        head_->release_gradient_storage();
+        if (table_weights_released()) head_->release_parameter_storage();
+    });
+}
+
+void ModuleTrainer::release_head_after_no_grad() {
+    if (table_weights_released() && !grad_enabled()) head_->release_parameter_storage();
+}
+
+std::vector<nn::Module*> ModuleTrainer::released_modules() const {
+    std::vector<nn::Module*> out;
+    if (!parameters_sharded()) return out;
+    if (table_weights_released()) out.push_back(token_table_);
+    for (int layer : streamed_layers_) out.push_back(&layered_->block(layer));
+    if (table_weights_released()) out.push_back(head_);
+    return out;
+}
+
 void ModuleTrainer::release_segment_parameters(int first_layer, int layer_count) {
     for (int layer = first_layer; layer < first_layer + layer_count; ++layer)
         layered_->block(layer).release_parameter_storage();
@@ -188,12 +285,12 @@ void ModuleTrainer::gather_released_parameters() {
     if (whole_scopes_++ > 0) return; // gathered already (a nested scope)
     try {
         // All or nothing: a layer left with storage but no values would pass for whole.
-        for (int layer : streamed_layers_) layered_->block(layer).allocate_parameter_storage();
+        for (nn::Module* module : released_modules()) module->allocate_parameter_storage();
         zero_->gather_parameters(released_indexes_);
-        for (int layer : streamed_layers_) layered_->block(layer).refresh_working_copies();
+        for (nn::Module* module : released_modules()) module->refresh_working_copies();
     } catch (...) {
         --whole_scopes_;
-        for (int layer : streamed_layers_) layered_->block(layer).release_parameter_storage();
+        for (nn::Module* module : released_modules()) module->release_parameter_storage();
         throw;
     }
 }
@@ -203,7 +300,7 @@ void ModuleTrainer::release_gathered_parameters(bool written) {
     // The outermost scope releases; a `written` nested one takes its values now, the outer one's are the same storage.
     if (written) zero_->take_parameters(released_indexes_); // the ones kept whole were written in place
     if (--whole_scopes_ > 0) return;
-    for (int layer : streamed_layers_) layered_->block(layer).release_parameter_storage();
+    for (nn::Module* module : released_modules()) module->release_parameter_storage();
 }
 
 std::optional<size_t> ModuleTrainer::released_index(const Tensor& parameter) const {

@@ -90,8 +90,8 @@ void Optimizer::check_state_devices(const char* optimizer) const {
 }
 
 void Optimizer::zero_grad() {
-    for (const Slot& slot : slots_)
-        if (slot.parameter.grad().defined()) slot.parameter.grad().fill_zero();
+    for (const Slot& slot : slots_) // a released buffer (ZeRO-3's tables between uses) holds nothing to zero
+        if (slot.parameter.grad().defined() && !slot.parameter.grad().storage_released()) slot.parameter.grad().fill_zero();
 }
 
 void Optimizer::read_gradients_from(const Tensor& gradients) {

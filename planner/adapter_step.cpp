@@ -50,6 +50,7 @@ public:
     size_t vocabulary = 0;     // the head's real columns (V <= head_columns)
     bool training = true;      // train mode: dropout draws; eval mode returns its input
     size_t gathered_layer = 0; // ZeRO-3: a checkpointed layer's weights, gathered for each use of its segment
+    size_t gathered_table = 0; // ZeRO-3: an untied token table's or head's weights, gathered for the lookup, the loss
 
     virtual Sym layer_forward(const Sym& input, int index) const = 0;
     virtual Sym forward_hidden() const = 0;
@@ -260,6 +261,7 @@ public:
     Sym forward_padded() const {
         const Sym hidden = forward_hidden();
         r.at("the LM head");
+        r.ledger.hold(gathered_table); // ZeRO-3's head, until the loss is read (run_micro_batch lets it go)
         const Sym logits = ops.matmul(hidden, r.parameter(false), head_columns);
         return logits;
     }
@@ -310,7 +312,9 @@ public:
     // Llama::forward_hidden: the embedding, the decoder, the final norm.
     Sym forward_hidden() const override {
         r.at("the embedding");
+        r.ledger.hold(gathered_table); // ZeRO-3's token table, for the lookup only
         Sym x = ops.embedding(width);
+        r.ledger.let_go(gathered_table);
         const Sym hidden = final_norm(run_decoder(std::move(x)));
         return hidden;
     }
@@ -386,12 +390,14 @@ AdapterStepWalk run_micro_batch(Replay& replay, const DecoderReplay& model, int 
         if (loss_chunk_tokens > 0) {
             const Sym hidden = model.forward_hidden();
             replay.at("the LM head");
+            replay.ledger.hold(model.gathered_table);
             sum = model.ops.linear_cross_entropy(hidden, model.width, model.head_columns, model.vocabulary,
                                                  static_cast<size_t>(loss_chunk_tokens));
         } else {
             const Sym logits = model.forward_padded();
             sum = model.ops.cross_entropy_in_place(logits, model.head_columns, model.vocabulary);
         }
+        replay.ledger.let_go(model.gathered_table); // the head goes once the loss is made
         if (!evaluation) {
             replay.at("the loss");
             const Sym scaled = model.ops.multiply(sum, replay.wide);
@@ -440,7 +446,7 @@ AdapterStepWalk walk_adapter_step(const nn::ModelConfig& config, int batch, int 
 AdapterStepWalk walk_evaluation(const nn::ModelConfig& config, int batch, int seq_len,
                                 const checkpoint::CheckpointPolicy& policy, DType dtype, const FineTuning& tuning,
                                 int loss_chunk_tokens, int mlp_tile_tokens, std::vector<AdapterStepEvent>* events,
-                                size_t gathered_layer_bytes) {
+                                size_t gathered_layer_bytes, size_t gathered_table_bytes) {
     Replay replay(dtype);
     replay.ledger.record_events(events);
     replay.every_tile = events != nullptr;
@@ -451,6 +457,7 @@ AdapterStepWalk walk_evaluation(const nn::ModelConfig& config, int batch, int se
         replay, config, batch, seq_len, policy, tuning.lora ? *tuning.lora : no_adapters, tuning.nf4, mlp_tile_tokens);
     model->training = false;
     model->gathered_layer = gathered_layer_bytes;
+    model->gathered_table = gathered_table_bytes;
     return run_micro_batch(replay, *model, loss_chunk_tokens, true);
 }
 

@@ -47,11 +47,14 @@ AdapterStepWalk walk_adapter_step(const nn::ModelConfig& config, int batch, int 
 // full fine-tune's (no tuning.lora: under no-grad what trains changes nothing but the adapters' ops) or a LoRA or
 // QLoRA run's. What it holds above what was live before it, as walk_adapter_step's (nothing pinned: under no-grad
 // a checkpointed segment keeps nothing). gathered_layer_bytes: at ZeRO-3 what one checkpointed layer's gathered weights
-// take on the device (MemoryPrediction::gathered_layer_bytes), held in the joint peak while its segment runs.
+// take on the device (MemoryPrediction::gathered_layer_bytes), held in the joint peak while its segment runs;
+// gathered_table_bytes: an untied Llama's token table or head gathered (MemoryPrediction::gathered_table_bytes), held
+// for the lookup and from the head's GEMM to the loss.
 AdapterStepWalk walk_evaluation(const nn::ModelConfig& config, int batch, int seq_len,
                                 const checkpoint::CheckpointPolicy& policy, DType dtype, const FineTuning& tuning,
                                 int loss_chunk_tokens, int mlp_tile_tokens = 0,
-                                std::vector<AdapterStepEvent>* events = nullptr, size_t gathered_layer_bytes = 0);
+                                std::vector<AdapterStepEvent>* events = nullptr, size_t gathered_layer_bytes = 0,
+                                size_t gathered_table_bytes = 0);
 
 // predict_memory for a LoRA or QLoRA run (tuning.lora set): the model state of predict_model_state, the step's
 // activations and workspace from walk_adapter_step, and the joint peak as Trainer::train_step holds it. Refused,

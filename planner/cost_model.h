@@ -74,9 +74,12 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
 // whole model's are counted), the host's links under offload_optimizer (priced as the device's). Time: bytes over
 // collective_bytes_per_second plus seconds_per_collective a call.
 // gathered_element_bytes: what one element of a ZeRO-3 segment's gathered weights takes on the wire (4: f32 masters,
-// in fp32 or gathered on the host; 2: bf16 copies its owners rounded).
+// in fp32 or gathered on the host; 2: bf16 copies its owners rounded). table_elements: at ZeRO-2 and 3, one of the token
+// table and head when they are sharded too (sharded_table_elements): each one's gradient is then reduced once per
+// micro-batch, and at stage 3 each is gathered once per micro-batch (for the lookup, for the loss), instead of once
+// per step each.
 void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumulation_steps,
                        const checkpoint::CheckpointPolicy& policy, int zero_stage, int ranks, const Ceilings& ceilings,
-                       int gathered_element_bytes = 4);
+                       int gathered_element_bytes = 4, size_t table_elements = 0);
 
 } // namespace engine::planner

@@ -34,7 +34,7 @@ PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int bat
     const size_t batches = (static_cast<size_t>(eval_batches) + 1) * per_batch * ids;
     const AdapterStepWalk walk =
         walk_evaluation(config, batch, seq_len, policy, dtype, tuning, loss_chunk_tokens, mlp_tile_tokens, nullptr,
-                        sharding.parameters ? step.gathered_layer_bytes : 0);
+                        sharding.parameters ? step.gathered_layer_bytes : 0, step.gathered_table_bytes);
     PhasePrediction phase;
     phase.peak_bytes = state + batches + walk.joint;
     phase.moment = walk.joint_moment;

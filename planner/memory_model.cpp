@@ -130,11 +130,23 @@ size_t elements_before_layers(const nn::ModelConfig& model_config) {
 
 } // namespace
 
+size_t sharded_table_elements(const nn::ModelConfig& config, ZeroSharding sharding, bool offload_optimizer) {
+    if (!sharding.gradients || offload_optimizer || !config.is_llama() || config.llama().tie_word_embeddings) return 0;
+    return static_cast<size_t>(config.llama().vocab_size) * static_cast<size_t>(config.llama().hidden_size);
+}
+
 size_t sharded_layer_elements(const nn::ModelConfig& config, const std::vector<checkpoint::Segment>& segments,
-                              const distributed::ZeroPartition& partition, int64_t rank) {
+                              const distributed::ZeroPartition& partition, int64_t rank, bool tables) {
     const int64_t first = elements_before_layers(config), layer = static_cast<int64_t>(layer_parameter_count(config));
     const int64_t begin = partition.begin(rank), end = partition.end(rank);
     size_t held = 0;
+    const auto overlap = [&](int64_t from, int64_t to) {
+        return static_cast<size_t>(std::max<int64_t>(0, std::min(to, end) - std::max(from, begin)));
+    };
+    if (tables) { // an untied Llama: embed_tokens first, lm_head last
+        const int64_t table = first, total = static_cast<int64_t>(parameter_count(config, config.vocab_size()));
+        held += overlap(0, table) + overlap(total - table, total);
+    }
     for (const checkpoint::Segment& segment : segments) {
         if (!segment.checkpointed) continue;
         for (int index = segment.first_layer; index < segment.first_layer + segment.layer_count; ++index) {
@@ -207,8 +219,12 @@ struct Walk {
 // that runs next, prefetched (checkpointed_neighbours).
 // `gathered_layer_weights`: at ZeRO-3, the bytes of one layer's weights gathered from the ranks, which a checkpointed
 // segment holds during its forward and again from its recompute to the end of its backward (no neighbour's).
+// `gathered_table` and `table_gradient`: at ZeRO-3 with an untied head on the device, one of the token table and the
+// head gathered (the table for its lookup; the head from the loss to the end of its backward, with its gradient) and one
+// table's gradient (the head's beside it; the token table's alone, for the lookup's backward at the end).
 Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, bool offload, bool pinned_in_account,
-               size_t streamed_layer_gradients = 0, size_t streamed_layer_weights = 0, size_t gathered_layer_weights = 0) {
+               size_t streamed_layer_gradients = 0, size_t streamed_layer_weights = 0, size_t gathered_layer_weights = 0,
+               size_t gathered_table = 0, size_t table_gradient = 0) {
     Walk walk;
     auto activation = [&](size_t bytes, const std::string& moment) {
         if (bytes > walk.activations) walk.activations = bytes, walk.activations_moment = moment;
@@ -234,7 +250,8 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
         last = index;
     }
     // `kept` is what earlier layers keep for backward, not counting the current layer's input.
-    forward(terms.embedding_peak, "embedding");
+    activation(terms.embedding_peak, "embedding");
+    joint(terms.embedding_peak + gathered_table, "embedding");
     size_t kept = 0;
     std::vector<size_t> kept_before(segments.size());
     for (size_t index = 0; index < segments.size(); ++index) {
@@ -261,11 +278,13 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
     // turns the logits into their gradient and, while it reduces, holds the per-token losses and the (1) result;
     // the streaming head holds d(norm out), one chunk's logits and the per-token losses (terms.head_peak).
     const size_t end_of_forward = kept + 2 * A + terms.final_norm_statistics;
-    forward(end_of_forward + terms.head_peak, "the loss head at the end of forward");
+    activation(end_of_forward + terms.head_peak, "the loss head at the end of forward");
+    const size_t head = gathered_table + table_gradient; // ZeRO-3: the gathered head and its gradient buffer
+    joint(end_of_forward + terms.head_peak + head, "the loss head at the end of forward");
     // Backward of the LM head: the per-token losses are gone, the caller holds the loss (s) beside the token
     // sum the trainer reports (s); the fused classifier's head adds d(norm out) (A) while the logits-as-gradient
     // still live; the streaming head's d(norm out) is made already (terms.head_backward).
-    joint(end_of_forward + terms.head_backward, "backward of the LM head");
+    joint(end_of_forward + terms.head_backward + head, "backward of the LM head");
     // Backward allocates activations only to recompute: the segment's full saved set, rebuilt over what the
     // layers before it still keep, next to the loss the caller holds, while the checkpoint node's incoming
     // gradient (A) waits. Inside a layer the gradients in flight beside its saved set are the joint high-water
@@ -292,6 +311,9 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
         joint(kept_before[index] + saved + losses + terms.layer_transient + A + gradients,
               "recompute of " + block_range(segment) + " in backward");
     }
+    // ZeRO-3: the token table's gradient storage comes for the lookup's backward, the last node, beside the gradient
+    // of the lookup's output and the losses.
+    if (table_gradient > 0) joint(A + losses + table_gradient, "backward of the token table");
     return walk;
 }
 
@@ -443,7 +465,7 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     if (shard_gradients && offload_optimizer)
         prediction.host[static_cast<size_t>(MemoryCategory::gradients)] +=
             prediction.shard_gradient_bytes - checkpointed_layers * layer_gradients;
-    const size_t persistent_gradients =
+    size_t persistent_gradients =
         prediction.of(MemoryCategory::gradients) - checkpointed_layers * layer_gradients + device_shard;
     prediction.at(MemoryCategory::gradients) = persistent_gradients + largest_segment * layer_gradients;
     // Streamed parameters: the same layers' working copies are parked on the host between their uses, and a
@@ -459,13 +481,25 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     // state on the host the masters and the part are there, and the device holds a gathered segment's copies.
     const size_t gathered_layer = sharding.parameters ? layer_parameter_count(config) * element : 0;
     prediction.gathered_layer_bytes = gathered_layer;
+    // With the model state on the device an untied Llama's token table and head have their gradient buffers given storage
+    // for their backward only (stages 2 and 3), and at stage 3 are released too, each gathered for its one use.
+    const size_t table_elements = sharded_table_elements(config, sharding, offload_optimizer);
+    const size_t gathered_table = sharding.parameters ? table_elements * element : 0;
+    const size_t table_gradient = table_elements * wide;
+    if (table_elements > 0) {
+        persistent_gradients -= 2 * table_gradient;
+        prediction.at(MemoryCategory::gradients) =
+            persistent_gradients + std::max(largest_segment * layer_gradients, table_gradient);
+    }
+    prediction.gathered_table_bytes = gathered_table;
+    prediction.table_gradient_bytes = table_gradient;
     size_t host_gathered_masters = 0; // a segment's whole masters on the host, during its gather only
     if (sharding.parameters) {
         // Rank 0's elements of those layers' masters (the trainer's flat layout: the embeddings, then the layers in
         // order, then the rest), and the most any rank holds.
         size_t largest = 0;
         for (int64_t rank = 0; rank < partition.ranks; ++rank) {
-            const size_t held = sharded_layer_elements(config, segments, partition, rank) * wide;
+            const size_t held = sharded_layer_elements(config, segments, partition, rank, gathered_table > 0) * wide;
             if (rank == 0) prediction.shard_parameter_bytes = held;
             largest = std::max(largest, held);
         }
@@ -473,8 +507,10 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
         // host) before the trainer released them.
         const size_t released_layer =
             layer_parameter_count(config) * (offload_optimizer ? element : wide + (element == wide ? 0 : element));
-        persistent_parameters -= checkpointed_layers * released_layer;
-        prediction.at(MemoryCategory::parameters) = persistent_parameters + largest_segment * gathered_layer;
+        const size_t released_tables = gathered_table > 0 ? 2 * table_elements * (wide + (element == wide ? 0 : element)) : 0;
+        persistent_parameters -= checkpointed_layers * released_layer + released_tables;
+        prediction.at(MemoryCategory::parameters) =
+            persistent_parameters + std::max(largest_segment * gathered_layer, gathered_table);
         if (offload_optimizer) {
             size_t& host_parameters = prediction.host[static_cast<size_t>(MemoryCategory::parameters)];
             host_gathered_masters = largest_segment * layer_parameter_count(config) * wide;
@@ -493,7 +529,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
         ++prediction.checkpointed_segments;
         prediction.recomputed_blocks += segment.layer_count;
     }
-    const Walk walk = walk_step(segments, terms, offload, false, layer_gradients, layer_weights, gathered_layer);
+    const Walk walk = walk_step(segments, terms, offload, false, layer_gradients, layer_weights, gathered_layer,
+                                gathered_table, table_gradient);
     prediction.at(MemoryCategory::activations) = walk.activations;
     prediction.activations_peak_moment = walk.activations_moment;
 
@@ -524,7 +561,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     prediction.peak_bytes = before_forward + walk.joint;
     prediction.peak_moment = walk.joint_moment;
     prediction.unified_peak_bytes =
-        before_forward + walk_step(segments, terms, offload, true, layer_gradients, layer_weights, gathered_layer).joint;
+        before_forward + walk_step(segments, terms, offload, true, layer_gradients, layer_weights, gathered_layer,
+                                   gathered_table, table_gradient).joint;
     prediction.between_steps_bytes = persistent_parameters + persistent_gradients +
                                      prediction.of(MemoryCategory::optimizer_state) + device_zero_buffers;
     prediction.pinned_peak_bytes =

@@ -84,6 +84,11 @@ struct MemoryPrediction {
     // the working copies, the masters gathered on the host).
     size_t shard_parameter_bytes = 0;
     size_t gathered_layer_bytes = 0;
+    // ZeRO-2 and 3 with the model state on the device and an untied head (sharded_table_elements): one table's gradient
+    // (f32), given storage for the head's backward and for the lookup's; at stage 3 one table's gathered weights (the
+    // token table's and the head's are alike), for the lookup and from the head's gather to the end of its backward.
+    size_t gathered_table_bytes = 0;
+    size_t table_gradient_bytes = 0;
     // The ranks' parts differ in how much of those layers they hold: what the rank holding the most keeps beyond
     // rank 0 (whose figures these are), on the device, or with the model state on the host (offload_optimizer) on
     // the host (host_largest_rank_extra_bytes). The planner fits that rank.
@@ -260,10 +265,13 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len,
 
 // One decoder layer's parameters (what streamed gradients hold per layer), and the largest of them.
 size_t layer_parameter_count(const nn::ModelConfig& config);
-// ZeRO-3: of the checkpointed segments' layers' parameters, the elements in `rank`'s part of the flat layout (the
-// trainable parameters in model order, as the trainer lays them out).
+// ZeRO-3: of the checkpointed segments' layers' parameters (and with `tables` the token table's and the head's), the
+// elements in `rank`'s part of the flat layout (the trainable parameters in model order, as the trainer lays them out).
 size_t sharded_layer_elements(const nn::ModelConfig& config, const std::vector<checkpoint::Segment>& segments,
-                              const distributed::ZeroPartition& partition, int64_t rank);
+                              const distributed::ZeroPartition& partition, int64_t rank, bool tables = false);
+// ZeRO-2 and 3: the elements of one of the token table and head when the trainer shards their gradients (and at stage 3
+// their weights) too (the model state on the device, an untied Llama: optim::ModuleTrainer's rule), else 0.
+size_t sharded_table_elements(const nn::ModelConfig& config, ZeroSharding sharding, bool offload_optimizer);
 size_t largest_layer_parameter(const nn::ModelConfig& config);
 
 std::string mebibytes(size_t bytes); // "12.34 MiB"

@@ -54,8 +54,13 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
                  << " instead of " << mebibytes(whole.of(MemoryCategory::parameters)) << " (this rank's part of the masters "
                  << mebibytes(planned.shard_parameter_bytes) << (offload_optimizer ? " in host memory" : "")
                  << ", a segment's layers gathered while it runs, "
-                 << mebibytes(planned.gathered_layer_bytes) << " a layer, the rest whole; " << 2 * accumulation_steps
-                 << " gather passes per step over the segments)";
+                 << mebibytes(planned.gathered_layer_bytes) << " a layer, "
+                 << (planned.gathered_table_bytes > 0
+                         ? "the token table for its lookup and the head from the loss to its backward, " +
+                               mebibytes(planned.gathered_table_bytes) + " each with " +
+                               mebibytes(planned.table_gradient_bytes) + " of gradient for its backward, "
+                         : std::string())
+                 << "the rest whole; " << 2 * accumulation_steps << " gather passes per step over the segments)";
         if (sharding.parameters && planned.largest_rank_extra_bytes + planned.host_largest_rank_extra_bytes > 0)
             text << "; these are rank 0's figures, and the rank whose part holds the most of the layers keeps "
                  << mebibytes(planned.largest_rank_extra_bytes + planned.host_largest_rank_extra_bytes) << " more"

@@ -30,21 +30,10 @@ size_t current(MemoryCategory category) {
 const nn::GPTConfig tiny_gpt{16, 8, 3, 2, 8, 0.0f};
 
 optim::TrainerConfig stage_config(int stage, int accumulation, Precision precision) {
-    optim::TrainerConfig config;
-    config.shape.per_device_train_batch_size = 2;
-    config.shape.gradient_accumulation_steps = accumulation;
-    config.shape.checkpointing.enabled = true;
-    config.shape.precision = precision;
-    config.shape.zero_stage = stage;
-    config.max_grad_norm = 0.5; // the clip on: the norm from the shard gradients must be right
-    return config;
+    return zero_stage_config(stage, accumulation, precision);
 }
 
-std::vector<std::vector<float>> values_of(const nn::Module& model) {
-    std::vector<std::vector<float>> values;
-    for (const Tensor& parameter : model.parameters()) values.push_back(parameter.to_vector<float>());
-    return values;
-}
+std::vector<std::vector<float>> values_of(const nn::Module& model) { return parameter_values(model); }
 
 // Released storage holds no bytes; reading it throws naming the tensor; views over one storage stay views over one
 // released storage and then over one fresh one; allocation brings back the bytes, uninitialised, and changes nothing

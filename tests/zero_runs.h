@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "nn/io/token_data.h"
+#include "nn/module.h"
+#include "optim/trainer_config.h"
 #include "planner/cost_model.h"
 
 namespace engine::testing {
@@ -35,6 +37,26 @@ inline nn::DataLoaderOptions padded_options(int batch_size, int rank = 0, int wo
     options.rank = rank;
     options.world_size = world_size;
     return options;
+}
+
+// The trainer the stage-3 tests run (tests/test_zero_stage3.cpp, tests/test_zero_stage3_tables.cpp): 2 rows a micro-batch,
+// every layer checkpointed, the clip on (the norm from the shard gradients must be right).
+inline optim::TrainerConfig zero_stage_config(int stage, int accumulation, Precision precision) {
+    optim::TrainerConfig config;
+    config.shape.per_device_train_batch_size = 2;
+    config.shape.gradient_accumulation_steps = accumulation;
+    config.shape.checkpointing.enabled = true;
+    config.shape.precision = precision;
+    config.shape.zero_stage = stage;
+    config.max_grad_norm = 0.5;
+    return config;
+}
+
+// Every parameter's values, in model order (released ones must be gathered first: optim::WholeParameters).
+inline std::vector<std::vector<float>> parameter_values(const nn::Module& model) {
+    std::vector<std::vector<float>> values;
+    for (const Tensor& parameter : model.parameters()) values.push_back(parameter.to_vector<float>());
+    return values;
 }
 
 // planner::add_communication alone: the step's collectives at `stage` over `ranks`, on the CPU's ceilings.

@@ -64,8 +64,8 @@ static __global__ void embedding_forward_kernel(S* out, const int32_t* tokens, c
 }
 
 // Block (group, tile) owns one distinct token's row of the table over 128 channels, so no two threads touch
-// one element (no atomics). It starts from the table's value and adds the token's dout rows in ascending
-// position order, the CPU loop's order: the result is bitwise the CPU twin's.
+// one element (no atomics). It sums the token's dout rows in ascending position order from zero and adds the sum
+// to the table once, the CPU loop's order: the result is bitwise the CPU twin's.
 template <typename S, int width>
 static __global__ void embedding_backward_token_kernel(float* dtoken_table, const S* dout,
                                                        const int32_t* token_groups, int count, int distinct, int C) {
@@ -78,36 +78,41 @@ static __global__ void embedding_backward_token_kernel(float* dtoken_table, cons
     if constexpr (width == vector_width) {
         const int channel = lane * vector_width;
         if (tile_start + channel >= C) return; // C % 4 == 0: a pack is wholly in or out
-        Pack<vector_width> sums = load_pack<vector_width>(table_row + channel);
+        Pack<vector_width> sums{};
         for (int index = group_starts[group]; index < group_starts[group + 1]; ++index) {
             const Pack<vector_width> values =
                 load_pack<vector_width>(dout + int64_t(positions[index]) * C + tile_start + channel);
             for (int k = 0; k < vector_width; ++k) sums[k] += values[k];
         }
-        store_pack<vector_width>(table_row + channel, sums);
+        Pack<vector_width> table = load_pack<vector_width>(table_row + channel);
+        for (int k = 0; k < vector_width; ++k) table[k] += sums[k];
+        store_pack<vector_width>(table_row + channel, table);
     } else {
         for (int k = 0; k < vector_width; ++k) {
             const int channel = lane_tile_offset<width>(lane, k);
             if (tile_start + channel >= C) continue;
-            float sum = table_row[channel];
+            float sum = 0.0f;
             for (int index = group_starts[group]; index < group_starts[group + 1]; ++index)
                 sum += widen(dout[int64_t(positions[index]) * C + tile_start + channel]);
-            table_row[channel] = sum;
+            table_row[channel] += sum;
         }
     }
 }
 
-// Parallel over (t, channel) packs, summing over the batch in order from the table's value (the CPU's order).
+// Parallel over (t, channel) packs, summing over the batch in order from zero, then added to the table (the CPU's
+// order).
 template <typename S, int width>
 static __global__ void embedding_backward_position_kernel(float* dposition_table, const S* dout, int B,
                                                           int64_t position_count) {
     for_each_pack<width>(position_count, [&]<int count>(int64_t index) {
-        Pack<count> sums = load_pack<count>(dposition_table + index);
+        Pack<count> sums{};
         for (int b = 0; b < B; ++b) {
             const Pack<count> values = load_pack<count>(dout + int64_t(b) * position_count + index);
             for (int k = 0; k < count; ++k) sums[k] += values[k];
         }
-        store_pack<count>(dposition_table + index, sums);
+        Pack<count> table = load_pack<count>(dposition_table + index);
+        for (int k = 0; k < count; ++k) table[k] += sums[k];
+        store_pack<count>(dposition_table + index, table);
     });
 }
 

@@ -3,8 +3,8 @@
 # counts differ between ranks. Stage 3 sums the gradients exactly as stage 2 does and gathers each segment's weights
 # bit for bit from their owners, so it trains bitwise as stage 2: a 6-layer tiny GPT checkpointed every layer (two
 # micro-batches a step, AdamW with clipping, 2 ranks; bf16 with evaluation on 3 ranks) and a Llama with kept layers
-# beside the sharded ones and offloaded inputs. The per-rank peak is --plan's to the byte (the evaluation's too),
-# below stage 2's and falling from 2 to 3 ranks; the gathers per step are two passes over the segments per
+# beside the sharded ones and offloaded inputs (its untied token table and head sharded too, and resumed bitwise). The
+# per-rank peak is --plan's to the byte (the evaluation's too), below stage 2's and falling from 2 to 3 ranks; the gathers per step are two passes over the segments per
 # micro-batch; a stage-3 state resumes bitwise (also with the parts cut into many pieces), and at stage 3 only; stage 3
 # without checkpointing is refused.
 # usage: train_gpt_zero3.sh TRAIN_GPT MPIEXEC WORK_DIR
@@ -70,6 +70,8 @@ for stage in 2 3; do
 done
 cmp -s "$work/llama_2.safetensors" "$work/llama_3.safetensors"
 check "Llama with kept layers: stages 2 and 3 give bitwise the same weights" $? "they differ"
+# The untied Llama's token table and head are released at stage 3 too: saved gathered from the shards, resumed into them.
+check_resume 2 llama3 3 6 "${llama[@]}" --zero-stage 3
 
 # 4. Memory: each run's per-rank step peak is --plan's to the byte; stage 3's is below stage 2's, and falls from 2 ranks
 #    to 3 (the same flags, one micro-batch a step: the bf16 runs above, and their 2-rank twin here).
