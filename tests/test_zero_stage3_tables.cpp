@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <memory>
 #include <vector>
 
 #include "engine/distributed/communicator.h"
@@ -117,6 +119,27 @@ TEST(ZeroStage3Tables, AnUntiedLlamaShardsItsTableAndHeadBitwiseAsStageTwoAndAsP
                 EXPECT_EQ(evaluation_peaks[1], evaluation(true).peak_bytes) << what << ": predicted at "
                                                                               << evaluation(true).moment;
             }
+}
+
+// A step that runs out of memory anywhere (a table's gather, its gradient storage at the head or at the lookup's
+// backward, the segments') leaves the tables and the layers released, the tables' gradient storage too, and the
+// shards as they were: the trainer then trains on bitwise as one that never failed.
+TEST(ZeroStage3Tables, AStepThatRunsOutOfMemoryPartWayChangesNothing) {
+    for (const Precision precision : {Precision::fp32, Precision::bf16}) {
+        const int failures = out_of_memory_sweep(
+            [] { return std::make_unique<nn::Llama>(test::small_llama_config(false), 3, Device::cpu, DType::f32); },
+            stage_config(3, 2, precision, 0), [](nn::CausalLM& model, int failures) {
+                for (const Tensor& table : tables_of(dynamic_cast<nn::Llama&>(model))) {
+                    EXPECT_TRUE(table.storage_released()) << "after failure " << failures;
+                    EXPECT_TRUE(table.grad().storage_released()) << "after failure " << failures;
+                }
+                for (int layer = 0; layer < model.block_count(); ++layer)
+                    for (const Tensor& parameter : model.block(layer).parameters())
+                        EXPECT_TRUE(parameter.storage_released()) << "layer " << layer << " after failure " << failures;
+            });
+        EXPECT_GT(failures, 10) << "the limits should fail the step at many places";
+        std::printf("  %s: %d steps failed and changed nothing\n", dtype_name(precision_dtype(precision)), failures);
+    }
 }
 
 // What makes the token table's per-micro-batch reduction bitwise the accumulated buffer: the lookup's backward sums each
