@@ -62,10 +62,10 @@ public:
     using SegmentHooksFor = std::function<checkpoint::SegmentHooks(int first_layer, int layer_count)>;
     void set_segment_hooks(SegmentHooksFor hooks) { segment_hooks_ = std::move(hooks); }
 
-    // ZeRO-3 shards the token table and the LM head too when each is a module of its own, read in one place: an untied
-    // model's (Llama's embed_tokens and lm_head). Tied ones (GPT-2's wte, a tied Llama's) are read twice a step, by
-    // the lookup and by the head, and stay whole. nullptr: not separable.
-    virtual Module* untied_token_table() { return nullptr; }
+    // ZeRO-2 and 3 shard the token table (and an untied LM head) too when the table is a module of its own, looked up
+    // through look_up (Llama's embed_tokens; its lm_head when untied, else the head is the table). nullptr: not
+    // separable (GPT-2's wte, read with wpe in one op and with padded rows the head reads): it stays whole.
+    virtual Module* token_table() { return nullptr; }
     virtual Module* untied_head() { return nullptr; }
     // What runs around the token table's lookup in forward_hidden (the trainer's ZeRO-3 gather before it; after it,
     // the release, and the hook that gives the table gradient storage before the lookup's backward, which gets the

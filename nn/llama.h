@@ -120,7 +120,7 @@ public:
     Device device() const override { return compute_device(); }
     int block_count() const override { return static_cast<int>(model.layers.size()); }
     Module& block(int index) override { return *model.layers.at(static_cast<size_t>(index)); }
-    Module* untied_token_table() override { return lm_head ? &model.embed_tokens : nullptr; }
+    Module* token_table() override { return &model.embed_tokens; }
     Module* untied_head() override { return lm_head.get(); }
     Tensor run_blocks(const Tensor& input, int first_block, int count,
                       const Tensor& positions = Tensor()) const override;

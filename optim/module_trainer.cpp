@@ -49,8 +49,17 @@ void zero_attached(const std::vector<Tensor>& leaves) {
 
 } // namespace
 
+ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator,
+                             LossGathersHead)
+    : ModuleTrainer(model, config, communicator, true) {}
+
 ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator)
-    : model_(model), config_(config), schedule_(schedule_config(config)), communicator_(communicator) {
+    : ModuleTrainer(model, config, communicator, false) {}
+
+ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator,
+                             bool loss_gathers_head)
+    : model_(model), config_(config), loss_gathers_head_(loss_gathers_head), schedule_(schedule_config(config)),
+      communicator_(communicator) {
     ENGINE_CHECK(!model_.parameters().empty(), "trainer: the module has no parameters to train");
     ENGINE_CHECK(model_.trainable_parameter_count() > 0,
                  "trainer: every one of the module's " << model_.named_parameters().size()
@@ -131,7 +140,7 @@ ModuleTrainer::~ModuleTrainer() {
             for (int layer : streamed_layers_) layered_->block(layer).attach_gradients();
         if (table_gradients_sharded()) { // their gradient buffers hold storage again (zeroed), as the model's others
             token_table_->allocate_gradient_storage();
-            head_->allocate_gradient_storage();
+            if (head_ != nullptr) head_->allocate_gradient_storage();
         }
         // ZeRO-3's released layers stay released: their values are the ranks' shards, which go with the trainer, and
         // gathering them is a collective, which a destructor must not make (a rank that threw would leave the others

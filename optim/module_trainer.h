@@ -226,11 +226,22 @@ public:
     Device device() const { return device_; }
 
 protected:
-    // ZeRO-2 and 3 with the model state on the device and an untied head (table_gradients_sharded): the head gathered
-    // before the classifier reads it (stage 3), its gradient storage given, zeroed (in grad mode), and the identity over
-    // `hidden` that comes back carries its end: once the classifier's backward has run, its gradient is reduced onto
-    // the owners and its gradient storage (and at stage 3 the head) go. `hidden` itself otherwise. Every rank calls it
-    // alike (a collective).
+    // Trainer's: its loss calls gather_head (below) around the classifier, so at ZeRO-2 and 3 a causal LM's token table
+    // and head may be sharded too. A ModuleTrainer built otherwise (a user's own loss) keeps them whole.
+    struct LossGathersHead {};
+    ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator, LossGathersHead);
+
+private:
+    ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator,
+                  bool loss_gathers_head);
+
+protected:
+
+    // ZeRO-2 and 3 with the model state on the device (table_gradients_sharded): the head (the token table when tied)
+    // gathered before the classifier reads it (stage 3), its gradient storage given, zeroed (in grad mode), and the
+    // identity over `hidden` that comes back carries its end: once the classifier's backward has run, an untied head's
+    // gradient is reduced onto the owners and its storage goes (a tied table's stays for the lookup's backward), and at
+    // stage 3 the head goes. `hidden` itself otherwise. Every rank calls it alike (a collective).
     Tensor gather_head(const Tensor& hidden);
     // After the loss under no-grad (an evaluation), the head gathered by gather_head goes again; nothing otherwise.
     void release_head_after_no_grad();
@@ -250,11 +261,12 @@ private:
     // ZeRO-3 over several ranks: those layers also hold their parameters only while a segment is gathered (its
     // forward; its recompute and backward), each rank keeping the masters of its part (ZeroShards::shard_parameters).
     bool parameters_sharded() const { return zero_ && config_.shape.zero_stage == 3; }
-    // ZeRO-2 and 3 with the model state on the device: an untied token table and LM head (CausalLM::untied_token_table,
+    // ZeRO-2 and 3 with the model state on the device: the token table and an untied LM head (CausalLM::token_table,
     // untied_head) have gradient buffers over released storage, given for their backward (the lookup's, the
-    // classifier's) and reduced onto the owners right after it (the table's once backward() returns, the head's as the
-    // classifier's backward ends), once per micro-batch as a segment's; at stage 3 their weights are released too,
-    // gathered for the lookup (CausalLM::TableHooks) and for the loss (gather_head). docs/DISTRIBUTED.md.
+    // classifier's; a tied table's from the classifier's to the lookup's) and reduced onto the owners right after it
+    // (the table's once backward() returns, an untied head's as the classifier's backward ends), once per micro-batch
+    // as a segment's; at stage 3 their weights are released too, gathered for the lookup (CausalLM::TableHooks) and for
+    // the loss (gather_head). docs/DISTRIBUTED.md.
     bool table_gradients_sharded() const { return token_table_ != nullptr; }
     bool table_weights_released() const { return token_table_ != nullptr && parameters_sharded(); }
     void gather_table(nn::Module& table, const std::vector<size_t>& indexes);
@@ -293,8 +305,9 @@ private:
     std::vector<size_t> whole_gradient_indexes_;            // ZeRO-2: the parameters whose buffers stay
     std::vector<size_t> released_indexes_;                  // ZeRO-3: every segment's, in order
     int whole_scopes_ = 0;                                  // ZeRO-3: gather_released_parameters not yet released
+    bool loss_gathers_head_ = false;                        // built by Trainer (LossGathersHead)
     nn::Module* token_table_ = nullptr;                     // ZeRO-2, 3 (table_gradients_sharded): the token table
-    nn::Module* head_ = nullptr;                            // and the LM head,
+    nn::Module* head_ = nullptr;                            // and an untied LM head (nullptr: tied),
     std::vector<size_t> token_table_indexes_, head_indexes_; // their parameters' indexes
     Device device_ = Device::cpu;         // where the forward runs
     DType loss_dtype_ = DType::f32; // the compute type mean mode's factor is formed in

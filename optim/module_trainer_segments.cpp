@@ -65,14 +65,13 @@ void ModuleTrainer::start_streaming() {
         for (size_t index = 0; index < parameters_.size(); ++index)
             if (!in_segment[index]) whole_gradient_indexes.push_back(index);
     }
-    // ZeRO-2 and 3 with the state on the device: an untied token table and head, each read in one place, have their
-    // gradients sharded too (stage 3: and their weights).
+    // ZeRO-2 and 3 with the state on the device: the token table and an untied head have their gradients sharded too
+    // (stage 3: and their weights). A tied head is the table.
     nn::Module* token_table = nullptr;
     nn::Module* head = nullptr;
     std::vector<size_t> token_table_indexes, head_indexes;
-    if (gradients_sharded() && !offloaded() && layered->untied_token_table() != nullptr &&
-        layered->untied_head() != nullptr) {
-        token_table = layered->untied_token_table();
+    if (gradients_sharded() && !offloaded() && loss_gathers_head_ && layered->token_table() != nullptr) {
+        token_table = layered->token_table();
         head = layered->untied_head();
         const auto indexes_of = [&](const nn::Module& module) {
             std::vector<size_t> out;
@@ -83,9 +82,9 @@ void ModuleTrainer::start_streaming() {
             return out;
         };
         token_table_indexes = indexes_of(*token_table);
-        head_indexes = indexes_of(*head);
-        // A frozen table (no index) stays whole: it has no shard, no gradient and nothing to reduce.
-        if (token_table_indexes.empty() || head_indexes.empty()) token_table = head = nullptr;
+        if (head != nullptr) head_indexes = indexes_of(*head);
+        // A frozen table or head (no index) stays whole: it has no shard, no gradient and nothing to reduce.
+        if (token_table_indexes.empty() || (head != nullptr && head_indexes.empty())) token_table = head = nullptr;
     }
     if (parameters_sharded()) {
         // ZeRO-3: the segments' masters (and the tables') kept as each rank's part only, which the optimizer updates
@@ -147,12 +146,14 @@ void ModuleTrainer::start_streaming() {
         });
         release_tables(); // their gradient buffers' storage, and at stage 3 their weights
         // Stage 3: the table is gathered for its lookup and goes right after it (its backward, a scatter-add, never reads
-        // it). Its gradient storage comes just before that backward, and is reduced once backward() returns (accumulate).
+        // it). Its gradient storage comes just before that backward (a tied table's came with the head, and stays), and
+        // is reduced once backward() returns (accumulate).
         layered_->set_table_hooks({[this] {
                                        if (table_weights_released()) gather_table(*token_table_, token_table_indexes_);
                                    },
                                    [this](const Tensor& looked_up) {
                                        if (table_weights_released()) token_table_->release_parameter_storage();
+                                       if (head_ == nullptr) return looked_up;
                                        return on_backward(looked_up, [this] { token_table_->allocate_gradient_storage(); });
                                    }});
     }
@@ -241,29 +242,33 @@ void ModuleTrainer::gather_table(nn::Module& table, const std::vector<size_t>& i
 
 void ModuleTrainer::release_tables() {
     if (!table_gradients_sharded()) return;
-    if (table_weights_released()) {
-        token_table_->release_parameter_storage();
-        head_->release_parameter_storage();
+    for (nn::Module* table : {token_table_, head_}) {
+        if (table == nullptr) continue; // tied: the head is the table
+        if (table_weights_released()) table->release_parameter_storage();
+        table->release_gradient_storage();
     }
-    token_table_->release_gradient_storage();
-    head_->release_gradient_storage();
 }
 
 Tensor ModuleTrainer::gather_head(const Tensor& hidden) {
     if (!table_gradients_sharded()) return hidden;
-    if (table_weights_released()) gather_table(*head_, head_indexes_);
+    nn::Module* head = head_ != nullptr ? head_ : token_table_;
+    if (table_weights_released()) gather_table(*head, head_ != nullptr ? head_indexes_ : token_table_indexes_);
     if (!grad_enabled()) return hidden; // an evaluation: release_head_after_no_grad
-    head_->allocate_gradient_storage(); // the classifier's node captures the buffer now (the streaming head fills it)
-    return on_backward(hidden, [this] {
-        // The classifier's backward has run: this micro-batch's head gradient onto its owners, and the head goes.
-        zero_->reduce_gradients(head_indexes_);
-        head_->release_gradient_storage();
-        if (table_weights_released()) head_->release_parameter_storage();
+    // The classifier's node captures the buffer now (the streaming head fills it in its forward). A tied table's holds
+    // the head's gradient and then the lookup's, and is reduced once backward() returns.
+    head->allocate_gradient_storage();
+    return on_backward(hidden, [this, head] {
+        // The classifier's backward has run: an untied head's gradient onto its owners, and the head goes.
+        if (head_ != nullptr) {
+            zero_->reduce_gradients(head_indexes_);
+            head_->release_gradient_storage();
+        }
+        if (table_weights_released()) head->release_parameter_storage();
     });
 }
 
 void ModuleTrainer::release_head_after_no_grad() {
-    if (table_weights_released() && !grad_enabled()) head_->release_parameter_storage();
+    if (table_weights_released() && !grad_enabled()) (head_ != nullptr ? head_ : token_table_)->release_parameter_storage();
 }
 
 std::vector<nn::Module*> ModuleTrainer::released_modules() const {
@@ -271,7 +276,7 @@ std::vector<nn::Module*> ModuleTrainer::released_modules() const {
     if (!parameters_sharded()) return out;
     if (table_weights_released()) out.push_back(token_table_);
     for (int layer : streamed_layers_) out.push_back(&layered_->block(layer));
-    if (table_weights_released()) out.push_back(head_);
+    if (table_weights_released() && head_ != nullptr) out.push_back(head_);
     return out;
 }
 

@@ -4,7 +4,7 @@
 namespace engine::optim {
 
 Trainer::Trainer(nn::CausalLM& model, const TrainerConfig& config, distributed::Communicator* communicator)
-    : ModuleTrainer(model, config, communicator), model_(model) {
+    : ModuleTrainer(model, config, communicator, LossGathersHead{}), model_(model) {
     model_.set_mlp_tile_tokens(config.shape.mlp_tile_tokens); // the shape's problem() was asked in the base
 }
 

@@ -323,7 +323,7 @@ int parameter_tensor_count(const nn::ModelConfig& config) {
 
 void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumulation_steps,
                        const checkpoint::CheckpointPolicy& policy, int zero_stage, int ranks, const Ceilings& ceilings,
-                       int gathered_element_bytes, size_t table_elements) {
+                       int gathered_element_bytes, size_t table_elements, int table_count) {
     if (ranks <= 1) return;
     const double parameters = static_cast<double>(parameter_count(config, config.vocab_size()));
     const double share = static_cast<double>(ranks - 1) / ranks; // of a payload through each rank's link
@@ -350,11 +350,11 @@ void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumu
                     accumulation_steps * (std::ceil(layers / static_cast<double>(partition.piece)) + segments) +
                     std::ceil((parameters - layers) / static_cast<double>(partition.piece)) + ranks;
             if (table_elements > 0) {
-                // The token table's and the head's gradients (when sharded too) are reduced once per micro-batch, a
-                // piece-long window at a time, instead of with the rest once a step.
-                const double tables = 2.0 * static_cast<double>(table_elements);
+                // The token table's and an untied head's gradients (when sharded too) are reduced once per micro-batch,
+                // a piece-long window at a time, instead of with the rest once a step.
+                const double tables = table_count * static_cast<double>(table_elements);
                 bytes += (accumulation_steps - 1) * tables * gradient_bytes;
-                calls += (accumulation_steps - 1) * 2.0 *
+                calls += (accumulation_steps - 1) * table_count *
                          (std::ceil(static_cast<double>(table_elements) / static_cast<double>(partition.piece)) + 1);
             }
             if (zero_stage == 3) {
@@ -371,11 +371,11 @@ void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumu
                 calls += 2 * accumulation_steps * (checkpointed_layers * layer_tensors + ranks - 1) + kept_tensors +
                          ranks - 1 - static_cast<double>(partition.pieces);
                 if (table_elements > 0) {
-                    // The token table and the head (one tensor each) leave the step's broadcast: each is gathered once
-                    // per micro-batch instead.
-                    const double tables = 2.0 * static_cast<double>(table_elements);
-                    bytes += accumulation_steps * tables * gathered_element_bytes - tables * gradient_bytes;
-                    calls += 2.0 * (accumulation_steps - 1);
+                    // The token table and an untied head (one tensor each) leave the step's broadcast; each micro-batch
+                    // gathers the table for the lookup and the head (the table again when tied) for the loss.
+                    const double table = static_cast<double>(table_elements);
+                    bytes += accumulation_steps * 2.0 * table * gathered_element_bytes - table_count * table * gradient_bytes;
+                    calls += 2.0 * accumulation_steps - table_count;
                 }
             }
         }

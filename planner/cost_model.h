@@ -75,11 +75,11 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
 // collective_bytes_per_second plus seconds_per_collective a call.
 // gathered_element_bytes: what one element of a ZeRO-3 segment's gathered weights takes on the wire (4: f32 masters,
 // in fp32 or gathered on the host; 2: bf16 copies its owners rounded). table_elements: at ZeRO-2 and 3, one of the token
-// table and head when they are sharded too (sharded_table_elements): each one's gradient is then reduced once per
-// micro-batch, and at stage 3 each is gathered once per micro-batch (for the lookup, for the loss), instead of once
-// per step each.
+// table and head when they are sharded too (sharded_table_elements), table_count of them (1: tied): each one's gradient
+// is then reduced once per micro-batch, and at stage 3 the table is gathered for each lookup and the head (the table
+// again when tied) for each loss, instead of once per step each.
 void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumulation_steps,
                        const checkpoint::CheckpointPolicy& policy, int zero_stage, int ranks, const Ceilings& ceilings,
-                       int gathered_element_bytes = 4, size_t table_elements = 0);
+                       int gathered_element_bytes = 4, size_t table_elements = 0, int table_count = 2);
 
 } // namespace engine::planner

@@ -131,7 +131,7 @@ size_t elements_before_layers(const nn::ModelConfig& model_config) {
 } // namespace
 
 size_t sharded_table_elements(const nn::ModelConfig& config, ZeroSharding sharding, bool offload_optimizer) {
-    if (!sharding.gradients || offload_optimizer || !config.is_llama() || config.llama().tie_word_embeddings) return 0;
+    if (!sharding.gradients || offload_optimizer || !config.is_llama()) return 0;
     return static_cast<size_t>(config.llama().vocab_size) * static_cast<size_t>(config.llama().hidden_size);
 }
 
@@ -143,9 +143,9 @@ size_t sharded_layer_elements(const nn::ModelConfig& config, const std::vector<c
     const auto overlap = [&](int64_t from, int64_t to) {
         return static_cast<size_t>(std::max<int64_t>(0, std::min(to, end) - std::max(from, begin)));
     };
-    if (tables) { // an untied Llama: embed_tokens first, lm_head last
+    if (tables) { // a Llama: embed_tokens first, an untied lm_head last
         const int64_t table = first, total = static_cast<int64_t>(parameter_count(config, config.vocab_size()));
-        held += overlap(0, table) + overlap(total - table, total);
+        held += overlap(0, table) + (config.llama().tie_word_embeddings ? 0 : overlap(total - table, total));
     }
     for (const checkpoint::Segment& segment : segments) {
         if (!segment.checkpointed) continue;
@@ -219,12 +219,13 @@ struct Walk {
 // that runs next, prefetched (checkpointed_neighbours).
 // `gathered_layer_weights`: at ZeRO-3, the bytes of one layer's weights gathered from the ranks, which a checkpointed
 // segment holds during its forward and again from its recompute to the end of its backward (no neighbour's).
-// `gathered_table` and `table_gradient`: at ZeRO-3 with an untied head on the device, one of the token table and the
-// head gathered (the table for its lookup; the head from the loss to the end of its backward, with its gradient) and one
-// table's gradient (the head's beside it; the token table's alone, for the lookup's backward at the end).
+// `gathered_table` and `table_gradient`: at ZeRO-2 and 3 with the model state on the device, a Llama's token table or
+// head gathered (stage 3: the table for its lookup; the head from the loss to the end of its backward) and one table's
+// gradient (the head's from the loss to the end of its backward; the token table's for the lookup's backward at the
+// end; with `tied_table` one buffer held from the head's backward to the end, through every layer's backward).
 Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, bool offload, bool pinned_in_account,
                size_t streamed_layer_gradients = 0, size_t streamed_layer_weights = 0, size_t gathered_layer_weights = 0,
-               size_t gathered_table = 0, size_t table_gradient = 0) {
+               size_t gathered_table = 0, size_t table_gradient = 0, bool tied_table = false) {
     Walk walk;
     auto activation = [&](size_t bytes, const std::string& moment) {
         if (bytes > walk.activations) walk.activations = bytes, walk.activations_moment = moment;
@@ -289,7 +290,7 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
     // layers before it still keep, next to the loss the caller holds, while the checkpoint node's incoming
     // gradient (A) waits. Inside a layer the gradients in flight beside its saved set are the joint high-water
     // mark (terms.layer_backward; a checkpoint node keeps its incoming gradient until its segment is done).
-    const size_t losses = 2 * terms.scalar;
+    const size_t losses = 2 * terms.scalar + (tied_table ? table_gradient : 0); // the tied table's gradient rides along
     for (size_t index = segments.size(); index-- > 0;) {
         const Segment& segment = segments[index];
         const size_t saved = segment.layer_count * P;
@@ -313,7 +314,7 @@ Walk walk_step(const std::vector<Segment>& segments, const StepTerms& terms, boo
     }
     // ZeRO-3: the token table's gradient storage comes for the lookup's backward, the last node, beside the gradient
     // of the lookup's output and the losses.
-    if (table_gradient > 0) joint(A + losses + table_gradient, "backward of the token table");
+    if (table_gradient > 0) joint(A + 2 * terms.scalar + table_gradient, "backward of the token table");
     return walk;
 }
 
@@ -484,12 +485,16 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     // With the model state on the device an untied Llama's token table and head have their gradient buffers given storage
     // for their backward only (stages 2 and 3), and at stage 3 are released too, each gathered for its one use.
     const size_t table_elements = sharded_table_elements(config, sharding, offload_optimizer);
+    const bool tied_table = table_elements > 0 && config.llama().tie_word_embeddings; // the head is the table
+    const size_t tables = tied_table ? 1 : 2;
     const size_t gathered_table = sharding.parameters ? table_elements * element : 0;
     const size_t table_gradient = table_elements * wide;
     if (table_elements > 0) {
-        persistent_gradients -= 2 * table_gradient;
+        persistent_gradients -= tables * table_gradient;
+        // A tied table's gradient lives through the layers' backward, beside each segment's.
         prediction.at(MemoryCategory::gradients) =
-            persistent_gradients + std::max(largest_segment * layer_gradients, table_gradient);
+            persistent_gradients + (tied_table ? largest_segment * layer_gradients + table_gradient
+                                               : std::max(largest_segment * layer_gradients, table_gradient));
     }
     prediction.gathered_table_bytes = gathered_table;
     prediction.table_gradient_bytes = table_gradient;
@@ -507,7 +512,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
         // host) before the trainer released them.
         const size_t released_layer =
             layer_parameter_count(config) * (offload_optimizer ? element : wide + (element == wide ? 0 : element));
-        const size_t released_tables = gathered_table > 0 ? 2 * table_elements * (wide + (element == wide ? 0 : element)) : 0;
+        const size_t released_tables =
+            gathered_table > 0 ? tables * table_elements * (wide + (element == wide ? 0 : element)) : 0;
         persistent_parameters -= checkpointed_layers * released_layer + released_tables;
         prediction.at(MemoryCategory::parameters) =
             persistent_parameters + std::max(largest_segment * gathered_layer, gathered_table);
@@ -530,7 +536,7 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
         prediction.recomputed_blocks += segment.layer_count;
     }
     const Walk walk = walk_step(segments, terms, offload, false, layer_gradients, layer_weights, gathered_layer,
-                                gathered_table, table_gradient);
+                                gathered_table, table_gradient, tied_table);
     prediction.at(MemoryCategory::activations) = walk.activations;
     prediction.activations_peak_moment = walk.activations_moment;
 
@@ -562,7 +568,7 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     prediction.peak_moment = walk.joint_moment;
     prediction.unified_peak_bytes =
         before_forward + walk_step(segments, terms, offload, true, layer_gradients, layer_weights, gathered_layer,
-                                   gathered_table, table_gradient).joint;
+                                   gathered_table, table_gradient, tied_table).joint;
     prediction.between_steps_bytes = persistent_parameters + persistent_gradients +
                                      prediction.of(MemoryCategory::optimizer_state) + device_zero_buffers;
     prediction.pinned_peak_bytes =

@@ -33,21 +33,23 @@ optim::TrainerConfig stage_config(int stage, int accumulation, Precision precisi
     return config;
 }
 
-std::vector<Tensor> tables_of(nn::Llama& model) {
+std::vector<Tensor> tables_of(nn::Llama& model) { // the token table, and an untied head
+    if (!model.lm_head) return {model.model.embed_tokens.weight};
     return {model.model.embed_tokens.weight, model.lm_head->weight};
 }
 
 // Stage 3 trains bitwise as stage 2 (f32 and bf16, one and three micro-batches a step, the fused classifier and the
 // streaming head), evaluates to the same loss, and peaks where the memory model says, in the step and in the
 // evaluation; between uses the two tables hold no weights and no gradient storage.
-TEST(ZeroStage3Tables, AnUntiedLlamaShardsItsTableAndHeadBitwiseAsStageTwoAndAsPredicted) {
-    const nn::LlamaConfig config = test::small_llama_config(false);
+TEST(ZeroStage3Tables, ALlamaShardsItsTableAndHeadBitwiseAsStageTwoAndAsPredicted) {
     const std::vector<int32_t> tokens = documents(80);
     const checkpoint::CheckpointPolicy every_layer{true, 1};
+    for (const bool tied : {false, true})
     for (const Precision precision : {Precision::fp32, Precision::bf16})
         for (const int accumulation : {1, 3})
             for (const int chunk : {0, 5}) {
-                const std::string what = std::string(dtype_name(precision_dtype(precision))) + ", " +
+                const nn::LlamaConfig config = test::small_llama_config(tied);
+                const std::string what = std::string(tied ? "tied, " : "untied, ") + dtype_name(precision_dtype(precision)) + ", " +
                                          std::to_string(accumulation) + " micro-batches, loss chunk " + std::to_string(chunk);
                 std::vector<std::vector<float>> weights[2];
                 std::vector<std::string> names;
@@ -67,7 +69,7 @@ TEST(ZeroStage3Tables, AnUntiedLlamaShardsItsTableAndHeadBitwiseAsStageTwoAndAsP
                         losses[stage3].push_back(result.loss);
                         peaks[stage3] = std::max(peaks[stage3], result.memory.peak_bytes);
                         // One broadcast per tensor: the 4 layers' 9 for each of their 2 uses a micro-batch, the two
-                        // tables once a micro-batch, and the final norm kept whole after the update.
+                        // tables once a micro-batch (a tied one twice), and the final norm kept whole after the update.
                         if (stage3) EXPECT_EQ(result.communication.broadcasts, (72 + 2) * accumulation + 1) << what;
                         for (const Tensor& table : tables_of(model)) {
                             EXPECT_EQ(table.storage_released(), stage3 == 1) << what;
@@ -105,9 +107,9 @@ TEST(ZeroStage3Tables, AnUntiedLlamaShardsItsTableAndHeadBitwiseAsStageTwoAndAsP
                 const size_t table = static_cast<size_t>(config.vocab_size) * config.hidden_size;
                 EXPECT_EQ(stage3.gathered_table_bytes, table * dtype_size(dtype));
                 EXPECT_EQ(stage3.table_gradient_bytes, table * sizeof(float));
-                // On one rank the part is everything: the shard holds both tables' masters.
+                // On one rank the part is everything: the shard holds the tables' masters.
                 EXPECT_EQ(stage3.shard_parameter_bytes,
-                          (4 * planner::layer_parameter_count(config) + 2 * table) * sizeof(float));
+                          (4 * planner::layer_parameter_count(config) + (tied ? 1 : 2) * table) * sizeof(float));
                 // The evaluation: the state between steps, its batches and the current one's copies, and the walk
                 // (each table gathered for its use).
                 const auto evaluation = [&](bool sharded) {
@@ -187,29 +189,20 @@ TEST(ZeroStage3Tables, CostModelMovesTheTablesCollectivesIntoTheMicroBatches) {
         }
 }
 
-// A tied table is read twice a step (the lookup and the head) and stays whole, as at stage 2; with the model state on
-// the host the tables stay whole too. An untied one's gradient buffers get their storage back when the trainer goes
-// (its weights stay released, as the layers' do: their values went with the shards).
-TEST(ZeroStage3Tables, TiedTablesStayWholeAndTheTrainerGivesTheBuffersBack) {
+// The rule the planner shares with the trainer, and what the trainer leaves: a tied table is sharded too (read by the
+// lookup and by the head, its gradient held from the head's backward to the end); with the model state on the host and
+// at stage 1 the tables stay whole. An untied one's gradient buffers get their storage back when the trainer goes (its
+// weights stay released, as the layers' do: their values went with the shards).
+TEST(ZeroStage3Tables, TheRuleAndWhatTheTrainerLeaves) {
     const std::vector<int32_t> tokens = documents(40);
-    {
-        const auto communicator = distributed::make_communicator(distributed::Backend::none);
-        nn::Llama tied(test::small_llama_config(true), 3, Device::cpu, DType::f32);
-        optim::Trainer trainer(tied, stage_config(3, 1, Precision::fp32, 0), communicator.get());
-        nn::DataLoader loader(tokens, padded_options(2));
-        ASSERT_TRUE(trainer.train_step(loader.source()).has_value());
-        EXPECT_FALSE(tied.model.embed_tokens.weight.storage_released());
-        EXPECT_FALSE(tied.model.embed_tokens.weight.grad().storage_released());
-        EXPECT_EQ(tied.untied_token_table(), nullptr);
-    }
     const nn::LlamaConfig config = test::small_llama_config(false);
-    EXPECT_EQ(planner::sharded_table_elements(config, ZeroSharding{2, true, true}, false),
-              static_cast<size_t>(config.vocab_size) * config.hidden_size);
+    const size_t table = static_cast<size_t>(config.vocab_size) * config.hidden_size;
+    EXPECT_EQ(planner::sharded_table_elements(config, ZeroSharding{2, true, true}, false), table);
     EXPECT_EQ(planner::sharded_table_elements(config, ZeroSharding{2, true, true}, true), 0u); // state on the host
-    EXPECT_EQ(planner::sharded_table_elements(config, ZeroSharding{2, true, false}, false),
-              static_cast<size_t>(config.vocab_size) * config.hidden_size); // stage 2: the gradients
-    EXPECT_EQ(planner::sharded_table_elements(config, ZeroSharding{2}, false), 0u); // stage 1
-    EXPECT_EQ(planner::sharded_table_elements(test::small_llama_config(true), ZeroSharding{2, true, true}, false), 0u);
+    EXPECT_EQ(planner::sharded_table_elements(config, ZeroSharding{2, true, false}, false), table); // the gradients
+    EXPECT_EQ(planner::sharded_table_elements(config, ZeroSharding{2}, false), 0u);                 // stage 1
+    EXPECT_EQ(planner::sharded_table_elements(test::small_llama_config(true), ZeroSharding{2, true, true}, false), table);
+    EXPECT_EQ(planner::sharded_table_elements(nn::GPTConfig::named("tiny"), ZeroSharding{2, true, true}, false), 0u);
     nn::Llama untied(config, 3, Device::cpu, DType::f32);
     {
         const auto communicator = distributed::make_communicator(distributed::Backend::none);
@@ -219,11 +212,18 @@ TEST(ZeroStage3Tables, TiedTablesStayWholeAndTheTrainerGivesTheBuffersBack) {
         // Outside a step a read of the table names it.
         expect_error([&] { (void)untied.model.embed_tokens.weight.raw_data(); }, {"embed_tokens", "released"});
     }
-    for (const Tensor& table : tables_of(untied)) {
-        EXPECT_TRUE(table.storage_released());
-        EXPECT_FALSE(table.grad().storage_released());
-        EXPECT_TRUE(all_finite(table.grad()));
+    for (const Tensor& table_weight : tables_of(untied)) {
+        EXPECT_TRUE(table_weight.storage_released());
+        EXPECT_FALSE(table_weight.grad().storage_released());
+        EXPECT_TRUE(all_finite(table_weight.grad()));
     }
+    // A ModuleTrainer with a loss of its own never calls gather_head: it keeps the tables whole.
+    nn::Llama own_loss(config, 3, Device::cpu, DType::f32);
+    const auto communicator = distributed::make_communicator(distributed::Backend::none);
+    optim::ModuleTrainer generic(own_loss, stage_config(3, 1, Precision::fp32, 0), communicator.get());
+    EXPECT_FALSE(own_loss.lm_head->weight.storage_released());
+    EXPECT_FALSE(own_loss.lm_head->weight.grad().storage_released());
+    EXPECT_FALSE(own_loss.model.embed_tokens.weight.grad().storage_released());
 }
 
 } // namespace

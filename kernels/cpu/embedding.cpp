@@ -1,7 +1,6 @@
 // Token plus position embedding lookup (or the token lookup alone, without a position table), the CPU
 // reference for kernels/cuda/embedding.cu.
 #include <algorithm>
-#include <functional>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -31,7 +30,8 @@ void embedding_forward(Scalar* out, const int32_t* tokens, const Scalar* token_t
 namespace {
 
 // The rows in order of their key (a table row), ascending within a key: a stable counting sort.
-std::vector<int64_t> rows_by_key(int64_t rows, const std::function<int64_t(int64_t)>& key_of) {
+template <typename KeyOf>
+std::vector<int64_t> rows_by_key(int64_t rows, const KeyOf& key_of) {
     int64_t largest = 0;
     for (int64_t row = 0; row < rows; ++row) largest = std::max(largest, key_of(row));
     std::vector<int64_t> starts(static_cast<size_t>(largest) + 2, 0);
