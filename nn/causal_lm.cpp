@@ -12,7 +12,17 @@ Tensor CausalLM::forward(const Tensor& tokens, const Tensor& positions) const {
 }
 
 Tensor CausalLM::padded_logits(const Tensor& hidden) const {
-    return matmul(hidden, head_weight(), /*transpose_b=*/true); // (B,T,Vp)
+    Tensor out = matmul(head_input(hidden), head_weight(), /*transpose_b=*/true); // (B,T,Vp)
+    head_done();
+    return out;
+}
+
+Tensor CausalLM::head_input(const Tensor& hidden) const {
+    return table_hooks_.before_head ? table_hooks_.before_head(hidden) : hidden;
+}
+
+void CausalLM::head_done() const {
+    if (table_hooks_.after_head) table_hooks_.after_head();
 }
 
 Tensor CausalLM::logits(const Tensor& hidden) const {

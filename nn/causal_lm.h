@@ -30,10 +30,14 @@ public:
     // tokens (B,T) i32 -> logits (B,T,V): the real vocabulary (a copy of the padded logits' first V columns
     // when the model pads it).
     Tensor forward(const Tensor& tokens, const Tensor& positions = Tensor()) const;
-    // The head over forward_hidden's output: (B,T,C) -> padded logits (B,T,Vp), and the real (B,T,V). The two above
-    // are these over forward_hidden; the trainer calls them apart, to gather a sharded head in between.
+    // The head over forward_hidden's output: (B,T,C) -> padded logits (B,T,Vp), and the real (B,T,V), between the
+    // head hooks (TableHooks). The two above are these over forward_hidden.
     Tensor padded_logits(const Tensor& hidden) const;
     Tensor logits(const Tensor& hidden) const;
+    // For code that reads head_weight() itself (the streaming head): what the head hooks do around padded_logits.
+    // head_input returns what to read in place of `hidden` (the head is gathered); head_done ends the use under no-grad.
+    Tensor head_input(const Tensor& hidden) const;
+    void head_done() const;
 
     virtual int vocab_size() const = 0;
     virtual int padded_vocab_size() const { return vocab_size(); }
@@ -69,10 +73,14 @@ public:
     virtual Module* untied_head() { return nullptr; }
     // What runs around the token table's lookup in forward_hidden (the trainer's ZeRO-3 gather before it; after it,
     // the release, and the hook that gives the table gradient storage before the lookup's backward, which gets the
-    // lookup's output and returns what the decoder reads). Empty: nothing.
+    // lookup's output and returns what the decoder reads), and around the head's use (before it: the head gathered,
+    // its gradient storage given, and what the head reads in place of the hidden states returned, whose backward
+    // reduces and releases; after it, under no-grad, the release). Empty: nothing.
     struct TableHooks {
         std::function<void()> before_lookup;
         std::function<Tensor(const Tensor&)> after_lookup;
+        std::function<Tensor(const Tensor&)> before_head;
+        std::function<void()> after_head;
     };
     void set_table_hooks(TableHooks hooks) { table_hooks_ = std::move(hooks); }
 

@@ -36,7 +36,8 @@ std::string first_nonfinite_gradient(const nn::Module& model) {
     for (const auto& [name, parameter] : model.named_trainable_parameters())
         if (parameter.grad().defined() && !parameter.grad().storage_released() && !all_finite(parameter.grad()))
             return name;
-    return "none among the whole gradient buffers (a ZeRO-2 segment's gradients are summed in the ranks' shards)";
+    return "none among the whole gradient buffers (a ZeRO-2 segment's, the token table's and the head's gradients are "
+           "summed in the ranks' shards)";
 }
 
 // Every gradient buffer a list of leaves has now (streamed ones may have none) back to zero.
@@ -49,17 +50,8 @@ void zero_attached(const std::vector<Tensor>& leaves) {
 
 } // namespace
 
-ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator,
-                             LossGathersHead)
-    : ModuleTrainer(model, config, communicator, true) {}
-
 ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator)
-    : ModuleTrainer(model, config, communicator, false) {}
-
-ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator,
-                             bool loss_gathers_head)
-    : model_(model), config_(config), loss_gathers_head_(loss_gathers_head), schedule_(schedule_config(config)),
-      communicator_(communicator) {
+    : model_(model), config_(config), schedule_(schedule_config(config)), communicator_(communicator) {
     ENGINE_CHECK(!model_.parameters().empty(), "trainer: the module has no parameters to train");
     ENGINE_CHECK(model_.trainable_parameter_count() > 0,
                  "trainer: every one of the module's " << model_.named_parameters().size()

@@ -225,28 +225,16 @@ public:
     nn::Module& module() { return model_; }
     Device device() const { return device_; }
 
-protected:
-    // Trainer's: its loss calls gather_head (below) around the classifier, so at ZeRO-2 and 3 a causal LM's token table
-    // and head may be sharded too. A ModuleTrainer built otherwise (a user's own loss) keeps them whole.
-    struct LossGathersHead {};
-    ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator, LossGathersHead);
-
 private:
-    ModuleTrainer(nn::Module& model, const TrainerConfig& config, distributed::Communicator* communicator,
-                  bool loss_gathers_head);
-
-protected:
-
-    // ZeRO-2 and 3 with the model state on the device (table_gradients_sharded): the head (the token table when tied)
-    // gathered before the classifier reads it (stage 3), its gradient storage given, zeroed (in grad mode), and the
-    // identity over `hidden` that comes back carries its end: once the classifier's backward has run, an untied head's
-    // gradient is reduced onto the owners and its storage goes (a tied table's stays for the lookup's backward), and at
-    // stage 3 the head goes. `hidden` itself otherwise. Every rank calls it alike (a collective).
+    // The head hooks (CausalLM::TableHooks, around every use of the head): at ZeRO-2 and 3 with the model state on the
+    // device (table_gradients_sharded) the head (the token table when tied) gathered before the classifier reads it
+    // (stage 3), its gradient storage given, zeroed (in grad mode), and the identity over `hidden` that comes back
+    // carries its end: once the classifier's backward has run, an untied head's gradient is reduced onto the owners and
+    // its storage goes (a tied table's stays for the lookup's backward), and at stage 3 the head goes. `hidden` itself
+    // otherwise. Every rank calls it alike (a collective). release_head_after_no_grad: after the head's use under
+    // no-grad (an evaluation, a sampled token), the gathered head goes again.
     Tensor gather_head(const Tensor& hidden);
-    // After the loss under no-grad (an evaluation), the head gathered by gather_head goes again; nothing otherwise.
     void release_head_after_no_grad();
-
-private:
     // The factor that turns the ranks' summed gradients into this step's: 1 when each rank's loss is divided
     // by the global item count, 1/world_size for per-rank means (DDP's average).
     double rank_gradient_scale() const;
@@ -305,7 +293,6 @@ private:
     std::vector<size_t> whole_gradient_indexes_;            // ZeRO-2: the parameters whose buffers stay
     std::vector<size_t> released_indexes_;                  // ZeRO-3: every segment's, in order
     int whole_scopes_ = 0;                                  // ZeRO-3: gather_released_parameters not yet released
-    bool loss_gathers_head_ = false;                        // built by Trainer (LossGathersHead)
     nn::Module* token_table_ = nullptr;                     // ZeRO-2, 3 (table_gradients_sharded): the token table
     nn::Module* head_ = nullptr;                            // and an untied LM head (nullptr: tied),
     std::vector<size_t> token_table_indexes_, head_indexes_; // their parameters' indexes

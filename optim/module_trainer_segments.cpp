@@ -70,7 +70,7 @@ void ModuleTrainer::start_streaming() {
     nn::Module* token_table = nullptr;
     nn::Module* head = nullptr;
     std::vector<size_t> token_table_indexes, head_indexes;
-    if (gradients_sharded() && !offloaded() && loss_gathers_head_ && layered->token_table() != nullptr) {
+    if (gradients_sharded() && !offloaded() && layered->token_table() != nullptr) {
         token_table = layered->token_table();
         head = layered->untied_head();
         const auto indexes_of = [&](const nn::Module& module) {
@@ -148,14 +148,19 @@ void ModuleTrainer::start_streaming() {
         // Stage 3: the table is gathered for its lookup and goes right after it (its backward, a scatter-add, never reads
         // it). Its gradient storage comes just before that backward (a tied table's came with the head, and stays), and
         // is reduced once backward() returns (accumulate).
+        // Inside optim::WholeParameters the weights are whole already: the hooks leave them so.
         layered_->set_table_hooks({[this] {
-                                       if (table_weights_released()) gather_table(*token_table_, token_table_indexes_);
+                                       if (table_weights_released() && whole_scopes_ == 0)
+                                           gather_table(*token_table_, token_table_indexes_);
                                    },
                                    [this](const Tensor& looked_up) {
-                                       if (table_weights_released()) token_table_->release_parameter_storage();
+                                       if (table_weights_released() && whole_scopes_ == 0)
+                                           token_table_->release_parameter_storage();
                                        if (head_ == nullptr) return looked_up;
                                        return on_backward(looked_up, [this] { token_table_->allocate_gradient_storage(); });
-                                   }});
+                                   },
+                                   [this](const Tensor& hidden) { return gather_head(hidden); },
+                                   [this] { release_head_after_no_grad(); }});
     }
     if (streamed()) {
         for (int layer : streamed_layers_) layered_->block(layer).release_working_gradients();
@@ -174,10 +179,13 @@ void ModuleTrainer::start_streaming() {
             hooks.after_forward = [this, first_layer, layer_count] { release_segment(first_layer, layer_count); };
         }
         // ZeRO-3: the segment's weights from their owners for its forward, and again for its recompute and backward.
+        // Inside optim::WholeParameters (a forward between steps: sampling) the weights are whole already.
         if (parameters_sharded()) {
-            hooks.before_forward = [this, first_layer, layer_count] { gather_segment(first_layer, layer_count); };
+            hooks.before_forward = [this, first_layer, layer_count] {
+                if (whole_scopes_ == 0) gather_segment(first_layer, layer_count);
+            };
             hooks.after_forward = [this, first_layer, layer_count] {
-                release_segment_parameters(first_layer, layer_count);
+                if (whole_scopes_ == 0) release_segment_parameters(first_layer, layer_count);
             };
         }
         hooks.before_recompute = [this, first_layer, layer_count] {
@@ -252,23 +260,25 @@ void ModuleTrainer::release_tables() {
 Tensor ModuleTrainer::gather_head(const Tensor& hidden) {
     if (!table_gradients_sharded()) return hidden;
     nn::Module* head = head_ != nullptr ? head_ : token_table_;
-    if (table_weights_released()) gather_table(*head, head_ != nullptr ? head_indexes_ : token_table_indexes_);
+    const bool gather = table_weights_released() && whole_scopes_ == 0; // inside WholeParameters it is whole
+    if (gather) gather_table(*head, head_ != nullptr ? head_indexes_ : token_table_indexes_);
     if (!grad_enabled()) return hidden; // an evaluation: release_head_after_no_grad
     // The classifier's node captures the buffer now (the streaming head fills it in its forward). A tied table's holds
     // the head's gradient and then the lookup's, and is reduced once backward() returns.
     head->allocate_gradient_storage();
-    return on_backward(hidden, [this, head] {
+    return on_backward(hidden, [this, head, gather] {
         // The classifier's backward has run: an untied head's gradient onto its owners, and the head goes.
         if (head_ != nullptr) {
             zero_->reduce_gradients(head_indexes_);
             head_->release_gradient_storage();
         }
-        if (table_weights_released()) head->release_parameter_storage();
+        if (gather) head->release_parameter_storage();
     });
 }
 
 void ModuleTrainer::release_head_after_no_grad() {
-    if (table_weights_released() && !grad_enabled()) (head_ != nullptr ? head_ : token_table_)->release_parameter_storage();
+    if (table_weights_released() && whole_scopes_ == 0 && !grad_enabled())
+        (head_ != nullptr ? head_ : token_table_)->release_parameter_storage();
 }
 
 std::vector<nn::Module*> ModuleTrainer::released_modules() const {

@@ -4,7 +4,7 @@
 namespace engine::optim {
 
 Trainer::Trainer(nn::CausalLM& model, const TrainerConfig& config, distributed::Communicator* communicator)
-    : ModuleTrainer(model, config, communicator, LossGathersHead{}), model_(model) {
+    : ModuleTrainer(model, config, communicator), model_(model) {
     model_.set_mlp_tile_tokens(config.shape.mlp_tile_tokens); // the shape's problem() was asked in the base
 }
 
@@ -83,12 +83,9 @@ LossSum Trainer::micro_batch_loss(const nn::Batch& batch, const LossScale& scale
     const Tensor& positions = device_positions_;
     // The logits die when this returns, before backward, so that the loss node's backward frees them (B·T·V
     // bytes: the largest activation of a language model step).
-    // ZeRO-3 may shard the head: gather_head brings it for the classifier (every path below reads it once).
-    if (loss_function_) { // the real (B,T,V)
-        LossSum result = loss_function_(model_.logits(gather_head(model_.forward_hidden(inputs, positions))), batch);
-        release_head_after_no_grad();
-        return result;
-    }
+    // The head hooks (ZeRO-2 and 3 may shard the head) run inside logits and padded_logits; the streaming head reads
+    // head_weight() itself, between head_input and head_done.
+    if (loss_function_) return loss_function_(model_.logits(model_.forward_hidden(inputs, positions)), batch); // (B,T,V)
     device_targets_ = shift_targets(batch).to_keeping_host_copy(device, MemoryCategory::activations);
     const Tensor& targets = device_targets_;
     // The fused classifier: the logits' storage becomes their gradient, written now with the factor the
@@ -97,19 +94,17 @@ LossSum Trainer::micro_batch_loss(const nn::Batch& batch, const LossScale& scale
     if (const int chunk = config().shape.loss_chunk_tokens; chunk > 0) {
         // The streaming LM head: the same loss and gradients a chunk of tokens at a time, never the logits.
         // (The head's handle sees the gathered storage whichever argument is evaluated first.)
-        LossSum result{linear_cross_entropy(gather_head(model_.forward_hidden(inputs, positions)), model_.head_weight(),
-                                            targets, Reduction::sum, chunk, scale.factor, default_ignore_index,
-                                            model_.vocab_size()),
+        LossSum result{linear_cross_entropy(model_.head_input(model_.forward_hidden(inputs, positions)),
+                                            model_.head_weight(), targets, Reduction::sum, chunk, scale.factor,
+                                            default_ignore_index, model_.vocab_size()),
                        scale.items};
-        release_head_after_no_grad();
+        model_.head_done();
         return result;
     }
-    const Tensor logits = model_.padded_logits(gather_head(model_.forward_hidden(inputs, positions)));
-    LossSum result{cross_entropy_in_place(logits, targets, Reduction::sum, scale.factor, default_ignore_index,
-                                          model_.vocab_size()),
-                   scale.items};
-    release_head_after_no_grad();
-    return result;
+    const Tensor logits = model_.padded_logits(model_.forward_hidden(inputs, positions));
+    return {cross_entropy_in_place(logits, targets, Reduction::sum, scale.factor, default_ignore_index,
+                                   model_.vocab_size()),
+            scale.items};
 }
 
 std::vector<MicroBatch> Trainer::micro_batches_of(const std::vector<nn::Batch>& batches) {

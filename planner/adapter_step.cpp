@@ -261,8 +261,9 @@ public:
     Sym forward_padded() const {
         const Sym hidden = forward_hidden();
         r.at("the LM head");
-        r.ledger.hold(gathered_table); // ZeRO-3's head, until the loss is read (run_micro_batch lets it go)
+        r.ledger.hold(gathered_table); // ZeRO-3's head, for its GEMM (an evaluation's: no backward reads it again)
         const Sym logits = ops.matmul(hidden, r.parameter(false), head_columns);
+        r.ledger.let_go(gathered_table);
         return logits;
     }
 };
@@ -390,14 +391,14 @@ AdapterStepWalk run_micro_batch(Replay& replay, const DecoderReplay& model, int 
         if (loss_chunk_tokens > 0) {
             const Sym hidden = model.forward_hidden();
             replay.at("the LM head");
-            replay.ledger.hold(model.gathered_table);
+            replay.ledger.hold(model.gathered_table); // ZeRO-3's head, for the streaming head (CausalLM::head_input)
             sum = model.ops.linear_cross_entropy(hidden, model.width, model.head_columns, model.vocabulary,
                                                  static_cast<size_t>(loss_chunk_tokens));
+            replay.ledger.let_go(model.gathered_table);
         } else {
             const Sym logits = model.forward_padded();
             sum = model.ops.cross_entropy_in_place(logits, model.head_columns, model.vocabulary);
         }
-        replay.ledger.let_go(model.gathered_table); // the head goes once the loss is made
         if (!evaluation) {
             replay.at("the loss");
             const Sym scaled = model.ops.multiply(sum, replay.wide);

@@ -48,8 +48,8 @@ AdapterStepWalk walk_adapter_step(const nn::ModelConfig& config, int batch, int 
 // QLoRA run's. What it holds above what was live before it, as walk_adapter_step's (nothing pinned: under no-grad
 // a checkpointed segment keeps nothing). gathered_layer_bytes: at ZeRO-3 what one checkpointed layer's gathered weights
 // take on the device (MemoryPrediction::gathered_layer_bytes), held in the joint peak while its segment runs;
-// gathered_table_bytes: an untied Llama's token table or head gathered (MemoryPrediction::gathered_table_bytes), held
-// for the lookup and from the head's GEMM to the loss.
+// gathered_table_bytes: a Llama's token table or head gathered (MemoryPrediction::gathered_table_bytes), held for the
+// lookup and for the head's GEMM (the streaming head's loss).
 AdapterStepWalk walk_evaluation(const nn::ModelConfig& config, int batch, int seq_len,
                                 const checkpoint::CheckpointPolicy& policy, DType dtype, const FineTuning& tuning,
                                 int loss_chunk_tokens, int mlp_tile_tokens = 0,

@@ -375,7 +375,19 @@ void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumu
                     // gathers the table for the lookup and the head (the table again when tied) for the loss.
                     const double table = static_cast<double>(table_elements);
                     bytes += accumulation_steps * 2.0 * table * gathered_element_bytes - table_count * table * gradient_bytes;
-                    calls += 2.0 * accumulation_steps - table_count;
+                    // One call per table, and one more per owner boundary inside it (the flat layout: the token table
+                    // first, an untied head last).
+                    const auto boundaries = [&](double from, double to) {
+                        double count = 0;
+                        for (int rank = 1; rank < ranks; ++rank) {
+                            const double begin = static_cast<double>(partition.begin(rank));
+                            if (begin > from && begin < to) ++count;
+                        }
+                        return count;
+                    };
+                    const double table_calls = 1 + boundaries(0, table);
+                    const double head_calls = table_count == 2 ? 1 + boundaries(parameters - table, parameters) : table_calls;
+                    calls += accumulation_steps * (table_calls + head_calls) - table_count;
                 }
             }
         }

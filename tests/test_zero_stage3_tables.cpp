@@ -127,9 +127,10 @@ TEST(ZeroStage3Tables, ALlamaShardsItsTableAndHeadBitwiseAsStageTwoAndAsPredicte
 // backward, the segments') leaves the tables and the layers released, the tables' gradient storage too, and the
 // shards as they were: the trainer then trains on bitwise as one that never failed.
 TEST(ZeroStage3Tables, AStepThatRunsOutOfMemoryPartWayChangesNothing) {
+    for (const bool tied : {false, true})
     for (const Precision precision : {Precision::fp32, Precision::bf16}) {
         const int failures = out_of_memory_sweep(
-            [] { return std::make_unique<nn::Llama>(test::small_llama_config(false), 3, Device::cpu, DType::f32); },
+            [tied] { return std::make_unique<nn::Llama>(test::small_llama_config(tied), 3, Device::cpu, DType::f32); },
             stage_config(3, 2, precision, 0), [](nn::CausalLM& model, int failures) {
                 for (const Tensor& table : tables_of(dynamic_cast<nn::Llama&>(model))) {
                     EXPECT_TRUE(table.storage_released()) << "after failure " << failures;
@@ -140,7 +141,8 @@ TEST(ZeroStage3Tables, AStepThatRunsOutOfMemoryPartWayChangesNothing) {
                         EXPECT_TRUE(parameter.storage_released()) << "layer " << layer << " after failure " << failures;
             });
         EXPECT_GT(failures, 10) << "the limits should fail the step at many places";
-        std::printf("  %s: %d steps failed and changed nothing\n", dtype_name(precision_dtype(precision)), failures);
+        std::printf("  %s, %s: %d steps failed and changed nothing\n", tied ? "tied" : "untied",
+                    dtype_name(precision_dtype(precision)), failures);
     }
 }
 
@@ -192,7 +194,8 @@ TEST(ZeroStage3Tables, CostModelMovesTheTablesCollectivesIntoTheMicroBatches) {
 // The rule the planner shares with the trainer, and what the trainer leaves: a tied table is sharded too (read by the
 // lookup and by the head, its gradient held from the head's backward to the end); with the model state on the host and
 // at stage 1 the tables stay whole. An untied one's gradient buffers get their storage back when the trainer goes (its
-// weights stay released, as the layers' do: their values went with the shards).
+// weights stay released, as the layers' do: their values went with the shards). The hooks run inside the model's own
+// forward: a ModuleTrainer with a loss of its own and a sampled forward between steps need nothing else.
 TEST(ZeroStage3Tables, TheRuleAndWhatTheTrainerLeaves) {
     const std::vector<int32_t> tokens = documents(40);
     const nn::LlamaConfig config = test::small_llama_config(false);
@@ -217,13 +220,63 @@ TEST(ZeroStage3Tables, TheRuleAndWhatTheTrainerLeaves) {
         EXPECT_FALSE(table_weight.grad().storage_released());
         EXPECT_TRUE(all_finite(table_weight.grad()));
     }
-    // A ModuleTrainer with a loss of its own never calls gather_head: it keeps the tables whole.
-    nn::Llama own_loss(config, 3, Device::cpu, DType::f32);
-    const auto communicator = distributed::make_communicator(distributed::Backend::none);
-    optim::ModuleTrainer generic(own_loss, stage_config(3, 1, Precision::fp32, 0), communicator.get());
-    EXPECT_FALSE(own_loss.lm_head->weight.storage_released());
-    EXPECT_FALSE(own_loss.lm_head->weight.grad().storage_released());
-    EXPECT_FALSE(own_loss.model.embed_tokens.weight.grad().storage_released());
+    // A ModuleTrainer with a loss of its own: the head hooks run inside the model's forward, so its head is gathered
+    // and its gradient given and reduced as Trainer's; it trains as Trainer does with the same loss through logits.
+    const Tensor inputs = Tensor::from_vector<int32_t>({1, 2, 3, 4, 5, 6, 7, 8, 8, 7, 6, 5, 4, 3, 2, 1}, {2, 8}, Device::cpu);
+    const Tensor targets = Tensor::from_vector<int32_t>({2, 3, 4, 5, 6, 7, 8, 9, 7, 6, 5, 4, 3, 2, 1, 9}, {2, 8}, Device::cpu);
+    std::vector<std::vector<float>> weights[2];
+    std::vector<float> sampled[2];
+    for (int generic = 0; generic < 2; ++generic) {
+        nn::Llama model(config, 3, Device::cpu, DType::f32);
+        const auto communicator = distributed::make_communicator(distributed::Backend::none);
+        const optim::TrainerConfig trainer_config = stage_config(3, 1, Precision::fp32, 0);
+        std::unique_ptr<optim::ModuleTrainer> trainer;
+        if (generic) {
+            trainer = std::make_unique<optim::ModuleTrainer>(model, trainer_config, communicator.get());
+        } else {
+            auto causal = std::make_unique<optim::Trainer>(model, trainer_config, communicator.get());
+            causal->set_loss_function([&](const Tensor& logits, const nn::Batch&) {
+                return optim::LossSum{cross_entropy(logits, targets, Reduction::sum), 16};
+            }, optim::TargetCounting::all_labels);
+            trainer = std::move(causal);
+        }
+        for (int step = 0; step < 2; ++step) {
+            if (generic) {
+                optim::MicroBatch micro;
+                micro.items = 16;
+                micro.loss = [&](const optim::LossScale&) {
+                    return optim::LossSum{cross_entropy(model.forward(inputs), targets, Reduction::sum), 16};
+                };
+                trainer->apply_update(trainer->accumulate({micro}));
+            } else {
+                nn::Batch batch;
+                batch.inputs = inputs;
+                batch.labels = targets;
+                ASSERT_TRUE(dynamic_cast<optim::Trainer&>(*trainer).train_step([&, done = false]() mutable -> std::optional<nn::Batch> {
+                    if (done) return std::nullopt;
+                    done = true;
+                    return batch;
+                }).has_value());
+            }
+            for (const Tensor& table_weight : tables_of(model)) EXPECT_TRUE(table_weight.storage_released());
+        }
+        // Sampling between steps: a no-grad forward gathers what it reads and lets it go again, and gives the logits a
+        // forward inside WholeParameters gives (there the hooks leave the gathered weights as they are).
+        {
+            const NoGradGuard no_grad;
+            sampled[generic] = model.forward(inputs).to_vector<float>();
+        }
+        for (const Tensor& table_weight : tables_of(model)) EXPECT_TRUE(table_weight.storage_released());
+        const optim::WholeParameters whole(*trainer);
+        {
+            const NoGradGuard no_grad;
+            EXPECT_EQ(model.forward(inputs).to_vector<float>(), sampled[generic]);
+        }
+        for (const Tensor& table_weight : tables_of(model)) EXPECT_FALSE(table_weight.storage_released());
+        weights[generic] = parameter_values(model);
+    }
+    EXPECT_EQ(weights[0], weights[1]);
+    EXPECT_EQ(sampled[0], sampled[1]);
 }
 
 } // namespace
