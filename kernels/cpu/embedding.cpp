@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/token_groups.h"
 
 namespace engine::kernels::cpu {
 
@@ -27,53 +28,38 @@ void embedding_forward(Scalar* out, const int32_t* tokens, const Scalar* token_t
     });
 }
 
-namespace {
-
-// The rows in order of their key (a table row), ascending within a key: a stable counting sort.
-template <typename KeyOf>
-std::vector<int64_t> rows_by_key(int64_t rows, const KeyOf& key_of) {
-    int64_t largest = 0;
-    for (int64_t row = 0; row < rows; ++row) largest = std::max(largest, key_of(row));
-    std::vector<int64_t> starts(static_cast<size_t>(largest) + 2, 0);
-    for (int64_t row = 0; row < rows; ++row) ++starts[static_cast<size_t>(key_of(row)) + 1];
-    for (size_t key = 1; key < starts.size(); ++key) starts[key] += starts[key - 1];
-    std::vector<int64_t> order(static_cast<size_t>(rows));
-    for (int64_t row = 0; row < rows; ++row) order[static_cast<size_t>(starts[static_cast<size_t>(key_of(row))]++)] = row;
-    return order;
-}
-
-} // namespace
-
 template <typename Scalar>
 void embedding_backward(Compute<Scalar>* dtoken_table, Compute<Scalar>* dposition_table, const Scalar* dout,
                         const int32_t* tokens, const int32_t* positions, int B, int T, int C) {
     // Each table row's terms are summed first, in ascending position order from zero, and the sum is added to the
     // table once. So a gradient buffer that accumulates micro-batches receives, per micro-batch, the one addition
-    // that a fresh buffer summed into a running total would (ZeRO-3 reduces the token table's gradient per
-    // micro-batch: it trains bitwise as stage 2, which accumulates); the CUDA twin sums the same way. A token repeated
-    // in the batch scatters into one row, so rows cannot be split across threads; channels can. The tables are
-    // Compute<Scalar>, so no rounding to bf16 here.
-    const int64_t rows = int64_t(B) * T;
-    const std::vector<int64_t> token_order = rows_by_key(rows, [&](int64_t row) { return int64_t(tokens[row]); });
-    std::vector<int64_t> position_order;
-    const auto position_of = [&](int64_t row) { return positions ? int64_t(positions[row]) : row % T; };
-    if (dposition_table != nullptr) position_order = rows_by_key(rows, position_of);
+    // that a fresh buffer summed into a running total would (ZeRO reduces the token table's gradient per micro-batch:
+    // stages 2 and 3 train bitwise alike); the CUDA twin sums the same groups (kernels/cpu/token_groups.h) the same
+    // way. A token repeated in the batch scatters into one row, so rows cannot be split across threads; channels can.
+    // The tables are Compute<Scalar>, so no rounding to bf16 here.
+    const int rows = B * T;
+    const TokenGroups token_groups = group_positions_by_token(tokens, rows);
+    TokenGroups position_groups;
+    if (dposition_table != nullptr) {
+        std::vector<int32_t> row_positions(static_cast<size_t>(rows)); // packed documents' positions, else t
+        for (int row = 0; row < rows; ++row) row_positions[static_cast<size_t>(row)] = positions ? positions[row] : row % T;
+        position_groups = group_positions_by_token(row_positions.data(), rows);
+    }
     parallel_for(C, columns_per_chunk(rows), [&](int64_t first_channel, int64_t end_channel) {
         std::vector<Compute<Scalar>> sums(static_cast<size_t>(end_channel - first_channel));
-        const auto add_groups = [&](const std::vector<int64_t>& order, const auto& key_of, Compute<Scalar>* table) {
-            for (size_t index = 0; index < order.size();) {
-                const int64_t key = key_of(order[index]);
+        const auto add_groups = [&](const TokenGroups& groups, Compute<Scalar>* table) {
+            for (int group = 0; group < groups.distinct; ++group) {
                 std::fill(sums.begin(), sums.end(), Compute<Scalar>(0));
-                for (; index < order.size() && key_of(order[index]) == key; ++index) {
-                    const Scalar* dout_row = dout + order[index] * C + first_channel;
+                for (int index = groups.starts()[group]; index < groups.starts()[group + 1]; ++index) {
+                    const Scalar* dout_row = dout + int64_t(groups.positions()[index]) * C + first_channel;
                     for (size_t c = 0; c < sums.size(); ++c) sums[c] += widen(dout_row[c]);
                 }
-                Compute<Scalar>* table_row = table + key * C + first_channel;
+                Compute<Scalar>* table_row = table + int64_t(groups.tokens()[group]) * C + first_channel;
                 for (size_t c = 0; c < sums.size(); ++c) table_row[c] += sums[c];
             }
         };
-        add_groups(token_order, [&](int64_t row) { return int64_t(tokens[row]); }, dtoken_table);
-        if (dposition_table != nullptr) add_groups(position_order, position_of, dposition_table); // none: Llama
+        add_groups(token_groups, dtoken_table);
+        if (dposition_table != nullptr) add_groups(position_groups, dposition_table); // none: Llama
     });
 }
 

@@ -26,6 +26,7 @@
 
 #include "base/cuda/headers.h"
 #include "base/bfloat16.h"
+#include "kernels/cpu/token_groups.h"
 
 namespace engine::kernels::cuda {
 
@@ -36,16 +37,9 @@ void embedding_forward(float* out, const int32_t* tokens, const float* token_tab
 void embedding_forward(bfloat16* out, const int32_t* tokens, const bfloat16* token_table,
                        const bfloat16* position_table, const int32_t* positions, int B, int T, int C,
                        cudaStream_t stream);
-// The positions of a batch grouped by token, built on the host (a counting sort, O(B*T + largest token)):
-// `packed` holds, one after the other, the positions (count) ordered by token and ascending within a token,
-// the distinct tokens (distinct) ascending, and where each token's positions start (distinct + 1, the last
-// being count). Upload `packed` as is for embedding_backward.
-struct TokenGroups {
-    std::vector<int32_t> packed;
-    int count = 0;
-    int distinct = 0;
-};
-TokenGroups group_positions_by_token(const int32_t* tokens, int count);
+// The positions of a batch grouped by token, built on the host (kernels/cpu/token_groups.h, shared with the CPU twin).
+using kernels::TokenGroups;
+using kernels::group_positions_by_token;
 // Deterministic, no float atomics: one warp per (distinct token, 128 channels) adds that token's dout rows in
 // ascending position order, the CPU loop's order, so dtoken_table is bitwise the CPU twin's; the position
 // table sums over the batch in order per (t, channel). token_groups: TokenGroups::packed on the device.
