@@ -92,6 +92,7 @@ struct Options {
     // parameters' dtype: the f32 masters).
     std::optional<engine::DType> save_dtype;
     bool plan = false;     // print the memory plan and exit
+    bool batch_invariant = false; // --batch-invariant: chunk 1 unless --batch-invariant-chunk says
     // --max-memory SIZE|auto: the planner (planner/planner.h) picks the micro-batch, accumulation, checkpoint
     // policy, offload (and precision with --precision auto, ZeRO stage with several ranks) whose predicted peak
     // fits, for --global-batch-size sequences per optimizer step (default: the flags' b x N x ranks).

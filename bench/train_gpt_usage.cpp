@@ -99,6 +99,9 @@ memory:
   --offload[=true|false]         checkpointed segments' inputs in pinned host memory; needs --gradient-checkpointing
   --prefetch[=true|false]        with --offload: copy the next segment back ahead of its recompute (CUDA copy stream)
   --skip-nonfinite[=true|false]  skip (and count) a step whose loss or grad norm is NaN/Inf; default: stop with an error
+  --batch-invariant[=true|false] the same bits whatever the micro-batch, accumulation and ranks (docs/TRAINING.md): each
+                                 micro-batch runs as chunks of one sequence, their gradients summed exactly
+  --batch-invariant-chunk C      the same with chunks of C sequences (C divides --per-device-train-batch-size)
   --plan                         print the predicted memory per category for these flags and exit (with LoRA: the
                                  model state beside a full fine-tune's first; with --eval-data: the evaluation's peak)
   --max-memory SIZE|auto         plan for a memory budget: bytes or a number with KiB, MiB, GiB (3.5MiB, 16GiB);

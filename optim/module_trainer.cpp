@@ -112,6 +112,7 @@ ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, dis
         zero_ = std::make_unique<ZeroShards>(parameters_, *communicator_, config_.shape.zero_stage >= 2);
     optimizer_ = make_optimizer(model_, config_, zero_ ? zero_->range() : ShardRange{});
     if (gradients_sharded()) optimizer_->read_gradients_from(zero_->shard_gradients());
+    if (config_.batch_invariant_chunk > 0) fixed_point_ = std::make_unique<FixedPointGradients>(gradient_leaves_);
     // Last: it undoes itself when it fails and nothing after it can throw, so the hooks (which point at this
     // trainer) never outlive a failed construction.
     if (streamed() || parameters_streamed() || gradients_sharded()) start_streaming();
@@ -181,9 +182,17 @@ Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batc
             ENGINE_FAIL("trainer: parameter '" << optimizer_->parameter_names()[index]
                                                << "' was frozen after the trainer was built; freeze parameters "
                                                   "(Module::set_requires_grad) before building it");
-    ENGINE_CHECK(static_cast<int>(micro_batches.size()) <= config_.shape.gradient_accumulation_steps,
-                 "trainer: " << micro_batches.size() << " micro-batches exceed gradient_accumulation_steps "
-                             << config_.shape.gradient_accumulation_steps);
+    // The batch-invariant mode's micro-batches are chunks: per_device_train_batch_size / batch_invariant_chunk of them
+    // make one of the shape's micro-batches.
+    const int chunks_per_micro_batch =
+        batch_invariant() ? config_.shape.per_device_train_batch_size / config_.batch_invariant_chunk : 1;
+    ENGINE_CHECK(static_cast<int64_t>(micro_batches.size()) <=
+                     int64_t{config_.shape.gradient_accumulation_steps} * chunks_per_micro_batch,
+                 "trainer: " << micro_batches.size() << (batch_invariant() ? " chunks" : " micro-batches")
+                             << " exceed gradient_accumulation_steps " << config_.shape.gradient_accumulation_steps
+                             << (batch_invariant() ? " times " + std::to_string(chunks_per_micro_batch) +
+                                                         " chunks of batch_invariant_chunk sequences"
+                                                   : std::string()));
     synchronize_device(device_);
     reset_peak(device_);
     if (device_ != Device::cpu) reset_peak(Device::cpu); // the pinned host tier is accounted on the host
@@ -220,30 +229,23 @@ Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batc
                                     "target is -100)");
 
     try {
-        for (size_t index = 0; index < micro_batches.size(); ++index) {
-            const MicroBatch& micro = micro_batches[index];
-            LossScale scale;
-            scale.items = micro.items;
-            scale.num_items_in_batch = window.num_items_in_batch;
-            scale.micro_batches = window.micro_batches;
-            scale.factor = config_.loss_normalization.factor(micro.items, window.num_items_in_batch,
-                                                             window.micro_batches, loss_dtype_);
-            const LossSum result = micro.loss(scale); // the forward's activations not on the tape are gone
-            ENGINE_CHECK(result.sum.defined() && result.sum.numel() == 1,
-                         "trainer: micro-batch " << index << ": the loss must return one value, got "
-                                                 << (result.sum.defined() ? result.sum.describe() : std::string("none")));
-            ENGINE_CHECK(result.items == micro.items,
-                         "trainer: micro-batch " << index << ": the loss summed over " << result.items
-                                                 << " items but the batch was counted as " << micro.items
-                                                 << " before its forward; the count must match the loss");
-            window.reported_losses.push_back(result.sum.detach());
-            backward(multiply(result.sum, scale.factor));
-            if (table_gradients_sharded()) {
-                // ZeRO-2 and 3: the token table's gradient, given storage just before the lookup's backward (the last node),
-                // onto its owners; then the storage goes, so no whole buffer lives between micro-batches.
-                zero_->reduce_gradients(token_table_indexes_);
-                token_table_->release_gradient_storage();
+        if (!batch_invariant()) {
+            run_window(micro_batches, window);
+        } else {
+            // The chunks over every rank fix the grid; the window's RNG state is kept for a redo, so that a redone
+            // window draws the same dropout masks.
+            const int64_t chunks = communicator_ != nullptr ? communicator_->all_reduce_count(window.micro_batches)
+                                                            : window.micro_batches;
+            const RngState start = rng_state();
+            for (bool redo = false;; redo = true) {
+                fixed_point_->begin_window(chunks, redo);
+                run_window(micro_batches, window);
+                if (!fixed_point_->redo_needed(communicator_)) break;
+                ++window.redone;
+                window.reported_losses.clear();
+                rng_state() = start;
             }
+            fixed_point_->finish(gradient_leaves_, communicator_);
         }
     } catch (...) {
         // Leave the model as the step found it: no half-accumulated gradients, no dangling tape.
@@ -252,6 +254,35 @@ Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batc
         throw;
     }
     return window;
+}
+
+void ModuleTrainer::run_window(const std::vector<MicroBatch>& micro_batches, Accumulation& window) {
+    for (size_t index = 0; index < micro_batches.size(); ++index) {
+        const MicroBatch& micro = micro_batches[index];
+        LossScale scale;
+        scale.items = micro.items;
+        scale.num_items_in_batch = window.num_items_in_batch;
+        scale.micro_batches = window.micro_batches;
+        scale.factor = config_.loss_normalization.factor(micro.items, window.num_items_in_batch,
+                                                         window.micro_batches, loss_dtype_);
+        const LossSum result = micro.loss(scale); // the forward's activations not on the tape are gone
+        ENGINE_CHECK(result.sum.defined() && result.sum.numel() == 1,
+                     "trainer: micro-batch " << index << ": the loss must return one value, got "
+                                             << (result.sum.defined() ? result.sum.describe() : std::string("none")));
+        ENGINE_CHECK(result.items == micro.items,
+                     "trainer: micro-batch " << index << ": the loss summed over " << result.items
+                                             << " items but the batch was counted as " << micro.items
+                                             << " before its forward; the count must match the loss");
+        window.reported_losses.push_back(result.sum.detach());
+        backward(multiply(result.sum, scale.factor));
+        if (batch_invariant()) fixed_point_->fold(gradient_leaves_); // the chunk's gradient; its buffers back to zero
+        if (table_gradients_sharded()) {
+            // ZeRO-2 and 3: the token table's gradient, given storage just before the lookup's backward (the last node),
+            // onto its owners; then the storage goes, so no whole buffer lives between micro-batches.
+            zero_->reduce_gradients(token_table_indexes_);
+            token_table_->release_gradient_storage();
+        }
+    }
 }
 
 ModuleTrainer::Evaluation ModuleTrainer::evaluate(const std::vector<MicroBatch>& micro_batches) {
@@ -363,7 +394,7 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
             zero_->reduce_gradients(whole_gradient_indexes_); // ZeRO-2: the rest, onto their owners' shards
         } else if (zero_) {
             zero_->reduce_scatter_gradients(); // ZeRO-1: each rank gets the summed gradients of its own part
-        } else if (communicator_ != nullptr) {
+        } else if (communicator_ != nullptr && !batch_invariant()) { // the mode's sums were added in accumulate
             // The window's one gradient reduction: after its last backward, before the norm, so that the norm,
             // the clip and the update are the same on every rank.
             std::vector<Tensor> gradients;
@@ -376,7 +407,9 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
             result.grad_norm =
                 (zero_ ? std::sqrt(zero_->gradient_sum_of_squares()) : global_grad_norm(parameters_)) * gradient_scale;
         }
-        loss_sum = window.loss_sum(); // after the norm's read: the device is idle, nothing waits
+        // After the norm's read: the device is idle, nothing waits. The mode's sum is exact in any order.
+        loss_sum = batch_invariant() ? fixed_point_loss_sum(window.reported_losses, window.num_items_in_batch)
+                                     : window.loss_sum();
         if (communicator_ != nullptr) loss_sum = communicator_->all_reduce_value(loss_sum); // the loss sum's reduction
     } catch (...) {
         // Partly reduced gradients must not be stepped on or added to by a retry. (A failed collective usually

@@ -17,6 +17,7 @@
 #include "engine/distributed/communicator.h"
 #include "nn/causal_lm.h"
 #include "nn/module.h"
+#include "optim/batch_invariant.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "optim/trainer_config.h"
@@ -110,6 +111,7 @@ struct Accumulation {
     int64_t rank_num_items_in_batch = 0;  // this rank's part of it (all of it in one process)
     int micro_batches = 0;
     int64_t tokens = 0;
+    int redone = 0; // batch-invariant mode: times the window ran again with a chunk's gradient over its bound
     // Each micro-batch's loss sum as a one-value tensor. They stay on the device until loss_sum() reads them,
     // which apply_update does once the gradient norm has waited for the device anyway, so no micro-batch's
     // forward makes the host wait.
@@ -156,6 +158,9 @@ public:
 
     // The two halves of a step, public for tests and tools that inspect the accumulated gradients.
     // accumulate: counts the window (one count all-reduce), then forward -> loss -> backward each micro-batch.
+    // In the batch-invariant mode (batch_invariant_chunk) each micro-batch is one chunk: its gradient is folded into
+    // the exact sums after its backward, and the window ends with every rank's sum in the gradient buffers
+    // (optim/batch_invariant.h); a window whose chunks broke a bound runs again (Accumulation::redone).
     Accumulation accumulate(const std::vector<MicroBatch>& micro_batches);
     // clip once -> optimizer step at the schedule's rate -> zero_grad -> the schedule advances.
     StepResult apply_update(const Accumulation& accumulation);
@@ -280,6 +285,9 @@ private:
     void zero_gradients();
     void zero_after_update();
     void zero_device_gradients(); // with the masters apart: the device buffers, and streamed ones released
+    // accumulate's forward -> loss -> backward over the window, once (the batch-invariant mode may run it again).
+    void run_window(const std::vector<MicroBatch>& micro_batches, Accumulation& window);
+    bool batch_invariant() const { return fixed_point_ != nullptr; }
 
     nn::Module& model_;
     TrainerConfig config_;
@@ -302,6 +310,7 @@ private:
     LearningRateSchedule schedule_;
     distributed::Communicator* communicator_ = nullptr;
     std::unique_ptr<ZeroShards> zero_; // zero_stage 1 or 2 with a communicator
+    std::unique_ptr<FixedPointGradients> fixed_point_; // batch_invariant_chunk > 0
     distributed::CommunicatorCounters window_counters_; // the communicator's counters when the window began
     std::chrono::steady_clock::time_point window_start_;
     int64_t skipped_steps_ = 0;

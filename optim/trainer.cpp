@@ -1,6 +1,8 @@
 // The causal-LM trainer: batch validation, target counting and the fused classifier loss over ModuleTrainer.
 #include "optim/trainer.h"
 
+#include <cstring>
+
 namespace engine::optim {
 
 Trainer::Trainer(nn::CausalLM& model, const TrainerConfig& config, distributed::Communicator* communicator)
@@ -107,14 +109,52 @@ LossSum Trainer::micro_batch_loss(const nn::Batch& batch, const LossScale& scale
             scale.items};
 }
 
-std::vector<MicroBatch> Trainer::micro_batches_of(const std::vector<nn::Batch>& batches) {
+namespace {
+
+// Rows [first, first + count) of a host (B, ...) tensor, copied; an undefined tensor stays undefined.
+Tensor rows_of(const Tensor& tensor, int64_t first, int64_t count) {
+    if (!tensor.defined()) return tensor;
+    const Tensor host = tensor.device() == Device::cpu ? tensor : tensor.to(Device::cpu);
+    Shape shape = host.shape();
+    const size_t row_bytes = host.nbytes() / static_cast<size_t>(shape[0]);
+    shape[0] = count;
+    Tensor rows = Tensor::empty(shape, host.dtype(), Device::cpu, MemoryCategory::activations);
+    std::memcpy(rows.raw_data(), static_cast<const char*>(host.raw_data()) + static_cast<size_t>(first) * row_bytes,
+                static_cast<size_t>(count) * row_bytes);
+    return rows;
+}
+
+} // namespace
+
+std::vector<MicroBatch> Trainer::micro_batches_of(const std::vector<nn::Batch>& batches, bool chunked) {
     // Everything is checked and counted before the first forward: the normaliser must be known before the
     // first backward, and a bad batch must be found before any gradient moves.
+    for (size_t index = 0; index < batches.size(); ++index) validate_batch(batches[index], index);
+    const int64_t chunk = chunked ? config().batch_invariant_chunk : 0;
+    const std::vector<nn::Batch>* units = &batches;
+    if (chunk > 0) {
+        // The batch-invariant mode: every chunk of `chunk` sequences is one forward and backward of its own.
+        std::vector<nn::Batch> chunks;
+        for (size_t index = 0; index < batches.size(); ++index) {
+            const nn::Batch& batch = batches[index];
+            const int64_t rows = batch.inputs.size(0);
+            ENGINE_CHECK(rows % chunk == 0, "trainer: micro-batch " << index << " has " << rows
+                                                << " sequences, which batch_invariant_chunk " << chunk
+                                                << " does not divide");
+            for (const Tensor* part : {&batch.labels, &batch.shift_labels, &batch.positions})
+                ENGINE_CHECK(!part->defined() || (part->dim() >= 1 && part->size(0) == rows),
+                             "trainer: micro-batch " << index << ": " << part->describe() << " has not the "
+                                                     << rows << " rows of its inputs, so it cannot be split into chunks");
+            for (int64_t first = 0; first < rows; first += chunk)
+                chunks.push_back({rows_of(batch.inputs, first, chunk), rows_of(batch.labels, first, chunk),
+                                  rows_of(batch.shift_labels, first, chunk), rows_of(batch.positions, first, chunk)});
+        }
+        chunk_batches_ = std::move(chunks); // the closures below keep references into it: not touched again
+        units = &chunk_batches_;
+    }
     std::vector<MicroBatch> micro_batches;
-    micro_batches.reserve(batches.size());
-    for (size_t index = 0; index < batches.size(); ++index) {
-        const nn::Batch& batch = batches[index];
-        validate_batch(batch, index);
+    micro_batches.reserve(units->size());
+    for (const nn::Batch& batch : *units) {
         MicroBatch micro;
         micro.items = count_targets(batch);
         micro.tokens = batch.inputs.numel();
@@ -130,17 +170,21 @@ struct ReleaseOnExit {
     Tensor& inputs;
     Tensor& targets;
     Tensor& positions;
-    ~ReleaseOnExit() { inputs = targets = positions = Tensor(); }
+    std::vector<nn::Batch>& chunks;
+    ~ReleaseOnExit() {
+        inputs = targets = positions = Tensor();
+        chunks.clear();
+    }
 };
 } // namespace
 
 Accumulation Trainer::accumulate_gradients(const std::vector<nn::Batch>& batches) {
-    const ReleaseOnExit release{device_inputs_, device_targets_, device_positions_};
-    return accumulate(micro_batches_of(batches));
+    const ReleaseOnExit release{device_inputs_, device_targets_, device_positions_, chunk_batches_};
+    return accumulate(micro_batches_of(batches, true));
 }
 
 ModuleTrainer::Evaluation Trainer::evaluate(const std::vector<nn::Batch>& batches) {
-    const ReleaseOnExit release{device_inputs_, device_targets_, device_positions_};
+    const ReleaseOnExit release{device_inputs_, device_targets_, device_positions_, chunk_batches_};
     return ModuleTrainer::evaluate(micro_batches_of(batches));
 }
 

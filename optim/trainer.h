@@ -51,7 +51,9 @@ public:
 private:
     void validate_batch(const nn::Batch& batch, size_t index) const;
     LossSum micro_batch_loss(const nn::Batch& batch, const LossScale& scale);
-    std::vector<MicroBatch> micro_batches_of(const std::vector<nn::Batch>& batches); // validated, counted
+    // Validated and counted; `chunked`: in the batch-invariant mode each batch as its chunks of batch_invariant_chunk
+    // rows (kept in chunk_batches_ while the micro-batches live).
+    std::vector<MicroBatch> micro_batches_of(const std::vector<nn::Batch>& batches, bool chunked = false);
 
     nn::CausalLM& model_;
     LossFunction loss_function_;
@@ -59,6 +61,7 @@ private:
     // The current micro-batch's device inputs and targets, held until its backward has run and released
     // before the next one uploads: the lifetime planner/memory_model.h's joint peak accounts for.
     Tensor device_inputs_, device_targets_, device_positions_; // positions: packed documents only
+    std::vector<nn::Batch> chunk_batches_; // the batch-invariant mode's chunks of the window being accumulated
 };
 
 } // namespace engine::optim

@@ -65,6 +65,24 @@ std::optional<ConfigProblem> TrainerConfig::problem() const {
     if (logging_steps <= 0) return ConfigProblem{"logging_steps", "must be positive, got " + std::to_string(logging_steps)};
     if (loss_normalization.mode != LossNormalization::Mode::tokens && loss_normalization.mode != LossNormalization::Mode::mean)
         return ConfigProblem{"loss_normalization", "is neither tokens nor mean"};
+    if (batch_invariant_chunk < 0)
+        return ConfigProblem{"batch_invariant_chunk", "must be 0 (off) or a number of sequences, got " +
+                                                          std::to_string(batch_invariant_chunk)};
+    if (batch_invariant_chunk > 0) {
+        const std::string chunk = std::to_string(batch_invariant_chunk);
+        if (shape.per_device_train_batch_size % batch_invariant_chunk != 0)
+            return ConfigProblem{"batch_invariant_chunk", chunk + " does not divide per_device_train_batch_size " +
+                                                              std::to_string(shape.per_device_train_batch_size)};
+        if (loss_normalization.mode != LossNormalization::Mode::tokens)
+            return ConfigProblem{"batch_invariant_chunk", chunk + " needs loss_normalization tokens: a per-micro-batch "
+                                                              "mean depends on the split it is meant not to see"};
+        if (shape.zero_stage != 0)
+            return ConfigProblem{"batch_invariant_chunk", chunk + " runs at zero_stage 0 only for now, got " +
+                                                              std::to_string(shape.zero_stage)};
+        if (shape.offload_optimizer)
+            return ConfigProblem{"batch_invariant_chunk", chunk + " keeps the model state on the device for now: "
+                                                              "offload_optimizer is not supported with it"};
+    }
     if (optimizer != OptimizerKind::adamw && optimizer != OptimizerKind::sgd)
         return ConfigProblem{"optimizer", std::string("is ") + optimizer_kind_name(optimizer) + ": the trainer needs adamw or sgd"};
     return std::nullopt;

@@ -84,6 +84,12 @@ struct TrainerConfig {
     OptimizerKind optimizer = OptimizerKind::adamw;
     double sgd_momentum = 0.9;
     bool skip_nonfinite = false; // a NaN/Inf loss or gradient norm skips the update instead of throwing
+    // The batch-invariant mode (docs/TRAINING.md, "The big batch, bitwise"): 0 is off; c > 0 runs every micro-batch as
+    // chunks of c sequences, each its own forward and backward, whose gradients are summed exactly (optim/
+    // batch_invariant.h), so any split of the same window into micro-batches, accumulation steps and ranks trains the
+    // same bits. c must divide per_device_train_batch_size; tokens normalisation, zero_stage 0 and the model state on
+    // the device only, for now.
+    int batch_invariant_chunk = 0;
 
     // The parts the trainer builds, from these fields (the one mapping of the field names onto theirs).
     AdamWOptions adamw_options() const;

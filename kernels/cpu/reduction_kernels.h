@@ -82,4 +82,14 @@ void rms_norm_backward(Scalar* dinp,             // (N,C) +=
                        const Scalar* dout, const Scalar* inp, const Scalar* weight, const Compute<Scalar>* rstd,
                        int N, int C);
 
+// ---- the batch-invariant mode's fold (docs/TRAINING.md, "The big batch, bitwise") ----
+// sum += rint(gradient · 2^exponent) · 2^-exponent, element by element, then gradient = 0; *largest = max(*largest,
+// bits of every |gradient|). Exact while |sum| stays below 2^(53 - exponent), which the caller's exponent keeps.
+void fixed_point_fold(double* sum,        // (N) +=
+                      uint32_t* largest,  // (1) max=
+                      float* gradient,    // (N) read, then zeroed
+                      int exponent, int64_t N);
+// gradient = sum rounded to f32.
+void fixed_point_round(float* gradient, const double* sum, int64_t N);
+
 } // namespace engine::kernels::cpu

@@ -82,4 +82,8 @@ void rms_norm_backward(bfloat16* dinp, float* dweight, float* partials_workspace
                        const bfloat16* inp, const bfloat16* weight, const float* rstd, int N, int C,
                        cudaStream_t stream);
 
+// ---- the batch-invariant mode's fold: twins of kernels/cpu/fixed_point.cpp ----
+void fixed_point_fold(double* sum, uint32_t* largest, float* gradient, int exponent, int64_t N, cudaStream_t stream);
+void fixed_point_round(float* gradient, const double* sum, int64_t N, cudaStream_t stream);
+
 } // namespace engine::kernels::cuda
