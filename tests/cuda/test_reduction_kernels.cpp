@@ -2,6 +2,8 @@
 // tables) and for the 128-bit paths of the elementwise kernels. Row counts and widths break every tile
 // (N = 1, 17, 1000, 4099; C = 3, 768, 770), += outputs start non-zero, each reduction runs twice and must
 // agree to the bit, and pointers one float past an aligned address take the scalar paths.
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -314,6 +316,33 @@ TEST_F(ReductionKernelTest, ElementwiseVectorAndScalarPathsAreBitwiseEqual) {
         EXPECT_TRUE(all_close(results[4], sgd_param, pointwise, "sgd param"));
         EXPECT_TRUE(all_close(results[5], buffer, pointwise, "sgd momentum buffer"));
     }
+}
+
+// The batch-invariant mode's fold and rounding: bitwise the CPU's (the sum is exact, the largest |g| a max), with a NaN
+// and an infinity in their own slots.
+TEST_F(ReductionKernelTest, FixedPointFoldAndRound) {
+    const int64_t n = elementwise_count * 7 + 5;
+    std::vector<double> sum(static_cast<size_t>(n));
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = std::ldexp(double(int64_t(i % 1000) - 500), -30);
+    auto first = random_floats(static_cast<size_t>(n)), second = random_floats(static_cast<size_t>(n), -3.0f, 3.0f);
+    second[17] = std::numeric_limits<float>::infinity();
+    std::vector<uint32_t> largest = {0u, 0u};
+    auto expected_sum = sum;
+    auto first_copy = first, second_copy = second;
+    cpu::fixed_point_fold(expected_sum.data(), &largest[0], first_copy.data(), 40, n);
+    cpu::fixed_point_fold(expected_sum.data(), &largest[1], second_copy.data(), 40, n);
+    std::vector<float> expected_rounded(static_cast<size_t>(n));
+    cpu::fixed_point_round(expected_rounded.data(), expected_sum.data(), n);
+    DeviceBuffer<double> sum_device(sum);
+    DeviceBuffer<uint32_t> largest_device(std::vector<uint32_t>{0u, 0u});
+    DeviceBuffer<float> first_device(first), second_device(second), rounded(nan_filled(static_cast<size_t>(n)));
+    gpu::fixed_point_fold(sum_device.get(), largest_device.get(), first_device.get(), 40, n, stream);
+    gpu::fixed_point_fold(sum_device.get(), largest_device.get() + 1, second_device.get(), 40, n, stream);
+    gpu::fixed_point_round(rounded.get(), sum_device.get(), n, stream);
+    EXPECT_TRUE(sum_device.to_host() == expected_sum) << "the sums";
+    EXPECT_EQ(largest_device.to_host(), largest);
+    EXPECT_TRUE(all_close(rounded.to_host(), expected_rounded, exact, "rounded gradient"));
+    EXPECT_TRUE(all_close(first_device.to_host(), std::vector<float>(static_cast<size_t>(n), 0.0f), exact, "zeroed"));
 }
 
 } // namespace
