@@ -70,6 +70,7 @@ nlohmann::json step_record(const optim::StepResult& result) {
             {"host_peak_mib", host_peak_mib},
             {"host_peak_total_bytes", result.host_memory.peak_bytes},
             {"skipped", result.skipped},
+            {"redone", result.redone},
             {"communication", {{"gradient_all_reduces", calls.gradient_all_reduces},
                                {"reduce_scatters", calls.reduce_scatters},
                                {"all_gathers", calls.all_gathers},
@@ -123,6 +124,7 @@ std::string step_line(const optim::StepResult& result, int64_t max_steps) {
     std::snprintf(figure, sizeof figure, " | total %.2f", mebibytes(result.memory.peak_bytes));
     line << figure;
     if (result.skipped) line << " | SKIPPED: non-finite loss or gradients, no update";
+    if (result.redone > 0) line << " | window redone " << result.redone << "x (--batch-invariant: a gradient past its bound)";
     return line.str();
 }
 

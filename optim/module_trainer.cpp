@@ -449,6 +449,7 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
     result.num_items_in_batch = window.num_items_in_batch;
     result.rank_num_items_in_batch = window.rank_num_items_in_batch;
     result.micro_batches = window.micro_batches;
+    result.redone = window.redone;
     result.tokens_per_second = result.seconds > 0.0 ? static_cast<double>(window.tokens) / result.seconds : 0.0;
     if (communicator_ != nullptr) result.communication = communicator_->counters() - window_counters_;
     result.memory = memory_stats(device_);

@@ -40,6 +40,7 @@ struct StepResult {
     MemoryStats memory;              // the model device's statistics; peaks cover this step only
     MemoryStats host_memory;         // the host's, when the model is on another device (offload's tiers)
     bool skipped = false;            // non-finite loss or gradients with skip_nonfinite: no update was made
+    int redone = 0;                  // batch-invariant mode: times the window ran again (a gradient past its bound)
     // What the communicator did during this step (zero without one): one count, one gradient and one loss
     // all-reduce per step with data parallelism, whatever the number of micro-batches.
     distributed::CommunicatorCounters communication;
