@@ -461,28 +461,6 @@ Options parse_options(const std::vector<std::string>& arguments) {
                                "--offload-optimizer", "--offload-gradients", "--offload-parameters"})
         require(!planned || !given.contains(chosen), chosen,
                 "the planner chooses it under --max-memory; leave it out (give --global-batch-size instead)");
-    // The streaming head's chunk: a fixed one must fit in the micro-batch; auto is chosen here, or per plan.
-    if (options.loss_chunk_tokens && !planned) {
-        const int64_t tokens = int64_t(shape.per_device_train_batch_size) * options.seq_len;
-        require(*options.loss_chunk_tokens <= tokens, "--loss-chunk-tokens",
-                std::to_string(*options.loss_chunk_tokens) + " is larger than the micro-batch's " +
-                    std::to_string(shape.per_device_train_batch_size) + " x " + std::to_string(options.seq_len) +
-                    " = " + std::to_string(tokens) + " tokens");
-    }
-    if (options.mlp_tile_tokens && !planned) {
-        const int64_t tokens = int64_t(shape.per_device_train_batch_size) * options.seq_len;
-        require(*options.mlp_tile_tokens <= tokens, "--mlp-tile-tokens",
-                std::to_string(*options.mlp_tile_tokens) + " is larger than the micro-batch's " +
-                    std::to_string(shape.per_device_train_batch_size) + " x " + std::to_string(options.seq_len) +
-                    " = " + std::to_string(tokens) + " tokens");
-    }
-    if (!planned && shape.per_device_train_batch_size > 0) {
-        const engine::DType dtype = engine::precision_dtype(shape.precision);
-        shape.loss_chunk_tokens = options.loss_chunk_tokens.value_or(
-            engine::planner::automatic_loss_chunk(model, shape.per_device_train_batch_size, options.seq_len, dtype));
-        shape.mlp_tile_tokens = options.mlp_tile_tokens.value_or(
-            engine::planner::automatic_mlp_tile(model, shape.per_device_train_batch_size, options.seq_len, dtype));
-    }
     // The batch-invariant mode: --batch-invariant alone takes chunks of one sequence, which divide every micro-batch.
     require(!given.contains("--batch-invariant") || options.batch_invariant || !given.contains("--batch-invariant-chunk"),
             "--batch-invariant", "false contradicts --batch-invariant-chunk");
@@ -490,6 +468,33 @@ Options parse_options(const std::vector<std::string>& arguments) {
     require(trainer.batch_invariant_chunk == 0 || (!planned && !options.plan), "--batch-invariant",
             "is not modelled by the planner yet (its exact sums take 8 bytes a parameter); leave out --plan and "
             "--max-memory");
+    // In the mode a forward sees one chunk's rows, so the head's and the MLP's automatic tiles are sized for those (and so
+    // are the same whatever the micro-batch, as the mode needs).
+    const int forward_rows =
+        trainer.batch_invariant_chunk > 0 ? trainer.batch_invariant_chunk : shape.per_device_train_batch_size;
+    // The streaming head's chunk: a fixed one must fit in the micro-batch; auto is chosen here, or per plan.
+    const std::string rows_name = trainer.batch_invariant_chunk > 0 ? "chunk's " : "micro-batch's ";
+    if (options.loss_chunk_tokens && !planned) {
+        const int64_t tokens = int64_t(forward_rows) * options.seq_len;
+        require(*options.loss_chunk_tokens <= tokens, "--loss-chunk-tokens",
+                std::to_string(*options.loss_chunk_tokens) + " is larger than the " + rows_name +
+                    std::to_string(forward_rows) + " x " + std::to_string(options.seq_len) + " = " +
+                    std::to_string(tokens) + " tokens");
+    }
+    if (options.mlp_tile_tokens && !planned) {
+        const int64_t tokens = int64_t(forward_rows) * options.seq_len;
+        require(*options.mlp_tile_tokens <= tokens, "--mlp-tile-tokens",
+                std::to_string(*options.mlp_tile_tokens) + " is larger than the " + rows_name +
+                    std::to_string(forward_rows) + " x " + std::to_string(options.seq_len) + " = " +
+                    std::to_string(tokens) + " tokens");
+    }
+    if (!planned && forward_rows > 0) {
+        const engine::DType dtype = engine::precision_dtype(shape.precision);
+        shape.loss_chunk_tokens = options.loss_chunk_tokens.value_or(
+            engine::planner::automatic_loss_chunk(model, forward_rows, options.seq_len, dtype));
+        shape.mlp_tile_tokens = options.mlp_tile_tokens.value_or(
+            engine::planner::automatic_mlp_tile(model, forward_rows, options.seq_len, dtype));
+    }
     check_trainer_config(trainer); // every rule on the training flags, in TrainerConfig
 
     if (options.device == "cuda" || options.device == "auto") {

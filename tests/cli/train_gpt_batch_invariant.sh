@@ -11,8 +11,9 @@ work=$3
 rm -rf "$work" && mkdir -p "$work"
 source "$(dirname "$0")/mpi_runs.sh"
 write_documents "$work/docs.txt" 11
-common=(--data "$work/docs.txt" --data-layout padded --seq-len 48 --lr-scheduler-type constant --warmup-steps 0
-        --learning-rate 3e-3 --weight-decay 0.1 --max-grad-norm 0.5 --dropout 0 --model tiny --max-steps 20)
+base=(--data "$work/docs.txt" --data-layout padded --seq-len 48 --lr-scheduler-type constant --warmup-steps 0
+      --learning-rate 3e-3 --weight-decay 0.1 --max-grad-norm 0.5 --max-steps 20)
+common=("${base[@]}" --dropout 0 --model tiny)
 
 # same_run NAME A B: the two runs' weights are the same bytes and their logged losses and norms the same numbers.
 same_run() {
@@ -47,6 +48,16 @@ for precision in fp32 bf16; do
   ! cmp -s "$work/${precision}_1x1x4.safetensors" "$work/${precision}_2x1x2_default.safetensors"
   check "$precision: without the mode 2 ranks x 1 x 2 differ from it (the comparison can fail)" $? "they are equal"
 done
+
+# A Llama (RMSNorm, RoPE, SwiGLU, grouped-query attention, an untied head): 2 ranks x 1 x 2 against 1 x 4 x 1.
+llama=(--model llama-tiny --precision bf16 --batch-invariant)
+ranks 2 "$train_gpt" "${base[@]}" "${llama[@]}" --per-device-train-batch-size 1 --gradient-accumulation-steps 2 \
+  --log "$work/llama_2x1x2.jsonl" --save "$work/llama_2x1x2.safetensors" >"$work/llama_2x1x2.out" 2>&1
+check "llama: 2 ranks x 1 x 2" $? "$(tail -5 "$work/llama_2x1x2.out")"
+"$train_gpt" "${base[@]}" "${llama[@]}" --per-device-train-batch-size 4 --gradient-accumulation-steps 1 \
+  --log "$work/llama_1x4x1.jsonl" --save "$work/llama_1x4x1.safetensors" >"$work/llama_1x4x1.out" 2>&1
+check "llama: 1 x 4 x 1" $? "$(tail -5 "$work/llama_1x4x1.out")"
+same_run "llama bf16: 2 ranks x 1 x 2 train 1 x 4 x 1's bits" llama_1x4x1 llama_2x1x2
 
 check_resume 2 invariant 2 4 "${common[@]}" --batch-invariant --per-device-train-batch-size 2
 
