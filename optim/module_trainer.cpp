@@ -392,7 +392,7 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
         }
         if (gradients_sharded()) {
             zero_->reduce_gradients(whole_gradient_indexes_); // ZeRO-2: the rest, onto their owners' shards
-        } else if (zero_) {
+        } else if (zero_ && !batch_invariant()) { // the mode's exact sums are whole on every rank already
             zero_->reduce_scatter_gradients(); // ZeRO-1: each rank gets the summed gradients of its own part
         } else if (communicator_ != nullptr && !batch_invariant()) { // the mode's sums were added in accumulate
             // The window's one gradient reduction: after its last backward, before the norm, so that the norm,
@@ -404,8 +404,11 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
         }
         if (!offloaded() || streamed() || zero_ || communicator_ != nullptr) {
             const profiling::PhaseScope phase(profiling::Phase::grad_norm); // the op profiler's clip share
-            result.grad_norm =
-                (zero_ ? std::sqrt(zero_->gradient_sum_of_squares()) : global_grad_norm(parameters_)) * gradient_scale;
+            // The batch-invariant mode at ZeRO-1 measures the whole gradient every rank holds, as one process does: the
+            // shards' partial sums would group the squares by the world size.
+            result.grad_norm = (zero_ && !batch_invariant() ? std::sqrt(zero_->gradient_sum_of_squares())
+                                                            : global_grad_norm(parameters_)) *
+                               gradient_scale;
         }
         // After the norm's read: the device is idle, nothing waits. The mode's sum is exact in any order.
         loss_sum = batch_invariant() ? fixed_point_loss_sum(window.reported_losses, window.num_items_in_batch)

@@ -76,8 +76,8 @@ std::optional<ConfigProblem> TrainerConfig::problem() const {
         if (loss_normalization.mode != LossNormalization::Mode::tokens)
             return ConfigProblem{"batch_invariant_chunk", chunk + " needs loss_normalization tokens: a per-micro-batch "
                                                               "mean depends on the split it is meant not to see"};
-        if (shape.zero_stage != 0)
-            return ConfigProblem{"batch_invariant_chunk", chunk + " runs at zero_stage 0 only for now, got " +
+        if (shape.zero_stage > 1)
+            return ConfigProblem{"batch_invariant_chunk", chunk + " runs at zero_stage 0 or 1 for now, got " +
                                                               std::to_string(shape.zero_stage)};
         if (shape.offload_optimizer)
             return ConfigProblem{"batch_invariant_chunk", chunk + " keeps the model state on the device for now: "

@@ -87,8 +87,8 @@ struct TrainerConfig {
     // The batch-invariant mode (docs/TRAINING.md, "The big batch, bitwise"): 0 is off; c > 0 runs every micro-batch as
     // chunks of c sequences, each its own forward and backward, whose gradients are summed exactly (optim/
     // batch_invariant.h), so any split of the same window into micro-batches, accumulation steps and ranks trains the
-    // same bits. c must divide per_device_train_batch_size; tokens normalisation, zero_stage 0 and the model state on
-    // the device only, for now.
+    // same bits. c must divide per_device_train_batch_size; tokens normalisation, zero_stage 0 or 1 and the model state
+    // on the device only, for now.
     int batch_invariant_chunk = 0;
 
     // The parts the trainer builds, from these fields (the one mapping of the field names onto theirs).
