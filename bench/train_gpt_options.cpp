@@ -465,9 +465,9 @@ Options parse_options(const std::vector<std::string>& arguments) {
     require(!given.contains("--batch-invariant") || options.batch_invariant || !given.contains("--batch-invariant-chunk"),
             "--batch-invariant", "false contradicts --batch-invariant-chunk");
     if (options.batch_invariant && trainer.batch_invariant_chunk == 0) trainer.batch_invariant_chunk = 1;
-    require(trainer.batch_invariant_chunk == 0 || (!planned && !options.plan), "--batch-invariant",
-            "is not modelled by the planner yet (its exact sums take 8 bytes a parameter); leave out --plan and "
-            "--max-memory");
+    require(trainer.batch_invariant_chunk == 0 || !planned, "--batch-invariant",
+            "the planner's search does not keep a chunk yet; give the micro-batch and accumulation (--plan predicts "
+            "them) instead of --max-memory");
     // In the mode a forward sees one chunk's rows, so the head's and the MLP's automatic tiles are sized for those (and so
     // are the same whatever the micro-batch, as the mode needs).
     const int forward_rows =

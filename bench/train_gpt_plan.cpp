@@ -190,7 +190,7 @@ std::string evaluation_report(const Options& options, int rows, int length, engi
             options.model, rows, length, shape.checkpointing, precision_dtype(shape.precision), options.trainer.optimizer,
             shards, shape.offload_optimizer, shape.offload_gradients, shape.offload_parameters, static_cast<int>(batches),
             shape.loss_chunk_tokens, shape.mlp_tile_tokens, options.data_layout == nn::DataLayout::packed_documents,
-            tuning);
+            tuning, options.trainer.batch_invariant_chunk);
         const size_t peak = evaluation.peak_on(options.resolved_device);
         peaks.push_back({"evaluation", peak, 0});
         text << "peak " << planner::mebibytes(peak) << " (" << peak << " B) at " << evaluation.moment;
@@ -264,7 +264,8 @@ std::optional<planner::MemoryPrediction> predicted_step_memory(const Options& op
             options.trainer.optimizer, engine::ZeroSharding::of(shape.zero_stage, planned_world_size(options)),
             shape.gradient_accumulation_steps, shape.offload_optimizer, shape.offload_gradients,
             shape.offload_parameters, shape.loss_chunk_tokens, shape.mlp_tile_tokens,
-            options.data_layout == nn::DataLayout::packed_documents, tuning.value_or(planner::FineTuning{}));
+            options.data_layout == nn::DataLayout::packed_documents, tuning.value_or(planner::FineTuning{}),
+            options.trainer.batch_invariant_chunk);
     } catch (const EngineError&) {
         if (tuning) return std::nullopt; // a LoRA run the step replay does not follow yet (--plan says which)
         throw;
@@ -305,7 +306,7 @@ int print_plan(const Options& options) {
                                       shape.offload_optimizer, shape.offload_gradients, shape.offload_parameters,
                                       shape.loss_chunk_tokens, shape.mlp_tile_tokens,
                                       options.data_layout == nn::DataLayout::packed_documents,
-                                      tuning.value_or(planner::FineTuning{}));
+                                      tuning.value_or(planner::FineTuning{}), options.trainer.batch_invariant_chunk);
     } catch (const EngineError& error) {
         if (!tuning) throw;
         report = std::string("the step's activations and workspace: not predicted for these flags (") + error.what() +

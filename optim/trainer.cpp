@@ -1,8 +1,6 @@
 // The causal-LM trainer: batch validation, target counting and the fused classifier loss over ModuleTrainer.
 #include "optim/trainer.h"
 
-#include <cstring>
-
 namespace engine::optim {
 
 Trainer::Trainer(nn::CausalLM& model, const TrainerConfig& config, distributed::Communicator* communicator)
@@ -111,16 +109,16 @@ LossSum Trainer::micro_batch_loss(const nn::Batch& batch, const LossScale& scale
 
 namespace {
 
-// Rows [first, first + count) of a host (B, ...) tensor, copied; an undefined tensor stays undefined.
+// Rows [first, first + count) of a (B, ...) tensor, copied where it is (the loader's device) in the memory category of
+// the scope, as the loader made the batch; an undefined tensor stays undefined.
 Tensor rows_of(const Tensor& tensor, int64_t first, int64_t count) {
     if (!tensor.defined()) return tensor;
-    const Tensor host = tensor.device() == Device::cpu ? tensor : tensor.to(Device::cpu);
-    Shape shape = host.shape();
-    const size_t row_bytes = host.nbytes() / static_cast<size_t>(shape[0]);
+    Shape shape = tensor.shape();
+    const size_t row_bytes = tensor.nbytes() / static_cast<size_t>(shape[0]);
     shape[0] = count;
-    Tensor rows = Tensor::empty(shape, host.dtype(), Device::cpu, MemoryCategory::activations);
-    std::memcpy(rows.raw_data(), static_cast<const char*>(host.raw_data()) + static_cast<size_t>(first) * row_bytes,
-                static_cast<size_t>(count) * row_bytes);
+    Tensor rows = Tensor::empty(shape, tensor.dtype(), tensor.device());
+    copy_bytes(rows.raw_data(), rows.device(), static_cast<const char*>(tensor.raw_data()) + static_cast<size_t>(first) * row_bytes,
+               tensor.device(), static_cast<size_t>(count) * row_bytes);
     return rows;
 }
 

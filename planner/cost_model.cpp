@@ -314,11 +314,6 @@ int layer_tensor_count(const nn::ModelConfig& config) {
     return config.is_llama() ? 9 : 12; // Llama: 2 norms, q k v o, gate up down; GPT-2: 2 norms and 4 biased linears
 }
 
-int parameter_tensor_count(const nn::ModelConfig& config) {
-    if (config.is_llama()) return 2 + (config.llama().tie_word_embeddings ? 0 : 1) + 9 * config.layers();
-    return 4 + 12 * config.layers(); // wte, wpe, ln_f's weight and bias
-}
-
 } // namespace
 
 void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumulation_steps,

@@ -11,7 +11,7 @@ PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int bat
                                           const checkpoint::CheckpointPolicy& policy, DType dtype,
                                           OptimizerKind optimizer, ZeroSharding sharding, bool offload_optimizer,
                                           GradientOffload gradients, bool offload_parameters, int eval_batches, int loss_chunk_tokens, int mlp_tile_tokens,
-                                          bool packed_documents, const FineTuning& tuning) {
+                                          bool packed_documents, const FineTuning& tuning, int batch_invariant_chunk) {
     constexpr const char* what = "predict_evaluation_memory";
     ENGINE_CHECK(eval_batches >= 1, what << ": eval_batches " << eval_batches << " must be >= 1");
     ENGINE_CHECK(batch > 0 && seq_len > 0 && seq_len <= config.max_seq_len(),
@@ -23,9 +23,10 @@ PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int bat
     // ZeRO-1 with the optimizer's part and the collectives' buffers, with the optimizer on the host the working copies and
     // the window's gradient buffers (predict_memory's between_steps_bytes); at ZeRO-3 this rank's part of the
     // segments' masters, and during each segment's forward its gathered weights (as in the step's forward).
+    // (The batch-invariant mode's sums are part of that state; an evaluation runs its micro-batches whole.)
     const MemoryPrediction step = predict_memory(config, batch, seq_len, policy, dtype, optimizer, sharding, 1,
                                                  offload_optimizer, gradients, false, loss_chunk_tokens,
-                                                 mlp_tile_tokens, packed_documents, tuning);
+                                                 mlp_tile_tokens, packed_documents, tuning, batch_invariant_chunk);
     const size_t state = step.between_steps_bytes;
     // The evaluation's batches (ids and labels, and positions for packed documents) for its whole length, and the
     // current micro-batch's device copies (its ids and shifted targets, and positions).

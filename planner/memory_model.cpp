@@ -355,12 +355,46 @@ ParameterTerms parameter_terms(const nn::ModelConfig& config, DType dtype) {
 
 } // namespace
 
+int parameter_tensor_count(const nn::ModelConfig& config) {
+    if (config.is_llama()) return 2 + (config.llama().tie_word_embeddings ? 0 : 1) + 9 * config.layers();
+    return 4 + 12 * config.layers(); // wte, wpe, ln_f's weight and bias; per layer 2 norms and 4 biased linears
+}
+
+size_t batch_invariant_sum_bytes(const nn::ModelConfig& config, DType dtype) {
+    return parameter_terms(config, dtype).real * sizeof(double) + // GPT-2's wte: its gradient's (V,C) view, not Vp
+           static_cast<size_t>(parameter_tensor_count(config)) * sizeof(int32_t);
+}
+
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                                 DType dtype, OptimizerKind optimizer, ZeroSharding sharding, int accumulation_steps,
                                 bool offload_optimizer, GradientOffload gradients_where, bool offload_parameters,
                                 int loss_chunk_tokens, int mlp_tile_tokens, bool packed_documents,
-                                const FineTuning& tuning) {
+                                const FineTuning& tuning, int batch_invariant_chunk) {
     config.validate();
+    if (batch_invariant_chunk > 0) {
+        ENGINE_CHECK(batch % batch_invariant_chunk == 0, "predict_memory: batch_invariant_chunk " << batch_invariant_chunk
+                                                             << " does not divide the micro-batch " << batch);
+        ENGINE_CHECK(!tuning.lora && !sharding.gradients && !offload_optimizer,
+                     "predict_memory: the batch-invariant mode is not modelled with LoRA, ZeRO-2 or 3, or the optimizer "
+                     "on the host (the trainer refuses the last two)");
+        // The step as it runs: chunks of c rows, accumulation · batch / c of them.
+        MemoryPrediction prediction = predict_memory(config, batch_invariant_chunk, seq_len, policy, dtype, optimizer,
+                                                     sharding, accumulation_steps * (batch / batch_invariant_chunk),
+                                                     false, gradients_where, offload_parameters, loss_chunk_tokens,
+                                                     mlp_tile_tokens, packed_documents, tuning);
+        // optim::FixedPointGradients: an f64 sum per gradient buffer (GPT-2's padded rows too) and one i32 slot per
+        // tensor, from the trainer's start.
+        const size_t sums = batch_invariant_sum_bytes(config, dtype);
+        // The window's chunks, copied from its micro-batches before the first forward and dropped after the last
+        // backward: as many (rows, T) i32 tensors as the micro-batches hold.
+        const size_t chunks = static_cast<size_t>(accumulation_steps) * static_cast<size_t>(batch) *
+                              static_cast<size_t>(seq_len) * sizeof(int32_t) * (packed_documents ? 3 : 2);
+        prediction.at(MemoryCategory::gradients) += sums;
+        prediction.peak_bytes += sums + chunks;
+        prediction.unified_peak_bytes += sums + chunks;
+        prediction.between_steps_bytes += sums;
+        return prediction;
+    }
     const int optimizer_shards = sharding.ranks;
     const bool shard_gradients = sharding.gradients;
     ENGINE_CHECK(!sharding.parameters || !offload_parameters,

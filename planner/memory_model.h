@@ -169,13 +169,24 @@ struct MemoryPrediction {
 // tuning.lora: a LoRA or QLoRA run (nn::apply_lora, nn::quantize_nf4), its model state predict_model_state's and its
 // step replayed (planner/adapter_step.h: exact to the byte for GPT-2 and Llama); refused, naming it, with the
 // optimizer or parameters off the device or ZeRO-1, which the replay does not follow yet.
+// batch_invariant_chunk c > 0 (optim::TrainerConfig, docs/TRAINING.md "The big batch, bitwise"): the step runs each
+// micro-batch as its batch / c chunks of c rows, so its activations are a chunk's (the step of micro-batch c and
+// accumulation_steps · batch / c); besides, batch_invariant_sum_bytes for the whole run (`gradients`), and the window's
+// chunks copied from its micro-batches for the window (where they are).
+// Not with LoRA, ZeRO-2 or 3, or the optimizer on the host (refused, as the trainer refuses them).
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len,
                                 const checkpoint::CheckpointPolicy& policy, DType dtype = DType::f32,
                                 OptimizerKind optimizer = OptimizerKind::adamw, ZeroSharding sharding = {},
                                 int accumulation_steps = 1, bool offload_optimizer = false,
                                 GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
                                 int loss_chunk_tokens = 0, int mlp_tile_tokens = 0, bool packed_documents = false,
-                                const FineTuning& tuning = {});
+                                const FineTuning& tuning = {}, int batch_invariant_chunk = 0);
+
+// The parameter tensors of a full fine-tune of `config`, each with its own gradient buffer.
+int parameter_tensor_count(const nn::ModelConfig& config);
+// The batch-invariant mode's sums for the whole run (optim::FixedPointGradients): an f64 beside every element of the
+// gradients the parameters show (GPT-2's wte: its V rows, not the padded Vp) and an i32 slot per tensor.
+size_t batch_invariant_sum_bytes(const nn::ModelConfig& config, DType dtype);
 
 // A phase of a run outside the step: its joint peak on the device's account (on the CPU backend, the one account),
 // where it falls, and what a CUDA device holds besides (as MemoryPrediction::cuda_runtime_bytes).
@@ -199,7 +210,8 @@ PhasePrediction predict_evaluation_memory(const nn::ModelConfig& config, int bat
                                           OptimizerKind optimizer, ZeroSharding sharding, bool offload_optimizer,
                                           GradientOffload gradients, bool offload_parameters, int eval_batches,
                                           int loss_chunk_tokens,
-                                          int mlp_tile_tokens, bool packed_documents, const FineTuning& tuning = {});
+                                          int mlp_tile_tokens, bool packed_documents, const FineTuning& tuning = {},
+                                          int batch_invariant_chunk = 0);
 
 // Saving and resuming a training state (optim/training_state.h: streamed tensor by tensor between the file and where
 // each tensor lives). Neither adds anything to the device: a save reads the model state where it is between steps
@@ -261,7 +273,7 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len,
                         int accumulation_steps = 1, bool offload_optimizer = false,
                         GradientOffload gradients = GradientOffload::window, bool offload_parameters = false,
                         int loss_chunk_tokens = 0, int mlp_tile_tokens = 0, bool packed_documents = false,
-                        const FineTuning& tuning = {});
+                        const FineTuning& tuning = {}, int batch_invariant_chunk = 0);
 
 // One decoder layer's parameters (what streamed gradients hold per layer), and the largest of them.
 size_t layer_parameter_count(const nn::ModelConfig& config);

@@ -16,15 +16,17 @@ using checkpoint::plan_segments;
 std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                         DType dtype, OptimizerKind optimizer, ZeroSharding sharding, int accumulation_steps,
                         bool offload_optimizer, GradientOffload gradients, bool offload_parameters,
-                        int loss_chunk_tokens, int mlp_tile_tokens, bool packed_documents, const FineTuning& tuning) {
+                        int loss_chunk_tokens, int mlp_tile_tokens, bool packed_documents, const FineTuning& tuning,
+                        int batch_invariant_chunk) {
     const int optimizer_shards = sharding.ranks;
+    const int invariant_chunk = batch_invariant_chunk; // every prediction below is of the step as the mode runs it
     const MemoryPrediction planned = predict_memory(
         config, batch, seq_len, policy, dtype, optimizer, sharding, accumulation_steps, offload_optimizer,
-        gradients, offload_parameters, loss_chunk_tokens, mlp_tile_tokens, packed_documents, tuning);
+        gradients, offload_parameters, loss_chunk_tokens, mlp_tile_tokens, packed_documents, tuning, invariant_chunk);
     // Streamed gradients need checkpointed segments: the plain comparison keeps the window.
     const MemoryPrediction plain = predict_memory(config, batch, seq_len, CheckpointPolicy{}, dtype, optimizer,
                                                   optimizer_shards, 1, offload_optimizer, GradientOffload::window,
-                                                  false, loss_chunk_tokens, mlp_tile_tokens, packed_documents, tuning);
+                                                  false, loss_chunk_tokens, mlp_tile_tokens, packed_documents, tuning, invariant_chunk);
     const int layers = config.layers();
     std::ostringstream text;
     text << "model: " << config.to_string() << "\n";
@@ -39,9 +41,17 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
         text << (tuning.nf4 ? "; the base's linear weights in NF4 (--load-in-4bit)" : "") << "; " << state.trainable
              << " parameters train beside a frozen base of " << mebibytes(state.frozen_parameters) << "\n";
     }
+    if (invariant_chunk > 0) {
+        const int chunks = batch / invariant_chunk;
+        text << "batch-invariant: each micro-batch runs as " << chunks << " chunk" << (chunks == 1 ? "" : "s") << " of "
+             << invariant_chunk << " x " << seq_len << " tokens (the activations are a chunk's); the exact f64 sums beside "
+             << "the gradients " << mebibytes(batch_invariant_sum_bytes(config, dtype))
+             << " in gradients, and the window's chunks copied from its micro-batches\n";
+    }
     text << "gradient checkpointing: " << policy.to_string() << "\n";
     if (optimizer_shards > 1) {
-        const MemoryPrediction whole = predict_memory(config, batch, seq_len, policy, dtype, optimizer);
+        const MemoryPrediction whole = predict_memory(config, batch, seq_len, policy, dtype, optimizer, {}, 1, false, GradientOffload::window, false, 0, 0,
+                           false, {}, invariant_chunk);
         text << "ZeRO stage " << (sharding.parameters ? 3 : sharding.gradients ? 2 : 1) << " over " << optimizer_shards << " ranks: optimizer_state per rank "
              << mebibytes(planned.of(MemoryCategory::optimizer_state)) << " instead of " << mebibytes(whole.of(MemoryCategory::optimizer_state));
         if (sharding.gradients)
@@ -115,7 +125,7 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
              << mebibytes(planned.working_copies) << "; gradients accumulate in f32; activations bf16 ("
              << mebibytes(predict_memory(config, batch, seq_len, policy, compute_dtype(dtype), optimizer,
                                          optimizer_shards, 1, false, GradientOffload::window, false, loss_chunk_tokens,
-                                         mlp_tile_tokens, packed_documents, tuning)
+                                         mlp_tile_tokens, packed_documents, tuning, invariant_chunk)
                               .of(MemoryCategory::activations))
              << " in f32)\n";
     if (planned.constant_buffers > 0)
@@ -125,14 +135,15 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
          << planned.unified_peak_bytes << " B) at " << planned.peak_moment << "; on CUDA "
          << mebibytes(planned.peak_on(Device::cuda)) << " with cuBLASLt's workspace\n";
     text << "activation peak at: " << planned.activations_peak_moment << "\n";
-    const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
+    // A forward's rows: the micro-batch's, or in the batch-invariant mode one chunk's.
+    const size_t rows = static_cast<size_t>(invariant_chunk > 0 ? invariant_chunk : batch) * static_cast<size_t>(seq_len);
     const size_t logits_row = static_cast<size_t>(config.padded_vocab_size()) * dtype_size(dtype);
     const char* vocabulary = config.is_llama() ? "V" : "Vp";
     if (loss_chunk_tokens > 0) {
         const size_t chunk = std::min(static_cast<size_t>(loss_chunk_tokens), rows);
         const MemoryPrediction whole =
             predict_memory(config, batch, seq_len, policy, dtype, optimizer, sharding, accumulation_steps,
-                           offload_optimizer, gradients, offload_parameters, 0, mlp_tile_tokens, packed_documents, tuning);
+                           offload_optimizer, gradients, offload_parameters, 0, mlp_tile_tokens, packed_documents, tuning, invariant_chunk);
         text << "loss: streaming head, " << (rows + chunk - 1) / chunk << " chunks of " << chunk << " tokens: one chunk's logits ("
              << chunk << "," << vocabulary << ") = " << mebibytes(chunk * logits_row) << " and d(hidden) "
              << mebibytes(rows * static_cast<size_t>(config.width()) * dtype_size(dtype))
@@ -150,7 +161,7 @@ std::string plan_report(const nn::ModelConfig& config, int batch, int seq_len, c
         const MemoryPrediction untiled =
             predict_memory(config, batch, seq_len, policy, dtype, optimizer, sharding, accumulation_steps,
                            offload_optimizer, gradients, offload_parameters, loss_chunk_tokens, 0, packed_documents,
-                           tuning);
+                           tuning, invariant_chunk);
         text << "MLP: tiled, " << (rows + tile - 1) / tile << " tiles of " << tile << " tokens: a tile's intermediates "
              << mebibytes(tile * intermediate * dtype_size(dtype)) << " instead of the whole micro-batch's "
              << mebibytes(rows * intermediate * dtype_size(dtype)) << " per layer; activations "

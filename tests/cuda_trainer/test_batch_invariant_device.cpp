@@ -9,6 +9,7 @@
 
 #include "engine/cuda/runtime.h"
 #include "optim/trainer.h"
+#include "planner/memory_model.h"
 #include "tests/cuda/gpt_gradients.h"
 #include "tests/parameter_snapshot.h"
 
@@ -20,6 +21,7 @@ constexpr int steps = 3;
 struct Trained {
     std::vector<uint8_t> weights;
     std::vector<double> losses, norms;
+    size_t peak = 0; // the last step's device peak
 };
 
 // Every step's 4 sequences of random lengths, as batches of `rows` on the device.
@@ -47,12 +49,13 @@ std::vector<nn::Batch> sequences_as(int rows, int vocabulary, int length) {
     return batches;
 }
 
-Trained train(Precision precision, int rows, bool invariant, bool checkpoint_and_offload) {
+Trained train(Precision precision, int rows, bool invariant, bool checkpoint_and_offload, int accumulation = 0) {
+    if (accumulation == 0) accumulation = 4 / rows;
     const nn::GPTConfig config = small_gpt_config(); // dropout 0.1
     nn::GPT model(config, 11, Device::cuda, DType::f32);
     optim::TrainerConfig trainer_config;
     trainer_config.shape.per_device_train_batch_size = rows;
-    trainer_config.shape.gradient_accumulation_steps = 4 / rows;
+    trainer_config.shape.gradient_accumulation_steps = accumulation;
     trainer_config.shape.precision = precision;
     trainer_config.shape.checkpointing.enabled = checkpoint_and_offload;
     trainer_config.shape.checkpointing.offload = checkpoint_and_offload;
@@ -69,6 +72,7 @@ Trained train(Precision precision, int rows, bool invariant, bool checkpoint_and
             trainer.apply_update(trainer.accumulate_gradients({first, first + 4 / rows}));
         out.losses.push_back(result.loss);
         out.norms.push_back(result.grad_norm);
+        out.peak = result.memory.peak_bytes;
     }
     out.weights = testing::bytes_of(model.named_parameters());
     return out;
@@ -94,6 +98,13 @@ TEST_P(BatchInvariantDevice, AnySplitOfTheWindowTrainsTheSameBits) {
     }
     const Trained plain_one = train(GetParam(), 1, false, false), plain_four = train(GetParam(), 4, false, false);
     EXPECT_FALSE(plain_one.weights == plain_four.weights) << "the default mode was expected to differ";
+    // The device peak: the mode's 2 x 2 run holds what the default 1 x 4 run does (the same chunks' activations, the
+    // same held rows) plus what planner::predict_memory adds for the mode, to the byte: the sums and the chunk copies.
+    const Trained chunked_plain = train(GetParam(), 1, false, true, 4);
+    const nn::GPTConfig config = small_gpt_config();
+    const size_t copies = size_t{4} * static_cast<size_t>(config.max_seq_len) * sizeof(int32_t) * 2;
+    EXPECT_EQ(offloaded.peak - chunked_plain.peak,
+              planner::batch_invariant_sum_bytes(nn::ModelConfig(config), precision_dtype(GetParam())) + copies);
 }
 
 INSTANTIATE_TEST_SUITE_P(Precision, BatchInvariantDevice, ::testing::Values(Precision::fp32, Precision::bf16),
