@@ -465,9 +465,6 @@ Options parse_options(const std::vector<std::string>& arguments) {
     require(!given.contains("--batch-invariant") || options.batch_invariant || !given.contains("--batch-invariant-chunk"),
             "--batch-invariant", "false contradicts --batch-invariant-chunk");
     if (options.batch_invariant && trainer.batch_invariant_chunk == 0) trainer.batch_invariant_chunk = 1;
-    require(trainer.batch_invariant_chunk == 0 || !planned, "--batch-invariant",
-            "the planner's search does not keep a chunk yet; give the micro-batch and accumulation (--plan predicts "
-            "them) instead of --max-memory");
     // In the mode a forward sees one chunk's rows, so the head's and the MLP's automatic tiles are sized for those (and so
     // are the same whatever the micro-batch, as the mode needs).
     const int forward_rows =
@@ -495,7 +492,11 @@ Options parse_options(const std::vector<std::string>& arguments) {
         shape.mlp_tile_tokens = options.mlp_tile_tokens.value_or(
             engine::planner::automatic_mlp_tile(model, forward_rows, options.seq_len, dtype));
     }
-    check_trainer_config(trainer); // every rule on the training flags, in TrainerConfig
+    // Every rule on the training flags, in TrainerConfig. Under --max-memory the micro-batch is the planner's, a multiple
+    // of the batch-invariant chunk it keeps (apply_memory_plan refuses a global batch the chunk cannot split).
+    engine::optim::TrainerConfig checked = trainer;
+    if (planned && checked.batch_invariant_chunk > 0) checked.shape.per_device_train_batch_size = checked.batch_invariant_chunk;
+    check_trainer_config(checked);
 
     if (options.device == "cuda" || options.device == "auto") {
         const bool available = engine::cuda::device_available();

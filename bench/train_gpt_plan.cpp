@@ -93,6 +93,7 @@ Options apply_memory_plan(const Options& options, int ranks) {
     search.mlp_tile_tokens = options.mlp_tile_tokens;
     search.packed_documents = options.data_layout == nn::DataLayout::packed_documents;
     search.tuning = fine_tuning(options).value_or(planner::FineTuning{});
+    search.batch_invariant_chunk = config.batch_invariant_chunk; // plans whose micro-batch the chunk divides
     // The evaluation between steps must fit the budget too (its K batches of the plan's micro-batch).
     if (!options.eval_data.empty()) search.eval_batches = static_cast<int>(options.eval_steps.value_or(default_eval_steps));
     // So must the save's and the resume's host memory (the pinned block a device's tensors stream through).
@@ -104,6 +105,10 @@ Options apply_memory_plan(const Options& options, int ranks) {
     if (global_batch % ranks != 0)
         throw UsageError("--global-batch-size", std::to_string(global_batch) + " does not split over " +
                                                                std::to_string(ranks) + " ranks");
+    if (const int chunk = config.batch_invariant_chunk; chunk > 0 && (global_batch / ranks) % chunk != 0)
+        throw UsageError("--batch-invariant-chunk", std::to_string(chunk) + " does not divide each rank's " +
+                                                        std::to_string(global_batch / ranks) + " sequences of the global batch " +
+                                                        std::to_string(global_batch));
     size_t budget = options.max_memory.value_or(0);
     std::string budget_source = "--max-memory";
     if (options.max_memory_auto) {

@@ -130,11 +130,17 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
     std::vector<bool> optimizer_tiers = {false};
     const bool lora = options.tuning.lora.has_value();
     ENGINE_CHECK(options.eval_batches >= 0, "planner: eval_batches " << options.eval_batches << " must be >= 0");
-    if (options.device != Device::cpu && options.allow_offload_optimizer && !lora) optimizer_tiers.push_back(true);
+    const int invariant_chunk = options.batch_invariant_chunk; // the mode keeps the state on the device, stages 0 and 1
+    if (options.device != Device::cpu && options.allow_offload_optimizer && !lora && invariant_chunk == 0)
+        optimizer_tiers.push_back(true);
     std::vector<int> zero_stages = {0};
-    if (options.ranks > 1 && options.allow_zero && !lora) zero_stages.insert(zero_stages.end(), {1, 2});
-    if (options.ranks > 1 && options.allow_zero && !lora) zero_stages.push_back(3);
+    if (options.ranks > 1 && options.allow_zero && !lora) zero_stages.push_back(1);
+    if (options.ranks > 1 && options.allow_zero && !lora && invariant_chunk == 0) zero_stages.insert(zero_stages.end(), {2, 3});
     const int per_rank = global_batch / options.ranks;
+    ENGINE_CHECK(invariant_chunk >= 0 && (invariant_chunk == 0 || (per_rank % invariant_chunk == 0 && !lora)),
+                 "planner: the batch-invariant chunk of " << invariant_chunk << " sequences must divide each rank's "
+                     << per_rank << " sequences of the global batch " << global_batch
+                     << (lora ? ", and LoRA is not planned in the mode yet" : ""));
 
     PlanSearch search;
     search.budget = budget;
@@ -164,6 +170,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
         for (int zero_stage : zero_stages)
             for (int micro_batch = 1; micro_batch <= per_rank; ++micro_batch) {
                 if (per_rank % micro_batch != 0) continue;
+                if (invariant_chunk > 0 && micro_batch % invariant_chunk != 0) continue; // the mode's chunk divides it
                 for (const CheckpointPolicy& policy : policies)
                     for (bool offload_optimizer : optimizer_tiers)
                         for (GradientOffload gradients : {GradientOffload::window, GradientOffload::stream}) {
@@ -205,13 +212,24 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
             plan.memory =
                 predict_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer,
                                shards, steps, offload_optimizer, gradients, offload_parameters,
-                               loss_chunk, mlp_tile, options.packed_documents, options.tuning);
+                               loss_chunk, mlp_tile, options.packed_documents, options.tuning, invariant_chunk);
             // ZeRO-3 with the model state on the host: each segment's working copies are rounded on the host from the
             // masters gathered there and cross up, for its forward and its recompute.
             const bool gathered_on_host = zero_stage == 3 && offload_optimizer;
-            plan.cost = predict_cost(config, micro_batch, steps, seq_len, policy, dtype,
+            // The mode runs chunks: their GEMMs and launches, and per chunk the fold over every gradient (read 4 + 8,
+            // write 4 + 8 bytes a parameter).
+            const int forward_batch = invariant_chunk > 0 ? invariant_chunk : micro_batch;
+            const int forwards = invariant_chunk > 0 ? steps * (micro_batch / invariant_chunk) : steps;
+            plan.cost = predict_cost(config, forward_batch, forwards, seq_len, policy, dtype,
                                      options.optimizer, shards.ranks, ceilings, offload_optimizer,
                                      gradients, offload_parameters, loss_chunk, mlp_tile, gathered_on_host);
+            if (invariant_chunk > 0) {
+                const double fold = static_cast<double>(forwards) * 24.0 *
+                                    static_cast<double>(parameter_count(config, config.vocab_size())) /
+                                    ceilings.memory_bytes_per_second;
+                plan.cost.memory_seconds += fold;
+                plan.cost.seconds += fold;
+            }
             // ZeRO-3 under bf16 gathers the copies its owners rounded; f32 masters in fp32 or on the host.
             const int gathered_element = dtype == DType::bf16 && !offload_optimizer ? 2 : 4;
             add_communication(plan.cost, config, steps, policy, zero_stage, options.ranks, ceilings, gathered_element,
@@ -233,14 +251,14 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
                     predict_evaluation_memory(config, micro_batch, seq_len, policy, dtype, options.optimizer, shards,
                                               offload_optimizer, gradients, false, options.eval_batches, loss_chunk,
                                               mlp_tile,
-                                              options.packed_documents, options.tuning)
+                                              options.packed_documents, options.tuning, invariant_chunk)
                         .peak_on(options.device) +
                     plan.memory.largest_rank_extra_bytes; // ZeRO-3: the rank holding the most, as for the step
                 plan.peak_bytes = std::max(plan.peak_bytes, plan.evaluation_peak_bytes);
             }
             return plan;
         };
-        const int rows = micro_batch * seq_len;
+        const int rows = (invariant_chunk > 0 ? invariant_chunk : micro_batch) * seq_len; // a forward's tokens
         const auto fits = [&](const Plan& plan) { return plan.fits(budget, options.host_budget, options.pinned_budget); };
         // Of two plans the one that fits, else the smaller peak: when nothing fits, the search
         // still names the smallest peak any chunk and tile reach (which need not be the

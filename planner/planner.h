@@ -60,6 +60,10 @@ struct PlannerOptions {
     // and the pinned block they stream through) are within the host budget too. Their device peaks never pass the
     // step's.
     bool state_phases = false;
+    // The batch-invariant mode's chunk (optim::TrainerConfig::batch_invariant_chunk; 0: off): only micro-batches it
+    // divides, ZeRO stage 0 or 1, the model state on the device; each plan's memory and time those of its chunks
+    // (predict_memory's batch_invariant_chunk; the fold's pass over the gradients per chunk priced at memory bandwidth).
+    int batch_invariant_chunk = 0;
 };
 
 struct Plan {

@@ -13,6 +13,7 @@
 #include "nn/gpt.h"
 #include "optim/trainer.h"
 #include "parameter_snapshot.h"
+#include "planner/planner.h"
 
 namespace engine::testing {
 namespace {
@@ -242,6 +243,34 @@ TEST(BatchInvariantConfig, AMicroBatchTheChunkDoesNotDivideIsRefusedBeforeAnyGra
     for (const Tensor& parameter : model.parameters())
         for (float value : parameter.grad().to_vector<float>()) ASSERT_EQ(value, 0.0f);
     EXPECT_TRUE(before == bytes_of(model.named_parameters()));
+}
+
+TEST(BatchInvariantPlanner, SearchesOnlyPlansThatKeepTheChunkAndCountsItsSums) {
+    const nn::ModelConfig config(nn::GPTConfig{vocabulary, 16, 2, 2, 16, 0.0f});
+    planner::PlannerOptions options;
+    options.seq_len = time_steps;
+    options.ranks = 2;
+    options.precisions = {engine::Precision::fp32, engine::Precision::bf16};
+    options.batch_invariant_chunk = 2;
+    const planner::PlanSearch search = planner::search_plans(config, SIZE_MAX, 16, options);
+    ASSERT_FALSE(search.plans.empty());
+    for (const planner::Plan& plan : search.plans) {
+        EXPECT_EQ(plan.shape.per_device_train_batch_size % 2, 0) << plan.shape.summary();
+        EXPECT_LE(plan.shape.zero_stage, 1) << plan.shape.summary();
+        EXPECT_FALSE(plan.shape.offload_optimizer);
+        // The chunks' step (micro-batch 2, accumulation · b / 2) plus the sums, which persist.
+        const planner::MemoryPrediction chunks = planner::predict_memory(
+            config, 2, time_steps, plan.shape.checkpointing, precision_dtype(plan.shape.precision), options.optimizer,
+            ZeroSharding::of(plan.shape.zero_stage, 2),
+            plan.shape.gradient_accumulation_steps * plan.shape.per_device_train_batch_size / 2, false,
+            plan.shape.offload_gradients, false, plan.shape.loss_chunk_tokens, plan.shape.mlp_tile_tokens);
+        const size_t sums = planner::batch_invariant_sum_bytes(config, precision_dtype(plan.shape.precision));
+        EXPECT_EQ(plan.memory.of(MemoryCategory::gradients), chunks.of(MemoryCategory::gradients) + sums);
+        EXPECT_EQ(plan.memory.between_steps_bytes, chunks.between_steps_bytes + sums);
+    }
+    options.batch_invariant_chunk = 3;
+    expect_error([&] { planner::search_plans(config, SIZE_MAX, 16, options); },
+                 {"batch-invariant chunk of 3 sequences must divide each rank's 8 sequences"});
 }
 
 } // namespace

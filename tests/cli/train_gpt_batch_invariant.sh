@@ -2,7 +2,8 @@
 # ctest train_gpt_batch_invariant: --batch-invariant (docs/TRAINING.md, "The big batch, bitwise") on padded data, AdamW
 # with weight decay and clipping, 20 steps, f32 and bf16: 1 process x micro-batch 1 x accumulation 4, 1 x 4 x 1, and 2
 # MPI ranks x 1 x 2 (also at ZeRO-1, and x 2 x 1 with checkpointing) save bitwise the same weights and log the same losses and norms;
-# without the mode the 2-rank run differs; one process's step peak is --plan's to the byte; a 2-rank run saved at step 2
+# without the mode the 2-rank run differs; one process's step peak is --plan's to the byte; the plans --max-memory
+# chooses at two budgets train the same bits; a 2-rank run saved at step 2
 # resumes bitwise; bad flags exit 2 naming the flag.
 # usage: train_gpt_batch_invariant.sh TRAIN_GPT MPIEXEC WORK_DIR
 set -u
@@ -75,16 +76,31 @@ for extra in "--batch-invariant" "--batch-invariant-chunk 2 --precision bf16" "-
   check "$extra: every step's peak is --plan's ($predicted B)" $? "exit $code, measured $measured B"
 done
 
+# --max-memory at two budgets: the planner keeps the chunk and chooses two plans (with and without checkpointing), which
+# train bitwise the same run, each within its budget.
+for budget in 4MiB 3200KiB; do
+  "$train_gpt" "${common[@]}" --batch-invariant --max-memory "$budget" --global-batch-size 4 \
+    --log "$work/budget_$budget.jsonl" --save "$work/budget_$budget.safetensors" >"$work/budget_$budget.out" 2>&1
+  code=$?
+  peak=$("$python" -c "import json, sys; print(max(json.loads(l)['peak_total_bytes'] for l in open(sys.argv[1])))" "$work/budget_$budget.jsonl")
+  limit=$("$python" -c "print({'4MiB': 4 << 20, '3200KiB': 3200 << 10}['$budget'])")
+  [ $code -eq 0 ] && [ "$peak" -le "$limit" ]
+  check "--max-memory $budget: $(grep '^chosen:' "$work/budget_$budget.out"), peak $peak B" $? "exit $code: $(tail -3 "$work/budget_$budget.out")"
+done
+! diff -q <(grep '^chosen:' "$work/budget_4MiB.out") <(grep '^chosen:' "$work/budget_3200KiB.out") >/dev/null
+check "the two budgets chose two plans" $? "the same plan: $(grep '^chosen:' "$work/budget_4MiB.out")"
+same_run "the two budgets' plans train the same bits" budget_4MiB budget_3200KiB
+
 check_resume 2 invariant 2 4 "${common[@]}" --batch-invariant --per-device-train-batch-size 2
 
 "$train_gpt" "${common[@]}" --per-device-train-batch-size 4 --batch-invariant-chunk 3 >"$work/bad.out" 2>&1
 code=$?
 [ $code -eq 2 ] && grep -q -- "--batch-invariant-chunk: 3 does not divide per_device_train_batch_size 4" "$work/bad.out"
 check "a chunk that does not divide the micro-batch: exit 2 naming the flag" $? "exit $code: $(tail -2 "$work/bad.out")"
-"$train_gpt" "${common[@]}" --batch-invariant --max-memory 1GiB >"$work/plan.out" 2>&1
+"$train_gpt" "${common[@]}" --batch-invariant-chunk 3 --max-memory 1GiB --global-batch-size 4 >"$work/plan.out" 2>&1
 code=$?
-[ $code -eq 2 ] && grep -q -- "--batch-invariant" "$work/plan.out"
-check "--batch-invariant with --max-memory: exit 2 (the search keeps no chunk yet)" $? "exit $code: $(tail -2 "$work/plan.out")"
+[ $code -eq 2 ] && grep -q -- "--batch-invariant-chunk: 3 does not divide each rank's 4 sequences" "$work/plan.out"
+check "--max-memory with a chunk that does not divide the global batch: exit 2 naming the flag" $? "exit $code: $(tail -2 "$work/plan.out")"
 
 echo "$((total - failures)) of $total checks passed"
 [ "$failures" -eq 0 ]
