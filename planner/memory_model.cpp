@@ -3,6 +3,7 @@
 // are here, Llama's in memory_model_llama.cpp. See docs/MEMORY.md.
 #include "planner/memory_model.h"
 
+#include "engine/distributed/communicator.h"
 #include "engine/distributed/zero_partition.h"
 
 #include <algorithm>
@@ -355,6 +356,44 @@ ParameterTerms parameter_terms(const nn::ModelConfig& config, DType dtype) {
 
 } // namespace
 
+namespace {
+
+// Every trainable tensor's element count as its gradient shows it (GPT-2's wte: its V rows).
+std::vector<size_t> parameter_tensor_elements(const nn::ModelConfig& model_config) {
+    std::vector<size_t> elements;
+    if (model_config.is_llama()) {
+        const nn::LlamaConfig& config = model_config.llama();
+        const size_t width = static_cast<size_t>(config.hidden_size), vocabulary = static_cast<size_t>(config.vocab_size);
+        const size_t key_value = static_cast<size_t>(config.key_value_width());
+        const size_t intermediate = static_cast<size_t>(config.intermediate_size);
+        elements.push_back(vocabulary * width);
+        for (int layer = 0; layer < config.num_hidden_layers; ++layer)
+            elements.insert(elements.end(), {width, width * width, key_value * width, key_value * width, width * width,
+                                             width, intermediate * width, intermediate * width, width * intermediate});
+        elements.push_back(width);
+        if (!config.tie_word_embeddings) elements.push_back(vocabulary * width);
+        return elements;
+    }
+    const nn::GPTConfig& config = model_config.gpt();
+    const size_t width = static_cast<size_t>(config.n_embd);
+    elements = {static_cast<size_t>(config.vocab_size) * width, static_cast<size_t>(config.max_seq_len) * width};
+    for (int layer = 0; layer < config.n_layer; ++layer)
+        elements.insert(elements.end(), {width, width, 3 * width * width, 3 * width, width * width, width, width, width,
+                                         4 * width * width, 4 * width, 4 * width * width, width});
+    elements.insert(elements.end(), {width, width});
+    return elements;
+}
+
+} // namespace
+
+size_t all_reduce_bucket_bytes(const nn::ModelConfig& config, size_t element_bytes) {
+    const size_t bucket = distributed::Communicator::bucket_bytes / element_bytes;
+    size_t small = 0;
+    for (size_t count : parameter_tensor_elements(config))
+        if (count < bucket) small += count;
+    return std::min(bucket, small) * element_bytes;
+}
+
 int parameter_tensor_count(const nn::ModelConfig& config) {
     if (config.is_llama()) return 2 + (config.llama().tie_word_embeddings ? 0 : 1) + 9 * config.layers();
     return 4 + 12 * config.layers(); // wte, wpe, ln_f's weight and bias; per layer 2 norms and 4 biased linears
@@ -378,10 +417,14 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
                      "predict_memory: the batch-invariant mode is not modelled with LoRA, ZeRO-2 or 3, or the optimizer "
                      "on the host (the trainer refuses the last two)");
         // The step as it runs: chunks of c rows, accumulation · batch / c of them.
+        // (Its gradients are never all-reduced in f32: the sums are, below.)
+        ZeroSharding chunk_sharding = sharding;
+        chunk_sharding.all_reduced = false;
+        const int chunks_per_window = accumulation_steps * (batch / batch_invariant_chunk);
         MemoryPrediction prediction = predict_memory(config, batch_invariant_chunk, seq_len, policy, dtype, optimizer,
-                                                     sharding, accumulation_steps * (batch / batch_invariant_chunk),
-                                                     false, gradients_where, offload_parameters, loss_chunk_tokens,
-                                                     mlp_tile_tokens, packed_documents, tuning);
+                                                     chunk_sharding, chunks_per_window, false, gradients_where,
+                                                     offload_parameters, loss_chunk_tokens, mlp_tile_tokens,
+                                                     packed_documents, tuning);
         // optim::FixedPointGradients: an f64 sum per gradient buffer (GPT-2's padded rows too) and one i32 slot per
         // tensor, from the trainer's start.
         const size_t sums = batch_invariant_sum_bytes(config, dtype);
@@ -393,6 +436,22 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
         prediction.peak_bytes += sums + chunks;
         prediction.unified_peak_bytes += sums + chunks;
         prediction.between_steps_bytes += sums;
+        if (sharding.all_reduced || sharding.ranks > 1) {
+            // The ranks' sums added in f64 at the end of the window (FixedPointGradients::finish): the model state, the
+            // held and copied rows, the last chunk's device copies, every chunk's reported loss, and the bucket.
+            const size_t rows = static_cast<size_t>(batch_invariant_chunk) * static_cast<size_t>(seq_len);
+            const size_t per_batch = packed_documents ? 3 : 2;
+            const size_t bucket = all_reduce_bucket_bytes(config, sizeof(double));
+            const size_t moment = prediction.between_steps_bytes + 2 * chunks + per_batch * rows * sizeof(int32_t) +
+                                  static_cast<size_t>(chunks_per_window) * dtype_size(compute_dtype(dtype)) + bucket;
+            prediction.all_reduce_bucket_bytes = bucket;
+            prediction.at(MemoryCategory::workspace) = std::max(prediction.of(MemoryCategory::workspace), bucket);
+            if (moment > prediction.peak_bytes) {
+                prediction.peak_bytes = moment;
+                prediction.peak_moment = "the exact sums' all-reduce";
+            }
+            prediction.unified_peak_bytes = std::max(prediction.unified_peak_bytes, moment);
+        }
         return prediction;
     }
     const int optimizer_shards = sharding.ranks;
@@ -605,6 +664,19 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
                                    gathered_table, table_gradient, tied_table).joint;
     prediction.between_steps_bytes = persistent_parameters + persistent_gradients +
                                      prediction.of(MemoryCategory::optimizer_state) + device_zero_buffers;
+    if (sharding.all_reduced && !offload_optimizer) {
+        // Stage 0 over several ranks: after the window, its gradients all-reduced through one staging bucket, beside the
+        // model state, the step's micro-batches and every micro-batch's reported loss.
+        const size_t bucket = all_reduce_bucket_bytes(config, wide);
+        const size_t moment = prediction.between_steps_bytes + steps * per_batch * ids + steps * terms.scalar + bucket;
+        prediction.all_reduce_bucket_bytes = bucket;
+        prediction.at(MemoryCategory::workspace) = std::max(prediction.of(MemoryCategory::workspace), bucket);
+        if (moment > prediction.peak_bytes) {
+            prediction.peak_bytes = moment;
+            prediction.peak_moment = "the gradients' all-reduce";
+        }
+        prediction.unified_peak_bytes = std::max(prediction.unified_peak_bytes, moment);
+    }
     prediction.pinned_peak_bytes =
         prediction.parked_working_copies + std::max(prediction.of(MemoryCategory::pinned_host), ids);
     // GPT-2's biased linears run through cuBLASLt's fused epilogue; Llama has no bias and never calls it.

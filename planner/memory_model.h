@@ -76,6 +76,9 @@ struct MemoryPrediction {
     // ZeRO-1's collective buffers (distributed::ZeroPartition: a piece of every rank's part and this rank's), in the
     // device's workspace, or the host's with the optimizer there.
     size_t zero_buffers = 0;
+    // Stage 0 over several ranks (ZeroSharding::all_reduced), or the batch-invariant mode's exact sums with a
+    // communicator: the staging buffer of the gradients' all-reduce (in `workspace`, while it runs).
+    size_t all_reduce_bucket_bytes = 0;
     // ZeRO-2's buffer of this rank's part of the summed gradients (in `gradients`, for the whole run).
     size_t shard_gradient_bytes = 0;
     // ZeRO-3's buffer of this rank's part of the masters (in `parameters`, for the whole run; on the host with
@@ -184,6 +187,9 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
 
 // The parameter tensors of a full fine-tune of `config`, each with its own gradient buffer.
 int parameter_tensor_count(const nn::ModelConfig& config);
+// The staging buffer of Communicator::all_reduce_gradients over the trainable gradients of `config`, in
+// `element_bytes` elements: the tensors shorter than a bucket together, at most one bucket (32 MiB).
+size_t all_reduce_bucket_bytes(const nn::ModelConfig& config, size_t element_bytes);
 // The batch-invariant mode's sums for the whole run (optim::FixedPointGradients): an f64 beside every element of the
 // gradients the parameters show (GPT-2's wte: its V rows, not the padded Vp) and an i32 slot per tensor.
 size_t batch_invariant_sum_bytes(const nn::ModelConfig& config, DType dtype);

@@ -53,13 +53,21 @@ struct ZeroSharding {
     int ranks = 1;
     bool gradients = false;
     bool parameters = false;
+    // Stage 0 over several ranks: the optimizer state is whole, and the window's gradients are summed over the ranks in
+    // place, the tensors shorter than a bucket through one staging buffer (Communicator::all_reduce_gradients).
+    bool all_reduced = false;
     constexpr ZeroSharding() = default;
     constexpr ZeroSharding(int ranks) : ranks(ranks) {} // NOLINT: a rank count is stage 1 over them
     constexpr ZeroSharding(int ranks, bool gradients, bool parameters = false)
         : ranks(ranks), gradients(gradients || parameters), parameters(parameters) {}
-    // What a step shape asks of `ranks` ranks: none at stage 0 or on one rank (train_gpt gives one process no
-    // communicator, so no shards).
+    // What a step shape asks of `ranks` ranks: no shards at stage 0 (its gradients all-reduced where ranks > 1) or on
+    // one rank (train_gpt gives one process no communicator).
     static ZeroSharding of(int zero_stage, int ranks) {
+        if (ranks > 1 && zero_stage == 0) {
+            ZeroSharding all_reduce;
+            all_reduce.all_reduced = true;
+            return all_reduce;
+        }
         return zero_stage == 0 || ranks <= 1 ? ZeroSharding{} : ZeroSharding{ranks, zero_stage >= 2, zero_stage == 3};
     }
 };

@@ -77,6 +77,12 @@ void Communicator::all_reduce_gradients(const std::vector<Tensor>& buffers) {
     }
     const size_t element_bytes = dtype_size(dtype);
     const int64_t bucket_elements = static_cast<int64_t>(bucket_bytes / element_bytes);
+    // The bucket holds the buffers shorter than it, so it need not be longer than they are together (a small model's
+    // gradients take their own size, not 32 MiB; planner::all_reduce_bucket_bytes predicts it).
+    int64_t small = 0;
+    for (const Tensor& buffer : buffers)
+        if (buffer.numel() < bucket_elements) small += buffer.numel();
+    const int64_t bucket_length = std::min(bucket_elements, small);
     // Small buffers are packed into one bucket (one call for many LayerNorm vectors); a buffer at least a
     // bucket long is reduced where it lies, in bucket-sized pieces, with no copy.
     Tensor bucket;
@@ -108,7 +114,7 @@ void Communicator::all_reduce_gradients(const std::vector<Tensor>& buffers) {
         if (filled + count > bucket_elements) flush();
         if (!bucket.defined()) {
             MemoryCategoryScope scope(MemoryCategory::workspace);
-            bucket = Tensor::zeros({bucket_elements}, dtype, device);
+            bucket = Tensor::zeros({bucket_length}, dtype, device);
         }
         copy_bytes(static_cast<char*>(bucket.raw_data()) + filled * element_bytes, device, buffer.raw_data(), device,
                    buffer.nbytes());

@@ -2,7 +2,7 @@
 # ctest train_gpt_batch_invariant: --batch-invariant (docs/TRAINING.md, "The big batch, bitwise") on padded data, AdamW
 # with weight decay and clipping, 20 steps, f32 and bf16: 1 process x micro-batch 1 x accumulation 4, 1 x 4 x 1, and 2
 # MPI ranks x 1 x 2 (also at ZeRO-1, and x 2 x 1 with checkpointing) save bitwise the same weights and log the same losses and norms;
-# without the mode the 2-rank run differs; one process's step peak is --plan's to the byte; the plans --max-memory
+# without the mode the 2-rank run differs; one process's and 2 ranks' step peaks are --plan's to the byte; the plans --max-memory
 # chooses at two budgets train the same bits; a 2-rank run saved at step 2
 # resumes bitwise; bad flags exit 2 naming the flag.
 # usage: train_gpt_batch_invariant.sh TRAIN_GPT MPIEXEC WORK_DIR
@@ -74,6 +74,20 @@ for extra in "--batch-invariant" "--batch-invariant-chunk 2 --precision bf16" "-
   measured=$("$python" -c "import json, sys; print(' '.join(sorted({str(json.loads(l)['peak_total_bytes']) for l in open(sys.argv[1])})))" "$work/peak.jsonl")
   [ $code -eq 0 ] && [ -n "$predicted" ] && [ "$measured" = "$predicted" ]
   check "$extra: every step's peak is --plan's ($predicted B)" $? "exit $code, measured $measured B"
+done
+
+# With 2 ranks too, every rank's step peak is --plan --world-size 2's: the staging bucket of the gradients' all-reduce is
+# in the plan (stage 0 without the mode: the f32 gradients' after the window; the mode: the f64 sums' at its end).
+for extra in "" "--batch-invariant" "--batch-invariant --zero-stage 1" "--batch-invariant --precision bf16 --gradient-checkpointing" \
+             "--model llama-tiny" "--model llama-tiny --batch-invariant"; do
+  planned=("${base[@]}" --max-steps 2 --per-device-train-batch-size 2 --gradient-accumulation-steps 2)
+  case "$extra" in *llama*) ;; *) planned+=(--dropout 0 --model tiny) ;; esac
+  predicted=$("$train_gpt" "${planned[@]}" $extra --plan --world-size 2 2>&1 | sed -n 's/^  step peak [^(]*(\([0-9]*\) B;.*/\1/p')
+  ranks 2 "$train_gpt" "${planned[@]}" $extra --log "$work/peak2.jsonl" >"$work/peak2.out" 2>&1
+  code=$?
+  measured=$("$python" -c "import json, sys; print(' '.join(sorted({str(json.loads(l)['peak_total_bytes']) for l in open(sys.argv[1])})))" "$work/peak2.jsonl")
+  [ $code -eq 0 ] && [ -n "$predicted" ] && [ "$measured" = "$predicted" ]
+  check "2 ranks $extra: every step's peak is --plan --world-size 2's ($predicted B)" $? "exit $code, measured $measured B"
 done
 
 # --max-memory at two budgets: the planner keeps the chunk and chooses two plans (with and without checkpointing), which
