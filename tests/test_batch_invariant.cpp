@@ -1,6 +1,6 @@
 // The batch-invariant mode (docs/TRAINING.md, "The big batch, bitwise"): the fold's sum is exact (an integer oracle) and
 // the same in any order; micro-batch b x accumulation 4, 4b x 1 and 2b x 2 train bitwise the same weights and losses
-// over 20 steps (AdamW, weight decay, clipping, padded data; f32 and bf16; with checkpointing), where the default
+// over 20 steps (AdamW, weight decay, clipping, padded data; f32 and bf16; with checkpointing and offload), where the default
 // mode does not; a window whose gradients pass the bound is redone and still matches; bad configurations refused.
 #include <gtest/gtest.h>
 
@@ -135,6 +135,7 @@ TrainedRun train(DType dtype, int rows, int chunk, bool checkpointing = false, d
     config.shape.gradient_accumulation_steps = 4 / rows;
     config.shape.precision = dtype == DType::bf16 ? engine::Precision::bf16 : engine::Precision::fp32;
     config.shape.checkpointing.enabled = checkpointing;
+    config.shape.checkpointing.offload = checkpointing; // the segments' inputs to the host and back (a copy on the CPU)
     config.learning_rate = 1e-2;
     config.weight_decay = 0.1;
     config.max_grad_norm = 0.5; // active: these gradients' norm is above it
@@ -193,7 +194,7 @@ TEST_P(BatchInvariant, AnySplitOfTheWindowTrainsTheSameBits) {
     EXPECT_LT(worst, 1e-4);
 }
 
-TEST_P(BatchInvariant, CheckpointingKeepsTheBits) {
+TEST_P(BatchInvariant, CheckpointingAndOffloadKeepTheBits) {
     const TrainedRun plain = train(GetParam(), 1, 1), checkpointed = train(GetParam(), 4, 1, true);
     EXPECT_EQ(plain.losses, checkpointed.losses);
     EXPECT_TRUE(plain.weights == checkpointed.weights);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ctest train_gpt_batch_invariant: --batch-invariant (docs/TRAINING.md, "The big batch, bitwise") on padded data, AdamW
 # with weight decay and clipping, 20 steps, f32 and bf16: 1 process x micro-batch 1 x accumulation 4, 1 x 4 x 1, and 2
-# MPI ranks x 1 x 2 (also at ZeRO-1, and x 2 x 1 with checkpointing) save bitwise the same weights and log the same losses and norms;
+# MPI ranks x 1 x 2 (also at ZeRO-1, and x 2 x 1 with checkpointing and offload) save bitwise the same weights and log the same losses and norms;
 # without the mode the 2-rank run differs; one process's and 2 ranks' step peaks are --plan's to the byte; the plans --max-memory
 # chooses at two budgets train the same bits; a 2-rank run saved at step 2
 # resumes bitwise; bad flags exit 2 naming the flag.
@@ -41,12 +41,12 @@ for precision in fp32 bf16; do
   run "${precision}_1x1x4" 1 1 4 --batch-invariant
   run "${precision}_1x4x1" 1 4 1 --batch-invariant
   run "${precision}_2x1x2" 2 1 2 --batch-invariant
-  run "${precision}_2x2x1_checkpointed" 2 2 1 --batch-invariant --gradient-checkpointing
+  run "${precision}_2x2x1_checkpointed" 2 2 1 --batch-invariant --gradient-checkpointing --offload
   run "${precision}_2x1x2_zero1" 2 1 2 --batch-invariant --zero-stage 1
   run "${precision}_2x1x2_default" 2 1 2
   same_run "$precision: 1 x 4 x 1 trains 1 x 1 x 4's bits" "${precision}_1x1x4" "${precision}_1x4x1"
   same_run "$precision: 2 ranks x 1 x 2 train 1 x 1 x 4's bits" "${precision}_1x1x4" "${precision}_2x1x2"
-  same_run "$precision: 2 ranks x 2 x 1 with checkpointing train 1 x 1 x 4's bits" "${precision}_1x1x4" \
+  same_run "$precision: 2 ranks x 2 x 1 with checkpointing and offload train 1 x 1 x 4's bits" "${precision}_1x1x4" \
     "${precision}_2x2x1_checkpointed"
   same_run "$precision: 2 ranks x 1 x 2 at ZeRO-1 train 1 x 1 x 4's bits" "${precision}_1x1x4" "${precision}_2x1x2_zero1"
   ! cmp -s "$work/${precision}_1x1x4.safetensors" "$work/${precision}_2x1x2_default.safetensors"
