@@ -28,7 +28,7 @@ void fixed_point_fold(const Tensor& sum, const Tensor& largest, int64_t slot, co
                     << (largest.defined() ? largest.describe() : std::string("none")) << " (i32)");
     check_same_device(op, sum, largest);
     // 2^±exponent must be normal doubles, and a term's grid must hold an f32's integer part.
-    ENGINE_CHECK(exponent > -900 && exponent < 900, op << ": exponent " << exponent << " is out of range");
+    ENGINE_CHECK(exponent > -900 && exponent < 900, op << ": exponent " << exponent << " is outside (-900, 900)");
     auto* const slot_bits = reinterpret_cast<uint32_t*>(largest.data<int32_t>() + slot);
     if (sum.device() == Device::cpu) {
         kernels::cpu::fixed_point_fold(sum.data<double>(), slot_bits, gradient.data<float>(), exponent, sum.numel());

@@ -28,7 +28,9 @@ FixedPointGradients::FixedPointGradients(const std::vector<Tensor>& leaves)
                      "batch_invariant: the fixed-point fold needs f32 gradient buffers; parameter "
                          << leaf.describe() << " has " << (gradient.defined() ? gradient.describe() : std::string("none")));
         ENGINE_CHECK(gradient.device() == leaves.front().grad().device(),
-                     "batch_invariant: the gradient buffers are on more than one device");
+                     "batch_invariant: parameter " << leaf.describe() << " has its gradient on "
+                         << device_name(gradient.device()) << ", the first on "
+                         << device_name(leaves.front().grad().device()) << ": the sums need one device");
         sums_.push_back(Tensor::zeros(gradient.shape(), DType::f64, gradient.device(), MemoryCategory::gradients));
     }
     largest_ = Tensor::zeros({static_cast<int64_t>(leaves.size())}, DType::i32, leaves.front().grad().device(),
@@ -36,7 +38,8 @@ FixedPointGradients::FixedPointGradients(const std::vector<Tensor>& leaves)
 }
 
 void FixedPointGradients::begin_window(int64_t chunks, bool redo) {
-    ENGINE_CHECK(chunks > 0 && chunks <= (int64_t{1} << 30), "batch_invariant: " << chunks << " chunks in a window");
+    ENGINE_CHECK(chunks > 0 && chunks <= (int64_t{1} << 30),
+                 "batch_invariant: " << chunks << " chunks in a window; it takes 1 to 2^30");
     chunk_bits_ = ceil_log2(chunks);
     if (!redo) std::fill(bound_exponents_.begin(), bound_exponents_.end(), initial_bound_exponent);
     for (Tensor& sum : sums_) sum.fill_zero();

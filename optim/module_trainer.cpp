@@ -176,6 +176,10 @@ Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batc
                      << " nodes of a forward that was never backpropagated; run evaluation under NoGradGuard");
     ENGINE_CHECK(!micro_batches.empty(), "trainer: an accumulation window needs at least one micro-batch");
     refuse_inside_whole_parameters("a step");
+    // The mode's window ends with its exact sum in the gradient buffers; a second window folded on top of it would carry
+    // that sum as a chunk of its own, and lose it if redone. Refused until apply_update (or a failure) takes it.
+    ENGINE_CHECK(!unapplied_window_, "trainer: batch_invariant_chunk: the last window's gradient has not been applied; "
+                                     "call apply_update before accumulating another window");
     // The trainable parameters were listed when the trainer was built; one frozen since has no buffer to step.
     for (size_t index = 0; index < parameters_.size(); ++index)
         if (!parameters_[index].requires_grad())
@@ -246,6 +250,7 @@ Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batc
                 rng_state() = start;
             }
             fixed_point_->finish(gradient_leaves_, communicator_);
+            unapplied_window_ = true;
         }
     } catch (...) {
         // Leave the model as the step found it: no half-accumulated gradients, no dangling tape.
@@ -373,6 +378,7 @@ void ModuleTrainer::refuse_inside_whole_parameters(const char* what) const {
 
 StepResult ModuleTrainer::apply_update(const Accumulation& window) {
     refuse_inside_whole_parameters("an update");
+    unapplied_window_ = false; // stepped on, skipped or zeroed below: the window is taken either way
     StepResult result;
     result.learning_rate = schedule_.at(step());
     const double gradient_scale = rank_gradient_scale(); // folded into the norm and the update kernel
@@ -468,7 +474,11 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
 }
 
 std::optional<StepResult> ModuleTrainer::train_step(const MicroBatchSource& source) {
-    const std::vector<MicroBatch> micro_batches = pull_window(source, config_.shape.gradient_accumulation_steps);
+    // The batch-invariant mode's micro-batches are chunks: a window is as many as make its micro-batches.
+    const int window_size =
+        config_.shape.gradient_accumulation_steps *
+        (batch_invariant() ? config_.shape.per_device_train_batch_size / config_.batch_invariant_chunk : 1);
+    const std::vector<MicroBatch> micro_batches = pull_window(source, window_size);
     if (micro_batches.empty()) return std::nullopt;
     return apply_update(accumulate(micro_batches));
 }

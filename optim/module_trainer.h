@@ -34,7 +34,7 @@ struct StepResult {
     int64_t tokens = 0;              // input positions processed (sum of MicroBatch::tokens)
     int64_t num_items_in_batch = 0;  // items (valid targets) over the whole window, every rank's
     int64_t rank_num_items_in_batch = 0; // this rank's part of them
-    int micro_batches = 0;           // N, or k < N for a last partial window
+    int micro_batches = 0;           // N, or k < N for a last partial window (the batch-invariant mode: chunks)
     double seconds = 0.0;
     double tokens_per_second = 0.0;
     MemoryStats memory;              // the model device's statistics; peaks cover this step only
@@ -110,7 +110,7 @@ struct TrainingTask {
 struct Accumulation {
     int64_t num_items_in_batch = 0;       // over every rank's micro-batches of the window
     int64_t rank_num_items_in_batch = 0;  // this rank's part of it (all of it in one process)
-    int micro_batches = 0;
+    int micro_batches = 0; // in the batch-invariant mode, chunks
     int64_t tokens = 0;
     int redone = 0; // batch-invariant mode: times the window ran again with a chunk's gradient over its bound
     // Each micro-batch's loss sum as a one-value tensor. They stay on the device until loss_sum() reads them,
@@ -312,6 +312,7 @@ private:
     distributed::Communicator* communicator_ = nullptr;
     std::unique_ptr<ZeroShards> zero_; // zero_stage 1 or 2 with a communicator
     std::unique_ptr<FixedPointGradients> fixed_point_; // batch_invariant_chunk > 0
+    bool unapplied_window_ = false; // the mode: accumulate left its sum in the buffers, apply_update not yet called
     distributed::CommunicatorCounters window_counters_; // the communicator's counters when the window began
     std::chrono::steady_clock::time_point window_start_;
     int64_t skipped_steps_ = 0;

@@ -318,13 +318,24 @@ int layer_tensor_count(const nn::ModelConfig& config) {
 
 void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumulation_steps,
                        const checkpoint::CheckpointPolicy& policy, int zero_stage, int ranks, const Ceilings& ceilings,
-                       int gathered_element_bytes, size_t table_elements, int table_count) {
+                       int gathered_element_bytes, size_t table_elements, int table_count, bool batch_invariant) {
     if (ranks <= 1) return;
     const double parameters = static_cast<double>(parameter_count(config, config.vocab_size()));
     const double share = static_cast<double>(ranks - 1) / ranks; // of a payload through each rank's link
     constexpr double gradient_bytes = 4.0;                        // f32 gradients and masters
     double bytes = 0, calls = 0;
-    if (zero_stage == 0) {
+    if (batch_invariant) {
+        // The f64 sums all-reduced whole (FixedPointGradients::finish); stage 1 then all-gathers the masters as always.
+        constexpr double sum_bytes = 8.0;
+        bytes = 2 * share * parameters * sum_bytes;
+        calls = std::ceil(parameters * sum_bytes / static_cast<double>(distributed::Communicator::bucket_bytes));
+        if (zero_stage == 1) {
+            const distributed::ZeroPartition partition = distributed::ZeroPartition::of(
+                static_cast<int64_t>(parameters), ranks, static_cast<size_t>(gradient_bytes));
+            bytes += share * parameters * gradient_bytes;
+            calls += static_cast<double>(partition.pieces);
+        }
+    } else if (zero_stage == 0) {
         bytes = 2 * share * parameters * gradient_bytes;
         calls = std::ceil(parameters * gradient_bytes / static_cast<double>(distributed::Communicator::bucket_bytes));
     } else {

@@ -77,9 +77,10 @@ StepCost predict_cost(const nn::ModelConfig& config, int micro_batch, int accumu
 // in fp32 or gathered on the host; 2: bf16 copies its owners rounded). table_elements: at ZeRO-2 and 3, one of the token
 // table and head when they are sharded too (sharded_table_elements), table_count of them (1: tied): each one's gradient
 // is then reduced once per micro-batch, and at stage 3 the table is gathered for each lookup and the head (the table
-// again when tied) for each loss, instead of once per step each.
+// again when tied) for each loss, instead of once per step each. batch_invariant (stages 0 and 1): the exact f64 sums
+// all-reduced once a step instead (twice the f32 bytes), and at stage 1 the masters all-gathered as before.
 void add_communication(StepCost& cost, const nn::ModelConfig& config, int accumulation_steps,
                        const checkpoint::CheckpointPolicy& policy, int zero_stage, int ranks, const Ceilings& ceilings,
-                       int gathered_element_bytes = 4, size_t table_elements = 0, int table_count = 2);
+                       int gathered_element_bytes = 4, size_t table_elements = 0, int table_count = 2, bool batch_invariant = false);
 
 } // namespace engine::planner

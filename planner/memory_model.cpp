@@ -425,8 +425,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
                                                      chunk_sharding, chunks_per_window, false, gradients_where,
                                                      offload_parameters, loss_chunk_tokens, mlp_tile_tokens,
                                                      packed_documents, tuning);
-        // optim::FixedPointGradients: an f64 sum per gradient buffer (GPT-2's padded rows too) and one i32 slot per
-        // tensor, from the trainer's start.
+        // optim::FixedPointGradients: an f64 sum beside each gradient as its parameter shows it (GPT-2's wte: V rows) and
+        // one i32 slot per tensor, from the trainer's start.
         const size_t sums = batch_invariant_sum_bytes(config, dtype);
         // The window's chunks, copied from its micro-batches before the first forward and dropped after the last
         // backward: as many (rows, T) i32 tensors as the micro-batches hold.

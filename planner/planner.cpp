@@ -234,7 +234,7 @@ PlanSearch search_plans(const nn::ModelConfig& config, size_t budget, int global
             const int gathered_element = dtype == DType::bf16 && !offload_optimizer ? 2 : 4;
             add_communication(plan.cost, config, steps, policy, zero_stage, options.ranks, ceilings, gathered_element,
                               sharded_table_elements(config, shards, offload_optimizer),
-                              config.is_llama() && config.llama().tie_word_embeddings ? 1 : 2);
+                              config.is_llama() && config.llama().tie_word_embeddings ? 1 : 2, invariant_chunk > 0);
             // The rank that holds the most (ZeRO-3's parts differ in how much of the sharded layers they hold).
             plan.peak_bytes = plan.memory.peak_on(options.device) + plan.memory.largest_rank_extra_bytes;
             plan.host_peak_bytes = plan.memory.host_peak_bytes + plan.memory.host_largest_rank_extra_bytes;

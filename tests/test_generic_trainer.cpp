@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "expect_error.h"
 #include "gradcheck.h"
 #include "parameter_snapshot.h"
 #include "nn/gpt.h"
@@ -418,6 +419,49 @@ TEST_F(GenericTrainerTest, SeamsRefuseWhatTheyCannotDo) {
     ASSERT_TRUE(bad.problem().has_value());
     EXPECT_EQ(bad.problem()->field, "prefetch");
     EXPECT_THROW(bad.validate(), EngineError);
+}
+
+// The batch-invariant mode through the generic API: each MicroBatch is one chunk, train_step pulls as many as make a
+// window (accumulation x per-device batch / chunk), any grouping of the same chunks trains the same bits, and a second
+// window before apply_update is refused.
+TEST(GenericTrainer, BatchInvariantChunksMakeTheWindowWhateverTheirGrouping) {
+    std::mt19937_64 generator(5);
+    std::vector<MlpBatch> chunks;
+    for (int index = 0; index < 8; ++index) chunks.push_back(make_batch(generator, 1, index % 3 == 2 ? 1 : 0, DType::f32));
+    auto train = [&](int per_device, int accumulation, std::vector<int>* pulled_per_step) {
+        TinyMlp model(DType::f32);
+        TrainerConfig config = config_with(accumulation, LossNormalization::tokens);
+        config.shape.per_device_train_batch_size = per_device;
+        config.batch_invariant_chunk = 1;
+        config.max_grad_norm = 0.5;
+        optim::ModuleTrainer trainer(model, config);
+        const optim::TrainingTask<MlpBatch> task = task_for(model);
+        size_t next = 0;
+        const std::function<std::optional<MlpBatch>()> source = [&]() -> std::optional<MlpBatch> {
+            if (next == chunks.size()) return std::nullopt;
+            return chunks[next++];
+        };
+        while (const std::optional<optim::StepResult> result = trainer.train_step(source, task))
+            if (pulled_per_step != nullptr) pulled_per_step->push_back(result->micro_batches);
+        return bytes_of(model.named_parameters());
+    };
+    std::vector<int> pulled;
+    const std::vector<uint8_t> four_by_one = train(4, 1, &pulled);
+    EXPECT_EQ(pulled, (std::vector<int>{4, 4})) << "a window of 4 chunks of 1";
+    EXPECT_TRUE(train(2, 2, nullptr) == four_by_one);
+    EXPECT_TRUE(train(1, 4, nullptr) == four_by_one);
+
+    TinyMlp model(DType::f32);
+    TrainerConfig config = config_with(1, LossNormalization::tokens);
+    config.shape.per_device_train_batch_size = 2;
+    config.batch_invariant_chunk = 1;
+    optim::ModuleTrainer trainer(model, config);
+    const optim::TrainingTask<MlpBatch> task = task_for(model);
+    const std::vector<optim::MicroBatch> window = micro_batches_of({chunks[0], chunks[1]}, task);
+    const optim::Accumulation first = trainer.accumulate(window);
+    expect_error([&] { trainer.accumulate(window); }, {"the last window's gradient has not been applied"});
+    trainer.apply_update(first);
+    trainer.accumulate(window); // taken: the next window runs
 }
 
 } // namespace

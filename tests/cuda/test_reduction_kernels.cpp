@@ -3,6 +3,7 @@
 // (N = 1, 17, 1000, 4099; C = 3, 768, 770), += outputs start non-zero, each reduction runs twice and must
 // agree to the bit, and pointers one float past an aligned address take the scalar paths.
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -326,6 +327,7 @@ TEST_F(ReductionKernelTest, FixedPointFoldAndRound) {
     for (size_t i = 0; i < sum.size(); ++i) sum[i] = std::ldexp(double(int64_t(i % 1000) - 500), -30);
     auto first = random_floats(static_cast<size_t>(n)), second = random_floats(static_cast<size_t>(n), -3.0f, 3.0f);
     second[17] = std::numeric_limits<float>::infinity();
+    first[23] = std::numeric_limits<float>::quiet_NaN();
     std::vector<uint32_t> largest = {0u, 0u};
     auto expected_sum = sum;
     auto first_copy = first, second_copy = second;
@@ -339,9 +341,13 @@ TEST_F(ReductionKernelTest, FixedPointFoldAndRound) {
     gpu::fixed_point_fold(sum_device.get(), largest_device.get(), first_device.get(), 40, n, stream);
     gpu::fixed_point_fold(sum_device.get(), largest_device.get() + 1, second_device.get(), 40, n, stream);
     gpu::fixed_point_round(rounded.get(), sum_device.get(), n, stream);
-    EXPECT_TRUE(sum_device.to_host() == expected_sum) << "the sums";
-    EXPECT_EQ(largest_device.to_host(), largest);
-    EXPECT_TRUE(all_close(rounded.to_host(), expected_rounded, exact, "rounded gradient"));
+    const std::vector<double> sums = sum_device.to_host(); // bit for bit (a NaN is not == itself)
+    EXPECT_EQ(std::memcmp(sums.data(), expected_sum.data(), sums.size() * sizeof(double)), 0) << "the sums";
+    EXPECT_TRUE(std::isnan(sums[23]) && std::isinf(sums[17]));
+    EXPECT_EQ(largest_device.to_host(), largest); // the NaN's bits in slot 0, the infinity's in slot 1
+    const std::vector<float> rounded_host = rounded.to_host();
+    EXPECT_EQ(std::memcmp(rounded_host.data(), expected_rounded.data(), rounded_host.size() * sizeof(float)), 0)
+        << "rounded gradient";
     EXPECT_TRUE(all_close(first_device.to_host(), std::vector<float>(static_cast<size_t>(n), 0.0f), exact, "zeroed"));
 }
 
