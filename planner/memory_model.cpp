@@ -3,7 +3,6 @@
 // are here, Llama's in memory_model_llama.cpp. See docs/MEMORY.md.
 #include "planner/memory_model.h"
 
-#include "engine/distributed/communicator.h"
 #include "engine/distributed/zero_partition.h"
 
 #include <algorithm>
@@ -356,104 +355,17 @@ ParameterTerms parameter_terms(const nn::ModelConfig& config, DType dtype) {
 
 } // namespace
 
-namespace {
-
-// Every trainable tensor's element count as its gradient shows it (GPT-2's wte: its V rows).
-std::vector<size_t> parameter_tensor_elements(const nn::ModelConfig& model_config) {
-    std::vector<size_t> elements;
-    if (model_config.is_llama()) {
-        const nn::LlamaConfig& config = model_config.llama();
-        const size_t width = static_cast<size_t>(config.hidden_size), vocabulary = static_cast<size_t>(config.vocab_size);
-        const size_t key_value = static_cast<size_t>(config.key_value_width());
-        const size_t intermediate = static_cast<size_t>(config.intermediate_size);
-        elements.push_back(vocabulary * width);
-        for (int layer = 0; layer < config.num_hidden_layers; ++layer)
-            elements.insert(elements.end(), {width, width * width, key_value * width, key_value * width, width * width,
-                                             width, intermediate * width, intermediate * width, width * intermediate});
-        elements.push_back(width);
-        if (!config.tie_word_embeddings) elements.push_back(vocabulary * width);
-        return elements;
-    }
-    const nn::GPTConfig& config = model_config.gpt();
-    const size_t width = static_cast<size_t>(config.n_embd);
-    elements = {static_cast<size_t>(config.vocab_size) * width, static_cast<size_t>(config.max_seq_len) * width};
-    for (int layer = 0; layer < config.n_layer; ++layer)
-        elements.insert(elements.end(), {width, width, 3 * width * width, 3 * width, width * width, width, width, width,
-                                         4 * width * width, 4 * width, 4 * width * width, width});
-    elements.insert(elements.end(), {width, width});
-    return elements;
-}
-
-} // namespace
-
-size_t all_reduce_bucket_bytes(const nn::ModelConfig& config, size_t element_bytes) {
-    const size_t bucket = distributed::Communicator::bucket_bytes / element_bytes;
-    size_t small = 0;
-    for (size_t count : parameter_tensor_elements(config))
-        if (count < bucket) small += count;
-    return std::min(bucket, small) * element_bytes;
-}
-
-int parameter_tensor_count(const nn::ModelConfig& config) {
-    if (config.is_llama()) return 2 + (config.llama().tie_word_embeddings ? 0 : 1) + 9 * config.layers();
-    return 4 + 12 * config.layers(); // wte, wpe, ln_f's weight and bias; per layer 2 norms and 4 biased linears
-}
-
-size_t batch_invariant_sum_bytes(const nn::ModelConfig& config, DType dtype) {
-    return parameter_terms(config, dtype).real * sizeof(double) + // GPT-2's wte: its gradient's (V,C) view, not Vp
-           static_cast<size_t>(parameter_tensor_count(config)) * sizeof(int32_t);
-}
-
 MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int seq_len, const CheckpointPolicy& policy,
                                 DType dtype, OptimizerKind optimizer, ZeroSharding sharding, int accumulation_steps,
                                 bool offload_optimizer, GradientOffload gradients_where, bool offload_parameters,
                                 int loss_chunk_tokens, int mlp_tile_tokens, bool packed_documents,
                                 const FineTuning& tuning, int batch_invariant_chunk) {
     config.validate();
-    if (batch_invariant_chunk > 0) {
-        ENGINE_CHECK(batch % batch_invariant_chunk == 0, "predict_memory: batch_invariant_chunk " << batch_invariant_chunk
-                                                             << " does not divide the micro-batch " << batch);
-        ENGINE_CHECK(!tuning.lora && !sharding.gradients && !offload_optimizer,
-                     "predict_memory: the batch-invariant mode is not modelled with LoRA, ZeRO-2 or 3, or the optimizer "
-                     "on the host (the trainer refuses the last two)");
-        // The step as it runs: chunks of c rows, accumulation · batch / c of them.
-        // (Its gradients are never all-reduced in f32: the sums are, below.)
-        ZeroSharding chunk_sharding = sharding;
-        chunk_sharding.all_reduced = false;
-        const int chunks_per_window = accumulation_steps * (batch / batch_invariant_chunk);
-        MemoryPrediction prediction = predict_memory(config, batch_invariant_chunk, seq_len, policy, dtype, optimizer,
-                                                     chunk_sharding, chunks_per_window, false, gradients_where,
-                                                     offload_parameters, loss_chunk_tokens, mlp_tile_tokens,
-                                                     packed_documents, tuning);
-        // optim::FixedPointGradients: an f64 sum beside each gradient as its parameter shows it (GPT-2's wte: V rows) and
-        // one i32 slot per tensor, from the trainer's start.
-        const size_t sums = batch_invariant_sum_bytes(config, dtype);
-        // The window's chunks, copied from its micro-batches before the first forward and dropped after the last
-        // backward: as many (rows, T) i32 tensors as the micro-batches hold.
-        const size_t chunks = static_cast<size_t>(accumulation_steps) * static_cast<size_t>(batch) *
-                              static_cast<size_t>(seq_len) * sizeof(int32_t) * (packed_documents ? 3 : 2);
-        prediction.at(MemoryCategory::gradients) += sums;
-        prediction.peak_bytes += sums + chunks;
-        prediction.unified_peak_bytes += sums + chunks;
-        prediction.between_steps_bytes += sums;
-        if (sharding.all_reduced || sharding.ranks > 1) {
-            // The ranks' sums added in f64 at the end of the window (FixedPointGradients::finish): the model state, the
-            // held and copied rows, the last chunk's device copies, every chunk's reported loss, and the bucket.
-            const size_t rows = static_cast<size_t>(batch_invariant_chunk) * static_cast<size_t>(seq_len);
-            const size_t per_batch = packed_documents ? 3 : 2;
-            const size_t bucket = all_reduce_bucket_bytes(config, sizeof(double));
-            const size_t moment = prediction.between_steps_bytes + 2 * chunks + per_batch * rows * sizeof(int32_t) +
-                                  static_cast<size_t>(chunks_per_window) * dtype_size(compute_dtype(dtype)) + bucket;
-            prediction.all_reduce_bucket_bytes = bucket;
-            prediction.at(MemoryCategory::workspace) = std::max(prediction.of(MemoryCategory::workspace), bucket);
-            if (moment > prediction.peak_bytes) {
-                prediction.peak_bytes = moment;
-                prediction.peak_moment = "the exact sums' all-reduce";
-            }
-            prediction.unified_peak_bytes = std::max(prediction.unified_peak_bytes, moment);
-        }
-        return prediction;
-    }
+    if (batch_invariant_chunk > 0) // planner/batch_invariant_memory.cpp: the chunks' step, and what the mode adds
+        return predict_batch_invariant_memory(config, batch, seq_len, policy, dtype, optimizer, sharding,
+                                              accumulation_steps, offload_optimizer, gradients_where, offload_parameters,
+                                              loss_chunk_tokens, mlp_tile_tokens, packed_documents, tuning,
+                                              batch_invariant_chunk);
     const int optimizer_shards = sharding.ranks;
     const bool shard_gradients = sharding.gradients;
     ENGINE_CHECK(!sharding.parameters || !offload_parameters,

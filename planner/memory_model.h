@@ -185,6 +185,16 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
                                 int loss_chunk_tokens = 0, int mlp_tile_tokens = 0, bool packed_documents = false,
                                 const FineTuning& tuning = {}, int batch_invariant_chunk = 0);
 
+// predict_memory's batch-invariant mode (batch_invariant_chunk > 0; planner/batch_invariant_memory.cpp), with its
+// arguments.
+MemoryPrediction predict_batch_invariant_memory(const nn::ModelConfig& config, int batch, int seq_len,
+                                                const checkpoint::CheckpointPolicy& policy, DType dtype,
+                                                OptimizerKind optimizer, ZeroSharding sharding, int accumulation_steps,
+                                                bool offload_optimizer, GradientOffload gradients_where,
+                                                bool offload_parameters, int loss_chunk_tokens, int mlp_tile_tokens,
+                                                bool packed_documents, const FineTuning& tuning,
+                                                int batch_invariant_chunk);
+
 // The parameter tensors of a full fine-tune of `config`, each with its own gradient buffer.
 int parameter_tensor_count(const nn::ModelConfig& config);
 // The staging buffer of Communicator::all_reduce_gradients over the trainable gradients of `config`, in
