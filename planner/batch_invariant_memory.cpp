@@ -43,16 +43,10 @@ MemoryPrediction predict_batch_invariant_memory(const nn::ModelConfig& config, i
         // held and copied rows, the last chunk's device copies, every chunk's reported loss, and the bucket.
         const size_t rows = static_cast<size_t>(batch_invariant_chunk) * static_cast<size_t>(seq_len);
         const size_t per_batch = packed_documents ? 3 : 2;
-        const size_t bucket = all_reduce_bucket_bytes(config, sizeof(double));
-        const size_t moment = prediction.between_steps_bytes + 2 * chunks + per_batch * rows * sizeof(int32_t) +
-                              static_cast<size_t>(chunks_per_window) * dtype_size(compute_dtype(dtype)) + bucket;
-        prediction.all_reduce_bucket_bytes = bucket;
-        prediction.at(MemoryCategory::workspace) = std::max(prediction.of(MemoryCategory::workspace), bucket);
-        if (moment > prediction.peak_bytes) {
-            prediction.peak_bytes = moment;
-            prediction.peak_moment = "the exact sums' all-reduce";
-        }
-        prediction.unified_peak_bytes = std::max(prediction.unified_peak_bytes, moment);
+        hold_all_reduce(prediction,
+                        prediction.between_steps_bytes + 2 * chunks + per_batch * rows * sizeof(int32_t) +
+                            static_cast<size_t>(chunks_per_window) * dtype_size(compute_dtype(dtype)),
+                        all_reduce_bucket_bytes(config, sizeof(double)), "the exact sums' all-reduce");
     }
     return prediction;
 }

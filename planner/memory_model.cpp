@@ -579,15 +579,8 @@ MemoryPrediction predict_memory(const nn::ModelConfig& config, int batch, int se
     if (sharding.all_reduced && !offload_optimizer) {
         // Stage 0 over several ranks: after the window, its gradients all-reduced through one staging bucket, beside the
         // model state, the step's micro-batches and every micro-batch's reported loss.
-        const size_t bucket = all_reduce_bucket_bytes(config, wide);
-        const size_t moment = prediction.between_steps_bytes + steps * per_batch * ids + steps * terms.scalar + bucket;
-        prediction.all_reduce_bucket_bytes = bucket;
-        prediction.at(MemoryCategory::workspace) = std::max(prediction.of(MemoryCategory::workspace), bucket);
-        if (moment > prediction.peak_bytes) {
-            prediction.peak_bytes = moment;
-            prediction.peak_moment = "the gradients' all-reduce";
-        }
-        prediction.unified_peak_bytes = std::max(prediction.unified_peak_bytes, moment);
+        hold_all_reduce(prediction, prediction.between_steps_bytes + steps * per_batch * ids + steps * terms.scalar,
+                        all_reduce_bucket_bytes(config, wide), "the gradients' all-reduce");
     }
     prediction.pinned_peak_bytes =
         prediction.parked_working_copies + std::max(prediction.of(MemoryCategory::pinned_host), ids);

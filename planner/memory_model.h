@@ -200,6 +200,9 @@ int parameter_tensor_count(const nn::ModelConfig& config);
 // The staging buffer of Communicator::all_reduce_gradients over the trainable gradients of `config`, in
 // `element_bytes` elements: the tensors shorter than a bucket together, at most one bucket (32 MiB).
 size_t all_reduce_bucket_bytes(const nn::ModelConfig& config, size_t element_bytes);
+// A gradient all-reduce's moment in `prediction`: `beside` bytes held while its `bucket` is staged (in `workspace`);
+// it becomes the joint peak, named `moment`, where it is the highest.
+void hold_all_reduce(MemoryPrediction& prediction, size_t beside, size_t bucket, const char* moment);
 // The batch-invariant mode's sums for the whole run (optim::FixedPointGradients): an f64 beside every element of the
 // gradients the parameters show (GPT-2's wte: its V rows, not the padded Vp) and an i32 slot per tensor.
 size_t batch_invariant_sum_bytes(const nn::ModelConfig& config, DType dtype);

@@ -46,6 +46,16 @@ size_t all_reduce_bucket_bytes(const nn::ModelConfig& config, size_t element_byt
     return std::min(bucket, small) * element_bytes;
 }
 
+void hold_all_reduce(MemoryPrediction& prediction, size_t beside, size_t bucket, const char* moment) {
+    prediction.all_reduce_bucket_bytes = bucket;
+    prediction.at(MemoryCategory::workspace) = std::max(prediction.of(MemoryCategory::workspace), bucket);
+    if (beside + bucket > prediction.peak_bytes) {
+        prediction.peak_bytes = beside + bucket;
+        prediction.peak_moment = moment;
+    }
+    prediction.unified_peak_bytes = std::max(prediction.unified_peak_bytes, beside + bucket);
+}
+
 int parameter_tensor_count(const nn::ModelConfig& config) {
     if (config.is_llama()) return 2 + (config.llama().tie_word_embeddings ? 0 : 1) + 9 * config.layers();
     return 4 + 12 * config.layers(); // wte, wpe, ln_f's weight and bias; per layer 2 norms and 4 biased linears
