@@ -16,7 +16,7 @@
 namespace engine::test {
 namespace {
 
-constexpr int steps = 3;
+constexpr int steps = 2; // the CPU tests run 20; each emulated run takes seconds, and minutes under ASan
 
 struct Trained {
     std::vector<uint8_t> weights;
@@ -96,11 +96,12 @@ TEST_P(BatchInvariantDevice, AnySplitOfTheWindowTrainsTheSameBits) {
         EXPECT_EQ(other->norms, one_by_four.norms);
         EXPECT_TRUE(other->weights == one_by_four.weights) << "weights differ";
     }
-    const Trained plain_one = train(GetParam(), 1, false, false), plain_four = train(GetParam(), 4, false, false);
-    EXPECT_FALSE(plain_one.weights == plain_four.weights) << "the default mode was expected to differ";
+    // The default mode at 1 x 4 (checkpointed and offloaded, which changes no bit) and at 4 x 1 differ: the comparison
+    // above can fail.
+    const Trained chunked_plain = train(GetParam(), 1, false, true, 4), plain_four = train(GetParam(), 4, false, false);
+    EXPECT_FALSE(chunked_plain.weights == plain_four.weights) << "the default mode was expected to differ";
     // The device peak: the mode's 2 x 2 run holds what the default 1 x 4 run does (the same chunks' activations, the
     // same held rows) plus what planner::predict_memory adds for the mode, to the byte: the sums and the chunk copies.
-    const Trained chunked_plain = train(GetParam(), 1, false, true, 4);
     const nn::GPTConfig config = small_gpt_config();
     const size_t copies = size_t{4} * static_cast<size_t>(config.max_seq_len) * sizeof(int32_t) * 2;
     EXPECT_EQ(offloaded.peak - chunked_plain.peak,
