@@ -465,6 +465,12 @@ Options parse_options(const std::vector<std::string>& arguments) {
     require(!given.contains("--batch-invariant") || options.batch_invariant || !given.contains("--batch-invariant-chunk"),
             "--batch-invariant", "false contradicts --batch-invariant-chunk");
     if (options.batch_invariant && trainer.batch_invariant_chunk == 0) trainer.batch_invariant_chunk = 1;
+    // A token budget gives micro-batches of varying rows, which a chunk of several need not divide: refused now, not at
+    // the first batch it does not divide.
+    require(trainer.batch_invariant_chunk <= 1 || !given.contains("--max-tokens-per-micro-batch"),
+            "--batch-invariant-chunk", std::to_string(trainer.batch_invariant_chunk) +
+                                           " need not divide the rows --max-tokens-per-micro-batch gives each micro-batch; "
+                                           "use chunks of 1 (--batch-invariant)");
     // In the mode a forward sees one chunk's rows, so the head's and the MLP's automatic tiles are sized for those (and so
     // are the same whatever the micro-batch, as the mode needs).
     const int forward_rows =

@@ -97,12 +97,6 @@ void FixedPointGradients::finish(const std::vector<Tensor>& leaves, distributed:
     for (size_t index = 0; index < leaves.size(); ++index) fixed_point_round(leaves[index].grad(), sums_[index]);
 }
 
-size_t FixedPointGradients::parameter_bytes() const {
-    size_t bytes = 0;
-    for (const Tensor& sum : sums_) bytes += sum.nbytes();
-    return bytes;
-}
-
 double fixed_point_loss_sum(const std::vector<Tensor>& reported_losses, int64_t num_items_in_batch) {
     const int exponent = 52 - ceil_log2(std::max<int64_t>(num_items_in_batch, 1)) - 16;
     double sum = 0.0;

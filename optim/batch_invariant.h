@@ -39,9 +39,7 @@ public:
     // given, then each rounded to f32 once.
     void finish(const std::vector<Tensor>& leaves, distributed::Communicator* communicator);
 
-    int bound_exponent(size_t index) const { return bound_exponents_.at(index); }
     int grid_exponent(size_t index) const; // s_i
-    size_t parameter_bytes() const;        // the sums' bytes
 
 private:
     std::vector<float> largest_values() const; // this rank's largest |g| per tensor, on the host

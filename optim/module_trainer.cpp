@@ -186,12 +186,8 @@ Accumulation ModuleTrainer::accumulate(const std::vector<MicroBatch>& micro_batc
             ENGINE_FAIL("trainer: parameter '" << optimizer_->parameter_names()[index]
                                                << "' was frozen after the trainer was built; freeze parameters "
                                                   "(Module::set_requires_grad) before building it");
-    // The batch-invariant mode's micro-batches are chunks: per_device_train_batch_size / batch_invariant_chunk of them
-    // make one of the shape's micro-batches.
-    const int chunks_per_micro_batch =
-        batch_invariant() ? config_.shape.per_device_train_batch_size / config_.batch_invariant_chunk : 1;
-    ENGINE_CHECK(static_cast<int64_t>(micro_batches.size()) <=
-                     int64_t{config_.shape.gradient_accumulation_steps} * chunks_per_micro_batch,
+    const int chunks_per_micro_batch = window_size() / config_.shape.gradient_accumulation_steps;
+    ENGINE_CHECK(static_cast<int>(micro_batches.size()) <= window_size(),
                  "trainer: " << micro_batches.size() << (batch_invariant() ? " chunks" : " micro-batches")
                              << " exceed gradient_accumulation_steps " << config_.shape.gradient_accumulation_steps
                              << (batch_invariant() ? " times " + std::to_string(chunks_per_micro_batch) +
@@ -474,11 +470,7 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
 }
 
 std::optional<StepResult> ModuleTrainer::train_step(const MicroBatchSource& source) {
-    // The batch-invariant mode's micro-batches are chunks: a window is as many as make its micro-batches.
-    const int window_size =
-        config_.shape.gradient_accumulation_steps *
-        (batch_invariant() ? config_.shape.per_device_train_batch_size / config_.batch_invariant_chunk : 1);
-    const std::vector<MicroBatch> micro_batches = pull_window(source, window_size);
+    const std::vector<MicroBatch> micro_batches = pull_window(source, window_size());
     if (micro_batches.empty()) return std::nullopt;
     return apply_update(accumulate(micro_batches));
 }

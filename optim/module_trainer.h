@@ -289,6 +289,12 @@ private:
     // accumulate's forward -> loss -> backward over the window, once (the batch-invariant mode may run it again).
     void run_window(const std::vector<MicroBatch>& micro_batches, Accumulation& window);
     bool batch_invariant() const { return fixed_point_ != nullptr; }
+    // The MicroBatches a window takes at most: gradient_accumulation_steps, or in the batch-invariant mode, whose
+    // MicroBatches are chunks, that times per_device_train_batch_size / batch_invariant_chunk.
+    int window_size() const {
+        return config_.shape.gradient_accumulation_steps *
+               (batch_invariant() ? config_.shape.per_device_train_batch_size / config_.batch_invariant_chunk : 1);
+    }
 
     nn::Module& model_;
     TrainerConfig config_;

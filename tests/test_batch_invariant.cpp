@@ -191,7 +191,7 @@ TEST_P(BatchInvariant, AnySplitOfTheWindowTrainsTheSameBits) {
         worst = std::max(worst, std::fabs(one_by_four.losses[step] - plain_four.losses[step]) / plain_four.losses[step]);
     std::printf("%s: largest relative loss difference from the default mode over 20 steps %.3e\n",
                 dtype_name(GetParam()), worst);
-    EXPECT_LT(worst, 1e-4);
+    EXPECT_LT(worst, 1e-6); // 6.4e-8 measured in f32 and bf16
 }
 
 TEST_P(BatchInvariant, CheckpointingAndOffloadKeepTheBits) {

@@ -116,5 +116,10 @@ code=$?
 [ $code -eq 2 ] && grep -q -- "--batch-invariant-chunk: 3 does not divide each rank's 4 sequences" "$work/plan.out"
 check "--max-memory with a chunk that does not divide the global batch: exit 2 naming the flag" $? "exit $code: $(tail -2 "$work/plan.out")"
 
+"$train_gpt" "${common[@]}" --batch-invariant-chunk 2 --max-tokens-per-micro-batch 96 >"$work/budget.out" 2>&1
+code=$?
+[ $code -eq 2 ] && grep -q -- "--batch-invariant-chunk: 2 need not divide the rows --max-tokens-per-micro-batch" "$work/budget.out"
+check "a chunk of 2 with a token budget: exit 2 naming the flag" $? "exit $code: $(tail -2 "$work/budget.out")"
+
 echo "$((total - failures)) of $total checks passed"
 [ "$failures" -eq 0 ]
