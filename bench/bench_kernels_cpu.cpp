@@ -16,6 +16,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <vector>
 
@@ -24,6 +25,8 @@
 namespace {
 
 namespace cpu = engine::kernels::cpu;
+namespace kernels = engine::kernels;
+using engine::bfloat16;
 
 constexpr int B = 4, T = 64, C = 128, NH = 4, V = 512;
 constexpr int64_t tokens = int64_t(B) * T;
@@ -205,7 +208,7 @@ void BM_gelu_backward(benchmark::State& state) {
     std::vector<float> dinp(count);
     const std::vector<float> dout = values(count, 2), inp = values(count);
     for (auto _ : state) {
-        cpu::gelu_backward(dinp.data(), dout.data(), inp.data(), count);
+        cpu::gelu_backward(dinp.data(), dout.data(), inp.data(), count, true);
         benchmark::ClobberMemory();
     }
     report_bytes(state, f * 4.0 * count);
@@ -433,6 +436,38 @@ void BM_adamw_update(benchmark::State& state) {
     report_bytes(state, f * 7.0 * count);
 }
 KERNEL_BENCHMARK(BM_adamw_update)->Arg(parameter_count)->Arg(large_count);
+
+// The bf16 step's optimizer phase done apart (the update, the masters rounded into the working copies, the
+// gradients zeroed: three passes) and as the step's epilogue does it (adamw_update_list: one pass).
+void BM_adamw_update_copy_zero_apart(benchmark::State& state) {
+    const int64_t count = state.range(0);
+    std::vector<float> param = values(count, 1), m(count), v(count), grad = values(count, 2);
+    std::vector<bfloat16> copy(count);
+    for (auto _ : state) {
+        cpu::adamw_update(param.data(), grad.data(), m.data(), v.data(), count, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f,
+                          0.5f, 1.0f);
+        cpu::convert(copy.data(), param.data(), count);
+        std::memset(grad.data(), 0, sizeof(float) * size_t(count));
+        benchmark::ClobberMemory();
+    }
+    // The update's 7 floats, then param read and the copy written, then grad written.
+    report_bytes(state, (f * 9.0 + 2.0) * count);
+}
+KERNEL_BENCHMARK(BM_adamw_update_copy_zero_apart)->Arg(parameter_count)->Arg(large_count);
+
+void BM_adamw_update_list(benchmark::State& state) {
+    const int64_t count = state.range(0);
+    std::vector<float> param = values(count, 1), m(count), v(count), grad = values(count, 2);
+    std::vector<bfloat16> copy(count);
+    const kernels::AdamWTensor<float> tensor{param.data(), grad.data(), m.data(), v.data(), copy.data(), count, 0.1f};
+    for (auto _ : state) {
+        cpu::adamw_update_list(&tensor, 1, true, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.5f, 0.5f, 1.0f);
+        benchmark::ClobberMemory();
+    }
+    // param, m and v read and written; grad read and written (zeroed); the copy written.
+    report_bytes(state, (f * 8.0 + 2.0) * count);
+}
+KERNEL_BENCHMARK(BM_adamw_update_list)->Arg(parameter_count)->Arg(large_count);
 
 void BM_sgd_update(benchmark::State& state) {
     std::vector<float> param = values(parameter_count, 1), momentum_buffer(parameter_count);

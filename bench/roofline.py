@@ -8,8 +8,8 @@ before any GPU run; bench/gpu_check.sh prints its benchmark predictions beside w
 
 bf16 is mixed precision (--precision bf16): bf16 tensor cores for the GEMMs and attention, bf16 activations
 (half the bytes of every activation stream), f32 weight gradients out of the weight GEMMs, and the f32
-masters, moments and gradients in the optimizer's streams, plus one pass rounding the masters into the
-working copies after the update.
+masters, moments and gradients in the optimizer's streams; the update writes the bf16 working copies and the
+zeroed gradients in its own pass (the step's epilogue).
   roofline.py benchmarks   JSON: benchmark name -> predicted microseconds, for bench_kernels_cuda's shapes
 """
 import argparse
@@ -21,11 +21,12 @@ BANDWIDTH = 4.3e12  # bytes/s
 PEAK = {"tf32": 495e12, "fp32": 67e12, "bf16": 990e12}
 LAUNCH_GAP_S = 2e-6  # back-to-back kernels on one stream: the device-side gap between two launches
 # What the step really queues (kernels, cuBLAS calls, memsets and copies; not events), counted by the emulated device
-# for GPT-2 124M's step in bf16 (tests/cuda_emulator/test_step_census.cpp, 2026-12-06): a fixed part, a count per
-# layer (no recompute, every layer recomputed) and the gradient norm's 4 multi-tensor launches. The kernels modelled
-# below are fewer (the optimizer's 148 + 148 per-tensor launches, 272 memsets and the small reductions are lumped or
-# left out), so the launch gaps are charged on the census; their bytes are still the modelled kernels' only.
-CENSUS_FIXED, CENSUS_PER_LAYER, CENSUS_NORM = 38, {0: 82, 1: 92}, 4
+# for GPT-2 124M's step in bf16 (tests/cuda_emulator/test_step_census.cpp, 2026-12-07): a fixed part, a count per
+# layer (no recompute, every layer recomputed) and the multi-tensor launches (the gradient norm's 4, the AdamW
+# update's 3: one per 64 of the 148 parameter tensors, which also writes the bf16 copies and zeroes the gradients).
+# The kernels modelled below are fewer (15 memsets and the small reductions are lumped or left out), so the launch
+# gaps are charged on the census; their bytes are still the modelled kernels' only.
+CENSUS_FIXED, CENSUS_PER_LAYER, CENSUS_LISTS = 25, {0: 39, 1: 49}, 7
 LLM_C_TOKENS_PER_S = 470e3  # llm.c, GPT-2 124M, bf16, one H100 (the issue's reference figure)
 
 # Predicted efficiency of each class of kernel: the fraction of its bound it reaches. These are the
@@ -131,16 +132,17 @@ def step_kernels(batch, seq, math, recompute, layers=12, width=768, heads=12, vo
             kernels += [
                 # dx (+=): dout, x read, dx read and written; dγ/dβ partials fused in the same pass
                 stream("layernorm backward", n * c, 4, 2 * count, kind="reduction"),
-                # each linear: dinput = dout·Wᵀ (+=) and dW += xᵀ·dout
-                gemm("qkv gemm dinput", n, c, 3 * c, count, True), gemm("qkv gemm dweight", c, 3 * c, n, count, True, weight_gradient=True),
-                gemm("attention projection gemm dinput", n, c, c, count, True),
+                # each linear: dinput = dout·Wᵀ, written (β = 0: each is its input's first gradient) and dW += xᵀ·dout
+                gemm("qkv gemm dinput", n, c, 3 * c, count), gemm("qkv gemm dweight", c, 3 * c, n, count, True, weight_gradient=True),
+                gemm("attention projection gemm dinput", n, c, c, count),
                 gemm("attention projection gemm dweight", c, c, n, count, True, weight_gradient=True),
-                gemm("fc gemm dinput", n, c, 4 * c, count, True), gemm("fc gemm dweight", c, 4 * c, n, count, True, weight_gradient=True),
-                gemm("fc projection gemm dinput", n, 4 * c, c, count, True),
+                gemm("fc gemm dinput", n, c, 4 * c, count), gemm("fc gemm dweight", c, 4 * c, n, count, True, weight_gradient=True),
+                gemm("fc projection gemm dinput", n, 4 * c, c, count),
                 gemm("fc projection gemm dweight", 4 * c, c, n, count, True, weight_gradient=True),
                 stream("bias backward (all four)", n * 9 * c, 1, count, kind="reduction"),
-                stream("gelu backward", n * 4 * c, 4, count),  # dout, x read; dx read and written
-                stream("residual backward", n * c, 5, 2 * count),  # dout read; da, db read and written
+                stream("gelu backward", n * 4 * c, 3, count),  # dout, x read; dx written (its first gradient)
+                # both inputs' first gradients: dout copied into each (a copy, not a kernel)
+                stream("residual backward (dout copied)", n * c, 2, 4 * count),
             ]
             kernels += attention(batch, seq, heads, c // heads, math, count)[1:]
     kernels += [
@@ -148,18 +150,18 @@ def step_kernels(batch, seq, math, recompute, layers=12, width=768, heads=12, vo
         gemm("lm head gemm", n, padded_vocabulary, c),
         # the fused classifier: logits read twice (max/sum, then the gradient) and written once, in place
         stream("fused classifier", n * padded_vocabulary, 3),
-        gemm("lm head gemm dinput", n, c, padded_vocabulary, 1, True),
+        gemm("lm head gemm dinput", n, c, padded_vocabulary, 1),
         gemm("lm head gemm dweight", padded_vocabulary, c, n, 1, True, weight_gradient=True),
     ]
     parameters = 12 * L * c * c + 13 * L * c + (padded_vocabulary + 1024) * c + 2 * c
     optimizer_stream = globals()["stream"]  # masters, gradients and moments are f32 in every mode
+    # The update with its epilogue: param, grad, m, v read; param, m, v written; the gradient zeroed and (bf16) the
+    # working copy written in the same pass, one launch per 64 tensors.
+    update_bytes = 8 * F32 + (BF16 if math == "bf16" else 0)
     kernels += [
         optimizer_stream("gradient norm (sum of squares)", parameters, 1, kind="reduction"),
-        optimizer_stream("adamw update", parameters, 7),  # param, grad, m, v read; param, m, v written
-        optimizer_stream("zero gradients (memset)", parameters, 1),
+        Kernel("adamw update, copies and zeroed gradients", 0.0, update_bytes * parameters / 3, "memory", 3),
     ]
-    if math == "bf16":  # masters (f32) read, working copies (bf16) written
-        kernels.append(Kernel("working copy refresh", 0.0, (F32 + BF16) * parameters, "memory"))
     return kernels
 
 
@@ -184,7 +186,7 @@ def step_report(args):
         launches += kernel.count
         rows.append((kernel.name, kernel.count, kernel.flops * kernel.count / 1e9, kernel.bytes * kernel.count / 1e9,
                      bound * 1e3, predicted * 1e3))
-    census = CENSUS_FIXED + CENSUS_PER_LAYER[args.recompute] * 12 + CENSUS_NORM if args.math == "bf16" else launches
+    census = CENSUS_FIXED + CENSUS_PER_LAYER[args.recompute] * 12 + CENSUS_LISTS if args.math == "bf16" else launches
     predicted_total += max(census, launches) * LAUNCH_GAP_S
     rows.sort(key=lambda row: -row[5])
     useful = model_flops_per_token(args.seq) * tokens
@@ -242,6 +244,7 @@ def benchmark_predictions():
     put("BM_cross_entropy_fused_forward_padded", stream("", n * ((v + 127) // 128 * 128), 3))
     put("BM_sum_of_squares", stream("", parameters, 1, kind="reduction"))
     put("BM_adamw_update", stream("", parameters, 7))
+    put("BM_adamw_update_list", Kernel("", 0.0, (8 * F32 + BF16) * parameters, "memory"))
     return out
 
 

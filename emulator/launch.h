@@ -1,7 +1,8 @@
 // Kernel launches on the emulated CUDA device: ENGINE_LAUNCH (base/cuda/launch.h) lands here. A launch is
 // checked like the real runtime checks it, then queued on its stream with its arguments bound; it runs
 // when something forces the stream (emulator/streams.cpp). Its pointer arguments tell the emulator which
-// allocations it reads (const T*) and writes (T*), for race detection and schedule replay.
+// allocations it reads (const T*) and writes (T*), for race detection and schedule replay; an argument that holds
+// pointers (a tensor list) lists them through its for_each_pointer(visit) member.
 #pragma once
 
 #include <cstddef>
@@ -53,6 +54,13 @@ void collect_pointers(const Tuple& arguments, std::vector<PointerArgument>& poin
         if constexpr (std::is_pointer_v<Argument>) {
             using Pointee = std::remove_pointer_t<Argument>;
             pointers.push_back({static_cast<const void*>(argument), !std::is_const_v<Pointee>, position});
+        } else if constexpr (requires { argument.for_each_pointer([](const void*) {}); }) {
+            // A struct of pointers passed by value (a multi-tensor launch's list) names them itself: each is read
+            // or written as a pointer argument would be, for the stream checks and the schedule replay.
+            argument.for_each_pointer([&](auto* pointer) {
+                using Pointee = std::remove_pointer_t<decltype(pointer)>;
+                pointers.push_back({static_cast<const void*>(pointer), !std::is_const_v<Pointee>, position});
+            });
         }
     };
     (collect(std::get<Index>(arguments), static_cast<int>(Index)), ...);

@@ -92,6 +92,14 @@ Tensor BackwardContext::input_grad(const GradTarget& input) {
     return buffer;
 }
 
+BackwardContext::WritableGradient BackwardContext::input_grad_to_write(const GradTarget& input) {
+    if (!input.requires_grad || input.persistent_grad.defined() || grads_.count(input.id) != 0)
+        return {input_grad(input), false};
+    Tensor buffer = Tensor::empty(input.shape, input.dtype, input.device, MemoryCategory::workspace);
+    grads_.emplace(input.id, buffer);
+    return {buffer, true};
+}
+
 Tensor BackwardContext::parameter_grad(const GradTarget& input) {
     if (!input.requires_grad) return Tensor();
     const DType wide = compute_dtype(input.dtype);

@@ -122,6 +122,16 @@ public:
     // is not such a leaf, an f32 workspace that finish_node rounds once into input_grad(input). For f32 and
     // f64 inputs it is input_grad(input).
     Tensor parameter_grad(const GradTarget& input);
+    // input_grad for an op that can write the gradient instead of adding it (a β = 0 GEMM, a kernel's write
+    // form): when the input has no gradient yet (no persistent buffer, no earlier consumer's), an uninitialised
+    // buffer that the walk owns from now on as input_grad's, with `fresh` set: the caller must write every element
+    // of it. Otherwise input_grad(input), fresh unset: the caller adds into it. Writing first saves the zero fill
+    // and the read of zeros that adding into a fresh buffer costs (docs/ARCHITECTURE.md, "The tape").
+    struct WritableGradient {
+        Tensor buffer;
+        bool fresh = false;
+    };
+    WritableGradient input_grad_to_write(const GradTarget& input);
     // Adds the buffers handed out above in another dtype into their destinations; run_backward calls it after
     // every node.
     void finish_node();

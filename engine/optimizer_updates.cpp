@@ -55,6 +55,49 @@ void adamw_update(const Tensor& parameter, const Tensor& gradient, int64_t gradi
     }
 }
 
+void adamw_update(const std::vector<AdamWRange>& ranges, const AdamWUpdate& update, bool zero_gradients) {
+    constexpr const char* op = "adamw";
+    if (ranges.empty()) return;
+    for (const AdamWRange& range : ranges) {
+        check_update(op, range.parameter, range.gradient, range.gradient_first, {&range.exp_avg, &range.exp_avg_sq},
+                     range.first, range.count);
+        check_same_device(op, ranges.front().parameter, range.parameter);
+        check_same_dtype(op, ranges.front().parameter, range.parameter);
+        if (!range.working_copy.defined()) continue;
+        ENGINE_CHECK(range.working_copy.dtype() == DType::bf16 && range.working_copy.device() == range.parameter.device() &&
+                         range.first + range.count <= range.working_copy.numel(),
+                     op << ": working copy " << range.working_copy.describe() << " of parameter "
+                        << range.parameter.describe() << " must be bf16 on its device and hold its elements ["
+                        << range.first << ", " << range.first + range.count << ")");
+    }
+    const AdamWUpdate& u = update;
+    const auto listed = [&]<typename T>() {
+        std::vector<kernels::AdamWTensor<T>> tensors;
+        tensors.reserve(ranges.size());
+        for (const AdamWRange& range : ranges)
+            tensors.push_back({range.parameter.data<T>() + range.first, range.gradient.data<T>() + range.gradient_first,
+                               range.exp_avg.data<T>(), range.exp_avg_sq.data<T>(),
+                               range.working_copy.defined() ? range.working_copy.data<bfloat16>() + range.first : nullptr,
+                               range.count, range.decays ? u.weight_decay : 0.0f});
+        return tensors;
+    };
+    if (ranges.front().parameter.device() == Device::cpu) {
+        dispatch_floating(op, ranges.front().parameter.dtype(), [&]<typename T>() {
+            const std::vector<kernels::AdamWTensor<T>> tensors = listed.template operator()<T>();
+            kernels::cpu::adamw_update_list<T>(tensors.data(), static_cast<int>(tensors.size()), zero_gradients,
+                                               u.learning_rate, u.beta1, u.beta2, u.epsilon, u.bias_correction1,
+                                               u.bias_correction2, u.grad_scale);
+        });
+    } else {
+        ENGINE_ON_CUDA(op, ranges.front().parameter.dtype(), {
+            const std::vector<kernels::AdamWTensor<float>> tensors = listed.template operator()<float>();
+            kernels::cuda::adamw_update_list(tensors.data(), static_cast<int>(tensors.size()), zero_gradients,
+                                             u.learning_rate, u.beta1, u.beta2, u.epsilon, u.bias_correction1,
+                                             u.bias_correction2, u.grad_scale, cuda::compute_stream());
+        });
+    }
+}
+
 void sgd_update(const Tensor& parameter, const Tensor& gradient, int64_t gradient_first, const Tensor& momentum_buffer,
                 int64_t first, int64_t count, const SGDUpdate& update) {
     constexpr const char* op = "sgd";

@@ -29,6 +29,27 @@ struct AdamWUpdate {
 void adamw_update(const Tensor& parameter, const Tensor& gradient, int64_t gradient_first, const Tensor& exp_avg,
                   const Tensor& exp_avg_sq, int64_t first, int64_t count, const AdamWUpdate& update);
 
+// One range of a multi-tensor AdamW update: what adamw_update takes, and what the step's epilogue writes beside it.
+struct AdamWRange {
+    Tensor parameter; // elements [first, first + count) are updated
+    int64_t first = 0;
+    Tensor gradient; // elements [gradient_first, gradient_first + count) are read (and zeroed with zero_gradients)
+    int64_t gradient_first = 0;
+    Tensor exp_avg, exp_avg_sq; // count elements each
+    int64_t count = 0;
+    bool decays = false; // whether the update's weight_decay applies to this range
+    // Undefined, or a bf16 tensor on the parameter's device (its working copy) whose elements [first, first +
+    // count) take the updated values rounded to nearest even, as convert_into would write them.
+    Tensor working_copy;
+};
+
+// AdamW over many ranges at once, with the step's epilogue in the same pass: each working copy written and, with
+// zero_gradients, each range's gradient elements zeroed. Bitwise adamw_update, convert_into and a zero fill range
+// by range, in one memory pass instead of three: on CUDA one launch for up to 64 ranges
+// (kernels::cuda::adamw_list_capacity), where the per-range calls launch three kernels a range. The ranges share
+// one device and dtype (f32 on CUDA); every one of this call's is checked before anything is written.
+void adamw_update(const std::vector<AdamWRange>& ranges, const AdamWUpdate& update, bool zero_gradients);
+
 // SGD with momentum, PyTorch's semantics (coupled weight decay, no dampening, no Nesterov).
 struct SGDUpdate {
     float learning_rate = 0.0f;

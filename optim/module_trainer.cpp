@@ -112,6 +112,21 @@ ModuleTrainer::ModuleTrainer(nn::Module& model, const TrainerConfig& config, dis
         zero_ = std::make_unique<ZeroShards>(parameters_, *communicator_, config_.shape.zero_stage >= 2);
     optimizer_ = make_optimizer(model_, config_, zero_ ? zero_->range() : ShardRange{});
     if (gradients_sharded()) optimizer_->read_gradients_from(zero_->shard_gradients());
+    if (!zero_ && !offloaded()) {
+        // The model state whole on the compute device: the update writes the bf16 working copies and zeroes the
+        // gradients in its own pass (docs/TRAINING.md, "The step's epilogue"), where refresh_working_copies() and
+        // zero_grad() would add a pass and two launches a parameter. A working copy of another dtype (none is
+        // made today) keeps the passes.
+        std::vector<Tensor> copies;
+        bool fusable = true;
+        for (size_t index = 0; index < parameters_.size(); ++index) {
+            const Tensor& leaf = gradient_leaves_[index];
+            const bool apart = !leaf.shares_storage_with(parameters_[index]);
+            fusable = fusable && (!apart || (leaf.dtype() == DType::bf16 && leaf.device() == parameters_[index].device()));
+            copies.push_back(apart ? leaf : Tensor());
+        }
+        if (fusable) optimizer_->set_step_epilogue(parameters_, copies, true);
+    }
     if (config_.batch_invariant_chunk > 0) fixed_point_ = std::make_unique<FixedPointGradients>(gradient_leaves_);
     // Last: it undoes itself when it fails and nothing after it can throw, so the hooks (which point at this
     // trainer) never outlive a failed construction.
@@ -340,7 +355,10 @@ void ModuleTrainer::zero_gradients() {
 
 void ModuleTrainer::zero_after_update() {
     if (gradients_sharded()) zero_->zero_shard_gradients();
-    if (!offloaded()) return optimizer_->zero_grad();
+    if (!offloaded()) {
+        if (!optimizer_->has_step_epilogue()) optimizer_->zero_grad(); // else the update zeroed them
+        return;
+    }
     // The masters' buffers of the window's leaves are overwritten by the next step's copy before anything
     // reads them: only the streamed ones, which the next window adds into, go back to zero.
     std::vector<Tensor> streamed;
@@ -443,7 +461,8 @@ StepResult ModuleTrainer::apply_update(const Accumulation& window) {
         // segments' are gathered as they run).
         if (parameters_sharded()) zero_->gather_parameters(whole_gradient_indexes_);
         else if (zero_) zero_->all_gather_parameters();
-        model_.refresh_working_copies();           // bf16, or the host masters: the forward's copies of them
+        // bf16, or the host masters: the forward's copies of them (written by the update itself when fused)
+        if (!optimizer_->has_step_epilogue()) model_.refresh_working_copies();
         zero_after_update();
     }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/ops.h"
 #include "engine/optimizer_updates.h"
 #include "optim/schedule.h"
 
@@ -95,6 +96,8 @@ void Optimizer::zero_grad() {
 }
 
 void Optimizer::read_gradients_from(const Tensor& gradients) {
+    ENGINE_CHECK(!epilogue_, "optimizer: the step's epilogue (set_step_epilogue) writes whole tensors, and a range's "
+                             "gradients are a rank's part");
     ENGINE_CHECK(gradients.defined() && gradients.dim() == 1 && gradients.numel() >= range_elements_,
                  "optimizer: the range's gradients must be 1-D and hold its " << range_elements_ << " elements, got "
                      << (gradients.defined() ? gradients.describe() : std::string("none")));
@@ -107,6 +110,8 @@ void Optimizer::read_gradients_from(const Tensor& gradients) {
 }
 
 void Optimizer::write_parameters_in(const Tensor& parameters, const std::vector<int64_t>& offsets) {
+    ENGINE_CHECK(!epilogue_, "optimizer: the step's epilogue (set_step_epilogue) writes whole tensors, and a range's "
+                             "parameters are a rank's part");
     ENGINE_CHECK(offsets.size() == slots_.size(),
                  "optimizer: " << offsets.size() << " parameter offsets for " << slots_.size() << " parameters");
     for (size_t index = 0; index < slots_.size(); ++index) {
@@ -120,6 +125,46 @@ void Optimizer::write_parameters_in(const Tensor& parameters, const std::vector<
     }
     range_parameters_ = parameters;
     parameter_offsets_ = offsets;
+}
+
+void Optimizer::set_step_epilogue(const std::vector<Tensor>& parameters, const std::vector<Tensor>& working_copies,
+                                  bool zero_gradients) {
+    ENGINE_CHECK(!sharded_ && !range_gradients_.defined() && parameter_offsets_.empty(),
+                 "optimizer: the step's epilogue writes whole tensors, and this optimizer updates a rank's part (ZeRO)");
+    ENGINE_CHECK(parameters.size() == slots_.size() && working_copies.size() == slots_.size(),
+                 "optimizer: the step's epilogue needs one parameter and one working copy (or none) for each of its "
+                     << slots_.size() << " parameters, got " << parameters.size() << " and " << working_copies.size());
+    for (size_t index = 0; index < slots_.size(); ++index) {
+        const Slot& slot = slots_[index];
+        for (size_t earlier = 0; earlier < index; ++earlier)
+            ENGINE_CHECK(slots_[earlier].parameter.raw_data() != slot.parameter.raw_data() ||
+                             slot.parameter.numel() == 0,
+                         "optimizer: parameters '" << slots_[earlier].name << "' and '" << slot.name
+                             << "' are one tensor: the step's epilogue would zero its gradient while reading it");
+        ENGINE_CHECK(parameters[index].defined() && parameters[index].raw_data() == slot.parameter.raw_data() &&
+                         parameters[index].numel() == slot.parameter.numel(),
+                     "optimizer: the step's epilogue lists " << (parameters[index].defined() ? parameters[index].describe()
+                                                                                          : std::string("none"))
+                         << " where parameter '" << slot.name << "' " << slot.parameter.describe() << " is");
+        const Tensor& copy = working_copies[index];
+        ENGINE_CHECK(!copy.defined() || (copy.dtype() == DType::bf16 && copy.device() == slot.parameter.device() &&
+                                         copy.numel() == slot.parameter.numel() &&
+                                         !copy.shares_storage_with(slot.parameter)),
+                     "optimizer: working copy " << (copy.defined() ? copy.describe() : std::string("none"))
+                         << " of parameter '" << slot.name << "' " << slot.parameter.describe()
+                         << " must be a bf16 tensor of its size on its device, apart from it");
+    }
+    epilogue_ = true;
+    working_copies_ = working_copies;
+    zero_gradients_in_step_ = zero_gradients;
+}
+
+void Optimizer::run_step_epilogue() const {
+    if (!epilogue_) return;
+    for (size_t index = 0; index < slots_.size(); ++index) {
+        if (working_copies_[index].defined()) convert_into(working_copies_[index], slots_[index].parameter);
+        if (zero_gradients_in_step_) slots_[index].parameter.grad().fill_zero();
+    }
 }
 
 std::pair<Tensor, int64_t> Optimizer::parameter_of(const Slot& slot) const {
@@ -189,6 +234,7 @@ void SGD::step(double grad_scale) {
         sgd_update(parameter, gradient, gradient_first, slot.state[0], first, slot.shard_count,
                    SGDUpdate{lr, momentum, decay, scale});
     }
+    run_step_epilogue();
     ++step_count_;
 }
 
@@ -217,14 +263,24 @@ void AdamW::step(double grad_scale) {
     const float epsilon = static_cast<float>(options_.epsilon);
     const float scale = static_cast<float>(grad_scale);
     check_state_devices("AdamW");
-    for (const Slot& slot : slots_) {
+    // Every part in one multi-tensor update (a launch per 64 on CUDA), in runs of one device and dtype.
+    const AdamWUpdate update{lr, beta1, beta2, epsilon, static_cast<float>(weight_decay_), bias_correction1,
+                             bias_correction2, scale};
+    std::vector<AdamWRange> ranges;
+    for (size_t index = 0; index < slots_.size(); ++index) {
+        const Slot& slot = slots_[index];
         if (slot.shard_count == 0) continue; // another rank's parameter
-        const float decay = slot.decays ? static_cast<float>(weight_decay_) : 0.0f;
         const auto [gradient, gradient_first] = gradient_of(slot);
         const auto [parameter, first] = parameter_of(slot);
-        adamw_update(parameter, gradient, gradient_first, slot.state[0], slot.state[1], first, slot.shard_count,
-                     AdamWUpdate{lr, beta1, beta2, epsilon, decay, bias_correction1, bias_correction2, scale});
+        if (!ranges.empty() && (ranges.back().parameter.device() != parameter.device() ||
+                                ranges.back().parameter.dtype() != parameter.dtype())) {
+            adamw_update(ranges, update, zero_gradients_in_step_);
+            ranges.clear();
+        }
+        ranges.push_back({parameter, first, gradient, gradient_first, slot.state[0], slot.state[1], slot.shard_count,
+                          slot.decays, epilogue_ ? working_copies_[index] : Tensor()});
     }
+    adamw_update(ranges, update, zero_gradients_in_step_);
     step_count_ = t;
 }
 

@@ -44,7 +44,8 @@ public:
     Optimizer& operator=(const Optimizer&) = delete;
 
     // One update of every parameter from its gradient buffer multiplied by grad_scale (the clip
-    // coefficient, fused into the update so the gradients need no extra pass). Advances step_count.
+    // coefficient, fused into the update so the gradients need no extra pass). Advances step_count. With the
+    // step's epilogue set (set_step_epilogue) it also writes the working copies and zeroes the gradients.
     virtual void step(double grad_scale = 1.0) = 0;
     void zero_grad(); // memset of every gradient buffer (a parameter without one at the moment has nothing to zero)
     // ZeRO-2: the gradients of this optimizer's range (its ShardRange) are read from `gradients` (1-D, the range's
@@ -56,6 +57,19 @@ public:
     // masters, and not in their own storage, which then need hold nothing at the step; the others (-1) in their
     // own storage, as before. Checked here.
     void write_parameters_in(const Tensor& parameters, const std::vector<int64_t>& offsets);
+    // The step's epilogue, in the update's own pass where the optimizer has one (AdamW: one multi-tensor launch per
+    // 64 parameters writes the new values, their bf16 copies and the zeroed gradients, where the step would
+    // otherwise launch an update, a conversion and a memset per parameter). After each step, working_copies[i]
+    // (undefined: none; else bf16 on parameters[i]'s device and of its size, its working copy) holds parameter
+    // i's updated values rounded, as Module::refresh_working_copies() would write them, and with zero_gradients
+    // every gradient buffer is zero, as zero_grad() leaves it. `parameters` are this optimizer's, in its order.
+    // Refused for a sharded optimizer and with read_gradients_from or write_parameters_in, whose ranges are a
+    // rank's part (ZeRO): their trainers refresh and zero as before; and for a parameter listed twice (one launch
+    // would zero a gradient another of its blocks reads). Checked here. The copies are held by handle: copies
+    // made anew later (set_compute_dtype, set_master_device) are not these, so set the epilogue after them.
+    void set_step_epilogue(const std::vector<Tensor>& parameters, const std::vector<Tensor>& working_copies,
+                           bool zero_gradients);
+    bool has_step_epilogue() const { return epilogue_; }
 
     double learning_rate() const { return learning_rate_; }
     void set_learning_rate(double learning_rate);
@@ -102,7 +116,13 @@ protected:
     // Module::to after the optimizer was built is not (its state stayed behind): a clear error, not a kernel
     // reading the other device's memory.
     void check_state_devices(const char* optimizer) const;
+    // The epilogue of a step whose update did not write it itself (SGD): each slot's copy rounded from its
+    // parameter, then its gradient zeroed, tensor by tensor.
+    void run_step_epilogue() const;
     std::vector<Slot> slots_;
+    bool epilogue_ = false;              // set_step_epilogue's
+    std::vector<Tensor> working_copies_; // set_step_epilogue's, per slot (undefined: none)
+    bool zero_gradients_in_step_ = false;
     bool sharded_ = false;
     Tensor range_gradients_; // read_gradients_from, or undefined
     Tensor range_parameters_; // write_parameters_in's, or undefined

@@ -6,6 +6,8 @@
 #include <numbers>
 
 #include "engine/elementwise.h"
+#include "adamw_list.h"
+#include "expect_error.h"
 #include "gradcheck.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
@@ -144,6 +146,90 @@ TEST(Optimizer, RejectsBadHyperparametersAndNonLeafParameters) {
     EXPECT_THROW(optim::SGD(parameters.named, {-1.0, 0.9, 0.0}), EngineError);
     NamedTensors no_gradient = {{"x", random_tensor(generator, {2, 2})}};
     EXPECT_THROW(optim::SGD(no_gradient, {}), EngineError);
+}
+
+TEST(Optimizer, AdamWListIsBitwiseThePerRangeUpdateConversionAndZeroFill) {
+    std::mt19937_64 generator = fresh_generator();
+    for (const DType dtype : {DType::f32, DType::f64}) expect_adamw_list_matches_per_range_updates(Device::cpu, dtype, generator);
+}
+
+// An optimizer with the step's epilogue against the same optimizer without it, followed by what the epilogue
+// replaces (the copies rounded from the masters, the gradients zeroed): the same bits over three steps, for
+// AdamW (fused in its update) and SGD (after it).
+TEST(Optimizer, StepEpilogueWritesTheCopiesAndZeroesTheGradientsAsTheSeparatePassesDo) {
+    std::mt19937_64 generator = fresh_generator();
+    for (const bool adam : {true, false}) {
+        NamedTensors fused, separate;
+        std::vector<Tensor> fused_parameters, copies, separate_copies;
+        for (const Shape& shape : {Shape{5, 7}, Shape{7}, Shape{4099}}) {
+            const Tensor values = random_tensor(generator, shape, DType::f32);
+            for (NamedTensors* named : {&fused, &separate}) {
+                Tensor parameter = values.to(Device::cpu);
+                parameter.set_requires_grad(true);
+                named->emplace_back("p" + std::to_string(named->size()), parameter);
+            }
+            fused_parameters.push_back(fused.back().second);
+            copies.push_back(Tensor::zeros(shape, DType::bf16, Device::cpu));
+            separate_copies.push_back(Tensor::zeros(shape, DType::bf16, Device::cpu));
+        }
+        copies[1] = Tensor(); // a parameter without a copy: only its gradient is zeroed
+        std::unique_ptr<optim::Optimizer> with, without;
+        if (adam) {
+            with = std::make_unique<optim::AdamW>(fused, optim::AdamWOptions{learning_rate, beta1, beta2, epsilon, weight_decay});
+            without = std::make_unique<optim::AdamW>(separate, optim::AdamWOptions{learning_rate, beta1, beta2, epsilon, weight_decay});
+        } else {
+            with = std::make_unique<optim::SGD>(fused, optim::SGDOptions{learning_rate, 0.5, weight_decay});
+            without = std::make_unique<optim::SGD>(separate, optim::SGDOptions{learning_rate, 0.5, weight_decay});
+        }
+        with->set_step_epilogue(fused_parameters, copies, true);
+        EXPECT_TRUE(with->has_step_epilogue());
+        for (int step = 0; step < 3; ++step) {
+            for (size_t index = 0; index < fused.size(); ++index) {
+                const Tensor gradient = random_tensor(generator, fused[index].second.shape(), DType::f32);
+                fused[index].second.grad().copy_from(gradient);
+                separate[index].second.grad().copy_from(gradient);
+            }
+            with->step(grad_scale);
+            without->step(grad_scale);
+            for (size_t index = 0; index < fused.size(); ++index) {
+                convert_into(separate_copies[index], separate[index].second);
+                const std::string where = std::string(adam ? "AdamW" : "SGD") + " step " + std::to_string(step) +
+                                          ", parameter " + std::to_string(index);
+                EXPECT_EQ(values_of(fused[index].second), values_of(separate[index].second)) << where;
+                for (const double value : values_of(fused[index].second.grad())) ASSERT_EQ(value, 0.0) << where;
+                if (copies[index].defined())
+                    EXPECT_EQ(values_of(copies[index]), values_of(separate_copies[index])) << where;
+            }
+            for (size_t state = 0; state < with->named_state().size(); ++state)
+                EXPECT_EQ(values_of(with->named_state()[state].second), values_of(without->named_state()[state].second));
+        }
+    }
+}
+
+TEST(Optimizer, StepEpilogueRefusesWhatItCannotWrite) {
+    std::mt19937_64 generator = fresh_generator();
+    Tensor weight = random_tensor(generator, {3, 4}, DType::f32), bias = random_tensor(generator, {4}, DType::f32);
+    weight.set_requires_grad(true);
+    bias.set_requires_grad(true);
+    const NamedTensors named = {{"weight", weight}, {"bias", bias}};
+    optim::AdamW adamw(named, {});
+    const Tensor copy = Tensor::zeros({3, 4}, DType::bf16, Device::cpu);
+    expect_error([&] { adamw.set_step_epilogue({weight}, {copy}, true); }, {"one parameter", "2 parameters"});
+    expect_error([&] { adamw.set_step_epilogue({bias, weight}, {Tensor(), Tensor()}, true); }, {"parameter 'weight'"});
+    expect_error([&] { adamw.set_step_epilogue({weight, bias}, {Tensor::zeros({3, 4}, DType::f32, Device::cpu), Tensor()}, true); },
+                 {"working copy", "'weight'", "bf16"});
+    expect_error([&] { adamw.set_step_epilogue({weight, bias}, {Tensor::zeros({5}, DType::bf16, Device::cpu), Tensor()}, true); },
+                 {"working copy", "'weight'", "of its size"});
+    EXPECT_FALSE(adamw.has_step_epilogue()) << "a refused epilogue is not set";
+    // A rank's part (ZeRO) is not a whole tensor.
+    optim::AdamW shard(named, {}, optim::decay_matrices_only, optim::ShardRange{0, 5});
+    expect_error([&] { shard.set_step_epilogue({weight, bias}, {copy, Tensor()}, true); }, {"rank's part"});
+    // One tensor under two names: a launch would zero the gradient while another of its blocks reads it.
+    optim::AdamW twice(NamedTensors{{"first", weight}, {"second", weight}}, {});
+    expect_error([&] { twice.set_step_epilogue({weight, weight}, {Tensor(), Tensor()}, true); },
+                 {"'first'", "'second'", "one tensor"});
+    adamw.set_step_epilogue({weight, bias}, {copy, Tensor()}, true);
+    expect_error([&] { adamw.read_gradients_from(Tensor::zeros({16}, DType::f32, Device::cpu)); }, {"epilogue"});
 }
 
 TEST(Clip, GlobalNormOverAllGradientsAndPyTorchCoefficient) {

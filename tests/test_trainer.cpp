@@ -262,6 +262,37 @@ TEST_F(TrainerTest, AdamWStepAfterAccumulationEqualsStepOnBigBatch) {
     EXPECT_GT(small_steps.memory.peak(MemoryCategory::activations), 0u);
 }
 
+// The step's epilogue (the update writes the bf16 working copies and zeroes the gradients in its own pass): after
+// each bf16 step every working copy is its master rounded, so that a refresh changes no bit, and every gradient
+// is zero. The weights moved, so the copies were written, not left.
+TEST_F(TrainerTest, Bf16StepLeavesEveryCopyItsMasterRoundedAndEveryGradientZero) {
+    nn::GPT model(small_config(), model_seed, Device::cpu, DType::f32);
+    TrainerConfig config = config_with(2, LossNormalization::tokens);
+    config.shape.precision = Precision::bf16;
+    config.learning_rate = 1e-2;
+    Trainer trainer(model, config);
+    EXPECT_TRUE(trainer.optimizer().has_step_epilogue());
+    const auto copies = [&] {
+        std::vector<std::vector<uint16_t>> bits;
+        for (const Tensor& copy : model.working_parameters()) {
+            EXPECT_EQ(copy.dtype(), DType::bf16);
+            bits.emplace_back();
+            for (const bfloat16 value : copy.to_vector<bfloat16>()) bits.back().push_back(value.bits);
+        }
+        return bits;
+    };
+    const auto before = copies();
+    for (int step = 0; step < 2; ++step) {
+        ASSERT_TRUE(trainer.train_step(source_of(padded_micro_batches(generator))).has_value());
+        const auto written = copies();
+        model.refresh_working_copies();
+        EXPECT_EQ(written, copies()) << "step " << step << ": a refresh moved a working copy";
+        for (const auto& gradient : gradients_of(model))
+            for (double value : gradient) ASSERT_EQ(value, 0.0) << "step " << step;
+    }
+    EXPECT_NE(copies(), before);
+}
+
 TEST_F(TrainerTest, ClipsOnceOnTheAccumulatedGradients) {
     const std::vector<Batch> micro = padded_micro_batches(generator);
     const Snapshot accumulated = accumulated_gradients(micro, LossNormalization::tokens, DType::f64);

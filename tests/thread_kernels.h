@@ -92,7 +92,7 @@ void run_row_and_pointwise_kernels(Outputs& outputs, const std::string& type) {
         std::vector<S> out(E), da = random_values<S>(E, 10), db = random_values<S>(E, 11);
         k::gelu_forward(out.data(), a.data(), int64_t(E));
         keep(outputs, type + " gelu out", out);
-        k::gelu_backward(da.data(), g.data(), a.data(), int64_t(E));
+        k::gelu_backward(da.data(), g.data(), a.data(), int64_t(E), true);
         keep(outputs, type + " gelu dinp", da);
         k::residual_forward(out.data(), a.data(), b.data(), int64_t(E));
         keep(outputs, type + " residual out", out);

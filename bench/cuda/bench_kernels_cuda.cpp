@@ -141,7 +141,7 @@ void BM_gelu_backward(benchmark::State& state) {
     const int64_t count = tokens * 4 * C;
     DeviceArray<float> dinp(count), dout(count), inp(count);
     run_timed(state, f * 4.0 * count, 0,
-              [&](cudaStream_t stream) { gpu::gelu_backward(dinp.get(), dout.get(), inp.get(), count, stream); });
+              [&](cudaStream_t stream) { gpu::gelu_backward(dinp.get(), dout.get(), inp.get(), count, true, stream); });
 }
 BENCHMARK(BM_gelu_backward)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
@@ -343,6 +343,18 @@ void BM_adamw_update(benchmark::State& state) {
     });
 }
 BENCHMARK(BM_adamw_update)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// The update with the bf16 step's epilogue (the working copy written, the gradient zeroed) in one pass.
+void BM_adamw_update_list(benchmark::State& state) {
+    if (!prepare(state)) return;
+    DeviceArray<float> param(parameter_count), grad(parameter_count), m(parameter_count), v(parameter_count);
+    DeviceArray<engine::bfloat16> copy(parameter_count);
+    const engine::kernels::AdamWTensor<float> tensor{param.get(), grad.get(), m.get(), v.get(), copy.get(), parameter_count, 0.1f};
+    run_timed(state, (f * 8.0 + 2.0) * parameter_count, 0, [&](cudaStream_t stream) {
+        gpu::adamw_update_list(&tensor, 1, true, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.5f, 0.5f, 1.0f, stream);
+    });
+}
+BENCHMARK(BM_adamw_update_list)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 } // namespace
 

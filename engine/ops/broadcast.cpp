@@ -28,10 +28,20 @@ Tensor residual_add(const Tensor& a, const Tensor& b) {
     GradTarget a_target(a), b_target(b);
     record_node(op, {&a, &b}, {&out}, [=, output_id = out.id()](BackwardContext& context) {
         Tensor dout = context.output_grad(output_id);
-        Tensor da = context.input_grad(a_target);
-        // x + x: both targets get the one buffer (for a bf16 leaf, two workspaces that finish_node adds into its
-        // f32 buffer), and the kernel adds dout through each pointer, so x receives both contributions.
-        Tensor db = context.input_grad(b_target);
+        // An input's first gradient is dout itself: copied into its fresh buffer, where a zero fill and the
+        // kernel's addition would write it twice and read it once more. x + x: the second target finds the buffer
+        // the first made (for a bf16 leaf, two workspaces that finish_node adds into its f32 buffer), and the
+        // kernel adds dout into it, so x receives both contributions.
+        // (dout may arrive in another shape of the same elements, as the kernel below reads it: flat.)
+        const auto write_first = [&](const GradTarget& target) {
+            const BackwardContext::WritableGradient gradient = context.input_grad_to_write(target);
+            if (gradient.fresh)
+                copy_bytes(gradient.buffer.raw_data(), gradient.buffer.device(), dout.raw_data(), dout.device(), dout.nbytes());
+            return gradient;
+        };
+        const BackwardContext::WritableGradient to_a = write_first(a_target), to_b = write_first(b_target);
+        const Tensor da = to_a.fresh ? Tensor() : to_a.buffer, db = to_b.fresh ? Tensor() : to_b.buffer;
+        if (!da.defined() && !db.defined()) return;
         if (dout.device() == Device::cpu) {
             dispatch_cpu(op, dout.dtype(), [&]<typename T>() {
                 kernels::cpu::residual_backward<T>(grad_pointer<T>(da), grad_pointer<T>(db), dout.data<T>(), count);

@@ -22,15 +22,19 @@ Tensor gelu(const Tensor& input) {
     GradTarget input_target(input);
     record_node(op, {&input}, {&out}, [=, saved_input = input, output_id = out.id()](BackwardContext& context) {
         Tensor dout = context.output_grad(output_id);
-        Tensor dinput = context.input_grad(input_target);
+        // Written, not added, when this is the input's first gradient: no zero fill, no read of zeros.
+        const BackwardContext::WritableGradient dinput = context.input_grad_to_write(input_target);
+        if (!dinput.buffer.defined()) return;
+        const bool accumulate = !dinput.fresh;
         if (dout.device() == Device::cpu) {
             dispatch_cpu(op, dout.dtype(), [&]<typename T>() {
-                kernels::cpu::gelu_backward<T>(dinput.data<T>(), dout.data<T>(), saved_input.data<T>(), count);
+                kernels::cpu::gelu_backward<T>(dinput.buffer.data<T>(), dout.data<T>(), saved_input.data<T>(), count,
+                                               accumulate);
             });
         } else {
             ENGINE_DISPATCH_CUDA(op, dout.dtype(), [&]<typename T>() {
-                kernels::cuda::gelu_backward(dinput.data<T>(), dout.data<T>(), saved_input.data<T>(), count,
-                                             cuda::compute_stream());
+                kernels::cuda::gelu_backward(dinput.buffer.data<T>(), dout.data<T>(), saved_input.data<T>(), count,
+                                             accumulate, cuda::compute_stream());
             });
         }
     });

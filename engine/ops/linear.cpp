@@ -135,8 +135,10 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
                  saved_weight = input_target.requires_grad ? weight : Tensor(),
                  output_id = out.id()](BackwardContext& context) {
                     Tensor dout = context.output_grad(output_id); // (rows,out)
-                    if (Tensor dinput = context.input_grad(input_target); dinput.defined())
-                        gemm_tensors(op, dinput, dout, saved_weight, rows, in_features, out_features, false, true, 1.0);
+                    // Written (β = 0) when this is the input's first gradient, else added (β = 1).
+                    if (const auto dinput = context.input_grad_to_write(input_target); dinput.buffer.defined())
+                        gemm_tensors(op, dinput.buffer, dout, saved_weight, rows, in_features, out_features, false,
+                                     true, dinput.fresh ? 0.0 : 1.0);
                     // Parameter gradients in the compute dtype: f32 for bf16, accumulated by the GEMM itself.
                     if (Tensor dweight = context.parameter_grad(weight_target); dweight.defined())
                         gemm_tensors(op, dweight, saved_input, dout, in_features, out_features, rows, true, false, 1.0);
@@ -166,8 +168,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_b) {
                                        saved_b = a_target.requires_grad ? b : Tensor(),
                                        output_id = out.id()](BackwardContext& context) {
         Tensor dout = context.output_grad(output_id); // (rows,N)
-        if (Tensor da = context.input_grad(a_target); da.defined())
-            gemm_tensors(op, da, dout, saved_b, rows, inner, columns, false, !transpose_b, 1.0);
+        if (const auto da = context.input_grad_to_write(a_target); da.buffer.defined()) // β = 0 when first
+            gemm_tensors(op, da.buffer, dout, saved_b, rows, inner, columns, false, !transpose_b, da.fresh ? 0.0 : 1.0);
         // b is the parameter side (the LM head's tied token table): its gradient in the compute dtype.
         if (Tensor db = context.parameter_grad(b_target); db.defined()) {
             if (transpose_b) gemm_tensors(op, db, dout, saved_a, columns, inner, rows, true, false, 1.0); // (N,K)

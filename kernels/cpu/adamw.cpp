@@ -1,4 +1,5 @@
-// AdamW parameter update with PyTorch semantics, the reference for kernels/cuda/adamw.cu.
+// AdamW parameter update with PyTorch semantics, the reference for kernels/cuda/adamw.cu: one tensor, or a list
+// of them with the step's epilogue (the bf16 working copy written and the gradient zeroed) in the same pass.
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
 
@@ -50,6 +51,36 @@ void adamw_update(T* param, const T* grad, T* m, T* v, int64_t N, float lr, floa
     });
 }
 
+template <typename Scalar>
+void adamw_update_list(const AdamWTensor<Scalar>* tensors, int tensor_count, bool zero_gradients, float lr, float beta1,
+                       float beta2, float eps, float bias_correction1, float bias_correction2, float grad_scale) {
+    for (int index = 0; index < tensor_count; ++index) {
+        const AdamWTensor<Scalar>& tensor = tensors[index];
+        const AdamwConstants<Scalar> constants{static_cast<Scalar>(lr),
+                                               static_cast<Scalar>(beta1),
+                                               static_cast<Scalar>(beta2),
+                                               static_cast<Scalar>(eps),
+                                               static_cast<Scalar>(tensor.weight_decay),
+                                               static_cast<Scalar>(bias_correction1),
+                                               static_cast<Scalar>(bias_correction2),
+                                               static_cast<Scalar>(grad_scale)};
+        // The epilogue's loops run on the chunk the update has just left in cache; apart from it, so that the
+        // update's loop vectorises as adamw_update's does.
+        parallel_for(tensor.count, costly_elements_per_chunk * 4, [&](int64_t begin, int64_t end) {
+            adamw_elements(tensor.parameter, tensor.gradient, tensor.exp_avg, tensor.exp_avg_sq, begin, end, constants);
+            if (tensor.working_copy != nullptr)
+                for (int64_t i = begin; i < end; ++i)
+                    tensor.working_copy[i] = to_bfloat16(static_cast<float>(tensor.parameter[i]));
+            if (zero_gradients)
+                for (int64_t i = begin; i < end; ++i) tensor.gradient[i] = Scalar(0);
+        });
+    }
+}
+
+template void adamw_update_list<float>(const AdamWTensor<float>*, int, bool, float, float, float, float, float, float,
+                                       float);
+template void adamw_update_list<double>(const AdamWTensor<double>*, int, bool, float, float, float, float, float, float,
+                                        float);
 template void adamw_update<float>(float*, const float*, float*, float*, int64_t, float, float, float, float, float,
                                   float, float, float);
 template void adamw_update<double>(double*, const double*, double*, double*, int64_t, float, float, float, float,

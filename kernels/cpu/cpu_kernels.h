@@ -29,6 +29,7 @@
 #include <cstdint>
 
 #include "base/bfloat16.h"
+#include "kernels/common/adamw_tensor.h"
 
 namespace engine::kernels::cpu {
 
@@ -98,8 +99,10 @@ void layernorm_backward(Scalar* dinp,             // (N,C) +=
 template <typename Scalar>
 void gelu_forward(Scalar* out, const Scalar* inp, int64_t N);
 template <typename Scalar>
-void gelu_backward(Scalar* dinp, // (N) +=
-                   const Scalar* dout, const Scalar* inp, int64_t N);
+// dinp += GELU'(inp)·dout, or with accumulate false dinp = 0 + GELU'(inp)·dout (dinp unread: the write form for a
+// fresh gradient buffer, bitwise the addition into zeros).
+void gelu_backward(Scalar* dinp, // (N) += or =
+                   const Scalar* dout, const Scalar* inp, int64_t N, bool accumulate);
 
 // ---- residual add ----
 template <typename Scalar>
@@ -236,6 +239,12 @@ template <typename Scalar>
 void adamw_update(Scalar* param, const Scalar* grad, Scalar* m, Scalar* v, int64_t N, float lr, float beta1, float beta2,
                   float eps, float weight_decay, float bias_correction1, float bias_correction2,
                   float grad_scale);
+// The same update over a list of tensors (each with its own weight decay), and the step's epilogue in the same
+// pass: each updated value rounded into the tensor's bf16 working copy when it has one, and with zero_gradients
+// its gradient zeroed. Bitwise adamw_update, then convert, then a zero fill, tensor by tensor.
+template <typename Scalar>
+void adamw_update_list(const AdamWTensor<Scalar>* tensors, int tensor_count, bool zero_gradients, float lr, float beta1,
+                       float beta2, float eps, float bias_correction1, float bias_correction2, float grad_scale);
 // SGD with momentum (PyTorch semantics, no dampening, no nesterov):
 //   g = grad_scale * grad + weight_decay * p;  buf = momentum * buf + g;  p -= lr * buf
 template <typename Scalar>

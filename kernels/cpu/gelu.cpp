@@ -51,10 +51,10 @@ void gelu_forward(S* out, const S* inp, int64_t N) {
 }
 
 template <typename S>
-void gelu_backward(S* dinp, const S* dout, const S* inp, int64_t N) {
+void gelu_backward(S* dinp, const S* dout, const S* inp, int64_t N, bool accumulate) {
     if constexpr (std::is_same_v<S, float>) {
         parallel_for(N, cheap_elements_per_chunk, [&](int64_t begin, int64_t end) {
-            simd::gelu_backward(dinp + begin, dout + begin, inp + begin, end - begin);
+            simd::gelu_backward(dinp + begin, dout + begin, inp + begin, end - begin, accumulate);
         });
     } else if constexpr (std::is_same_v<S, bfloat16>) {
         parallel_for(N, cheap_elements_per_chunk, [&](int64_t begin, int64_t end) {
@@ -63,8 +63,8 @@ void gelu_backward(S* dinp, const S* dout, const S* inp, int64_t N) {
                 const int64_t count = std::min(bf16_block, end - first);
                 widen_block(x, inp + first, count);
                 widen_block(dy, dout + first, count);
-                widen_block(dx, dinp + first, count);
-                simd::gelu_backward(dx, dy, x, count);
+                if (accumulate) widen_block(dx, dinp + first, count);
+                simd::gelu_backward(dx, dy, x, count, accumulate);
                 for (int64_t i = 0; i < count; ++i) dinp[first + i] = to_bfloat16(dx[i]);
             }
         });
@@ -78,7 +78,7 @@ void gelu_backward(S* dinp, const S* dout, const S* inp, int64_t N) {
                 const double sech_squared = 1.0 - tanh_value * tanh_value;
                 const double local_gradient =
                     0.5 * (1.0 + tanh_value) + 0.5 * x * sech_squared * s * (1.0 + 3.0 * a * x * x);
-                dinp[i] += local_gradient * dout[i];
+                dinp[i] = (accumulate ? dinp[i] : 0.0) + local_gradient * dout[i];
             }
         });
     }
@@ -86,9 +86,9 @@ void gelu_backward(S* dinp, const S* dout, const S* inp, int64_t N) {
 
 template void gelu_forward<float>(float*, const float*, int64_t);
 template void gelu_forward<double>(double*, const double*, int64_t);
-template void gelu_backward<float>(float*, const float*, const float*, int64_t);
-template void gelu_backward<double>(double*, const double*, const double*, int64_t);
+template void gelu_backward<float>(float*, const float*, const float*, int64_t, bool);
+template void gelu_backward<double>(double*, const double*, const double*, int64_t, bool);
 template void gelu_forward<bfloat16>(bfloat16*, const bfloat16*, int64_t);
-template void gelu_backward<bfloat16>(bfloat16*, const bfloat16*, const bfloat16*, int64_t);
+template void gelu_backward<bfloat16>(bfloat16*, const bfloat16*, const bfloat16*, int64_t, bool);
 
 } // namespace engine::kernels::cpu

@@ -63,11 +63,12 @@ void GeluForward(float* HWY_RESTRICT out, const float* HWY_RESTRICT inp, int64_t
 }
 
 void GeluBackward(float* HWY_RESTRICT dinp, const float* HWY_RESTRICT dout, const float* HWY_RESTRICT inp,
-                  int64_t count) {
+                  int64_t count, bool accumulate) {
     const hn::ScalableTag<float> d;
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
     auto step = [&](const float* x, const float* dy, float* dx) {
-        hn::StoreU(hn::MulAdd(gelu_slope(d, hn::LoadU(d, x)), hn::LoadU(d, dy), hn::LoadU(d, dx)), d, dx);
+        const auto before = accumulate ? hn::LoadU(d, dx) : hn::Zero(d); // the write form adds into zeros
+        hn::StoreU(hn::MulAdd(gelu_slope(d, hn::LoadU(d, x)), hn::LoadU(d, dy), before), d, dx);
     };
     int64_t i = 0;
     for (; i + lanes <= count; i += lanes) step(inp + i, dout + i, dinp + i);
@@ -76,7 +77,7 @@ void GeluBackward(float* HWY_RESTRICT dinp, const float* HWY_RESTRICT dout, cons
         HWY_ALIGN float x[tail_room] = {}, dy[tail_room] = {}, dx[tail_room] = {};
         std::memcpy(x, inp + i, bytes);
         std::memcpy(dy, dout + i, bytes);
-        std::memcpy(dx, dinp + i, bytes);
+        if (accumulate) std::memcpy(dx, dinp + i, bytes);
         step(x, dy, dx);
         std::memcpy(dinp + i, dx, bytes);
     }
@@ -224,8 +225,8 @@ HWY_EXPORT(TargetName);
 void gelu_forward(float* out, const float* inp, int64_t count) {
     if (count > 0) HWY_DYNAMIC_DISPATCH(GeluForward)(out, inp, count);
 }
-void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t count) {
-    if (count > 0) HWY_DYNAMIC_DISPATCH(GeluBackward)(dinp, dout, inp, count);
+void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t count, bool accumulate) {
+    if (count > 0) HWY_DYNAMIC_DISPATCH(GeluBackward)(dinp, dout, inp, count, accumulate);
 }
 float row_max(const float* row, int64_t count) { return HWY_DYNAMIC_DISPATCH(RowMax)(row, count); }
 double exp_sum(const float* row, double shift, int64_t count) {

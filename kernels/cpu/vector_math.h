@@ -14,8 +14,9 @@ namespace engine::kernels::cpu::simd {
 
 // out[i] = GELU(inp[i]), the tanh approximation, all in f32: s*(x + a*x^3) as one FMA chain, Highway's tanh.
 void gelu_forward(float* out, const float* inp, int64_t count);
-// dinp[i] += GELU'(inp[i]) * dout[i], the same tanh as gelu_forward.
-void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t count);
+// dinp[i] += GELU'(inp[i]) * dout[i], the same tanh as gelu_forward; with accumulate false dinp is not read and
+// gets 0 + GELU'(inp[i]) * dout[i].
+void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t count, bool accumulate);
 
 // The largest of row[0..count), count >= 1; NaN when any element is NaN.
 float row_max(const float* row, int64_t count);

@@ -26,6 +26,7 @@
 
 #include "base/cuda/headers.h"
 #include "base/bfloat16.h"
+#include "kernels/common/adamw_tensor.h"
 #include "kernels/cpu/token_groups.h"
 
 namespace engine::kernels::cuda {
@@ -103,9 +104,11 @@ void layernorm_backward(bfloat16* dinp, float* dweight, float* dbias, float* par
 
 // ---- GELU ----
 void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream);
-void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t N, cudaStream_t stream);
+// accumulate false: the write form (dinp not read), as the CPU twin's.
+void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t N, bool accumulate, cudaStream_t stream);
 void gelu_forward(bfloat16* out, const bfloat16* inp, int64_t N, cudaStream_t stream);
-void gelu_backward(bfloat16* dinp, const bfloat16* dout, const bfloat16* inp, int64_t N, cudaStream_t stream);
+void gelu_backward(bfloat16* dinp, const bfloat16* dout, const bfloat16* inp, int64_t N, bool accumulate,
+                   cudaStream_t stream);
 
 // ---- residual ----
 void residual_forward(float* out, const float* a, const float* b, int64_t N, cudaStream_t stream);
@@ -208,6 +211,11 @@ struct TensorList {
     int64_t first_chunk[tensor_list_capacity]; // of this list's chunks
     int64_t chunks;                            // all of this list's
     int size;
+    // What the launch reads, for the emulated device (emulator/launch.h), which sees no pointer inside a struct.
+    template <typename Visit>
+    void for_each_pointer(Visit visit) const {
+        for (int tensor = 0; tensor < size; ++tensor) visit(data[tensor]);
+    }
 };
 void sum_of_squares_list(double* out, double* chunks_workspace, const float* const* tensors, const int64_t* counts,
                          int tensor_count, cudaStream_t stream);
@@ -229,6 +237,13 @@ void convert(To* out, const From* inp, int64_t N, cudaStream_t stream);
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t N, float lr, float beta1,
                   float beta2, float eps, float weight_decay, float bias_correction1, float bias_correction2,
                   float grad_scale, cudaStream_t stream);
+// The list twin of kernels/cpu/adamw.cpp's: one launch per adamw_list_capacity tensors that hold elements (the
+// list travels as a kernel argument), each block one tile of one tensor; bitwise adamw_update, then convert,
+// then a zero fill, tensor by tensor. `tensors` is a host array.
+inline constexpr int adamw_list_capacity = 64;
+void adamw_update_list(const AdamWTensor<float>* tensors, int tensor_count, bool zero_gradients, float lr, float beta1,
+                       float beta2, float eps, float bias_correction1, float bias_correction2, float grad_scale,
+                       cudaStream_t stream);
 void sgd_update(float* param, const float* grad, float* momentum_buffer, int64_t N, float lr, float momentum,
                 float weight_decay, float grad_scale, cudaStream_t stream);
 

@@ -33,10 +33,11 @@ static __global__ void gelu_forward_kernel(T* out, const T* inp, int64_t N) {
 }
 
 template <typename T, int width>
-static __global__ void gelu_backward_kernel(T* dinp, const T* dout, const T* inp, int64_t N) {
+static __global__ void gelu_backward_kernel(T* dinp, const T* dout, const T* inp, int64_t N, bool accumulate) {
     for_each_pack<width>(N, [&]<int count>(int64_t index) {
         const Pack<count> x = load_pack<count>(inp + index), gradient = load_pack<count>(dout + index);
-        Pack<count> pack = load_pack<count>(dinp + index);
+        // The write form (a fresh gradient buffer) adds into zeros without reading them: the same bits.
+        Pack<count> pack = accumulate ? load_pack<count>(dinp + index) : Pack<count>{};
         for (int k = 0; k < count; ++k) pack[k] += gelu_local_gradient(x[k]) * gradient[k];
         store_pack<count>(dinp + index, pack);
     });
@@ -49,10 +50,11 @@ static void launch_gelu_forward(T* out, const T* inp, int64_t N, cudaStream_t st
 }
 
 template <typename T>
-static void launch_gelu_backward(T* dinp, const T* dout, const T* inp, int64_t N, cudaStream_t stream) {
+static void launch_gelu_backward(T* dinp, const T* dout, const T* inp, int64_t N, bool accumulate,
+                                 cudaStream_t stream) {
     if (N == 0) return;
     ENGINE_LAUNCH_PACKED_TYPED(gelu_backward_kernel, T, vector_aligned(dinp, dout, inp), N, block_size, stream, dinp,
-                               dout, inp, N);
+                               dout, inp, N, accumulate);
 }
 
 void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream) {
@@ -61,11 +63,12 @@ void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream) 
 void gelu_forward(bfloat16* out, const bfloat16* inp, int64_t N, cudaStream_t stream) {
     launch_gelu_forward(out, inp, N, stream);
 }
-void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t N, cudaStream_t stream) {
-    launch_gelu_backward(dinp, dout, inp, N, stream);
+void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t N, bool accumulate, cudaStream_t stream) {
+    launch_gelu_backward(dinp, dout, inp, N, accumulate, stream);
 }
-void gelu_backward(bfloat16* dinp, const bfloat16* dout, const bfloat16* inp, int64_t N, cudaStream_t stream) {
-    launch_gelu_backward(dinp, dout, inp, N, stream);
+void gelu_backward(bfloat16* dinp, const bfloat16* dout, const bfloat16* inp, int64_t N, bool accumulate,
+                   cudaStream_t stream) {
+    launch_gelu_backward(dinp, dout, inp, N, accumulate, stream);
 }
 
 } // namespace engine::kernels::cuda

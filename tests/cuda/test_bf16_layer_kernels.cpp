@@ -105,7 +105,7 @@ TEST_F(Bf16LayerKernelTest, ResidualDropoutAndSumBitwiseAndGeluWithinOneUlpOfThe
         cpu::residual_forward(sum.data(), a.data(), b.data(), N);
         cpu::residual_backward(da.data(), db.data(), dout.data(), N);
         cpu::gelu_forward(gelu.data(), a.data(), N);
-        cpu::gelu_backward(dgelu.data(), dout.data(), a.data(), N);
+        cpu::gelu_backward(dgelu.data(), dout.data(), a.data(), N, true);
         cpu::dropout_forward(drop.data(), a.data(), 0.3f, 99, 17, N);
         cpu::dropout_backward(ddrop.data(), dout.data(), 0.3f, 99, 17, N);
         const float dloss = 0.7f;
@@ -119,7 +119,7 @@ TEST_F(Bf16LayerKernelTest, ResidualDropoutAndSumBitwiseAndGeluWithinOneUlpOfThe
         gpu::residual_forward(sum_d.get() + offset, a_d.get() + offset, b_d.get() + offset, N, stream);
         gpu::residual_backward(da_d.get() + offset, db_d.get() + offset, dout_d.get() + offset, N, stream);
         gpu::gelu_forward(gelu_d.get() + offset, a_d.get() + offset, N, stream);
-        gpu::gelu_backward(dgelu_d.get() + offset, dout_d.get() + offset, a_d.get() + offset, N, stream);
+        gpu::gelu_backward(dgelu_d.get() + offset, dout_d.get() + offset, a_d.get() + offset, N, true, stream);
         gpu::dropout_forward(drop_d.get() + offset, a_d.get() + offset, 0.3f, 99, 17, N, stream);
         gpu::dropout_backward(ddrop_d.get() + offset, dout_d.get() + offset, 0.3f, 99, 17, N, stream);
         gpu::sum_backward(dsum_d.get() + offset, dloss_d.get(), N, 0.25f, stream);

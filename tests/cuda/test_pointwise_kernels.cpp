@@ -1,6 +1,8 @@
 // CUDA vs CPU for the pointwise and reduction kernels: embedding, bias, GELU, residual, dropout, sums,
 // elementwise helpers and the optimizer updates. Sizes are deliberately not multiples of any block size.
 #include <cstring>
+#include <memory>
+#include <string>
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -64,11 +66,23 @@ TEST_F(PointwiseKernelTest, GeluForwardAndBackward) {
     auto dinp = random_floats(N);
     DeviceBuffer<float> inp_device(inp), dout_device(dout), out(nan_filled(N)), dinp_device(dinp);
     cpu::gelu_forward(expected.data(), inp.data(), N);
-    cpu::gelu_backward(dinp.data(), dout.data(), inp.data(), N);
+    cpu::gelu_backward(dinp.data(), dout.data(), inp.data(), N, true);
     gpu::gelu_forward(out.get(), inp_device.get(), N, stream);
-    gpu::gelu_backward(dinp_device.get(), dout_device.get(), inp_device.get(), N, stream);
+    gpu::gelu_backward(dinp_device.get(), dout_device.get(), inp_device.get(), N, true, stream);
     EXPECT_TRUE(all_close(out.to_host(), expected, pointwise, "gelu out"));
     EXPECT_TRUE(all_close(dinp_device.to_host(), dinp, pointwise, "gelu dinp"));
+
+    // The write form (a fresh gradient buffer) reads nothing of dinp, NaN there included, and gives the bits the
+    // addition into zeros gives, on both twins.
+    std::vector<float> written = nan_filled(N), into_zeros(N, 0.0f);
+    cpu::gelu_backward(written.data(), dout.data(), inp.data(), N, false);
+    cpu::gelu_backward(into_zeros.data(), dout.data(), inp.data(), N, true);
+    EXPECT_TRUE(all_close(written, into_zeros, exact, "gelu dinp written (cpu)"));
+    DeviceBuffer<float> written_device(nan_filled(N)), zeros_device(std::vector<float>(N, 0.0f));
+    gpu::gelu_backward(written_device.get(), dout_device.get(), inp_device.get(), N, false, stream);
+    gpu::gelu_backward(zeros_device.get(), dout_device.get(), inp_device.get(), N, true, stream);
+    EXPECT_TRUE(all_close(written_device.to_host(), zeros_device.to_host(), exact, "gelu dinp written (cuda)"));
+    EXPECT_TRUE(all_close(written_device.to_host(), written, pointwise, "gelu dinp written, cuda vs cpu"));
 }
 
 TEST_F(PointwiseKernelTest, ResidualForwardAndBackward) {
@@ -188,6 +202,55 @@ TEST_F(PointwiseKernelTest, AdamwUpdate) {
     EXPECT_TRUE(all_close(param_device.to_host(), param, pointwise, "adamw param"));
     EXPECT_TRUE(all_close(m_device.to_host(), m, pointwise, "adamw m"));
     EXPECT_TRUE(all_close(v_device.to_host(), v, pointwise, "adamw v"));
+}
+
+// The list twin: 140 tensors, 122 of them holding elements (two launches), sizes around the 4096-float tile and the packs of 4, some at unaligned
+// addresses (the scalar path), some with working copies; the CUDA update within the single kernel's tolerance of
+// the CPU's, the copies its own values rounded, every gradient zeroed. (Bitwise against the single kernel, the
+// conversion and the fill: tests/adamw_list.h, on the device in test_pointwise_ops_kernels.cpp.)
+TEST_F(PointwiseKernelTest, AdamwUpdateListMatchesTheCpuTwin) {
+    const std::vector<int64_t> sizes = {1, 3, 4, 4097, 0, 8192, 130, 5};
+    std::vector<std::vector<float>> hosts[4]; // parameter, gradient, first and second moments
+    std::vector<std::unique_ptr<DeviceBuffer<float>>> devices[4];
+    std::vector<std::unique_ptr<DeviceBuffer<bfloat16>>> copies;
+    std::vector<kernels::AdamWTensor<float>> cpu_tensors, gpu_tensors;
+    for (int index = 0; index < 140; ++index) {
+        const int64_t count = sizes[index % sizes.size()], offset = index % 2; // odd tensors one float in
+        const std::vector<float> values[4] = {random_floats(count + 1), random_floats(count + 1),
+                                              random_floats(count + 1, -0.1f, 0.1f), random_floats(count + 1, 0.0f, 0.01f)};
+        for (int stream_index = 0; stream_index < 4; ++stream_index) {
+            hosts[stream_index].push_back(values[stream_index]);
+            devices[stream_index].push_back(std::make_unique<DeviceBuffer<float>>(values[stream_index]));
+        }
+        copies.push_back(std::make_unique<DeviceBuffer<bfloat16>>(std::vector<bfloat16>(size_t(count + 1))));
+        const float decay = index % 3 == 0 ? 0.1f : 0.0f;
+        bfloat16* copy = index % 4 < 2 ? copies.back()->get() + offset : nullptr;
+        cpu_tensors.push_back({hosts[0].back().data() + offset, hosts[1].back().data() + offset,
+                               hosts[2].back().data() + offset, hosts[3].back().data() + offset, nullptr, count, decay});
+        gpu_tensors.push_back({devices[0].back()->get() + offset, devices[1].back()->get() + offset,
+                               devices[2].back()->get() + offset, devices[3].back()->get() + offset, copy, count, decay});
+    }
+    cpu::adamw_update_list(cpu_tensors.data(), int(cpu_tensors.size()), true, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.271f,
+                           0.142625f, 0.5f);
+    gpu::adamw_update_list(gpu_tensors.data(), int(gpu_tensors.size()), true, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.271f,
+                           0.142625f, 0.5f, stream);
+    for (size_t index = 0; index < gpu_tensors.size(); ++index) {
+        const std::string where = "tensor " + std::to_string(index);
+        const std::vector<float> parameter = devices[0][index]->to_host();
+        EXPECT_TRUE(all_close(parameter, hosts[0][index], pointwise, "adamw list param, " + where));
+        EXPECT_TRUE(all_close(devices[1][index]->to_host(), hosts[1][index], exact, "adamw list gradient, " + where));
+        EXPECT_TRUE(all_close(devices[2][index]->to_host(), hosts[2][index], pointwise, "adamw list m, " + where));
+        EXPECT_TRUE(all_close(devices[3][index]->to_host(), hosts[3][index], pointwise, "adamw list v, " + where));
+        const std::vector<bfloat16> copy = copies[index]->to_host();
+        const int64_t offset = int64_t(index % 2), count = gpu_tensors[index].count;
+        for (int64_t element = 0; element < int64_t(copy.size()); ++element) {
+            const bool written = gpu_tensors[index].working_copy != nullptr && element >= offset && element < offset + count;
+            ASSERT_EQ(copy[size_t(element)].bits, written ? to_bfloat16(parameter[size_t(element)]).bits : 0)
+                << where << ", copy element " << element;
+        }
+        for (int64_t element = offset; element < offset + count; ++element)
+            ASSERT_EQ(hosts[1][index][size_t(element)], 0.0f) << where << ": the CPU twin zeroes the gradient too";
+    }
 }
 
 TEST_F(PointwiseKernelTest, SgdUpdate) {

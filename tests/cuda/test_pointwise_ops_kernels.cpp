@@ -9,6 +9,7 @@
 #include "kernels/common/broadcast_layout.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "tests/adamw_list.h"
 #include "tests/bf16_vectors.h"
 #include "tests/cuda/compare.h"
 #include "tests/cuda/cuda_test.h"
@@ -179,6 +180,13 @@ TEST_F(PointwiseOpsKernelTest, BinaryBf16MatchesTheCpuWithinOneUlp) {
             }
         }
     }
+}
+
+// The multi-tensor AdamW with the step's epilogue on the device: bitwise the single-tensor kernel, the conversion
+// kernel and a fill, range by range, on both pack paths and over two launches.
+TEST_F(PointwiseOpsKernelTest, AdamwListIsBitwiseThePerRangeKernels) {
+    std::mt19937_64 generator(20261207);
+    testing::expect_adamw_list_matches_per_range_updates(Device::cuda, DType::f32, generator);
 }
 
 // The ops end to end on the device: silu(x + bias) * scale / (1 + sigmoid(x)) - tanh(x) + log(exp(x)) and a

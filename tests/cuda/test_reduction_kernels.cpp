@@ -283,13 +283,13 @@ TEST_F(ReductionKernelTest, ElementwiseVectorAndScalarPathsAreBitwiseEqual) {
         std::vector<float> expected_out(n), expected_sum(n);
         auto expected_dinp = z, expected_da = y, expected_db = z;
         cpu::gelu_forward(expected_out.data(), x.data(), n);
-        cpu::gelu_backward(expected_dinp.data(), y.data(), x.data(), n);
+        cpu::gelu_backward(expected_dinp.data(), y.data(), x.data(), n, true);
         cpu::residual_forward(expected_sum.data(), x.data(), y.data(), n);
         cpu::residual_backward(expected_da.data(), expected_db.data(), x.data(), n);
         const auto results = on_both_paths({x, y, z, nan_filled(n), nan_filled(n), y, z},
                                            [&](const std::vector<float*>& p) {
                                                gpu::gelu_forward(p[3], p[0], n, stream);
-                                               gpu::gelu_backward(p[2], p[1], p[0], n, stream);
+                                               gpu::gelu_backward(p[2], p[1], p[0], n, true, stream);
                                                gpu::residual_forward(p[4], p[0], p[1], n, stream);
                                                gpu::residual_backward(p[5], p[6], p[0], n, stream);
                                            });

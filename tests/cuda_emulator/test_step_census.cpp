@@ -3,8 +3,9 @@
 // launch gap, which bench/roofline.py charges per launch: its count must be the step's real one (issue 32, item 5).
 // The step is GPT-2 124M's (12 layers, 12 heads, the 50257-token vocabulary padded to 50304) at a small width and
 // batch, in bf16 as the headline runs it: the count depends on the layers and the flags, not on the sizes. The
-// census is linear in the layers but for the gradient norm's multi-tensor launches (one per group of tensors), so a
-// per-layer count, a fixed part and the norm's describe it; it is printed for roofline.py.
+// census is linear in the layers but for the multi-tensor launches (the gradient norm's and the AdamW update's, one
+// per group of tensors), so a per-layer count, a fixed part and the lists' describe it; it is printed for
+// roofline.py.
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -25,11 +26,13 @@ struct Census {
     std::map<std::string, uint64_t> operations;
     uint64_t launches = 0; // what costs a launch gap: every operation but the event calls
     uint64_t gemms = 0, memsets = 0, copies = 0, kernels = 0;
-    uint64_t norm = 0;     // the gradient norm's multi-tensor launches: one per group of tensors, not per layer
+    uint64_t lists = 0;    // the multi-tensor launches: one per group of tensors, not per layer
+    uint64_t updates = 0;  // of which the AdamW update's
 };
 
-bool norm_kernel(const std::string& kind) {
-    return kind == "chunk_sums_of_squares_kernel" || kind == "ordered_total_kernel";
+bool list_kernel(const std::string& kind) {
+    return kind == "chunk_sums_of_squares_kernel" || kind == "ordered_total_kernel" ||
+           kind == "adamw_update_list_kernel";
 }
 
 // One step's census after a first step (which makes the lazily created buffers and handles).
@@ -58,7 +61,8 @@ Census step_census(int layers, bool checkpointing) {
     for (const auto& [kind, count] : census.operations) {
         if (kind == "cudaEventRecord" || kind == "cudaStreamWaitEvent") continue;
         census.launches += count;
-        if (norm_kernel(kind)) census.norm += count;
+        if (list_kernel(kind)) census.lists += count;
+        if (kind == "adamw_update_list_kernel") census.updates += count;
         if (kind.rfind("cublas", 0) == 0) census.gemms += count;
         else if (kind == "cudaMemsetAsync") census.memsets += count;
         else if (kind.rfind("cudaMemcpy", 0) == 0) census.copies += count;
@@ -72,26 +76,38 @@ TEST(StepCensus, Gpt2StepLaunchesAreLinearInTheLayersAndCounted) {
     for (const bool checkpointing : {false, true}) {
         const Census three = step_census(3, checkpointing), six = step_census(6, checkpointing),
                      twelve = step_census(12, checkpointing);
-        // Every kind but the norm's grows by the same count a layer.
-        const auto layered = [](const Census& census) { return census.launches - census.norm; };
+        // Every kind but the lists' grows by the same count a layer.
+        const auto layered = [](const Census& census) { return census.launches - census.lists; };
         const uint64_t per_layer = (layered(six) - layered(three)) / 3;
         EXPECT_EQ(layered(six) - layered(three), 3 * per_layer);
         EXPECT_EQ(layered(twelve) - layered(six), 6 * per_layer) << "a layer's launches do not depend on its place";
         const uint64_t fixed = layered(twelve) - 12 * per_layer;
         std::printf("GPT-2 124M's step in bf16, %s: %llu launches (%llu kernels, %llu GEMMs, %llu memsets, %llu "
-                    "copies) = %llu fixed + 12 x %llu per layer + %llu for the norm\n",
+                    "copies) = %llu fixed + 12 x %llu per layer + %llu multi-tensor (%llu of them AdamW's)\n",
                     checkpointing ? "every layer checkpointed" : "no checkpointing",
                     static_cast<unsigned long long>(twelve.launches), static_cast<unsigned long long>(twelve.kernels),
                     static_cast<unsigned long long>(twelve.gemms), static_cast<unsigned long long>(twelve.memsets),
                     static_cast<unsigned long long>(twelve.copies), static_cast<unsigned long long>(fixed),
-                    static_cast<unsigned long long>(per_layer), static_cast<unsigned long long>(twelve.norm));
+                    static_cast<unsigned long long>(per_layer), static_cast<unsigned long long>(twelve.lists),
+                    static_cast<unsigned long long>(twelve.updates));
         for (const auto& [kind, count] : twelve.operations)
             std::printf("  %6llu  %s\n", static_cast<unsigned long long>(count), kind.c_str());
+        // The update is one launch per 64 tensors: 4 + 12 x 12 = 148 at 12 layers, 40 at 3.
+        EXPECT_EQ(twelve.updates, 3u);
+        EXPECT_EQ(three.updates, 1u);
+        // Neither an update nor a conversion nor a memset per parameter tensor: the update's epilogue writes the
+        // copies and zeroes the gradients.
+        for (const auto& [kind, count] : twelve.operations)
+            for (const char* replaced : {"convert_kernel", "adamw_update_kernel<"})
+                EXPECT_EQ(kind.find(replaced), std::string::npos) << count << " launches of " << kind;
         // bench/roofline.py charges the step's launch gaps on these counts (CENSUS_FIXED, CENSUS_PER_LAYER,
-        // CENSUS_NORM): a change to what the step launches must change them there too, with its prediction.
-        EXPECT_EQ(fixed, 38u) << "update bench/roofline.py's CENSUS_FIXED";
-        EXPECT_EQ(per_layer, checkpointing ? 92u : 82u) << "update bench/roofline.py's CENSUS_PER_LAYER";
-        EXPECT_EQ(twelve.norm, 4u) << "update bench/roofline.py's CENSUS_NORM";
+        // CENSUS_LISTS): a change to what the step launches must change them there too, with its prediction.
+        EXPECT_EQ(fixed, 25u) << "update bench/roofline.py's CENSUS_FIXED";
+        EXPECT_EQ(per_layer, checkpointing ? 49u : 39u) << "update bench/roofline.py's CENSUS_PER_LAYER";
+        // Input gradients are written first where an op can (β = 0 GEMMs, GELU's write form, the residual's copies
+        // of dout): one zero fill a layer is left, attention's dqkv, and three outside the layers.
+        EXPECT_EQ(twelve.memsets, 15u);
+        EXPECT_EQ(twelve.lists, 7u) << "update bench/roofline.py's CENSUS_LISTS";
     }
 }
 
