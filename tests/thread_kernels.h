@@ -94,6 +94,9 @@ void run_row_and_pointwise_kernels(Outputs& outputs, const std::string& type) {
         keep(outputs, type + " gelu out", out);
         k::gelu_backward(da.data(), g.data(), a.data(), int64_t(E), true);
         keep(outputs, type + " gelu dinp", da);
+        std::vector<S> written(E);
+        k::gelu_backward(written.data(), g.data(), a.data(), int64_t(E), false);
+        keep(outputs, type + " gelu dinp written", written);
         k::residual_forward(out.data(), a.data(), b.data(), int64_t(E));
         keep(outputs, type + " residual out", out);
         k::residual_backward(da.data(), db.data(), g.data(), int64_t(E));
@@ -208,6 +211,20 @@ void run_optimizer_kernels(Outputs& outputs, const std::string& type) {
     std::vector<T> momentum = random_values<T>(E, 44);
     k::sgd_update(param.data(), grad.data(), momentum.data(), int64_t(E), 1e-2f, 0.9f, 0.01f, 0.5f);
     keep(outputs, type + " sgd param", param), keep(outputs, type + " sgd momentum", momentum);
+    { // the list update with the step's epilogue, and the conversion it replaces
+        std::vector<T> gradient = grad;
+        std::vector<engine::bfloat16> copy(E);
+        const engine::kernels::AdamWTensor<T> tensor{param.data(), gradient.data(), m.data(), v.data(), copy.data(),
+                                                     int64_t(E), 0.1f};
+        k::adamw_update_list(&tensor, 1, true, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.05f, 0.5f);
+        keep(outputs, type + " adamw list param", param), keep(outputs, type + " adamw list gradient", gradient);
+        std::vector<T> widened(E);
+        k::convert(widened.data(), copy.data(), int64_t(E));
+        keep(outputs, type + " adamw list copy", widened);
+        k::convert(copy.data(), param.data(), int64_t(E));
+        k::convert(widened.data(), copy.data(), int64_t(E));
+        keep(outputs, type + " convert", widened);
+    }
     std::vector<double> squares(1);
     k::sum_of_squares(squares.data(), grad.data(), int64_t(E)); // the gradient norm: chunk sums in chunk order
     keep(outputs, type + " sum_of_squares", squares);
