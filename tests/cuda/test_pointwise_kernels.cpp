@@ -204,7 +204,7 @@ TEST_F(PointwiseKernelTest, AdamwUpdate) {
     EXPECT_TRUE(all_close(v_device.to_host(), v, pointwise, "adamw v"));
 }
 
-// The list twin: 140 tensors, 122 of them holding elements (two launches), sizes around the 4096-float tile and the packs of 4, some at unaligned
+// The list twin: 140 tensors, 123 of them holding elements (two launches), sizes around the 4096-float tile and the packs of 4, some at unaligned
 // addresses (the scalar path), some with working copies; the CUDA update within the single kernel's tolerance of
 // the CPU's, the copies its own values rounded, every gradient zeroed. (Bitwise against the single kernel, the
 // conversion and the fill: tests/adamw_list.h, on the device in test_pointwise_ops_kernels.cpp.)
