@@ -25,7 +25,8 @@ struct AdamWUpdate {
 
 // p: elements [first, first + count) of parameter; grad: [gradient_first, gradient_first + count) of gradient (1-D,
 // or the parameter's shape); exp_avg, exp_avg_sq: count elements (docs/TRAINING.md has the formula). All on one
-// device, one floating dtype (f32 on CUDA).
+// device, one floating dtype (f32 on CUDA). The optimizers step through the list form below; this per-range form,
+// over the single-tensor kernels, is what the list is held to bit for bit (tests/adamw_list.h).
 void adamw_update(const Tensor& parameter, const Tensor& gradient, int64_t gradient_first, const Tensor& exp_avg,
                   const Tensor& exp_avg_sq, int64_t first, int64_t count, const AdamWUpdate& update);
 
